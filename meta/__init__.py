@@ -1,0 +1,16 @@
+"""meta: a modular deep-learning meta-framework.
+
+Level 0 operators (``meta.lv0``), Level 1 graphs and executors (``meta.lv1``), Level 2 data,
+optimizers and training (``meta.lv2``), Level 3 distribution over MPI (``meta.lv3``), composed by
+recipes (``meta.recipe``).
+"""
+
+from meta import _threads
+
+_threads.apply_default()  # before numpy starts its BLAS threads
+
+from meta.lv0 import Context, Operator, check_gradients, register  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["Context", "Operator", "__version__", "check_gradients", "register"]

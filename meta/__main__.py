@@ -1,0 +1,5 @@
+import sys
+
+from meta.cli import main
+
+sys.exit(main())

@@ -1,0 +1,21 @@
+"""Level 0: operators, their registry, gradient checking and native kernels."""
+
+from meta.lv0 import native
+from meta.lv0.broadcast import unbroadcast
+from meta.lv0.gradcheck import GradCheckReport, check_gradients
+from meta.lv0.operator import Context, InferenceContext, Operator
+from meta.lv0.registry import UnknownOperatorError, entries, lookup, register
+
+__all__ = [
+    "Context",
+    "GradCheckReport",
+    "InferenceContext",
+    "Operator",
+    "UnknownOperatorError",
+    "check_gradients",
+    "entries",
+    "lookup",
+    "native",
+    "register",
+    "unbroadcast",
+]

@@ -1,0 +1,93 @@
+"""The operator interface every Level 0 operator implements, in Python or C++."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+Array = np.ndarray
+
+
+class Context:
+    """What forward keeps for backward (PyTorch's ``ctx``, Chainer's ``retain_inputs``).
+
+    Forward stores only what backward needs: ``ctx.save(y=y)``, read back as ``ctx.y``.
+    ``ctx.needs(i)`` tells backward whether input ``i`` wants a gradient at all (the executor
+    says no for data inputs), so it can skip that work.
+    """
+
+    def __init__(self, needs_input_grad: Sequence[bool] | None = None) -> None:
+        self.needs_input_grad = needs_input_grad
+
+    def save(self, **tensors: Any) -> None:
+        self.__dict__.update(tensors)
+
+    def needs(self, index: int) -> bool:
+        grads = self.needs_input_grad
+        return grads is None or (index < len(grads) and grads[index])
+
+
+class InferenceContext(Context):
+    """A context that keeps nothing: inference holds no activations for backward."""
+
+    def save(self, **tensors: Any) -> None:
+        pass
+
+
+class Operator:
+    """Base class of all operators.
+
+    Subclasses declare their ONNX attributes with spec defaults in ``attributes``; an instance is
+    one node's configuration (``Gemm(transB=1)``), read as ``self.transB``. They implement:
+
+    * ``forward(ctx, *inputs)`` returning an array or a tuple of arrays (one per output);
+    * ``backward(ctx, *grad_outputs)`` returning one entry per input: the gradient, or ``None``
+      for inputs that have none (indices, shapes) or that are absent. A grad_output is ``None``
+      when nothing downstream needs that output.
+
+    Example::
+
+        class Square(Operator):
+            op_type = "Square"
+            def forward(self, ctx, x):
+                ctx.save(x=x)
+                return x * x
+            def backward(self, ctx, dy):
+                return (2 * ctx.x * dy,)
+    """
+
+    op_type: ClassVar[str] = ""
+    domain: ClassVar[str] = ""
+    since: ClassVar[int] = 1
+    backend: ClassVar[str] = "numpy"
+    attributes: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **attrs: Any) -> None:
+        unknown = sorted(set(attrs) - set(self.attributes))
+        if unknown:
+            known = ", ".join(sorted(self.attributes)) or "none"
+            raise TypeError(
+                f"{self.op_type}: unknown attribute(s) {', '.join(unknown)} (known: {known})"
+            )
+        for name, default in self.attributes.items():
+            setattr(self, name, attrs.get(name, default))
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.attributes}
+
+    def forward(self, ctx: Context, *inputs: Array | None) -> Array | tuple[Array, ...]:
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backward(self, ctx: Context, *grad_outputs: Array | None) -> Sequence[Array | None]:
+        raise NotImplementedError(f"{self.op_type} is not differentiable")
+
+    def apply(self, ctx: Context, *inputs: Array | None) -> tuple[Array, ...]:
+        """Run forward and always return a tuple of outputs."""
+        out = self.forward(ctx, *inputs)
+        return out if isinstance(out, tuple) else (out,)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,105 @@
+"""The operator registry: (domain, op type) and opset version to an implementation per backend.
+
+``@register("Gemm", since=11)`` records a class as the implementation of ONNX ``Gemm`` for
+opsets 11 and up (until a later ``since`` of the same op). A backend other than ``"numpy"``
+(``"native"`` for C++ kernels) registers a twin behind the same interface; executors ask for the
+backends they prefer and fall back to numpy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence, TypeVar
+
+from meta.lv0.operator import Operator
+
+OpClass = TypeVar("OpClass", bound=type[Operator])
+
+DEFAULT_BACKENDS: tuple[str, ...] = ("numpy",)
+
+
+class UnknownOperatorError(LookupError):
+    """No implementation for an (op type, domain, opset) triple."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    domain: str
+    op_type: str
+    since: int
+    backend: str
+    cls: type[Operator]
+
+    @property
+    def name(self) -> str:
+        domain = f"{self.domain}::" if self.domain else ""
+        return f"{domain}{self.op_type}-{self.since}[{self.backend}]"
+
+
+_REGISTRY: dict[tuple[str, str], dict[int, dict[str, type[Operator]]]] = {}
+_builtins_loaded = False
+
+
+def register(
+    op_type: str, since: int = 1, domain: str = "", backend: str = "numpy"
+) -> Callable[[OpClass], OpClass]:
+    """Class decorator that registers an operator implementation."""
+
+    def decorate(cls: OpClass) -> OpClass:
+        if not (isinstance(cls, type) and issubclass(cls, Operator)):
+            raise TypeError(f"@register({op_type!r}) needs an Operator subclass, got {cls!r}")
+        versions = _REGISTRY.setdefault((domain, op_type), {})
+        backends = versions.setdefault(since, {})
+        if backend in backends and backends[backend] is not cls:
+            old = backends[backend]
+            raise ValueError(
+                f"operator {op_type!r} (domain {domain!r}, since opset {since}, backend "
+                f"{backend!r}) is already registered by {old.__module__}.{old.__qualname__}"
+            )
+        cls.op_type, cls.domain, cls.since, cls.backend = op_type, domain, since, backend
+        backends[backend] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtins() -> None:
+    """Import the operator library (``ops``) the first time the registry is read."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module("ops")
+
+
+def lookup(
+    op_type: str, opset: int, domain: str = "", backends: Sequence[str] = DEFAULT_BACKENDS
+) -> type[Operator]:
+    """The implementation of ``op_type`` for a model importing ``opset`` of ``domain``.
+
+    Picks the newest registration with ``since <= opset``, then the first of ``backends`` that
+    has it, then numpy.
+    """
+    _load_builtins()
+    versions = _REGISTRY.get((domain, op_type))
+    where = f"op {op_type!r} (domain {domain or 'ai.onnx'!r}, opset {opset})"
+    if not versions:
+        raise UnknownOperatorError(f"{where}: no such operator is registered")
+    usable = [v for v in versions if v <= opset]
+    if not usable:
+        first = min(versions)
+        raise UnknownOperatorError(f"{where}: implemented only from opset {first} on")
+    impls = versions[max(usable)]
+    for backend in (*backends, "numpy"):
+        if backend in impls:
+            return impls[backend]
+    raise UnknownOperatorError(f"{where}: no implementation for backends {list(backends)}")
+
+
+def entries() -> Iterator[Entry]:
+    """Every registered implementation, sorted by op type, version and backend."""
+    _load_builtins()
+    for (domain, op_type), versions in sorted(_REGISTRY.items()):
+        for since, impls in sorted(versions.items()):
+            for backend, cls in sorted(impls.items()):
+                yield Entry(domain, op_type, since, backend, cls)

@@ -1,0 +1,93 @@
+"""Building graphs in code, and the model builders (an MLP for now)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from meta.lv1.graph import Dim, Graph, Node, TensorInfo
+
+DEFAULT_OPSET = 17
+
+
+class GraphBuilder:
+    """Collects inputs, initializers and nodes, then builds a ``Graph``.
+
+    >>> b = GraphBuilder("tiny")
+    >>> x = b.input("x", np.float32, ("N", 3))
+    >>> y = b.node("Relu", [x])
+    >>> b.output(y, np.float32, ("N", 3))
+    >>> b.build().nodes[0].op_type
+    'Relu'
+    """
+
+    def __init__(self, name: str = "graph", opset: int = DEFAULT_OPSET) -> None:
+        self.name = name
+        self.opset = {"": opset}
+        self.inputs: list[TensorInfo] = []
+        self.outputs: list[TensorInfo] = []
+        self.initializers: dict[str, np.ndarray] = {}
+        self.nodes: list[Node] = []
+
+    def input(self, name: str, dtype: Any, shape: Sequence[Dim]) -> str:
+        self.inputs.append(TensorInfo(name, dtype, tuple(shape)))
+        return name
+
+    def initializer(self, name: str, value: np.ndarray) -> str:
+        self.initializers[name] = np.ascontiguousarray(value)
+        return name
+
+    def node(self, op_type: str, inputs: Sequence[str], n_outputs: int = 1,
+             name: str | None = None, outputs: Sequence[str] | None = None,
+             **attrs: Any) -> str | list[str]:
+        """Add a node; returns its output name (or names when it has several)."""
+        name = name or f"{op_type.lower()}{len(self.nodes)}"
+        outs = list(outputs) if outputs else [f"{name}_out{i}" if n_outputs > 1 else name
+                                               for i in range(n_outputs)]
+        self.nodes.append(Node(op_type, list(inputs), outs, name=name, attrs=attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+    def output(self, name: str, dtype: Any, shape: Sequence[Dim] | None = None) -> None:
+        self.outputs.append(TensorInfo(name, dtype, None if shape is None else tuple(shape)))
+
+    def build(self) -> Graph:
+        return Graph(self.nodes, self.inputs, self.outputs, self.initializers, self.opset,
+                     self.name)
+
+
+def mlp(
+    input_shape: Sequence[int] = (1, 28, 28),
+    hidden: Sequence[int] = (512, 512),
+    classes: int = 10,
+    seed: int = 0,
+    dtype: Any = np.float32,
+) -> Graph:
+    """A multilayer perceptron: Flatten, then Gemm+Relu per hidden layer, then Gemm to logits.
+
+    Inputs ``input`` (N, *input_shape) and ``labels`` (N,) int64; outputs ``logits`` and the
+    mean softmax cross-entropy ``loss``. Weights are He-uniform (suited to ReLU), biases zero,
+    all drawn from ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("mlp")
+    x = b.input("input", dtype, ("N", *input_shape))
+    labels = b.input("labels", np.int64, ("N",))
+    h = b.node("Flatten", [x], name="flatten", axis=1)
+    width = math.prod(input_shape)
+    sizes = [*hidden, classes]
+    for i, out in enumerate(sizes):
+        bound = math.sqrt(6.0 / width)
+        w = b.initializer(f"fc{i}.weight", rng.uniform(-bound, bound, (out, width)).astype(dtype))
+        bias = b.initializer(f"fc{i}.bias", np.zeros(out, dtype))
+        last = i == len(sizes) - 1
+        h = b.node("Gemm", [h, w, bias], name="logits" if last else f"fc{i}", transB=1)
+        if not last:
+            h = b.node("Relu", [h], name=f"relu{i}")
+        width = out
+    loss = b.node("SoftmaxCrossEntropyLoss", [h, labels], n_outputs=1, name="loss",
+                  reduction="mean")
+    b.output(h, dtype, ("N", classes))
+    b.output(loss, dtype, ())
+    return b.build()

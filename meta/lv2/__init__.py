@@ -1,0 +1,37 @@
+"""Level 2: datasets, samplers, optimizers and the trainer with its events."""
+
+from meta.lv2.datasets import (
+    ArrayDataset,
+    Dataset,
+    DatasetError,
+    fashion_mnist,
+    mnist,
+)
+from meta.lv2.events import EpochLog, Event, ProgressBar
+from meta.lv2.idx import IDXError, read_idx, write_idx
+from meta.lv2.optimizers import GradientTransformation, Optimizer, chain, scale, sgd, trace
+from meta.lv2.sampler import SequentialSampler, ShuffleSampler
+from meta.lv2.trainer import Trainer
+
+__all__ = [
+    "ArrayDataset",
+    "Dataset",
+    "DatasetError",
+    "EpochLog",
+    "Event",
+    "GradientTransformation",
+    "IDXError",
+    "Optimizer",
+    "ProgressBar",
+    "SequentialSampler",
+    "ShuffleSampler",
+    "Trainer",
+    "chain",
+    "fashion_mnist",
+    "mnist",
+    "read_idx",
+    "scale",
+    "sgd",
+    "trace",
+    "write_idx",
+]

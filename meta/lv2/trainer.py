@@ -1,0 +1,127 @@
+"""The trainer: the epoch loop over a sampler, optimizer steps, evaluation and events."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
+
+from meta.lv2.datasets import Dataset
+from meta.lv2.events import Event, Metrics
+from meta.lv2.sampler import ShuffleSampler
+
+
+class Executor(Protocol):
+    def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict: ...
+    def inference_and_backprop(self, feeds: dict, loss: str = "loss",
+                               outputs: Iterable[str] | None = None) -> tuple[dict, dict]: ...
+
+
+class Stepper(Protocol):
+    def step(self, grads: dict[str, np.ndarray]) -> None: ...
+
+
+def _identity(values: np.ndarray) -> np.ndarray:
+    return values
+
+
+class Trainer:
+    """Trains a classifier graph with inputs ``input``/``labels`` and outputs ``logits``/``loss``.
+
+    ``sum_across`` adds up metric sums over replicas (identity on one process; Level 3 passes an
+    allreduce), and ``eval_shard = (rank, size)`` splits evaluation, so every replica reports
+    the same metrics without Level 2 knowing about MPI.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        optimizer: Stepper,
+        train_data: Dataset,
+        sampler: ShuffleSampler,
+        test_data: Dataset | None = None,
+        events: Iterable[Event] = (),
+        eval_batch_size: int = 1000,
+        sum_across: Callable[[np.ndarray], np.ndarray] = _identity,
+        eval_shard: tuple[int, int] = (0, 1),
+        names: dict[str, str] | None = None,
+    ) -> None:
+        self.executor = executor
+        self.optimizer = optimizer
+        self.train_data = train_data
+        self.sampler = sampler
+        self.test_data = test_data
+        self.events = sorted(events, key=lambda e: -e.priority)
+        self.eval_batch_size = eval_batch_size
+        self.sum_across = sum_across
+        self.eval_shard = eval_shard
+        self.names = {"input": "input", "labels": "labels", "logits": "logits", "loss": "loss",
+                      **(names or {})}
+        self.history: list[Metrics] = []
+        self.epochs = 0
+        self.step = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.sampler)
+
+    def _emit(self, hook: str, *args: Any) -> None:
+        for event in self.events:
+            getattr(event, hook)(self, *args)
+
+    def fit(self, epochs: int) -> list[Metrics]:
+        """Train for ``epochs`` epochs; returns the per-epoch metrics."""
+        self.epochs = epochs
+        self._emit("on_train_begin")
+        try:
+            for epoch in range(len(self.history), epochs):
+                self._emit("on_epoch_begin", epoch)
+                metrics = self.train_epoch(epoch)
+                if self.test_data is not None:
+                    metrics.update(self.evaluate(self.test_data, prefix="test_"))
+                self.history.append(metrics)
+                self._emit("on_epoch_end", metrics)
+        except BaseException as err:
+            self._emit("on_error", err)
+            raise
+        self._emit("on_train_end")
+        return self.history
+
+    def train_epoch(self, epoch: int) -> Metrics:
+        n = self.names
+        self.sampler.set_epoch(epoch)
+        sums = np.zeros(3)  # loss * count, correct, count
+        start = time.perf_counter()
+        for indices in self.sampler:
+            x, y = self.train_data.batch(indices)
+            values, grads = self.executor.inference_and_backprop(
+                {n["input"]: x, n["labels"]: y}, loss=n["loss"], outputs=[n["logits"]])
+            self.optimizer.step(grads)
+            loss = float(values[n["loss"]])
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
+                                         f"step {self.step + 1}")
+            sums += (loss * len(y), np.count_nonzero(values[n["logits"]].argmax(1) == y), len(y))
+            self.step += 1
+            self._emit("on_step_end", {"epoch": epoch, "step": self.step, "loss": loss})
+        elapsed = time.perf_counter() - start
+        loss_sum, correct, count = self.sum_across(sums)
+        return {"epoch": epoch + 1, "train_loss": loss_sum / count,
+                "train_accuracy": correct / count, "epoch_time_s": elapsed,
+                "samples_per_s": count / elapsed}
+
+    def evaluate(self, data: Dataset, prefix: str = "") -> Metrics:
+        """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas)."""
+        n = self.names
+        rank, size = self.eval_shard
+        shard = np.array_split(np.arange(len(data)), size)[rank]
+        sums = np.zeros(3)
+        for start in range(0, len(shard), self.eval_batch_size):
+            x, y = data.batch(shard[start : start + self.eval_batch_size])
+            out = self.executor.inference({n["input"]: x, n["labels"]: y},
+                                          [n["logits"], n["loss"]])
+            sums += (float(out[n["loss"]]) * len(y),
+                     np.count_nonzero(out[n["logits"]].argmax(1) == y), len(y))
+        loss_sum, correct, count = self.sum_across(sums)
+        return {f"{prefix}loss": loss_sum / count, f"{prefix}accuracy": correct / count}

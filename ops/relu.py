@@ -1,0 +1,31 @@
+"""Relu: y = max(x, 0), with a numpy implementation and its C++/OpenMP twin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import Operator, native, register
+
+
+@register("Relu", since=6)
+class Relu(Operator):
+    def forward(self, ctx, x):
+        y = np.maximum(x, 0)
+        ctx.save(y=y)
+        return y
+
+    def backward(self, ctx, dy):
+        return (np.where(ctx.y > 0, dy, 0).astype(dy.dtype, copy=False),)
+
+
+@register("Relu", since=6, backend="native")
+class NativeRelu(Relu):
+    """The same operator through the OpenMP kernel in cpp/include/meta/relu.hpp."""
+
+    def forward(self, ctx, x):
+        y = native.call("relu_forward", x)
+        ctx.save(y=y)
+        return y
+
+    def backward(self, ctx, dy):
+        return (native.call("relu_backward", ctx.y, dy),)

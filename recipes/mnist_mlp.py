@@ -1,0 +1,28 @@
+"""MNIST with a 784-512-512-10 MLP and SGD with momentum: the walking skeleton's main job.
+
+Run:  meta run recipes/mnist_mlp.py            (one process)
+      mpiexec -n 2 meta run recipes/mnist_mlp.py   (synchronous allreduce data parallelism)
+"""
+
+from meta.recipe import AtLeast, AtMost
+
+FIXED = {
+    "dataset": "mnist",
+    "model": "mlp",
+    "hidden": [512, 512],
+    "optimizer": "sgd",
+}
+
+MUTABLE = {
+    "epochs": 5,
+    "batch_size": 128,  # per rank
+    "lr": 0.05,
+    "momentum": 0.9,
+    "seed": 0,
+    "executor": "reference",
+}
+
+METRICS = {
+    "test_accuracy": AtLeast(0.975),
+    "train_time_s": AtMost(120),
+}

@@ -1,0 +1,61 @@
+"""Launching ``mpiexec`` (and plain subprocesses) from tests: bounded in time, output kept."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meta._threads import THREAD_VARIABLES
+
+MPI_TIMEOUT_S = 120
+# Variables of an outer launcher (if pytest itself runs under one) must not leak into ours.
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_")
+
+
+def find_mpiexec() -> Path:
+    """The ``mpiexec`` of this environment's ``mpich`` wheel, else the one on PATH."""
+    candidate = Path(sys.executable).parent / "mpiexec"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("mpiexec")
+    if found is None:
+        pytest.fail(
+            f"mpiexec not found: neither {candidate} nor on PATH; install the `mpich` wheel "
+            "into this environment (pip install mpich)",
+            pytrace=False,
+        )
+    return Path(found)
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without thread or launcher variables, plus ``extra``."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in THREAD_VARIABLES and not k.startswith(LAUNCHER_PREFIXES)
+    }
+    env.update(extra or {})
+    return env
+
+
+def run_command(cmd: list[str], env: dict[str, str], timeout: float = MPI_TIMEOUT_S,
+                expect_rc: int | None = 0) -> str:
+    """Run ``cmd`` in its own process group; fail with its output on timeout, or when its exit
+    code is not ``expect_rc`` (None accepts any)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and the ranks it started (a deadlock)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s; output:\n{out}", pytrace=False)
+    if expect_rc is not None and proc.returncode != expect_rc:
+        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}, expected {expect_rc}; "
+                    f"output:\n{out}", pytrace=False)
+    return out
