@@ -263,6 +263,7 @@ class Outcome:
     metrics: dict[str, float]
     checks: dict[str, bool]
     history: list[dict[str, Any]]
+    parameters: dict[str, Any] = field(default_factory=dict)  # the trained network's
 
     @property
     def passed(self) -> bool:
@@ -281,6 +282,7 @@ class Outcome:
         return "\n".join(lines)
 
 
-def judge(recipe: Recipe, metrics: dict[str, float], history: list) -> Outcome:
+def judge(recipe: Recipe, metrics: dict[str, float], history: list,
+          parameters: dict[str, Any] | None = None) -> Outcome:
     checks = {k: k in metrics and t.accepts(metrics[k]) for k, t in recipe.metrics.items()}
-    return Outcome(recipe, metrics, checks, history)
+    return Outcome(recipe, metrics, checks, history, dict(parameters or {}))

@@ -79,7 +79,7 @@ def run_recipe(recipe: Recipe, comm: Communicator | None = None, stream: TextIO 
     train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]
     metrics = {k: float(v) for k, v in history[-1].items()}
     metrics["train_time_s"] = float(train_time)
-    outcome = judge(recipe, metrics, history)
+    outcome = judge(recipe, metrics, history, trainer.executor.graph.parameters)
     if comm.is_root:
         out = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
         write_outputs(outcome, trainer, out, export_onnx, stream)

@@ -43,7 +43,8 @@ class Operator:
 
     * ``forward(ctx, *inputs)`` returning an array or a tuple of arrays (one per output);
     * ``backward(ctx, *grad_outputs)`` returning one entry per input: the gradient, or ``None``
-      for inputs that have none (indices, shapes) or that are absent. A grad_output is ``None``
+      for inputs that have none (indices, shapes) or that are absent (optional inputs not given
+      may be returned as trailing ``None``). A grad_output is ``None``
       when nothing downstream needs that output.
 
     Example::

@@ -31,6 +31,9 @@ class GraphBuilder:
         self.initializers: dict[str, np.ndarray] = {}
         self.nodes: list[Node] = []
 
+    def opset_import(self, domain: str, version: int) -> None:
+        self.opset[domain] = version
+
     def input(self, name: str, dtype: Any, shape: Sequence[Dim]) -> str:
         self.inputs.append(TensorInfo(name, dtype, tuple(shape)))
         return name
@@ -40,13 +43,18 @@ class GraphBuilder:
         return name
 
     def node(self, op_type: str, inputs: Sequence[str], n_outputs: int = 1,
-             name: str | None = None, outputs: Sequence[str] | None = None,
+             name: str | None = None, outputs: Sequence[str] | None = None, domain: str = "",
              **attrs: Any) -> str | list[str]:
-        """Add a node; returns its output name (or names when it has several)."""
+        """Add a node; returns its output name (or names when it has several).
+
+        A custom ``domain`` is imported at version 1 unless ``opset_import`` said otherwise.
+        """
         name = name or f"{op_type.lower()}{len(self.nodes)}"
         outs = list(outputs) if outputs else [f"{name}_out{i}" if n_outputs > 1 else name
                                                for i in range(n_outputs)]
-        self.nodes.append(Node(op_type, list(inputs), outs, name=name, attrs=attrs))
+        self.opset.setdefault(domain, 1)
+        self.nodes.append(Node(op_type, list(inputs), outs, name=name, domain=domain,
+                               attrs=attrs))
         return outs[0] if len(outs) == 1 else outs
 
     def output(self, name: str, dtype: Any, shape: Sequence[Dim] | None = None) -> None:

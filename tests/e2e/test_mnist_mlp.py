@@ -1,0 +1,58 @@
+"""The main job end to end: the shipped MNIST recipe, on one process and under mpiexec -n 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from meta.lv1 import ReferenceExecutor, from_onnx
+from meta.lv2 import mnist
+from tests.launch import clean_env, run_command
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "recipes" / "mnist_mlp.py")
+META = str(Path(sys.executable).parent / "meta")
+
+pytestmark = pytest.mark.slow
+
+
+def test_recipe_passes_and_its_onnx_export_predicts_the_same(tmp_path, mnist_dir):
+    out = run_command([META, "run", RECIPE, "--output-dir", str(tmp_path), "--quiet"],
+                      clean_env(), timeout=300)
+    assert "mnist_mlp: PASS" in out
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    assert report["metrics"]["test_accuracy"] >= 0.975
+    assert report["metrics"]["train_time_s"] < 120
+
+    x, _ = mnist("test").batch(np.arange(2000))
+    ours = ReferenceExecutor(from_onnx(tmp_path / "model.onnx")).inference(
+        {"input": x}, ["logits"])["logits"]
+    theirs = ReferenceEvaluator(onnx.load(str(tmp_path / "model.onnx"))).run(
+        None, {"input": x})[0]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(theirs.argmax(1), ours.argmax(1))
+
+
+@pytest.mark.mpi
+def test_recipe_passes_under_mpiexec_printing_from_rank_0_only(tmp_path, mnist_dir, mpirun):
+    out = mpirun(2, [META, "run", RECIPE, "--output-dir", str(tmp_path), "--quiet"],
+                 timeout=300)
+    assert out.count("mnist_mlp: PASS") == 1, out
+    assert out.count("running recipe mnist_mlp on 2 ranks") == 1
+    assert out.count("epoch  train loss") == 1
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    assert report["metrics"]["test_accuracy"] >= 0.975
+
+
+@pytest.mark.mpi
+def test_both_ranks_end_with_identical_weights(mnist_dir, mpirun, tmp_path):
+    script = str(REPO / "tests" / "e2e" / "rank_weights.py")
+    out = mpirun(2, [sys.executable, script, RECIPE, "epochs=1"],
+                 timeout=300)
+    assert "ranks=2" in out and "replicas identical" in out, out

@@ -1,0 +1,75 @@
+"""Test cases for every registered operator type: (attributes, inputs) built from a seeded rng.
+
+The registry-driven tests fail for an operator type that has no entry here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+Case = tuple[dict[str, Any], list[np.ndarray | None]]
+
+
+def _away_from_zero(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Values with |x| >= 0.1, so finite differences never straddle a kink at 0."""
+    x = rng.uniform(0.1, 2.0, shape)
+    return x * rng.choice([-1.0, 1.0], shape)
+
+
+def gemm(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for trans_a in (0, 1):
+        for trans_b in (0, 1):
+            a = rng.standard_normal((4, 3) if trans_a else (3, 4))
+            b = rng.standard_normal((5, 4) if trans_b else (4, 5))
+            attrs = {"transA": trans_a, "transB": trans_b, "alpha": 0.5, "beta": 1.25}
+            cases.append((attrs, [a, b, rng.standard_normal(5)]))
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    cases += [({}, [a, b]), ({}, [a, b, rng.standard_normal((3, 1))]),
+              ({}, [a, b, rng.standard_normal((3, 5))]), ({}, [a, b, rng.standard_normal(1)])]
+    return cases
+
+
+def relu(rng: np.random.Generator) -> list[Case]:
+    return [({}, [_away_from_zero(rng, (3, 4))]), ({}, [_away_from_zero(rng, (2, 3, 2))])]
+
+
+def flatten(rng: np.random.Generator) -> list[Case]:
+    x = rng.standard_normal((2, 3, 4))
+    return [({"axis": axis}, [x]) for axis in (0, 1, 2, 3, -1)]
+
+
+def reshape(rng: np.random.Generator) -> list[Case]:
+    x = rng.standard_normal((2, 3, 4))
+    return [({}, [x, np.array(s, dtype=np.int64)]) for s in ([6, 4], [0, -1], [-1], [2, 0, 2, 2])]
+
+
+def softmax_cross_entropy_loss(rng: np.random.Generator) -> list[Case]:
+    scores, labels = rng.standard_normal((5, 4)), rng.integers(0, 4, 5)
+    scores3, labels3 = rng.standard_normal((3, 4, 2)), rng.integers(0, 4, (3, 2))
+    weights = rng.uniform(0.5, 2.0, 4)
+    ignored = labels.copy()
+    ignored[1] = -1
+    cases: list[Case] = []
+    for reduction in ("mean", "sum", "none"):
+        cases.append(({"reduction": reduction}, [scores, labels]))
+        cases.append(({"reduction": reduction}, [scores, labels, weights]))
+        cases.append(({"reduction": reduction, "ignore_index": -1}, [scores, ignored, weights]))
+        cases.append(({"reduction": reduction}, [scores3, labels3]))
+    cases.append(({"ignore_index": -1}, [scores, ignored]))
+    return cases
+
+
+CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
+    "Gemm": gemm,
+    "Relu": relu,
+    "Flatten": flatten,
+    "Reshape": reshape,
+    "SoftmaxCrossEntropyLoss": softmax_cross_entropy_loss,
+}
+
+
+def cases_for(op_type: str, seed: int = 0) -> list[Case]:
+    return CASES[op_type](np.random.default_rng(seed))

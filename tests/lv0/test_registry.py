@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta.lv0 import (
+    Context,
+    GradCheckReport,
+    Operator,
+    UnknownOperatorError,
+    check_gradients,
+    lookup,
+    register,
+)
+from meta.lv0.broadcast import unbroadcast
+from meta.lv0 import registry
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", {k: dict(v) for k, v in registry._REGISTRY.items()})
+
+
+def test_lookup_picks_newest_version_not_above_opset(scratch_registry):
+    @register("Twice", since=1, domain="test")
+    class V1(Operator):
+        pass
+
+    @register("Twice", since=9, domain="test")
+    class V9(Operator):
+        pass
+
+    assert lookup("Twice", 8, "test") is V1
+    assert lookup("Twice", 9, "test") is V9
+    assert lookup("Twice", 21, "test") is V9
+    assert V9.op_type == "Twice" and V9.domain == "test" and V9.since == 9
+
+
+def test_lookup_errors_name_op_domain_and_opset(scratch_registry):
+    with pytest.raises(UnknownOperatorError, match=r"'NoSuchOp'.*domain 'ai.onnx'.*opset 17"):
+        lookup("NoSuchOp", 17)
+
+    @register("Late", since=15, domain="test")
+    class Late(Operator):
+        pass
+
+    with pytest.raises(UnknownOperatorError, match="only from opset 15"):
+        lookup("Late", 13, "test")
+
+
+def test_backend_preference_falls_back_to_numpy():
+    from ops.gemm import Gemm
+    from ops.relu import NativeRelu, Relu
+
+    assert lookup("Relu", 17, backends=("native",)) is NativeRelu
+    assert lookup("Relu", 17) is Relu
+    assert lookup("Gemm", 17, backends=("native",)) is Gemm
+
+
+def test_duplicate_registration_is_refused(scratch_registry):
+    @register("Dup", domain="test")
+    class A(Operator):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        @register("Dup", domain="test")
+        class B(Operator):
+            pass
+
+
+def test_unknown_attribute_is_named():
+    from ops.gemm import Gemm
+
+    with pytest.raises(TypeError, match=r"Gemm: unknown attribute\(s\) transC"):
+        Gemm(transC=1)
+
+
+def test_gradcheck_catches_a_wrong_backward():
+    class WrongSquare(Operator):
+        op_type = "WrongSquare"
+
+        def forward(self, ctx, x):
+            ctx.save(x=x)
+            return x * x
+
+        def backward(self, ctx, dy):
+            return (ctx.x * dy,)  # missing the factor 2
+
+    report = check_gradients(WrongSquare(), [np.array([1.0, -2.0, 3.0])])
+    assert isinstance(report, GradCheckReport) and not report.passed
+    assert "MISMATCH" in str(report)
+
+
+def test_gradcheck_requires_none_for_integer_inputs():
+    class LeakyIndex(Operator):
+        op_type = "LeakyIndex"
+
+        def forward(self, ctx, x, i):
+            return x[i]
+
+        def backward(self, ctx, dy):
+            return (np.zeros(3), np.zeros(1))  # a gradient for the index: wrong
+
+    report = check_gradients(LeakyIndex(), [np.ones(3), np.array([1])])
+    assert not report.passed and "non-differentiable" in str(report)
+
+
+def test_context_needs():
+    assert Context().needs(3)
+    ctx = Context([True, False])
+    assert ctx.needs(0) and not ctx.needs(1) and not ctx.needs(2)
+
+
+@pytest.mark.parametrize("shape,axes", [((3,), 0), ((1, 3), 0), ((4, 1), 1), ((1,), None),
+                                        ((), None), ((4, 3), ())])
+def test_unbroadcast_sums_broadcast_axes(shape, axes):
+    grad = np.random.default_rng(0).standard_normal((4, 3))
+    expected = grad.sum(axis=axes).reshape(shape)
+    np.testing.assert_allclose(unbroadcast(grad, shape), expected)
+
+
+def test_unbroadcast_rejects_a_larger_target():
+    with pytest.raises(ValueError, match=r"\(3,\) to \(2, 3\)"):
+        unbroadcast(np.ones(3), (2, 3))

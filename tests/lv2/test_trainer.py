@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from meta.lv1 import ReferenceExecutor, mlp
+from meta.lv2 import ArrayDataset, EpochLog, Event, Optimizer, ShuffleSampler, Trainer, sgd
+
+
+def blobs(n, seed):
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(99).standard_normal((4, 8)) * 2
+    y = rng.integers(0, 4, n)
+    return ArrayDataset((centers[y] + rng.standard_normal((n, 8))).astype(np.float32), y)
+
+
+def make_trainer(events=(), lr=0.05, **kw):
+    graph = mlp(input_shape=(8,), hidden=(16,), classes=4, seed=0)
+    train, test = blobs(512, 0), blobs(256, 1)
+    return Trainer(ReferenceExecutor(graph), Optimizer(sgd(lr, 0.9), graph.parameters), train,
+                   ShuffleSampler(len(train), 32, seed=0), test, events, **kw)
+
+
+class Recorder(Event):
+    def __init__(self, name, log, priority=0):
+        self.name, self.log, self.priority = name, log, priority
+
+    def on_train_begin(self, trainer):
+        self.log.append((self.name, "train_begin"))
+
+    def on_epoch_end(self, trainer, metrics):
+        self.log.append((self.name, "epoch_end", metrics["epoch"]))
+
+    def on_train_end(self, trainer):
+        self.log.append((self.name, "train_end"))
+
+    def on_error(self, trainer, error):
+        self.log.append((self.name, "error", type(error).__name__))
+
+
+def test_trains_and_reports_metrics_per_epoch():
+    out = io.StringIO()
+    trainer = make_trainer([EpochLog(out)])
+    history = trainer.fit(3)
+    assert [m["epoch"] for m in history] == [1, 2, 3]
+    assert history[-1]["test_accuracy"] > 0.9
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert trainer.step == 3 * 16
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("epoch") and len(lines) == 4
+
+
+def test_events_run_by_priority():
+    log = []
+    make_trainer([Recorder("low", log, 0), Recorder("high", log, 10)]).fit(1)
+    assert log == [("high", "train_begin"), ("low", "train_begin"), ("high", "epoch_end", 1),
+                   ("low", "epoch_end", 1), ("high", "train_end"), ("low", "train_end")]
+
+
+def test_divergence_stops_with_the_step_named():
+    log = []
+    trainer = make_trainer([Recorder("r", log)], lr=1e6)
+    with pytest.raises(FloatingPointError, match=r"loss became (nan|inf) at epoch \d+, step \d+"):
+        with np.errstate(all="ignore"):
+            trainer.fit(5)
+    assert log[-1] == ("r", "error", "FloatingPointError")
+
+
+def test_sharded_evaluation_sums_to_the_whole():
+    trainer = make_trainer()
+    whole = trainer.evaluate(trainer.test_data)
+    shards = []
+    for rank in range(3):
+        trainer.eval_shard = (rank, 3)
+        shards.append(trainer.evaluate(trainer.test_data))
+    # each shard is a mean over its part; recombine with the part sizes
+    sizes = [len(p) for p in np.array_split(np.arange(256), 3)]
+    acc = sum(s["accuracy"] * n for s, n in zip(shards, sizes)) / 256
+    assert acc == pytest.approx(whole["accuracy"])

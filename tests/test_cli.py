@@ -1,0 +1,84 @@
+"""The command line, run in-process on small real MNIST runs."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from meta.cli import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, main
+
+SMALL = """
+    from meta.recipe import AtLeast, AtMost
+    FIXED = {{"dataset": "mnist", "hidden": [32]}}
+    MUTABLE = {{"epochs": 1, "train_samples": 2000, "batch_size": 64, "lr": 0.05,
+               "executor": "reference"}}
+    METRICS = {{"test_accuracy": AtLeast({bound}), "train_time_s": AtMost(60)}}
+"""
+
+
+def recipe(tmp_path, bound):
+    path = tmp_path / "small.py"
+    path.write_text(textwrap.dedent(SMALL.format(bound=bound)))
+    return str(path)
+
+
+def test_pass_writes_metrics_and_model(tmp_path, mnist_dir, capsys):
+    out = tmp_path / "out"
+    code = main(["run", recipe(tmp_path, 0.5), "--output-dir", str(out), "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    assert "small: PASS" in printed and "test_accuracy" in printed
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["passed"] and report["metrics"]["test_accuracy"] > 0.5
+    assert (out / "model.onnx").is_file()
+
+
+def test_fail_exits_1(tmp_path, mnist_dir, capsys):
+    code = main(["run", recipe(tmp_path, 0.999), "--output-dir", str(tmp_path), "--quiet",
+                 "--no-export"])
+    assert code == EXIT_FAIL
+    assert "small: FAIL" in capsys.readouterr().out
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_set_overrides_mutable(tmp_path, mnist_dir, capsys):
+    code = main(["run", recipe(tmp_path, 0.5), "--set", "train_samples=500", "--set",
+                 "executor=native", "--output-dir", str(tmp_path), "--quiet"])
+    assert code == EXIT_PASS
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    assert report["definitions"]["train_samples"] == 500
+    assert report["definitions"]["executor"] == "native"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "hidden=8"], "'hidden' is FIXED"),
+    (["--set", "epochs=two"], "cannot read 'two' as int"),
+    (["--set", "lrr=0.1"], "did you mean 'lr'"),
+])
+def test_bad_sets_exit_2_with_a_clear_message(tmp_path, capsys, args, message):
+    assert main(["run", recipe(tmp_path, 0.5), *args]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("meta: error: ") and message in err and "Traceback" not in err
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("META_MNIST_DIR", str(tmp_path / "empty"))
+    from meta.lv2.datasets import clear_cache
+
+    clear_cache()
+    assert main(["run", recipe(tmp_path, 0.5), "--quiet"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "train-images-idx3-ubyte.gz" in err and "META_MNIST_DIR" in err
+
+
+def test_malformed_set_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        main(["run", recipe(tmp_path, 0.5), "--set", "epochs"])
+
+
+def test_ops_lists_the_registry(capsys):
+    assert main(["ops"]) == EXIT_PASS
+    out = capsys.readouterr().out
+    assert "Gemm" in out and "Relu" in out and "native, numpy" in out
