@@ -1,10 +1,10 @@
 """Training-step throughput of an MLP 784-512-512-10: meta (numpy, native) against PyTorch.
 
-One step is forward + backward + SGD-momentum update on one fixed synthetic batch. Each variant
-runs warm-up steps, then ``--repeats`` timed blocks of ``--steps`` steps; blocks of the variants
+A step is forward + backward + SGD-momentum update on one synthetic batch made once. Each variant
+runs warm-up steps, then ``--repeats`` timed blocks of ``--steps`` steps; the variants' blocks
 alternate, so background noise hits them alike. Thread counts run in the order given (1 first):
-two-thread timings on a small machine collapse when anything else runs, so compare only ratios
-measured in one run.
+on a small machine two-thread timings collapse when anything else runs, so compare only ratios
+from one run, and check the "other processes busy" figure printed with them.
 
     python benchmarks/mlp_step.py                    # batch 128, threads 1,2
     python benchmarks/mlp_step.py --steps 20 --repeats 3 --json out.json
@@ -18,13 +18,12 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import threadpoolctl
 
-import meta.lv1 as lv1
-import meta.lv2 as lv2
+from meta import lv1, lv2
 from meta._threads import cores, set_threads
 
 try:
@@ -36,22 +35,26 @@ LR, MOMENTUM = 0.01, 0.9
 Step = Callable[[], float]  # one training step; returns the loss
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
+def busy_seconds() -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, CPU seconds this process has used)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    own = os.times()
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
 
 def environment() -> dict:
     blas = [f"{p['internal_api']} {p.get('version')} ({p.get('architecture', '?')}, "
             f"{p.get('threading_layer', '?')})"
             for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    cpu = platform.processor() or "unknown"
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                       cpu)
     return {"python": platform.python_version(), "numpy": np.__version__,
-            "blas": ", ".join(blas) or "unknown",
-            "torch": torch.__version__ if torch else None,
-            "cpu": cpu_model(), "cores": cores(), "cpu_count": os.cpu_count()}
+            "blas": ", ".join(blas) or "unknown", "torch": torch.__version__ if torch else None,
+            "cpu": cpu, "cores": cores(), "cpu_count": os.cpu_count()}
 
 
 def meta_step(x: np.ndarray, y: np.ndarray, backends: tuple[str, ...]) -> Step:
@@ -68,7 +71,7 @@ def meta_step(x: np.ndarray, y: np.ndarray, backends: tuple[str, ...]) -> Step:
 
 
 def torch_step(x: np.ndarray, y: np.ndarray) -> Step:
-    params = lv1.mlp(seed=0).parameters  # the same initial weights as meta's
+    params = lv1.mlp(seed=0).parameters  # start from meta's initial weights
     layers: list = [torch.nn.Flatten()]
     for i in range(3):
         w = params[f"fc{i}.weight"]
@@ -77,8 +80,7 @@ def torch_step(x: np.ndarray, y: np.ndarray) -> Step:
             linear.weight.copy_(torch.from_numpy(w))
             linear.bias.copy_(torch.from_numpy(params[f"fc{i}.bias"]))
         layers += [linear, torch.nn.ReLU()] if i < 2 else [linear]
-    model = torch.nn.Sequential(*layers)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    model, loss_fn = torch.nn.Sequential(*layers), torch.nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
@@ -93,7 +95,7 @@ def torch_step(x: np.ndarray, y: np.ndarray) -> Step:
 
 def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
             warmup: int) -> dict[str, list[float]]:
-    """Samples/s of each timed block, blocks of the variants interleaved."""
+    """Samples/s of each timed block, the variants' blocks interleaved."""
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -112,7 +114,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
     parser.add_argument("--repeats", type=int, default=9, help="timed blocks per variant")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps per thread count")
     parser.add_argument("--threads", default="1,2", help="comma-separated, run in this order")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
@@ -137,15 +139,18 @@ def main() -> None:
     first = {name: step() for name, step in steps.items()}  # same weights and data: same loss
     print("first-step loss: " + ", ".join(f"{n} {v:.5f}" for n, v in first.items()))
 
-    results = []
+    results, others = [], {}
     for n in threads:
         set_threads(n)
         if torch is not None:
             torch.set_num_threads(n)
-        for name, rates in measure(steps, args.batch, args.steps, args.repeats,
-                                   args.warmup).items():
-            results.append({"threads": n, "variant": name, "median": statistics.median(rates),
-                            "min": min(rates), "max": max(rates), "samples_per_s": rates})
+        start, (busy0, own0) = time.perf_counter(), busy_seconds()
+        rates = measure(steps, args.batch, args.steps, args.repeats, args.warmup)
+        busy1, own1 = busy_seconds()
+        others[n] = max(0.0, (busy1 - busy0) - (own1 - own0)) / (time.perf_counter() - start)
+        results += [{"threads": n, "variant": name, "median": statistics.median(r),
+                     "min": min(r), "max": max(r), "samples_per_s": r}
+                    for name, r in rates.items()]
 
     print(f"\n{'threads':>7}  {'variant':<12} {'samples/s':>10} {'min-max':>17} {'ms/step':>8}")
     for r in results:
@@ -154,21 +159,18 @@ def main() -> None:
     median = {(r["threads"], r["variant"]): r["median"] for r in results}
     print("\nratios of medians, this run:")
     for n in threads:
-        if torch is not None:
-            print(f"  {n} thread(s): " + ", ".join(
-                f"{v}/pytorch {median[n, v] / median[n, 'pytorch']:.2f}"
-                for v in steps if v != "pytorch"))
+        vs_torch = ", ".join(f"{v}/pytorch {median[n, v] / median[n, 'pytorch']:.2f}"
+                             for v in steps if torch is not None and v != "pytorch")
+        print(f"  {n} thread(s): {vs_torch or '-'}  (other processes busy: {others[n]:.2f} "
+              f"cores{'; figures unreliable' if others[n] > 0.1 else ''})")
     if len(threads) > 1:
         a, b = threads[0], threads[-1]
         print(f"  speed-up {b} vs {a} thread(s): " + ", ".join(
             f"{v} {median[b, v] / median[a, v]:.2f}x" for v in steps))
-    last = {name: step() for name, step in steps.items()}
-    if not all(np.isfinite(v) for v in last.values()):
-        print(f"warning: a loss is not finite after the run ({last}); timings may be off")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "args": vars(args), "first_loss": first,
-                       "results": results}, f, indent=2)
+                       "other_processes_cores": others, "results": results}, f, indent=2)
         print(f"wrote {args.json}")
 
 

@@ -49,7 +49,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meta", description="meta: a deep-learning meta-framework")
+    parser = argparse.ArgumentParser(prog="meta",
+                                     description="meta: a deep-learning meta-framework")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a recipe, report its metrics, PASS or FAIL (exit 1)")
     run.add_argument("recipe", help="recipe file, e.g. recipes/mnist_mlp.py")

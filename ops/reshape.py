@@ -14,7 +14,8 @@ class Reshape(Operator):
     def forward(self, ctx, data, shape):
         target = [int(d) for d in np.asarray(shape).reshape(-1)]
         if not self.allowzero:  # 0 copies the input's dimension at that position
-            target = [data.shape[i] if d == 0 and i < data.ndim else d for i, d in enumerate(target)]
+            target = [data.shape[i] if d == 0 and i < data.ndim else d
+                      for i, d in enumerate(target)]
         try:
             y = data.reshape(target)
         except ValueError as err:

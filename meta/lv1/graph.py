@@ -109,5 +109,6 @@ class Graph:
         return [n for n in self.nodes if n.name in needed]
 
     def __repr__(self) -> str:
-        return (f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.parameters)} parameters, "
-                f"inputs={[t.name for t in self.inputs]}, outputs={[t.name for t in self.outputs]})")
+        inputs, outputs = [t.name for t in self.inputs], [t.name for t in self.outputs]
+        return (f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.parameters)} "
+                f"parameters, inputs={inputs}, outputs={outputs})")

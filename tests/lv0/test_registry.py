@@ -11,9 +11,9 @@ from meta.lv0 import (
     check_gradients,
     lookup,
     register,
+    registry,
 )
 from meta.lv0.broadcast import unbroadcast
-from meta.lv0 import registry
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import pytest
 
 from meta.lv3 import SingleProcessCommunicator, launched_size, world
 from meta.lv3.communicator import RANK_ONLY_VARIABLES, SIZE_VARIABLES
-
 from tests.launch import clean_env
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from meta import _threads
 from meta.lv3 import SingleProcessCommunicator
+from tests.launch import clean_env, run_command
 
 from . import mpi_checks
-from tests.launch import clean_env, run_command
 
 SCRIPT = str(Path(mpi_checks.__file__))
 THREADS_REPORT = (

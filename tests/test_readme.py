@@ -1,0 +1,24 @@
+"""The README's Python examples run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from meta.lv0 import registry
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_python_examples_run(monkeypatch):
+    # The example registers "Swish"; keep the real registry clean for other tests.
+    monkeypatch.setattr(registry, "_REGISTRY", {k: dict(v) for k, v in registry._REGISTRY.items()})
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) >= 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["report"].passed
+    assert np.isfinite(namespace["values"]["loss"])
