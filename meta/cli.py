@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import Sequence
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
@@ -19,19 +20,45 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _prepare(args: argparse.Namespace, comm):
+    """(RecipeRun, None) or (None, the input error's message) on this rank."""
     from meta.lv1 import GraphError
     from meta.lv2 import DatasetError
     from meta.recipe import RecipeError, load_recipe
-    from meta.runner import run_recipe
+    from meta.runner import RecipeRun
 
     try:
         recipe = load_recipe(args.recipe).with_overrides(_parse_sets(args.set))
-        outcome = run_recipe(recipe, output_dir=args.output_dir, progress=not args.quiet,
-                             export_onnx=not args.no_export)
+        return RecipeRun(recipe, comm, output_dir=args.output_dir, progress=not args.quiet,
+                         export_onnx=not args.no_export), None
     except (RecipeError, DatasetError, GraphError) as err:
-        print(f"meta: error: {err}", file=sys.stderr)
+        return None, str(err)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from meta.lv3 import world
+
+    comm = world()
+    run, error = _prepare(args, comm)
+    # Ranks agree on whether any failed before anyone enters a collective; rank 0 reports.
+    errors = comm.gather_obj(error)
+    if comm.is_root:
+        for message in dict.fromkeys(e for e in errors if e):
+            failed_on = [r for r, e in enumerate(errors) if e == message]
+            where = "" if comm.size == 1 or len(failed_on) == comm.size else \
+                f" (on rank {', '.join(map(str, failed_on))})"
+            print(f"meta: error{where}: {message}", file=sys.stderr)
+    if comm.bcast_obj(any(errors) if comm.is_root else None):
         return EXIT_ERROR
+    try:
+        outcome = run.execute()
+    except Exception:
+        if comm.size > 1:  # the other ranks may be waiting in a collective: end them all
+            traceback.print_exc()
+            print(f"meta: rank {comm.rank} failed; aborting all {comm.size} ranks",
+                  file=sys.stderr, flush=True)
+            comm.abort(EXIT_ERROR)
+        raise
     return EXIT_PASS if outcome.passed else EXIT_FAIL
 
 

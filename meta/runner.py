@@ -45,9 +45,8 @@ def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = No
     graph = mlp(input_shape=x0.shape[1:], hidden=d.hidden, classes=10, seed=d.seed,
                 dtype=x0.dtype)
     executor = ReferenceExecutor(graph, backends=EXECUTOR_BACKENDS[d.executor])
-    optimizer: Any = Optimizer(sgd(d.lr, d.momentum, d.nesterov), graph.parameters)
+    optimizer = Optimizer(sgd(d.lr, d.momentum, d.nesterov), graph.parameters)
     if comm.size > 1:
-        optimizer = AllreduceOptimizer(optimizer, comm)
         sampler = DistributedSampler(len(train), d.batch_size, comm.rank, comm.size, d.seed)
     else:
         sampler = ShuffleSampler(len(train), d.batch_size, d.seed)
@@ -59,41 +58,56 @@ def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = No
                    eval_shard=(comm.rank, comm.size))
 
 
-def run_recipe(recipe: Recipe, comm: Communicator | None = None, stream: TextIO | None = None,
-               output_dir: str | Path | None = None, progress: bool = True,
-               export_onnx: bool = True) -> Outcome:
-    """Train and evaluate as the recipe says; rank 0 prints, exports ONNX and writes metrics.
+class RecipeRun:
+    """A recipe made ready to train: building it loads the data and the network, so every input
+    error surfaces here, with no collective call yet (ranks can still agree to stop cleanly);
+    ``execute`` wraps the optimizer for data parallelism and trains."""
+
+    def __init__(self, recipe: Recipe, comm: Communicator | None = None,
+                 stream: TextIO | None = None, output_dir: str | Path | None = None,
+                 progress: bool = True, export_onnx: bool = True) -> None:
+        self.recipe = recipe
+        self.comm = comm or world()
+        self.stream = stream or sys.stdout
+        self.output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
+        self.export_onnx = export_onnx
+        self.trainer = build_trainer(recipe, self.comm, self.stream, progress)
+
+    def execute(self) -> Outcome:
+        """Train and evaluate; rank 0 prints, exports ONNX and writes the metrics."""
+        comm, recipe, stream = self.comm, self.recipe, self.stream
+        if comm.is_root:
+            where = f" on {comm.size} ranks" if comm.size > 1 else ""
+            print(f"meta: running recipe {recipe.name}{where}", file=stream, flush=True)
+        if comm.size > 1:  # its constructor broadcasts rank 0's parameters: a collective
+            self.trainer.optimizer = AllreduceOptimizer(self.trainer.optimizer, comm)
+        start = time.perf_counter()
+        history = self.trainer.fit(recipe.definitions.epochs)
+        train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]
+        metrics = {k: float(v) for k, v in history[-1].items()}
+        metrics["train_time_s"] = float(train_time)
+        outcome = judge(recipe, metrics, history, self.trainer.executor.graph.parameters)
+        if comm.is_root:
+            self.write_outputs(outcome)
+            print(outcome.table(), file=stream, flush=True)
+        return outcome
+
+    def write_outputs(self, outcome: Outcome) -> None:
+        out, d = self.output_dir, self.recipe.definitions
+        out.mkdir(parents=True, exist_ok=True)
+        report = {"recipe": self.recipe.name, "passed": outcome.passed,
+                  "metrics": outcome.metrics, "definitions": dict(vars(d)),
+                  "history": outcome.history}
+        (out / "metrics.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
+        if self.export_onnx:
+            path = save_onnx(self.trainer.executor.graph, out / "model.onnx", outputs=["logits"])
+            print(f"meta: saved {path} and {out / 'metrics.json'}", file=self.stream, flush=True)
+
+
+def run_recipe(recipe: Recipe, comm: Communicator | None = None, **options: Any) -> Outcome:
+    """Train and evaluate as the recipe says (``options``: those of ``RecipeRun``).
 
     Outputs go to ``output_dir`` (default ``runs/<recipe name>``): ``metrics.json`` and,
     unless ``export_onnx`` is false, the trained network as ``model.onnx``.
     """
-    comm = comm or world()
-    stream = stream or sys.stdout
-    d = recipe.definitions
-    if comm.is_root:
-        where = f" on {comm.size} ranks" if comm.size > 1 else ""
-        print(f"meta: running recipe {recipe.name}{where}", file=stream, flush=True)
-    trainer = build_trainer(recipe, comm, stream, progress)
-    start = time.perf_counter()
-    history = trainer.fit(d.epochs)
-    train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]
-    metrics = {k: float(v) for k, v in history[-1].items()}
-    metrics["train_time_s"] = float(train_time)
-    outcome = judge(recipe, metrics, history, trainer.executor.graph.parameters)
-    if comm.is_root:
-        out = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
-        write_outputs(outcome, trainer, out, export_onnx, stream)
-        print(outcome.table(), file=stream, flush=True)
-    return outcome
-
-
-def write_outputs(outcome: Outcome, trainer: Trainer, out: Path, export_onnx: bool,
-                  stream: TextIO) -> None:
-    recipe, d = outcome.recipe, outcome.recipe.definitions
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"recipe": recipe.name, "passed": outcome.passed, "metrics": outcome.metrics,
-              "definitions": {k: v for k, v in vars(d).items()}, "history": outcome.history}
-    (out / "metrics.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
-    if export_onnx:
-        path = save_onnx(trainer.executor.graph, out / "model.onnx", outputs=["logits"])
-        print(f"meta: saved {path} and {out / 'metrics.json'}", file=stream, flush=True)
+    return RecipeRun(recipe, comm, **options).execute()

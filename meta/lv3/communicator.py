@@ -83,6 +83,10 @@ class Communicator(ABC):
     def barrier(self) -> None: ...
 
     @abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job: one rank's failure must not leave the others waiting."""
+
+    @abstractmethod
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         """Root's ``obj`` on every rank (pickled: small metadata only)."""
 
@@ -120,6 +124,9 @@ class SingleProcessCommunicator(Communicator):
 
     def barrier(self) -> None:
         pass
+
+    def abort(self, code: int = 1) -> None:
+        raise SystemExit(code)
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         self._check_root(root, "bcast_obj")
@@ -188,6 +195,9 @@ class MPICommunicator(Communicator):
 
     def barrier(self) -> None:
         self.comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
 
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         self._check_root(root, "bcast_obj")

@@ -56,3 +56,17 @@ def test_both_ranks_end_with_identical_weights(mnist_dir, mpirun, tmp_path):
     out = mpirun(2, [sys.executable, script, RECIPE, "epochs=1"],
                  timeout=300)
     assert "ranks=2" in out and "replicas identical" in out, out
+
+
+@pytest.mark.mpi
+def test_an_input_error_on_one_rank_stops_every_rank(tmp_path, mnist_dir, mpirun):
+    recipe = tmp_path / "rank1_only.py"
+    recipe.write_text(
+        "import os\n"
+        "from meta.recipe import AtLeast\n"
+        "FIXED = {'lrr': 0.1} if os.environ.get('PMI_RANK') == '1' else {}\n"
+        "MUTABLE = {'epochs': 1}\n"
+        "METRICS = {'test_accuracy': AtLeast(0.5)}\n")
+    out = mpirun(2, [META, "run", str(recipe), "--quiet"], expect_rc=2, timeout=60)
+    assert "meta: error (on rank 1): recipe 'rank1_only'" in out
+    assert "did you mean 'lr'" in out and "running recipe" not in out
