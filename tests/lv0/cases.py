@@ -73,3 +73,14 @@ CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
 
 def cases_for(op_type: str, seed: int = 0) -> list[Case]:
     return CASES[op_type](np.random.default_rng(seed))
+
+
+# Cases of the wider operator library live beside this file, one module per family, and join
+# the table here so every registry-driven test sees them.
+from .cases_nn import CASES as _NN_CASES  # noqa: E402
+from .cases_tensor import CASES as _TENSOR_CASES  # noqa: E402
+
+for _family in (_NN_CASES, _TENSOR_CASES):
+    _overlap = set(_family) & set(CASES)
+    assert not _overlap, f"operator cases defined twice: {sorted(_overlap)}"
+    CASES.update(_family)
