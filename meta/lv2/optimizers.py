@@ -2,17 +2,25 @@
 
 A transformation is ``init(params) -> state`` and ``update(grads, state, params) ->
 (updates, state)`` over flat ``dict[str, ndarray]``; ``chain`` composes them; ``Optimizer`` is the
-thin stateful wrapper the trainer calls. SGD with momentum is ``chain(trace(m), scale(-lr))``.
+thin stateful wrapper the trainer calls. The update rules follow seed 003 (the overview of
+distributed deep learning): SGD with momentum is ``chain(trace(m), scale(-lr))``, Adam is
+``chain(scale_by_adam(), scale(-lr))``, AdamW adds ``add_decayed_weights`` between the two.
+Weight decay, clipping and learning-rate schedules are transformations too, not flags.
+
+States hold only arrays and integers, so a checkpoint can store them as they are.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 Params = dict[str, np.ndarray]
 State = Any
+Schedule = Callable[[int], float]  # step (0-based) -> multiplier
+LearningRate = float | Schedule
 
 
 class GradientTransformation(NamedTuple):
@@ -20,31 +28,126 @@ class GradientTransformation(NamedTuple):
     update: Callable[[Params, State, Params], tuple[Params, State]]
 
 
+def _zeros(params: Params) -> Params:
+    return {k: np.zeros_like(p) for k, p in params.items()}
+
+
+def _stateless(fn: Callable[[Params, Params], Params]) -> GradientTransformation:
+    return GradientTransformation(lambda params: (),
+                                  lambda grads, state, params: (fn(grads, params), state))
+
+
 def scale(factor: float) -> GradientTransformation:
     """updates = factor * grads."""
+    return _stateless(lambda grads, params: {k: factor * g for k, g in grads.items()})
 
-    def init(params: Params) -> State:
-        return ()
 
-    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
-        return {k: factor * g for k, g in grads.items()}, state
+def scale_by_schedule(schedule: Schedule) -> GradientTransformation:
+    """updates = schedule(step) * grads, counting steps from 0 (learning-rate schedules)."""
 
-    return GradientTransformation(init, update)
+    def update(grads: Params, step: int, params: Params) -> tuple[Params, int]:
+        factor = schedule(step)
+        return {k: factor * g for k, g in grads.items()}, step + 1
+
+    return GradientTransformation(lambda params: 0, update)
+
+
+def scale_by_learning_rate(lr: LearningRate) -> GradientTransformation:
+    """Descent: -lr * grads, with ``lr`` a number or a schedule."""
+    if callable(lr):
+        return scale_by_schedule(lambda step: -lr(step))
+    if lr <= 0:
+        raise ValueError(f"learning rate must be positive, got {lr}")
+    return scale(-lr)
 
 
 def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
-    """Momentum: v <- decay * v + g; the update is v (or g + decay * v with Nesterov)."""
+    """Momentum: v <- decay * v + g; the update is v, or g + decay * v with Nesterov.
 
-    def init(params: Params) -> State:
-        return {k: np.zeros_like(p) for k, p in params.items()}
+    With a learning rate a this is seed 003's rule v' = mu v + a g (and Nesterov's
+    v' = mu (mu v + a g) + a g) written for the unscaled velocity.
+    """
 
-    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+    def update(grads: Params, state: Params, params: Params) -> tuple[Params, Params]:
         velocity = {k: decay * state[k] + g for k, g in grads.items()}
         if nesterov:
             return {k: g + decay * velocity[k] for k, g in grads.items()}, velocity
         return velocity, velocity
 
+    return GradientTransformation(_zeros, update)
+
+
+def scale_by_adagrad(eps: float = 1e-8) -> GradientTransformation:
+    """Adagrad: s <- s + g^2; update g / sqrt(s + eps)."""
+
+    def update(grads: Params, state: Params, params: Params) -> tuple[Params, Params]:
+        s = {k: state[k] + g * g for k, g in grads.items()}
+        return {k: g / np.sqrt(s[k] + eps) for k, g in grads.items()}, s
+
+    return GradientTransformation(_zeros, update)
+
+
+def scale_by_rms(decay: float = 0.9, eps: float = 1e-8) -> GradientTransformation:
+    """RMSProp: s <- mu s + (1 - mu) g^2; update g / sqrt(s + eps)."""
+
+    def update(grads: Params, state: Params, params: Params) -> tuple[Params, Params]:
+        s = {k: decay * state[k] + (1 - decay) * g * g for k, g in grads.items()}
+        return {k: g / np.sqrt(s[k] + eps) for k, g in grads.items()}, s
+
+    return GradientTransformation(_zeros, update)
+
+
+def scale_by_adadelta(rho: float = 0.9, eps: float = 1e-6) -> GradientTransformation:
+    """Adadelta: lambda <- rho lambda + (1-rho) g^2; dW = g sqrt((delta + eps)/(lambda + eps));
+    delta <- rho delta + (1-rho) dW^2. Needs no learning rate (use scale(-1.0) after it)."""
+
+    def init(params: Params) -> State:
+        return {"sq_grad": _zeros(params), "sq_update": _zeros(params)}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        sq_grad = {k: rho * state["sq_grad"][k] + (1 - rho) * g * g for k, g in grads.items()}
+        delta = {k: g * np.sqrt((state["sq_update"][k] + eps) / (sq_grad[k] + eps))
+                 for k, g in grads.items()}
+        sq_update = {k: rho * state["sq_update"][k] + (1 - rho) * d * d
+                     for k, d in delta.items()}
+        return delta, {"sq_grad": sq_grad, "sq_update": sq_update}
+
     return GradientTransformation(init, update)
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
+    """Adam (Kingma & Ba, in seed 003's form): m, v moving averages of g and g^2; update
+    sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps), with t the step count from 1."""
+
+    def init(params: Params) -> State:
+        return {"m": _zeros(params), "v": _zeros(params), "t": 0}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        t = state["t"] + 1
+        m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
+        v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
+        step = math.sqrt(1 - b2**t) / (1 - b1**t)
+        return {k: step * m[k] / (np.sqrt(v[k]) + eps) for k in grads}, {"m": m, "v": v, "t": t}
+
+    return GradientTransformation(init, update)
+
+
+def add_decayed_weights(weight_decay: float) -> GradientTransformation:
+    """updates = grads + weight_decay * params (L2 before a rule, decoupled after Adam)."""
+    return _stateless(lambda grads, params: {k: g + weight_decay * params[k]
+                                             for k, g in grads.items()})
+
+
+def clip_by_global_norm(max_norm: float) -> GradientTransformation:
+    """Scale all gradients down together when their joint L2 norm exceeds ``max_norm``."""
+
+    def clip(grads: Params, params: Params) -> Params:
+        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+        if norm <= max_norm:
+            return grads
+        return {k: g * (max_norm / norm) for k, g in grads.items()}
+
+    return _stateless(clip)
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
@@ -63,18 +166,73 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     return GradientTransformation(init, update)
 
 
-def sgd(lr: float, momentum: float = 0.0, nesterov: bool = False) -> GradientTransformation:
-    """Stochastic gradient descent, with optional (Nesterov) momentum.
+# -- learning-rate schedules: step -> learning rate ----------------------------------------
+
+def step_table(lr: float, epochs: list[int], factor: float = 0.1,
+               steps_per_epoch: int = 1) -> Schedule:
+    """lr times ``factor`` once for each boundary epoch passed (a step table per epoch)."""
+    return lambda step: lr * factor ** sum(step >= e * steps_per_epoch for e in epochs)
+
+
+def cosine_decay(lr: float, total_steps: int, final: float = 0.0) -> Schedule:
+    """Cosine from ``lr`` to ``final`` over ``total_steps``, then ``final``."""
+    def schedule(step: int) -> float:
+        progress = min(step, total_steps) / max(total_steps, 1)
+        return final + (lr - final) * 0.5 * (1 + math.cos(math.pi * progress))
+    return schedule
+
+
+def warmup(schedule: Schedule | float, warmup_steps: int) -> Schedule:
+    """Linear warm-up from ~0 to the schedule over ``warmup_steps``."""
+    inner = schedule if callable(schedule) else (lambda step: schedule)
+    return lambda step: inner(step) * min(1.0, (step + 1) / max(warmup_steps, 1))
+
+
+# -- the named optimizers -------------------------------------------------------------------
+
+def _with_decay(rule: list[GradientTransformation], lr: LearningRate,
+                weight_decay: float) -> GradientTransformation:
+    decay = [add_decayed_weights(weight_decay)] if weight_decay else []
+    return chain(*decay, *rule, scale_by_learning_rate(lr))
+
+
+def sgd(lr: LearningRate, momentum: float = 0.0, nesterov: bool = False,
+        weight_decay: float = 0.0) -> GradientTransformation:
+    """Stochastic gradient descent, with optional (Nesterov) momentum and L2 weight decay.
 
     >>> opt = Optimizer(sgd(0.1), {"w": np.array([1.0])})
     >>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist()
     [0.8]
     """
-    if lr <= 0:
-        raise ValueError(f"sgd: learning rate must be positive, got {lr}")
-    if momentum == 0.0:
-        return scale(-lr)
-    return chain(trace(momentum, nesterov), scale(-lr))
+    return _with_decay([trace(momentum, nesterov)] if momentum else [], lr, weight_decay)
+
+
+def adagrad(lr: LearningRate = 0.01, eps: float = 1e-8,
+            weight_decay: float = 0.0) -> GradientTransformation:
+    return _with_decay([scale_by_adagrad(eps)], lr, weight_decay)
+
+
+def rmsprop(lr: LearningRate = 0.001, decay: float = 0.9, eps: float = 1e-8,
+            weight_decay: float = 0.0) -> GradientTransformation:
+    return _with_decay([scale_by_rms(decay, eps)], lr, weight_decay)
+
+
+def adadelta(lr: LearningRate = 1.0, rho: float = 0.9, eps: float = 1e-6,
+             weight_decay: float = 0.0) -> GradientTransformation:
+    return _with_decay([scale_by_adadelta(rho, eps)], lr, weight_decay)
+
+
+def adam(lr: LearningRate = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         weight_decay: float = 0.0) -> GradientTransformation:
+    """Adam; ``weight_decay`` here is L2 added to the gradient (see ``adamw`` for decoupled)."""
+    return _with_decay([scale_by_adam(b1, b2, eps)], lr, weight_decay)
+
+
+def adamw(lr: LearningRate = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+          weight_decay: float = 0.01) -> GradientTransformation:
+    """Adam with decoupled weight decay (Loshchilov & Hutter): the decay skips Adam's scaling."""
+    return chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay),
+                 scale_by_learning_rate(lr))
 
 
 class Optimizer:

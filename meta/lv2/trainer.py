@@ -95,9 +95,7 @@ class Trainer:
         start = time.perf_counter()
         for indices in self.sampler:
             x, y = self.train_data.batch(indices)
-            values, grads = self.executor.inference_and_backprop(
-                {n["input"]: x, n["labels"]: y}, loss=n["loss"], outputs=[n["logits"]])
-            self.optimizer.step(grads)
+            values = self._optimizer_step({n["input"]: x, n["labels"]: y})
             loss = float(values[n["loss"]])
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
@@ -110,6 +108,28 @@ class Trainer:
         return {"epoch": epoch + 1, "train_loss": loss_sum / count,
                 "train_accuracy": correct / count, "epoch_time_s": elapsed,
                 "samples_per_s": count / elapsed}
+
+    def _optimizer_step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One update on this batch; returns the values (loss, logits) before the update.
+
+        Line-search optimizers (``needs_closure``: L-BFGS, CG) evaluate the batch as often as
+        they need through a closure; others take the gradients of one evaluation.
+        """
+        n = self.names
+        first: list[dict[str, np.ndarray]] = []
+
+        def closure() -> tuple[float, dict[str, np.ndarray]]:
+            values, grads = self.executor.inference_and_backprop(
+                feeds, loss=n["loss"], outputs=[n["logits"]])
+            if not first:
+                first.append(values)
+            return float(values[n["loss"]]), grads
+
+        if getattr(self.optimizer, "needs_closure", False):
+            self.optimizer.step(closure)
+        else:
+            self.optimizer.step(closure()[1])
+        return first[0]
 
     def evaluate(self, data: Dataset, prefix: str = "") -> Metrics:
         """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas)."""

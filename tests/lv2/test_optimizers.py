@@ -1,9 +1,26 @@
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from meta.lv2 import Optimizer, chain, scale, sgd, trace
+from meta.lv2.optimizers import (
+    Optimizer,
+    adadelta,
+    adagrad,
+    adam,
+    adamw,
+    chain,
+    clip_by_global_norm,
+    cosine_decay,
+    rmsprop,
+    scale,
+    sgd,
+    step_table,
+    trace,
+    warmup,
+)
 
 
 def run(transform, grads_seq, p0=1.0):
@@ -43,8 +60,69 @@ def test_invalid_learning_rate():
         sgd(0.0)
 
 
-@pytest.mark.parametrize("transform", [sgd(0.5), sgd(0.2, 0.9), sgd(0.2, 0.9, nesterov=True)],
-                         ids=["sgd", "momentum", "nesterov"])
+def test_adagrad_by_hand():
+    # s = 4, p = 1 - 0.1 * 2/2; s = 5, p -= 0.1 * 1/sqrt(5)
+    assert run(adagrad(0.1, eps=0.0), [2.0, 1.0]) == pytest.approx(0.9 - 0.1 / math.sqrt(5))
+
+
+def test_rmsprop_by_hand():
+    # s = 0.1*4 = 0.4, p = 1 - 0.1*2/sqrt(0.4); s = 0.9*0.4 + 0.1*1 = 0.46, p -= 0.1/sqrt(0.46)
+    expected = 1 - 0.1 * 2 / math.sqrt(0.4) - 0.1 / math.sqrt(0.46)
+    assert run(rmsprop(0.1, decay=0.9, eps=0.0), [2.0, 1.0]) == pytest.approx(expected)
+
+
+def test_adadelta_by_hand():
+    eps = 1e-6
+    lam1 = 0.1 * 4                                   # lambda after g = 2
+    d1 = 2 * math.sqrt((0 + eps) / (lam1 + eps))     # first update
+    delta1 = 0.1 * d1 * d1
+    lam2 = 0.9 * lam1 + 0.1 * 1                      # after g = 1
+    d2 = 1 * math.sqrt((delta1 + eps) / (lam2 + eps))
+    assert run(adadelta(1.0, rho=0.9, eps=eps), [2.0, 1.0]) == pytest.approx(1 - d1 - d2)
+
+
+def test_adam_by_hand():
+    # t=1: m = 0.2, v = 0.004, step = sqrt(1-0.999)/(1-0.9); t=2: m = 0.28, v = 0.004996
+    u1 = math.sqrt(1 - 0.999) / (1 - 0.9) * 0.2 / (math.sqrt(0.004) + 1e-8)
+    u2 = math.sqrt(1 - 0.999**2) / (1 - 0.9**2) * 0.28 / (math.sqrt(0.004996) + 1e-8)
+    assert run(adam(0.1), [2.0, 1.0]) == pytest.approx(1 - 0.1 * u1 - 0.1 * u2)
+
+
+def test_adamw_decay_is_decoupled():
+    # one step from p = 1 with g = 2: Adam's update is ~1, decay adds 0.5 * p, times lr 0.1
+    assert run(adamw(0.1, weight_decay=0.5), [2.0]) == pytest.approx(1 - 0.1 * (1 + 0.5))
+
+
+def test_sgd_weight_decay_adds_l2_to_the_gradient():
+    assert run(sgd(0.1, weight_decay=0.5), [2.0]) == pytest.approx(1 - 0.1 * (2 + 0.5))
+
+
+def test_clip_by_global_norm():
+    t = clip_by_global_norm(5.0)
+    grads = {"a": np.array([3.0, 0.0]), "b": np.array([0.0, 4.0, 12.0])}  # norm 13
+    clipped, _ = t.update(grads, t.init(grads), grads)
+    norm = math.sqrt(sum(float((g * g).sum()) for g in clipped.values()))
+    assert norm == pytest.approx(5.0)
+    np.testing.assert_allclose(clipped["a"], [15 / 13, 0])
+    small = {"a": np.array([1.0])}
+    assert t.update(small, (), small)[0]["a"] is small["a"]
+
+
+def test_schedules():
+    table = step_table(1.0, epochs=[2, 4], factor=0.1, steps_per_epoch=10)
+    assert [table(s) for s in (0, 19, 20, 39, 40)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    cos = cosine_decay(1.0, total_steps=10)
+    assert cos(0) == pytest.approx(1) and cos(5) == pytest.approx(0.5) and cos(20) == 0
+    ramp = warmup(2.0, warmup_steps=4)
+    assert [ramp(s) for s in range(5)] == pytest.approx([0.5, 1.0, 1.5, 2.0, 2.0])
+    # a schedule drives the learning rate step by step
+    assert run(sgd(lambda step: 0.1 * (step + 1)), [1.0, 1.0]) == pytest.approx(1 - 0.1 - 0.2)
+
+
+@pytest.mark.parametrize("transform", [
+    sgd(0.5), sgd(0.2, 0.9), sgd(0.2, 0.9, nesterov=True), adagrad(0.5), rmsprop(0.02),
+    adadelta(1.0), adam(0.05), adamw(0.05, weight_decay=0.01)],
+    ids=["sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adadelta", "adam", "adamw"])
 def test_fits_a_linear_classifier(transform):
     rng = np.random.default_rng(0)
     centers = rng.standard_normal((3, 5)) * 3

@@ -79,3 +79,17 @@ def test_sharded_evaluation_sums_to_the_whole():
     sizes = [len(p) for p in np.array_split(np.arange(256), 3)]
     acc = sum(s["accuracy"] * n for s, n in zip(shards, sizes)) / 256
     assert acc == pytest.approx(whole["accuracy"])
+
+
+def test_line_search_optimizers_get_a_closure():
+    from meta.lv2.second_order import LBFGS
+
+    graph = mlp(input_shape=(8,), hidden=(), classes=4, seed=0)
+    data = blobs(256, 0)
+    optimizer = LBFGS(graph.parameters)
+    trainer = Trainer(ReferenceExecutor(graph), optimizer, data,
+                      ShuffleSampler(len(data), len(data), seed=0))  # full batch
+    history = trainer.fit(10)
+    assert optimizer.evaluations > 10  # line searches evaluated the batch more than once
+    assert history[-1]["train_loss"] < 0.5 * history[0]["train_loss"]
+    assert history[-1]["train_accuracy"] > 0.9

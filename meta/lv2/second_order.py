@@ -1,0 +1,251 @@
+"""Second-order and conjugate-direction optimizers for full-batch or large-batch training.
+
+L-BFGS (two-loop recursion over the last ``history`` pairs, Nocedal & Wright Alg. 7.4) and
+nonlinear conjugate gradients (Fletcher-Reeves, Hestenes-Stiefel, Polak-Ribiere+; seed 003),
+both with a strong-Wolfe line search (Nocedal & Wright Alg. 3.5/3.6). They need the loss at
+several points per step, so ``step`` takes a closure that evaluates loss and gradients at the
+current parameters (as PyTorch's L-BFGS does); the trainer passes one when
+``optimizer.needs_closure`` is true. ``evaluations`` counts closure calls.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from meta.lv2.optimizers import Params
+
+Closure = Callable[[], tuple[float, Params]]
+
+
+class _Flat:
+    """Moves between the parameter dict (updated in place) and one float64 vector."""
+
+    def __init__(self, params: Params) -> None:
+        self.params = params
+        self.names = list(params)
+        self.sizes = [params[k].size for k in self.names]
+
+    def get(self, arrays: Params) -> np.ndarray:
+        return np.concatenate([np.asarray(arrays[k], np.float64).ravel() for k in self.names])
+
+    def set(self, vector: np.ndarray) -> None:
+        offset = 0
+        for name, size in zip(self.names, self.sizes):
+            p = self.params[name]
+            p[...] = vector[offset : offset + size].reshape(p.shape)
+            offset += size
+
+
+def _cubic_minimizer(a: float, fa: float, da: float, b: float, fb: float, db: float) -> float:
+    """Minimizer of the cubic through (a, fa, da) and (b, fb, db), kept inside [a, b] safely."""
+    if a == b:
+        return a
+    d1 = da + db - 3 * (fa - fb) / (a - b)
+    square = d1 * d1 - da * db
+    lo, hi = min(a, b), max(a, b)
+    if square >= 0:
+        d2 = np.sign(b - a) * np.sqrt(square)
+        t = b - (b - a) * (db + d2 - d1) / (db - da + 2 * d2)
+        if lo + 0.1 * (hi - lo) <= t <= hi - 0.1 * (hi - lo):
+            return float(t)
+    return (lo + hi) / 2  # bisection when the cubic is no help
+
+
+def strong_wolfe(evaluate: Callable[[float], tuple[float, np.ndarray]], f0: float, g0: np.ndarray,
+                 direction: np.ndarray, step: float = 1.0, c1: float = 1e-4, c2: float = 0.9,
+                 max_evals: int = 25) -> tuple[float, float, np.ndarray, int]:
+    """A step length satisfying the strong Wolfe conditions along ``direction``.
+
+    ``evaluate(alpha)`` returns the loss and gradient at x + alpha * direction. Returns
+    (alpha, loss, gradient, evaluations); after ``max_evals`` the best point seen is returned.
+    """
+    d0 = float(g0 @ direction)
+    prev_a, prev_f, prev_d = 0.0, f0, d0
+    best = (0.0, f0, g0)
+    evals = 0
+
+    def zoom(lo, f_lo, d_lo, hi, f_hi, d_hi):
+        nonlocal evals, best
+        while evals < max_evals:
+            a = _cubic_minimizer(lo, f_lo, d_lo, hi, f_hi, d_hi)
+            f, g = evaluate(a)
+            evals += 1
+            d = float(g @ direction)
+            if f < best[1]:
+                best = (a, f, g)
+            if f > f0 + c1 * a * d0 or f >= f_lo:
+                hi, f_hi, d_hi = a, f, d
+            else:
+                if abs(d) <= -c2 * d0:
+                    return a, f, g
+                if d * (hi - lo) >= 0:
+                    hi, f_hi, d_hi = lo, f_lo, d_lo
+                lo, f_lo, d_lo = a, f, d
+        return best
+
+    a = step
+    while evals < max_evals:
+        f, g = evaluate(a)
+        evals += 1
+        d = float(g @ direction)
+        if f < best[1]:
+            best = (a, f, g)
+        if f > f0 + c1 * a * d0 or (evals > 1 and f >= prev_f):
+            a, f, g = zoom(prev_a, prev_f, prev_d, a, f, d)
+            return a, f, g, evals
+        if abs(d) <= -c2 * d0:
+            return a, f, g, evals
+        if d >= 0:
+            a, f, g = zoom(a, f, d, prev_a, prev_f, prev_d)
+            return a, f, g, evals
+        prev_a, prev_f, prev_d, a = a, f, d, 2 * a
+    a, f, g = best
+    return a, f, g, evals
+
+
+def two_loop(grad: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """-H g for the L-BFGS inverse-Hessian approximation built from (s, y) pairs, oldest first,
+    with H0 = (s.y / y.y) I from the newest pair."""
+    q = grad.copy()
+    alphas = []
+    for s, y in reversed(pairs):
+        rho = 1.0 / float(y @ s)
+        alpha = rho * float(s @ q)
+        q -= alpha * y
+        alphas.append((rho, alpha))
+    if pairs:
+        s, y = pairs[-1]
+        q *= float(s @ y) / float(y @ y)
+    for (s, y), (rho, alpha) in zip(pairs, reversed(alphas)):
+        q += (alpha - rho * float(y @ q)) * s
+    return -q
+
+
+class _LineSearchOptimizer:
+    """Shared machinery: flat vectors, closure evaluation at a trial step, counters."""
+
+    needs_closure = True
+
+    def __init__(self, params: Params, max_line_search: int = 25,
+                 tolerance_grad: float = 1e-10) -> None:
+        self.params = params
+        self.tolerance_grad = tolerance_grad
+        self.flat = _Flat(params)
+        self.max_line_search = max_line_search
+        self.evaluations = 0
+        self.x: np.ndarray | None = None
+        self.f = 0.0
+        self.g: np.ndarray | None = None
+        self.state: dict = {}
+
+    def _evaluate(self, closure: Closure) -> tuple[float, np.ndarray]:
+        loss, grads = closure()
+        self.evaluations += 1
+        return float(loss), self.flat.get(grads)
+
+    def _search(self, closure: Closure, direction: np.ndarray, step: float,
+                c2: float) -> float:
+        x0 = self.x
+
+        def at(alpha: float) -> tuple[float, np.ndarray]:
+            self.flat.set(x0 + alpha * direction)
+            return self._evaluate(closure)
+
+        alpha, f, g, _ = strong_wolfe(at, self.f, self.g, direction, step, c2=c2,
+                                      max_evals=self.max_line_search)
+        self.x = x0 + alpha * direction
+        self.flat.set(self.x)
+        self.f, self.g = f, g
+        return alpha
+
+    def _start(self, closure: Closure) -> bool:
+        """Evaluate at the current parameters (they may have been changed from outside);
+        False when the gradient is already below ``tolerance_grad`` (converged)."""
+        self.x = self.flat.get(self.params)
+        self.f, self.g = self._evaluate(closure)
+        return float(np.abs(self.g).max(initial=0.0)) > self.tolerance_grad
+
+
+class LBFGS(_LineSearchOptimizer):
+    """Limited-memory BFGS: one iteration (line search included) per ``step(closure)``.
+
+    Returns the loss before the step. Pairs with s.y <= 0 are skipped, keeping H positive
+    definite.
+    """
+
+    def __init__(self, params: Params, history: int = 10, max_line_search: int = 25) -> None:
+        super().__init__(params, max_line_search)
+        self.pairs: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=history)
+
+    def step(self, closure: Closure) -> float:
+        if not self._start(closure):
+            return self.f
+        loss, x, g = self.f, self.x, self.g
+        direction = two_loop(g, list(self.pairs))
+        step = 1.0 if self.pairs else min(1.0, 1.0 / max(np.abs(g).sum(), 1e-12))
+        self._search(closure, direction, step, c2=0.9)
+        s, y = self.x - x, self.g - g
+        if float(s @ y) > 1e-10 * float(y @ y):
+            self.pairs.append((s, y))
+        return loss
+
+
+def fletcher_reeves(g: np.ndarray, g_prev: np.ndarray, d_prev: np.ndarray) -> float:
+    return float(g @ g) / float(g_prev @ g_prev)
+
+
+def hestenes_stiefel(g: np.ndarray, g_prev: np.ndarray, d_prev: np.ndarray) -> float:
+    y = g - g_prev
+    return float(g @ y) / float(y @ d_prev)
+
+
+def polak_ribiere_plus(g: np.ndarray, g_prev: np.ndarray, d_prev: np.ndarray) -> float:
+    return max(0.0, float(g @ (g - g_prev)) / float(g_prev @ g_prev))
+
+
+BETAS = {"FR": fletcher_reeves, "HS": hestenes_stiefel, "PR+": polak_ribiere_plus}
+
+
+class ConjugateGradient(_LineSearchOptimizer):
+    """Nonlinear conjugate gradients: d <- beta d - g, x <- x + alpha d (seed 003's rule).
+
+    ``method`` picks beta: "FR" (Fletcher-Reeves), "HS" (Hestenes-Stiefel) or "PR+"
+    (Polak-Ribiere, clipped at 0). A direction that is not a descent direction restarts
+    with steepest descent.
+    """
+
+    def __init__(self, params: Params, method: str = "PR+", max_line_search: int = 25) -> None:
+        if method not in BETAS:
+            raise ValueError(f"conjugate gradients: unknown method {method!r} "
+                             f"(choose from {', '.join(BETAS)})")
+        super().__init__(params, max_line_search)
+        self.beta = BETAS[method]
+        self.direction: np.ndarray | None = None
+        self.g_prev: np.ndarray | None = None
+        self.slope_step = 0.0  # alpha * g.d of the last step, for the next initial step
+
+    def step(self, closure: Closure) -> float:
+        if not self._start(closure):
+            return self.f
+        loss, g = self.f, self.g
+        if self.direction is None:
+            direction = -g
+        else:
+            try:
+                beta = self.beta(g, self.g_prev, self.direction)
+            except ZeroDivisionError:  # no change since the last step: restart
+                beta = 0.0
+            direction = beta * self.direction - g
+            if float(direction @ g) >= 0:
+                direction = -g
+        slope = float(direction @ g)
+        if self.direction is None:
+            step = min(1.0, 1.0 / max(np.abs(g).sum(), 1e-12))
+        else:  # expect the same first-order decrease as last time (Nocedal & Wright 3.60)
+            step = self.slope_step / slope
+        alpha = self._search(closure, direction, step, c2=0.1)
+        self.direction, self.g_prev, self.slope_step = direction, g, alpha * slope
+        return loss
