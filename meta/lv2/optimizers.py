@@ -246,6 +246,12 @@ class Optimizer:
         self.params = params
         self.state = transform.init(params)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.state}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.state = saved["state"]
+
     def step(self, grads: Params) -> None:
         missing = set(self.params) - set(grads)
         if missing:

@@ -180,6 +180,14 @@ class LBFGS(_LineSearchOptimizer):
         super().__init__(params, max_line_search)
         self.pairs: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=history)
 
+    def state_dict(self) -> dict:
+        return {"pairs": [list(pair) for pair in self.pairs], "evaluations": self.evaluations}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.pairs.clear()
+        self.pairs.extend((np.asarray(s), np.asarray(y)) for s, y in saved["pairs"])
+        self.evaluations = saved["evaluations"]
+
     def step(self, closure: Closure) -> float:
         if not self._start(closure):
             return self.f
@@ -226,6 +234,14 @@ class ConjugateGradient(_LineSearchOptimizer):
         self.direction: np.ndarray | None = None
         self.g_prev: np.ndarray | None = None
         self.slope_step = 0.0  # alpha * g.d of the last step, for the next initial step
+
+    def state_dict(self) -> dict:
+        return {"direction": self.direction, "g_prev": self.g_prev,
+                "slope_step": self.slope_step, "evaluations": self.evaluations}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.direction, self.g_prev = saved["direction"], saved["g_prev"]
+        self.slope_step, self.evaluations = saved["slope_step"], saved["evaluations"]
 
     def step(self, closure: Closure) -> float:
         if not self._start(closure):

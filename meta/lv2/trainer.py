@@ -61,6 +61,10 @@ class Trainer:
         self.history: list[Metrics] = []
         self.epochs = 0
         self.step = 0
+        # Where the current epoch stands, so a checkpoint taken mid-epoch resumes exactly.
+        self.batch_in_epoch = 0
+        self.epoch_sums = np.zeros(3)  # loss * count, correct, count
+        self.epoch_elapsed = 0.0
 
     @property
     def steps_per_epoch(self) -> int:
@@ -88,23 +92,42 @@ class Trainer:
         self._emit("on_train_end")
         return self.history
 
+    def position(self) -> dict[str, Any]:
+        """Everything a checkpoint needs to continue this loop exactly where it is."""
+        return {"epoch": len(self.history), "step": self.step,
+                "batch_in_epoch": self.batch_in_epoch, "epoch_sums": self.epoch_sums.tolist(),
+                "epoch_elapsed": self.epoch_elapsed, "history": self.history}
+
+    def restore_position(self, position: dict[str, Any]) -> None:
+        self.history = [dict(m) for m in position["history"]]
+        self.step = int(position["step"])
+        self.batch_in_epoch = int(position["batch_in_epoch"])
+        self.epoch_sums = np.array(position["epoch_sums"], dtype=np.float64)
+        self.epoch_elapsed = float(position["epoch_elapsed"])
+
     def train_epoch(self, epoch: int) -> Metrics:
         n = self.names
         self.sampler.set_epoch(epoch)
-        sums = np.zeros(3)  # loss * count, correct, count
-        start = time.perf_counter()
-        for indices in self.sampler:
+        skip = self.batch_in_epoch  # > 0 only when resuming mid-epoch
+        start = time.perf_counter() - self.epoch_elapsed
+        for index, indices in enumerate(self.sampler):
+            if index < skip:
+                continue
             x, y = self.train_data.batch(indices)
             values = self._optimizer_step({n["input"]: x, n["labels"]: y})
             loss = float(values[n["loss"]])
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
                                          f"step {self.step + 1}")
-            sums += (loss * len(y), np.count_nonzero(values[n["logits"]].argmax(1) == y), len(y))
+            self.epoch_sums += (loss * len(y),
+                                np.count_nonzero(values[n["logits"]].argmax(1) == y), len(y))
             self.step += 1
+            self.batch_in_epoch += 1
+            self.epoch_elapsed = time.perf_counter() - start
             self._emit("on_step_end", {"epoch": epoch, "step": self.step, "loss": loss})
         elapsed = time.perf_counter() - start
-        loss_sum, correct, count = self.sum_across(sums)
+        loss_sum, correct, count = self.sum_across(self.epoch_sums.copy())
+        self.batch_in_epoch, self.epoch_sums, self.epoch_elapsed = 0, np.zeros(3), 0.0
         return {"epoch": epoch + 1, "train_loss": loss_sum / count,
                 "train_accuracy": correct / count, "epoch_time_s": elapsed,
                 "samples_per_s": count / elapsed}

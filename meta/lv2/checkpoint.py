@@ -1,0 +1,167 @@
+"""Checkpoints: everything a training run needs to continue bit-identically after a crash.
+
+A checkpoint holds the parameters, the optimizer's state, the trainer's position (epoch, batch
+within the epoch, running metric sums, history) and the random-generator states of operators
+that draw random numbers (any operator with an ``rng`` generator, such as Dropout). The sampler
+needs no state: its order is a function of (seed, epoch). Files are written atomically (a
+temporary file in the same folder, then a rename), so a kill at any moment leaves either the
+previous checkpoint or the new one, never half of one.
+
+Format: one ``.npz`` (no pickling) with the arrays and a JSON document describing the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meta.lv2.events import Event, Metrics
+
+FORMAT_VERSION = 1
+META_KEY = "__meta__"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the run (names file and key)."""
+
+
+def flatten_tree(tree: Any, arrays: dict[str, np.ndarray], prefix: str = "t") -> Any:
+    """A JSON description of ``tree`` (dicts, lists, tuples, arrays, numbers, None, str) whose
+    arrays are moved into ``arrays`` under generated keys."""
+    if isinstance(tree, np.ndarray):
+        arrays[prefix] = tree
+        return {"array": prefix}
+    if isinstance(tree, dict):
+        return {"dict": [[k, flatten_tree(v, arrays, f"{prefix}.{i}")]
+                         for i, (k, v) in enumerate(tree.items())]}
+    if isinstance(tree, (list, tuple)):
+        kind = "tuple" if isinstance(tree, tuple) else "list"
+        return {kind: [flatten_tree(v, arrays, f"{prefix}.{i}") for i, v in enumerate(tree)]}
+    if isinstance(tree, np.generic):
+        return {"value": tree.item()}
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return {"value": tree}
+    raise TypeError(f"checkpoint: cannot store a {type(tree).__name__} at {prefix}")
+
+
+def unflatten_tree(spec: Any, arrays: Any) -> Any:
+    (kind, body), = spec.items()
+    if kind == "array":
+        return np.array(arrays[body])
+    if kind == "dict":
+        return {k: unflatten_tree(v, arrays) for k, v in body}
+    if kind in ("list", "tuple"):
+        items = [unflatten_tree(v, arrays) for v in body]
+        return tuple(items) if kind == "tuple" else items
+    return body
+
+
+@dataclass
+class Checkpoint:
+    params: dict[str, np.ndarray]
+    optimizer: Any
+    position: dict[str, Any]
+    rng_states: dict[str, Any]
+    info: dict[str, Any]
+
+
+def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
+    """Write ``ckpt`` atomically to ``path``; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    document = {"format": FORMAT_VERSION, "info": ckpt.info, "position": ckpt.position,
+                "rng_states": ckpt.rng_states,
+                "params": flatten_tree(ckpt.params, arrays, "param"),
+                "optimizer": flatten_tree(ckpt.optimizer, arrays, "opt")}
+    arrays[META_KEY] = np.frombuffer(json.dumps(document).encode(), dtype=np.uint8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        document = json.loads(arrays.pop(META_KEY).tobytes())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+        raise CheckpointError(f"{path}: not a readable meta checkpoint ({err})") from err
+    if document.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {document.get('format')} is not "
+                              f"{FORMAT_VERSION}")
+    return Checkpoint(unflatten_tree(document["params"], arrays),
+                      unflatten_tree(document["optimizer"], arrays), document["position"],
+                      document["rng_states"], document["info"])
+
+
+def _random_ops(trainer: Any) -> dict[str, Any]:
+    ops = getattr(trainer.executor, "ops", {})
+    return {name: op for name, op in ops.items() if hasattr(op, "rng")}
+
+
+def capture(trainer: Any, info: dict[str, Any] | None = None) -> Checkpoint:
+    """The trainer's complete state as a Checkpoint (arrays copied)."""
+    return Checkpoint(
+        params={k: v.copy() for k, v in trainer.executor.graph.parameters.items()},
+        optimizer=trainer.optimizer.state_dict(),
+        position=trainer.position(),
+        rng_states={name: op.rng.bit_generator.state for name, op in _random_ops(trainer).items()},
+        info=dict(info or {}),
+    )
+
+
+def restore(trainer: Any, ckpt: Checkpoint, source: str = "checkpoint") -> None:
+    """Put ``ckpt`` back into the trainer: parameters in place, optimizer, position, RNGs."""
+    params = trainer.executor.graph.parameters
+    if set(params) != set(ckpt.params):
+        missing = sorted(set(params) - set(ckpt.params))
+        extra = sorted(set(ckpt.params) - set(params))
+        raise CheckpointError(f"{source}: parameters do not match the network "
+                              f"(missing {missing}, unexpected {extra})")
+    for name, value in ckpt.params.items():
+        if params[name].shape != value.shape:
+            raise CheckpointError(f"{source}: parameter {name!r} has shape {value.shape}, "
+                                  f"the network has {params[name].shape}")
+    for name, value in ckpt.params.items():
+        params[name][...] = value
+    trainer.optimizer.load_state_dict(ckpt.optimizer)
+    trainer.restore_position(ckpt.position)
+    for name, op in _random_ops(trainer).items():
+        if name in ckpt.rng_states:
+            op.rng.bit_generator.state = ckpt.rng_states[name]
+
+
+class CheckpointEvent(Event):
+    """Writes a checkpoint every ``every_steps`` steps (0: never mid-epoch) and after each epoch."""
+
+    priority = -100  # after the events that compute and log metrics
+
+    def __init__(self, path: str | os.PathLike, every_steps: int = 0,
+                 info: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self.every_steps = every_steps
+        self.info = info or {}
+
+    def write(self, trainer: Any) -> None:
+        save_checkpoint(self.path, capture(trainer, self.info))
+
+    def on_step_end(self, trainer: Any, observation: Metrics) -> None:
+        if self.every_steps and observation["step"] % self.every_steps == 0:
+            self.write(trainer)
+
+    def on_epoch_end(self, trainer: Any, metrics: Metrics) -> None:
+        self.write(trainer)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta.lv1 import ReferenceExecutor, mlp
+from meta.lv2 import ArrayDataset, Event, Optimizer, ShuffleSampler, Trainer, adam
+from meta.lv2.checkpoint import (
+    CheckpointError,
+    CheckpointEvent,
+    capture,
+    flatten_tree,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+    unflatten_tree,
+)
+from meta.lv2.second_order import LBFGS
+
+
+def data(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = (np.random.default_rng(9).standard_normal((3, 6))[y] + rng.standard_normal((n, 6)))
+    return ArrayDataset(x.astype(np.float32), y)
+
+
+def make_trainer(events=(), optimizer=None):
+    graph = mlp(input_shape=(6,), hidden=(8,), classes=3, seed=0)
+    opt = (optimizer or (lambda p: Optimizer(adam(0.01), p)))(graph.parameters)
+    train = data()
+    return Trainer(ReferenceExecutor(graph), opt, train, ShuffleSampler(len(train), 16, seed=3),
+                   data(60, 1), events)
+
+
+class Crash(Event):
+    def __init__(self, at_step):
+        self.at_step = at_step
+
+    def on_step_end(self, trainer, observation):
+        if observation["step"] == self.at_step:
+            raise KeyboardInterrupt("simulated crash")
+
+
+def test_tree_round_trip():
+    tree = ({"m": {"w": np.arange(3.0)}, "t": 4}, [np.ones((2, 2), np.float32), None, "x"], ())
+    arrays = {}
+    back = unflatten_tree(flatten_tree(tree, arrays), arrays)
+    assert back[0]["t"] == 4 and back[1][1] is None and back[1][2] == "x" and back[2] == ()
+    np.testing.assert_array_equal(back[0]["m"]["w"], np.arange(3.0))
+    assert back[1][0].dtype == np.float32
+
+
+@pytest.mark.parametrize("make_optimizer", [None, lambda p: LBFGS(p)], ids=["adam", "lbfgs"])
+def test_resume_mid_epoch_is_bit_identical(tmp_path, make_optimizer):
+    reference = make_trainer(optimizer=make_optimizer)
+    reference.fit(3)
+
+    path = tmp_path / "ckpt.npz"
+    crashed = make_trainer([CheckpointEvent(path, every_steps=5), Crash(at_step=23)],
+                           optimizer=make_optimizer)
+    with pytest.raises(KeyboardInterrupt):
+        crashed.fit(3)
+    ckpt = load_checkpoint(path)
+    assert ckpt.position["step"] == 20 and ckpt.position["batch_in_epoch"] == 20 - 13
+
+    resumed = make_trainer(optimizer=make_optimizer)
+    restore(resumed, ckpt)
+    resumed.fit(3)
+    for name, value in reference.executor.graph.parameters.items():
+        np.testing.assert_array_equal(resumed.executor.graph.parameters[name], value, name)
+    losses = [m["train_loss"] for m in reference.history]
+    assert [m["train_loss"] for m in resumed.history] == losses
+
+
+def test_writes_are_atomic_and_errors_are_clear(tmp_path):
+    trainer = make_trainer()
+    path = save_checkpoint(tmp_path / "c.npz", capture(trainer))
+    assert path.exists() and not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.npz")
+    (tmp_path / "bad.npz").write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="bad.npz: not a readable meta checkpoint"):
+        load_checkpoint(tmp_path / "bad.npz")
+    other = Trainer(ReferenceExecutor(mlp(input_shape=(6,), hidden=(4,), classes=3)),
+                    Optimizer(adam(0.01), {}), data(), ShuffleSampler(200, 16))
+    with pytest.raises(CheckpointError, match="'fc0.weight' has shape \\(8, 6\\)"):
+        restore(other, load_checkpoint(path))
