@@ -6,7 +6,11 @@ metrics before their readers). Metrics reach events only through the dicts passe
 
 from __future__ import annotations
 
+import csv
+import json
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,3 +82,113 @@ class EpochLog(Event):
             width = len(fmt.format(0 if "d" in fmt else 0.0))
             cells.append("-".rjust(width) if value is None else fmt.format(value))
         print("  ".join(cells), file=self.stream or sys.stdout, flush=True)
+
+
+class EarlyStopping(Event):
+    """Stops when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs."""
+
+    priority = -10  # after the metrics of the epoch are complete
+
+    def __init__(self, metric: str = "test_loss", patience: int = 3, mode: str = "min",
+                 min_delta: float = 0.0) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}")
+        self.metric, self.patience, self.mode, self.min_delta = metric, patience, mode, min_delta
+        self.best: float | None = None
+        self.waited = 0
+
+    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
+        if self.metric not in metrics:
+            raise KeyError(f"EarlyStopping: metric {self.metric!r} is not reported "
+                           f"(reported: {', '.join(sorted(metrics))})")
+        value = float(metrics[self.metric])
+        sign = 1 if self.mode == "min" else -1
+        if self.best is None or sign * (self.best - value) > self.min_delta:
+            self.best, self.waited = value, 0
+            return
+        self.waited += 1
+        if self.waited >= self.patience:
+            trainer.request_stop(f"early stopping: {self.metric} has not improved for "
+                                 f"{self.patience} epoch(s) (best {self.best:.4g})")
+
+
+class TimeBudget(Event):
+    """Stops after ``seconds`` of training (checked after every step)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = 0.0
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.start = time.perf_counter()
+
+    def on_step_end(self, trainer: Trainer, observation: Metrics) -> None:
+        if time.perf_counter() - self.start > self.seconds:
+            trainer.request_stop(f"time budget of {self.seconds:g} s used up at step "
+                                 f"{observation['step']}")
+
+
+class _FileLog(Event):
+    """Appends one record per epoch to a file, flushed at once (a crash loses nothing)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not trainer.history:  # a fresh run starts a fresh file; a resumed one appends
+            self.path.write_text("")
+
+
+class CSVLog(_FileLog):
+    """Per-epoch metrics as CSV, with the columns of the first epoch."""
+
+    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
+        new = self.path.stat().st_size == 0 if self.path.exists() else True
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(metrics), extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow({k: float(v) for k, v in metrics.items()})
+
+
+class JSONLinesLog(_FileLog):
+    """Per-epoch metrics as JSON lines (one object per epoch)."""
+
+    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: float(v) for k, v in metrics.items()}) + "\n")
+
+
+class PlotMetrics(Event):
+    """Draws loss and accuracy curves per epoch as a PNG after every epoch."""
+
+    def __init__(self, path: str | Path, title: str = "") -> None:
+        self.path = Path(path)
+        self.title = title
+
+    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        history = trainer.history
+        epochs = [m["epoch"] for m in history]
+        fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.5))
+        for split, style in (("train", "-o"), ("test", "-s")):
+            if f"{split}_loss" in history[-1]:
+                loss_ax.plot(epochs, [m[f"{split}_loss"] for m in history], style, label=split)
+                acc_ax.plot(epochs, [100 * m[f"{split}_accuracy"] for m in history], style,
+                            label=split)
+        loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")
+        acc_ax.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
+        for ax in (loss_ax, acc_ax):
+            ax.grid(alpha=0.3)
+            ax.legend()
+        if self.title:
+            fig.suptitle(self.title)
+        fig.tight_layout()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(self.path, dpi=100)
+        plt.close(fig)

@@ -65,6 +65,11 @@ class Trainer:
         self.batch_in_epoch = 0
         self.epoch_sums = np.zeros(3)  # loss * count, correct, count
         self.epoch_elapsed = 0.0
+        self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop after the current step; ``reason`` is kept for the report."""
+        self.stop_reason = self.stop_reason or reason
 
     @property
     def steps_per_epoch(self) -> int:
@@ -80,6 +85,8 @@ class Trainer:
         self._emit("on_train_begin")
         try:
             for epoch in range(len(self.history), epochs):
+                if self.stop_reason:
+                    break
                 self._emit("on_epoch_begin", epoch)
                 metrics = self.train_epoch(epoch)
                 if self.test_data is not None:
@@ -125,6 +132,8 @@ class Trainer:
             self.batch_in_epoch += 1
             self.epoch_elapsed = time.perf_counter() - start
             self._emit("on_step_end", {"epoch": epoch, "step": self.step, "loss": loss})
+            if self.stop_reason:
+                break
         elapsed = time.perf_counter() - start
         loss_sum, correct, count = self.sum_across(self.epoch_sums.copy())
         self.batch_in_epoch, self.epoch_sums, self.epoch_elapsed = 0, np.zeros(3), 0.0
