@@ -1,13 +1,25 @@
 """Level 2: datasets, samplers, optimizers and the trainer with its events."""
 
+from meta.lv2.checkpoint import CheckpointError, CheckpointEvent, load_checkpoint, save_checkpoint
+from meta.lv2.cifar import cifar10
 from meta.lv2.datasets import (
     ArrayDataset,
     Dataset,
     DatasetError,
     fashion_mnist,
     mnist,
+    synthetic,
 )
-from meta.lv2.events import EpochLog, Event, ProgressBar
+from meta.lv2.events import (
+    CSVLog,
+    EarlyStopping,
+    EpochLog,
+    Event,
+    JSONLinesLog,
+    PlotMetrics,
+    ProgressBar,
+    TimeBudget,
+)
 from meta.lv2.idx import IDXError, read_idx, write_idx
 from meta.lv2.optimizers import (
     GradientTransformation,
@@ -32,6 +44,17 @@ from meta.lv2.second_order import LBFGS, ConjugateGradient
 from meta.lv2.trainer import Trainer
 
 __all__ = [
+    "CSVLog",
+    "CheckpointError",
+    "CheckpointEvent",
+    "EarlyStopping",
+    "JSONLinesLog",
+    "PlotMetrics",
+    "TimeBudget",
+    "cifar10",
+    "load_checkpoint",
+    "save_checkpoint",
+    "synthetic",
     "LBFGS",
     "ArrayDataset",
     "ConjugateGradient",

@@ -323,3 +323,14 @@ def _check_md5(path: Path, expected: str) -> None:
     if actual != expected:
         raise DatasetError(f"{path}: md5 {actual} does not match the expected {expected} "
                            "(a corrupt, truncated or different file)")
+
+
+def synthetic(num_examples: int, input_shape: tuple[int, ...] = (1, 28, 28), classes: int = 10,
+              seed: int = 0, noise: float = 1.0) -> ArrayDataset:
+    """Gaussian blobs around one random centre per class: learnable, instant, for benchmarks
+    and tests that must not depend on downloaded data."""
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng([seed, 1]).standard_normal((classes, *input_shape))
+    labels = rng.integers(0, classes, num_examples)
+    inputs = centres[labels] + noise * rng.standard_normal((num_examples, *input_shape))
+    return ArrayDataset(inputs.astype(np.float32), labels.astype(np.int64))

@@ -33,6 +33,10 @@ class ShuffleSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def batch_rng(self, batch_index: int) -> np.random.Generator:
+        """The generator for augmenting batch ``batch_index`` of this epoch (and nothing else)."""
+        return np.random.default_rng([self.seed, self.epoch, batch_index, 0xA06])
+
     def indices(self) -> np.ndarray:
         """This epoch's order of example indices."""
         rng = np.random.default_rng([self.seed, self.epoch])

@@ -46,6 +46,7 @@ class Trainer:
         sum_across: Callable[[np.ndarray], np.ndarray] = _identity,
         eval_shard: tuple[int, int] = (0, 1),
         names: dict[str, str] | None = None,
+        transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
     ) -> None:
         self.executor = executor
         self.optimizer = optimizer
@@ -56,6 +57,7 @@ class Trainer:
         self.eval_batch_size = eval_batch_size
         self.sum_across = sum_across
         self.eval_shard = eval_shard
+        self.transform = transform  # training augmentation, drawing from the sampler's RNG
         self.names = {"input": "input", "labels": "labels", "logits": "logits", "loss": "loss",
                       **(names or {})}
         self.history: list[Metrics] = []
@@ -121,6 +123,8 @@ class Trainer:
             if index < skip:
                 continue
             x, y = self.train_data.batch(indices)
+            if self.transform is not None:
+                x = self.transform(x, self.sampler.batch_rng(index))
             values = self._optimizer_step({n["input"]: x, n["labels"]: y})
             loss = float(values[n["loss"]])
             if not np.isfinite(loss):
