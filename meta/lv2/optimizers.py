@@ -259,3 +259,37 @@ class Optimizer:
         updates, self.state = self.transform.update(grads, self.state, self.params)
         for name, u in updates.items():
             self.params[name] += u.astype(self.params[name].dtype, copy=False)
+
+
+# -- the registry recipes choose from ---------------------------------------------------------
+
+OptimizerFactory = Callable[..., GradientTransformation]
+OPTIMIZERS: dict[str, OptimizerFactory] = {
+    "sgd": sgd, "adagrad": adagrad, "rmsprop": rmsprop, "adadelta": adadelta, "adam": adam,
+    "adamw": adamw,
+}
+
+
+def register_optimizer(name: str) -> Callable[[OptimizerFactory], OptimizerFactory]:
+    """Make ``factory(lr, **hyperparameters) -> GradientTransformation`` selectable by name
+    (``"optimizer": name`` in a recipe).
+
+    >>> @register_optimizer("sign_sgd")
+    ... def sign_sgd(lr):
+    ...     sign = GradientTransformation(
+    ...         lambda params: (),
+    ...         lambda grads, state, params: ({k: np.sign(g) for k, g in grads.items()}, state))
+    ...     return chain(sign, scale_by_learning_rate(lr))
+    >>> "sign_sgd" in OPTIMIZERS
+    True
+    """
+
+    def decorate(factory: OptimizerFactory) -> OptimizerFactory:
+        existing = OPTIMIZERS.get(name)
+        if existing is not None and existing is not factory:
+            raise ValueError(f"optimizer {name!r} is already registered by "
+                             f"{existing.__module__}.{existing.__qualname__}")
+        OPTIMIZERS[name] = factory
+        return factory
+
+    return decorate
