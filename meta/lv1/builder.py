@@ -12,6 +12,16 @@ from meta.lv1.graph import Dim, Graph, Node, TensorInfo
 DEFAULT_OPSET = 17
 
 
+def _as_onnx_attribute(value: Any) -> Any:
+    """Floats rounded to float32, as ONNX stores them: a graph built in code then computes
+    exactly what the same graph computes after a save and load."""
+    if isinstance(value, float):
+        return float(np.float32(value))
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, float) for v in value):
+        return [float(np.float32(v)) for v in value]
+    return value
+
+
 class GraphBuilder:
     """Collects inputs, initializers and nodes, then builds a ``Graph``.
 
@@ -54,7 +64,7 @@ class GraphBuilder:
                                                for i in range(n_outputs)]
         self.opset.setdefault(domain, 1)
         self.nodes.append(Node(op_type, list(inputs), outs, name=name, domain=domain,
-                               attrs=attrs))
+                               attrs={k: _as_onnx_attribute(v) for k, v in attrs.items()}))
         return outs[0] if len(outs) == 1 else outs
 
     def output(self, name: str, dtype: Any, shape: Sequence[Dim] | None = None) -> None:

@@ -10,6 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 Case = tuple[dict[str, Any], list[np.ndarray | None]]
+# A case may carry a third element, the opsets it is valid at (``range(13, 22)``), for operators
+# whose attributes became inputs in some version; ``cases_for(..., opset=)`` keeps the valid ones.
 
 
 def _away_from_zero(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -71,8 +73,9 @@ CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
 }
 
 
-def cases_for(op_type: str, seed: int = 0) -> list[Case]:
-    return CASES[op_type](np.random.default_rng(seed))
+def cases_for(op_type: str, seed: int = 0, opset: int | None = None) -> list[Case]:
+    cases = CASES[op_type](np.random.default_rng(seed))
+    return [c[:2] for c in cases if opset is None or len(c) < 3 or opset in c[2]]
 
 
 # Cases of the wider operator library live beside this file, one module per family, and join

@@ -1,4 +1,9 @@
-"""Test cases for the nn operators (see cases.py for the format)."""
+"""Test cases for the nn operators (see cases.py for the format).
+
+Shapes are tiny on purpose: every float input element costs two forward calls in the gradient
+check. Where onnx.reference itself is wrong, a case's attributes are an ``OracleLimit``, which
+tells the forward test how many leading outputs to compare (0: none), with the reason.
+"""
 
 from __future__ import annotations
 
@@ -6,4 +11,154 @@ from typing import Callable
 
 import numpy as np
 
-CASES: dict[str, Callable[[np.random.Generator], list]] = {}
+
+class OracleLimit(dict):
+    """Operator attributes, plus how many outputs onnx.reference gets right for this case."""
+
+    def __init__(self, attrs: dict, oracle_outputs: int, reason: str) -> None:
+        super().__init__(attrs)
+        self.oracle_outputs = oracle_outputs
+        self.reason = reason
+
+
+def _distinct(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Values at least 0.01 apart, so no max ties and no kink within the difference step."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n) * 0.01 - n * 0.005 + rng.uniform(0, 1e-3, n)).reshape(shape)
+
+
+def conv(rng: np.random.Generator) -> list:
+    r = rng.standard_normal
+    return [
+        ({}, [r((2, 3, 6)), r((4, 3, 3)), r(4)]),  # 1-D
+        ({"strides": [2], "dilations": [2], "pads": [2, 1]}, [r((1, 2, 9)), r((3, 2, 3))]),
+        ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, [r((2, 2, 4, 4)), r((3, 2, 3, 3)),
+                                                          r(3)]),
+        # groups, asymmetric pads, mixed strides and dilations
+        ({"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]},
+         [r((2, 4, 6, 7)), r((6, 2, 2, 3)), r(6)]),
+        ({"group": 3}, [r((1, 3, 4, 4)), r((3, 1, 2, 2))]),  # depthwise
+        ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, [r((1, 2, 5, 6)), r((3, 2, 3, 2))]),
+        ({"auto_pad": "SAME_LOWER", "strides": [2, 2]}, [r((1, 2, 5, 6)), r((3, 2, 3, 2))]),
+        ({"auto_pad": "VALID", "strides": [3, 2]}, [r((1, 2, 7, 6)), r((2, 2, 2, 2))]),
+        ({"strides": [1, 2, 1], "pads": [0, 1, 0, 1, 0, 1]},  # 3-D
+         [r((1, 2, 3, 4, 3)), r((2, 2, 2, 3, 2)), r(2)]),
+    ]
+
+
+def conv_transpose(rng: np.random.Generator) -> list:
+    r = rng.standard_normal
+    grouped = OracleLimit({"group": 2, "strides": [2, 1], "pads": [1, 0, 0, 1]}, 0,
+                          "onnx.reference's grouped ConvTranspose slices W and B wrongly")
+    return [
+        ({}, [r((2, 3, 4)), r((3, 2, 3)), r(2)]),  # 1-D
+        ({"strides": [2, 3], "pads": [1, 0, 0, 2], "dilations": [1, 2],
+          "output_padding": [1, 1]}, [r((1, 2, 3, 3)), r((2, 3, 2, 3)), r(3)]),
+        ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, [r((1, 2, 3, 3)), r((2, 2, 3, 2))]),
+        ({"auto_pad": "SAME_LOWER", "strides": [2, 2]}, [r((1, 2, 3, 3)), r((2, 2, 3, 2))]),
+        ({"auto_pad": "SAME_UPPER", "strides": [2, 2], "output_shape": [7, 5]},
+         [r((1, 2, 3, 3)), r((2, 2, 3, 2))]),
+        ({"strides": [1, 2, 1]}, [r((1, 2, 2, 3, 2)), r((2, 1, 2, 2, 2)), r(1)]),  # 3-D
+        (grouped, [r((2, 4, 3, 2)), r((4, 3, 2, 2)), r(6)]),
+    ]
+
+
+def _pool_cases(rng: np.random.Generator) -> list:
+    return [
+        ({"kernel_shape": [3], "strides": [2]}, [_distinct(rng, (2, 2, 7))]),
+        ({"kernel_shape": [2, 2], "strides": [2, 2]}, [_distinct(rng, (2, 2, 4, 6))]),
+        ({"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1},
+         [_distinct(rng, (1, 2, 6, 5))]),
+        ({"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
+         [_distinct(rng, (1, 2, 5, 5))]),
+        ({"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [2, 1]},
+         [_distinct(rng, (1, 2, 5, 7))]),
+        ({"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+         [_distinct(rng, (1, 2, 5, 5))]),
+        ({"kernel_shape": [2, 2, 2], "strides": [2, 1, 2], "ceil_mode": 1},
+         [_distinct(rng, (1, 2, 3, 4, 5))]),
+    ]
+
+
+def max_pool(rng: np.random.Generator) -> list:
+    unit = "onnx.reference returns no valid Indices when every stride and dilation is 1"
+    return [
+        *_pool_cases(rng),
+        ({"kernel_shape": [2, 3], "strides": [2, 2], "storage_order": 1},
+         [_distinct(rng, (2, 2, 5, 7))]),
+        (OracleLimit({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 1, unit),
+         [_distinct(rng, (1, 2, 4, 5))]),
+        (OracleLimit({"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER"}, 1, unit),
+         [_distinct(rng, (1, 2, 4, 4))]),
+    ]
+
+
+def average_pool(rng: np.random.Generator) -> list:
+    cases = []
+    for attrs, inputs in _pool_cases(rng):
+        for count_include_pad in (0, 1):
+            cases.append(({**attrs, "count_include_pad": count_include_pad}, inputs))
+    x = rng.standard_normal((1, 2, 4, 5))
+    cases += [({"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "count_include_pad": c}, [x])
+              for c in (0, 1)]
+    return cases
+
+
+def global_average_pool(rng: np.random.Generator) -> list:
+    r = rng.standard_normal
+    return [({}, [r((2, 3, 4))]), ({}, [r((2, 3, 3, 2))]), ({}, [r((1, 2, 2, 2, 3))])]
+
+
+def batch_normalization(rng: np.random.Generator) -> list:
+    cases = []
+    for shape in ((4, 3), (3, 2, 4), (2, 3, 2, 3)):
+        c = shape[1]
+        stats = [rng.standard_normal(c), rng.standard_normal(c), rng.standard_normal(c),
+                 rng.uniform(0.5, 2.0, c)]
+        x = rng.standard_normal(shape)
+        cases.append(({}, [x, *stats]))
+        cases.append(({"epsilon": 2.0**-10, "training_mode": 0}, [x, *stats]))
+        # ONNX float attributes are float32 (the reference's default momentum is
+        # float32(0.9)), so training cases use values float32 holds exactly.
+        cases.append(({"training_mode": 1, "momentum": 0.875}, [x, *stats]))
+        cases.append(({"training_mode": 1, "momentum": 0.5, "epsilon": 2.0**-7}, [x, *stats]))
+    return cases
+
+
+def dropout(rng: np.random.Generator) -> list:
+    x = rng.standard_normal((3, 4, 5))
+    on, off = np.array(True), np.array(False)
+    return [
+        ({}, [x]),  # inference: identity
+        ({}, [x, np.array(0.3)]),
+        ({}, [x, np.array(0.3), off]),
+        ({}, [x, np.array(0.0), on]),
+        # Training with a seed draws onnx.reference's own mask, so the oracle still applies.
+        ({"seed": 7}, [x, np.array(0.4), on]),
+        ({"seed": 0}, [x.astype(np.float32).astype(np.float64), np.array(0.75), on]),
+        (OracleLimit({"seed": 3}, 0, "onnx.reference cannot omit ratio before training_mode"),
+         [x, None, on]),  # default ratio 0.5
+    ]
+
+
+def lrn(rng: np.random.Generator) -> list:
+    # N == C: onnx.reference loops its channel window over range(N) instead of range(C).
+    r = rng.standard_normal
+    return [
+        ({"size": 3}, [r((3, 3, 2, 2))]),
+        # float32-exact attributes: ONNX stores floats as float32
+        ({"size": 2, "alpha": 0.5, "beta": 0.625, "bias": 2.0}, [r((4, 4, 1, 2))]),
+        ({"size": 5, "alpha": 0.3125}, [r((4, 4, 2, 1))]),  # alpha / size exact too
+    ]
+
+
+CASES: dict[str, Callable[[np.random.Generator], list]] = {
+    "Conv": conv,
+    "ConvTranspose": conv_transpose,
+    "MaxPool": max_pool,
+    "AveragePool": average_pool,
+    "GlobalAveragePool": global_average_pool,
+    "BatchNormalization": batch_normalization,
+    "Dropout": dropout,
+    "LRN": lrn,
+}

@@ -1,0 +1,79 @@
+"""Conv (ONNX opset 1+; 11 only clarified defaults): N-D grouped convolution as im2col + GEMM.
+
+X (N, C, *in), W (M, C/group, *kernel), optional B (M) -> Y (N, M, *out). The windows are a
+strided view of the padded input (``ops._window``); one batched matmul per call does the work.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from meta.lv0 import Operator, register
+from ops import _window
+
+
+def check_conv_shapes(op: str, x: np.ndarray, w: np.ndarray, group: int,
+                      in_channels_axis: int) -> None:
+    """Channel and rank agreement of X and W, with an error that names both shapes."""
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise ValueError(f"{op}: X {list(x.shape)} and W {list(w.shape)} must both be "
+                         f"(N, C, *spatial) / (channels, channels, *kernel) of the same rank >= 3")
+    channels = w.shape[in_channels_axis] * (group if in_channels_axis == 1 else 1)
+    if x.shape[1] != channels or x.shape[1] % group:
+        raise ValueError(f"{op}: X {list(x.shape)} has {x.shape[1]} channels but W "
+                         f"{list(w.shape)} with group={group} expects {channels}")
+
+
+def kernel_of(op: str, w: np.ndarray, kernel_shape) -> tuple[int, ...]:
+    kernel = tuple(w.shape[2:])
+    if kernel_shape is not None and tuple(kernel_shape) != kernel:
+        raise ValueError(f"{op}: kernel_shape {list(kernel_shape)} does not match W "
+                         f"{list(w.shape)}")
+    return kernel
+
+
+@register("Conv", since=1)
+class Conv(Operator):
+    attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+                  "pads": None, "strides": None}
+
+    def forward(self, ctx, x, w, b=None):
+        g = self.group
+        check_conv_shapes("Conv", x, w, g, 1)
+        if w.shape[0] % g:
+            raise ValueError(f"Conv: W {list(w.shape)} has {w.shape[0]} output channels, not a "
+                             f"multiple of group={g}")
+        if b is not None and b.shape != (w.shape[0],):
+            raise ValueError(f"Conv: B {list(b.shape)} must be ({w.shape[0]},) for W "
+                             f"{list(w.shape)}")
+        win = _window.geometry("Conv", x.shape[2:], kernel_of("Conv", w, self.kernel_shape),
+                               self.strides, self.dilations, self.pads, self.auto_pad)
+        n, m, rank = x.shape[0], w.shape[0], len(win.kernel)
+        # im2col: (N, C, *k, *out) windows copied to (N, G, Cg*K, P), one GEMM per image and
+        # group whose result is already laid out as (N, M, *out).
+        cols = _window.windows(_window.pad(x, win), win).reshape(n, g, -1, math.prod(
+            win.out_shape))
+        y = np.matmul(w.reshape(g, m // g, -1), cols).reshape(n, m, *win.out_shape)
+        if b is not None:
+            y += b.reshape(m, *(1,) * rank)
+        ctx.save(win=win, cols=cols, w=w, x_shape=x.shape, has_bias=b is not None)
+        return y
+
+    def backward(self, ctx, dy):
+        win, g, w = ctx.win, self.group, ctx.w
+        n, c = ctx.x_shape[:2]
+        m = w.shape[0]
+        dyg = dy.reshape(n, g, m // g, -1)  # (N, G, M/G, P)
+        dx = dw = db = None
+        if ctx.needs(0):
+            wg = w.reshape(g, m // g, -1)
+            dcols = np.matmul(wg.transpose(0, 2, 1), dyg)  # (N, G, Cg*K, P)
+            dxp = _window.col2im(dcols.reshape(n, c, *win.kernel, *win.out_shape), win)
+            dx = np.ascontiguousarray(_window.unpad(dxp, win))
+        if ctx.needs(1):
+            dw = np.matmul(dyg, ctx.cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(w.shape)
+        if ctx.has_bias and ctx.needs(2):
+            db = dy.sum(axis=(0, *range(2, dy.ndim)))
+        return (dx, dw, db)

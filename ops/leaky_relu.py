@@ -1,0 +1,27 @@
+"""LeakyRelu: y = x for x >= 0, alpha * x otherwise (ONNX opset 6+)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import register
+
+from ._elementwise import Unary
+
+
+@register("LeakyRelu", since=6)
+class LeakyRelu(Unary):
+    attributes = {"alpha": 0.01}
+    keep = ("x",)
+
+    @property
+    def slope(self) -> float:
+        # ONNX float attributes are float32: round, so a graph built in code computes what the
+        # same graph loaded from a file computes.
+        return float(np.float32(self.alpha))
+
+    def function(self, x):
+        return np.where(x >= 0, x, self.slope * x)
+
+    def derivative(self, x, y):
+        return np.where(x >= 0, 1.0, self.slope)

@@ -1,0 +1,52 @@
+"""MatMul: numpy.matmul semantics (ONNX opset 1+): batched over leading dims, 1-D promoted.
+
+A 1-D first operand is treated as a row (1, K) and a 1-D second operand as a column (K, 1);
+the added dimension is removed from the result. Batch dimensions broadcast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import Operator, register, unbroadcast
+
+
+@register("MatMul", since=1)
+class MatMul(Operator):
+    def forward(self, ctx, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"MatMul: operands must have rank >= 1, got {a.shape} and {b.shape}")
+        if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+            raise ValueError(f"MatMul: inner dimensions differ: {a.shape} @ {b.shape}")
+        try:
+            y = np.matmul(a, b)
+        except ValueError as err:
+            raise ValueError(f"MatMul: cannot broadcast batch dimensions of {a.shape} and "
+                             f"{b.shape}") from err
+        ctx.save(a=a if ctx.needs(1) else None, b=b if ctx.needs(0) else None,
+                 a_shape=a.shape, b_shape=b.shape)
+        return y
+
+    def backward(self, ctx, dy):
+        a_shape, b_shape = ctx.a_shape, ctx.b_shape
+        # Work on the promoted operands: (1, K) for a 1-D a, (K, 1) for a 1-D b.
+        a2 = a_shape if len(a_shape) > 1 else (1, *a_shape)
+        b2 = b_shape if len(b_shape) > 1 else (*b_shape, 1)
+        dy2 = self._promote_dy(dy, len(a_shape), len(b_shape))
+        da = db = None
+        if ctx.needs(0):
+            b = ctx.b.reshape(b2)
+            da = unbroadcast(dy2 @ np.swapaxes(b, -1, -2), a2).reshape(a_shape)
+        if ctx.needs(1):
+            a = ctx.a.reshape(a2)
+            db = unbroadcast(np.swapaxes(a, -1, -2) @ dy2, b2).reshape(b_shape)
+        return (da, db)
+
+    @staticmethod
+    def _promote_dy(dy, a_rank, b_rank):
+        """dy with the dimensions that 1-D promotion removed put back."""
+        if a_rank == 1:
+            dy = np.expand_dims(dy, -1 if b_rank == 1 else -2)
+        if b_rank == 1:
+            dy = np.expand_dims(dy, -1)
+        return dy

@@ -1,0 +1,20 @@
+"""Sigmoid: 1 / (1 + e^-x) (ONNX opset 6+); dy/dx = y (1 - y)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import register
+
+from ._elementwise import Unary
+
+
+@register("Sigmoid", since=6)
+class Sigmoid(Unary):
+    def function(self, x):
+        # e^-|x| never overflows, and each branch keeps full relative precision.
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+    def derivative(self, x, y):
+        return y * (1 - y)
