@@ -1,9 +1,9 @@
 """Level 1: network graphs (built in code or loaded from ONNX) and the executors that run them."""
 
 from meta.lv1.builder import GraphBuilder, mlp
-from meta.lv1.executor import ExecutionError, ReferenceExecutor
-from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
-from meta.lv1.onnx_io import ONNXLoadError, from_onnx, save_onnx, to_onnx
+from meta.lv1.executor import ExecutionError, Profile, ProfileRow, ReferenceExecutor
+from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
+from meta.lv1.onnx_io import ONNXLoadError, from_onnx, read_model, save_onnx, to_onnx
 
 __all__ = [
     "ExecutionError",
@@ -12,10 +12,14 @@ __all__ = [
     "GraphError",
     "Node",
     "ONNXLoadError",
+    "Profile",
+    "ProfileRow",
     "ReferenceExecutor",
     "TensorInfo",
     "from_onnx",
+    "make_operator",
     "mlp",
+    "read_model",
     "save_onnx",
     "to_onnx",
 ]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from meta.lv0 import Context, InferenceContext, Operator, UnknownOperatorError, lookup
-from meta.lv1.graph import Graph, GraphError, Node
+from meta.lv0 import Context, InferenceContext, Operator
+from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
 
 Tensors = dict[str, np.ndarray]
 
@@ -20,12 +23,56 @@ def _describe(value: np.ndarray | None) -> str:
     return "absent" if value is None else f"{value.dtype}{list(np.shape(value))}"
 
 
+@dataclass
+class ProfileRow:
+    op_type: str
+    phase: str  # "forward" or "backward"
+    calls: int
+    total_ms: float
+    share: float  # of all recorded time
+
+
+@dataclass
+class Profile:
+    """Per-node wall times aggregated per (op type, phase); ``print(profile)`` shows a table."""
+
+    rows: list[ProfileRow] = field(default_factory=list)
+    total_ms: float = 0.0
+
+    @classmethod
+    def from_records(cls, records: Iterable[tuple[str, str, str, int]]) -> Profile:
+        calls: dict[tuple[str, str], int] = defaultdict(int)
+        ns: dict[tuple[str, str], int] = defaultdict(int)
+        for _node, op_type, phase, elapsed in records:
+            calls[op_type, phase] += 1
+            ns[op_type, phase] += elapsed
+        total = sum(ns.values())
+        rows = [ProfileRow(op, phase, calls[op, phase], t / 1e6, t / total if total else 0.0)
+                for (op, phase), t in sorted(ns.items(), key=lambda kv: -kv[1])]
+        return cls(rows, total / 1e6)
+
+    def __str__(self) -> str:
+        lines = [f"{'op':<26} {'phase':<8} {'calls':>7} {'total ms':>10} {'share':>7}"]
+        for r in self.rows:
+            lines.append(f"{r.op_type:<26} {r.phase:<8} {r.calls:>7} {r.total_ms:>10.3f} "
+                         f"{r.share:>6.1%}")
+        lines.append(f"{'total':<26} {'':<8} {sum(r.calls for r in self.rows):>7} "
+                     f"{self.total_ms:>10.3f} {1.0 if self.rows else 0.0:>6.1%}")
+        return "\n".join(lines)
+
+
 class ReferenceExecutor:
     """Runs a graph with numpy operators (or the first of ``backends`` that implements each op).
 
     Operators are resolved when the executor is built, so an unknown op fails here, naming the
     node. Parameters are read from ``graph.initializers`` on every call, so in-place optimizer
-    updates take effect at once.
+    updates take effect at once. Any tensor can be fetched (``outputs``) and any tensor fed: a
+    fed intermediate replaces what its producer would compute, and producers needed for nothing
+    else are skipped. An intermediate is dropped as soon as no remaining node or requested
+    output needs it (``free_intermediates=False`` keeps them all); ``peak_intermediate_bytes``
+    says how many bytes of intermediates were alive at most during the last forward.
+    With ``profile=True`` every node's forward and backward wall time is recorded;
+    ``profile_table()`` aggregates them per op type.
 
     >>> from meta.lv1.builder import mlp
     >>> ex = ReferenceExecutor(mlp(hidden=[8]))
@@ -36,52 +83,72 @@ class ReferenceExecutor:
 
     backends: tuple[str, ...] = ("numpy",)
 
-    def __init__(self, graph: Graph, backends: Sequence[str] | None = None) -> None:
+    def __init__(self, graph: Graph, backends: Sequence[str] | None = None,
+                 profile: bool = False, free_intermediates: bool = True) -> None:
         self.graph = graph
         self.backends = tuple(backends or self.backends)
-        self.ops: dict[str, Operator] = {n.name: self._make_op(n) for n in graph.nodes}
+        self.ops: dict[str, Operator] = graph.check_operators(self.backends)
+        self.profile = profile
+        self.free_intermediates = free_intermediates
+        self.peak_intermediate_bytes = 0
+        self.records: list[tuple[str, str, str, int]] = []  # (node, op type, phase, ns)
 
-    def _make_op(self, node: Node) -> Operator:
-        opset = self.graph.opset.get(node.domain, self.graph.opset.get("", 1))
-        try:
-            cls = lookup(node.op_type, opset, node.domain, self.backends)
-            return cls(**node.attrs)
-        except UnknownOperatorError as err:
-            raise GraphError(f"{node.describe()}: {err}") from err
-        except TypeError as err:
-            raise GraphError(f"{node.describe()}: {err}") from err
+    # -- profiling -----------------------------------------------------------------------
+    def profile_table(self) -> Profile:
+        """The recorded node times per op type and phase (all calls since the last reset)."""
+        return Profile.from_records(self.records)
+
+    def reset_profile(self) -> None:
+        self.records.clear()
 
     # -- feeds ---------------------------------------------------------------------------
-    def _check_feeds(self, feeds: Tensors, nodes: list[Node]) -> None:
-        declared = {t.name: t for t in self.graph.inputs}
-        unknown = sorted(set(feeds) - set(declared) - set(self.graph.initializers))
+    def _check_value(self, name: str, value: np.ndarray, info: TensorInfo, kind: str) -> None:
+        if info.dtype is not None and value.dtype != info.dtype:
+            raise GraphError(f"{kind} {name!r}: expected {info.dtype}, got {value.dtype}")
+        if info.shape is not None:
+            fixed = [d if isinstance(d, int) else None for d in info.shape]
+            if len(fixed) != value.ndim or any(
+                    d is not None and d != s for d, s in zip(fixed, value.shape)):
+                raise GraphError(f"{kind} {name!r}: expected shape {list(info.shape)}, "
+                                 f"got {list(value.shape)}")
+
+    def _check_feeds(self, feeds: Tensors, nodes: list[Node]) -> Tensors:
+        graph = self.graph
+        declared = {t.name: t for t in graph.inputs}
+        produced = graph.producers()
+        unknown = sorted(set(feeds) - set(declared) - set(graph.initializers) - set(produced))
         if unknown:
-            raise GraphError(f"feeds {unknown} are not inputs of graph {self.graph.name!r} "
-                             f"(inputs: {sorted(declared)})")
-        needed = {x for n in nodes for x in n.inputs if x}
+            raise GraphError(f"feeds {unknown} are not inputs, initializers or tensors of graph "
+                             f"{graph.name!r} (inputs: {sorted(declared)})")
+        feeds = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in feeds.items()}
+        needed = {x for n in nodes for x in n.dependencies()}
         for name, info in declared.items():
-            if name not in feeds:
-                if name in needed:
-                    raise GraphError(f"graph input {name!r} is needed but was not fed")
-                continue
-            value = feeds[name]
-            if value.dtype != info.dtype:
-                raise GraphError(f"input {name!r}: expected {info.dtype}, got {value.dtype}")
-            if info.shape is not None:
-                fixed = [d if isinstance(d, int) else None for d in info.shape]
-                if len(fixed) != value.ndim or any(
-                        d is not None and d != s for d, s in zip(fixed, value.shape)):
-                    raise GraphError(f"input {name!r}: expected shape {list(info.shape)}, "
-                                     f"got {list(value.shape)}")
+            if name in feeds:
+                self._check_value(name, feeds[name], info, "input")
+            elif name in needed and name not in graph.initializers:
+                raise GraphError(f"graph input {name!r} is needed but was not fed")
+        for name in feeds.keys() & produced.keys():
+            if name in graph.value_info:
+                self._check_value(name, feeds[name], graph.value_info[name], "fed tensor")
+        return feeds
 
     # -- forward -------------------------------------------------------------------------
     def _forward(self, feeds: Tensors, outputs: Iterable[str], requires_grad: set[str] | None):
         outputs = list(outputs)
-        nodes = self.graph.nodes_for(outputs)
-        self._check_feeds(feeds, nodes)
+        nodes = self.graph.nodes_for(outputs, given=feeds)
+        feeds = self._check_feeds(feeds, nodes)
         values: dict[str, np.ndarray] = {**self.graph.initializers, **feeds}
+        # Reference counts: how many remaining nodes read each tensor; requested outputs and
+        # what the caller passed in are never dropped.
+        remaining: dict[str, int] = defaultdict(int)
+        for node in nodes:
+            for name in set(node.dependencies()):
+                remaining[name] += 1
+        keep = set(outputs) | set(values)
+        live = peak = 0
         tape: list[tuple[Node, Context]] = []
         inference = InferenceContext()
+        timed = self.profile
         for node in nodes:
             args = [values[x] if x else None for x in node.inputs]
             if requires_grad is None:
@@ -89,48 +156,142 @@ class ReferenceExecutor:
             else:
                 ctx = Context([bool(x) and x in requires_grad for x in node.inputs])
             try:
+                start = time.perf_counter_ns() if timed else 0
                 results = self.ops[node.name].apply(ctx, *args)
+                if timed:
+                    self.records.append((node.name, node.op_type, "forward",
+                                         time.perf_counter_ns() - start))
             except Exception as err:
                 shapes = ", ".join(f"{x or '-'}: {_describe(a)}" for x, a in zip(node.inputs, args))
                 raise ExecutionError(f"{node.describe()} failed on inputs ({shapes}): {err}") \
                     from err
+            del args
             for name, value in zip(node.outputs, results):
-                if name:
+                if name and name not in feeds:  # a fed tensor wins over its producer
                     values[name] = value
+                    live += getattr(value, "nbytes", 0)
+            peak = max(peak, live)
             if requires_grad is not None and any(ctx.needs_input_grad):
                 requires_grad.update(o for o in node.outputs if o)
                 tape.append((node, ctx))
+            if self.free_intermediates:
+                dead = [o for o in node.outputs if o and not remaining.get(o) and o not in keep]
+                for name in set(node.dependencies()):
+                    remaining[name] -= 1
+                    if remaining[name] == 0 and name not in keep:
+                        dead.append(name)
+                for name in dead:
+                    if name in values:
+                        live -= getattr(values.pop(name), "nbytes", 0)
+        self.peak_intermediate_bytes = peak
         missing = [o for o in outputs if o not in values]
         if missing:
             raise GraphError(f"outputs {missing} are not produced by graph {self.graph.name!r}")
         return values, tape
 
     def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
-        """Compute ``outputs`` (default: the graph outputs) from ``feeds``; keeps no tape."""
+        """Compute ``outputs`` (default: the graph outputs; any tensor name works) from
+        ``feeds`` (graph inputs, or any tensor to override); keeps no tape."""
         names = list(outputs) if outputs is not None else [t.name for t in self.graph.outputs]
         values, _ = self._forward(feeds, names, None)
         return {n: values[n] for n in names}
 
-    def inference_and_backprop(
-        self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None
-    ) -> tuple[Tensors, Tensors]:
-        """Forward to ``loss`` (plus ``outputs``), then backward; returns (values, gradients).
-
-        Gradients are those of the scalar ``loss`` with respect to every parameter.
-        """
+    # -- backward ------------------------------------------------------------------------
+    def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
+                  seed: float = 1.0):
         params = self.graph.parameters
-        names = [loss, *(outputs or [])]
-        values, tape = self._forward(feeds, names, set(params))
+        names = list(dict.fromkeys([loss, *(outputs or [])]))
+        values, tape = self._forward(feeds, names, set(params) - set(feeds))
         if np.size(values[loss]) != 1:
             raise GraphError(f"loss {loss!r} must be a scalar, got shape {np.shape(values[loss])}")
-        grads: dict[str, np.ndarray] = {loss: np.ones_like(values[loss])}
-        for node, ctx in reversed(tape):
+        # d loss / d loss; a micro-batch seeds its weight here, so its gradients come out scaled
+        grads: dict[str, np.ndarray] = {loss: np.full_like(values[loss], seed)}
+        timed = self.profile
+        while tape:
+            node, ctx = tape.pop()  # popping lets the saved context go once it is used
             grad_outputs = [grads.get(o) if o else None for o in node.outputs]
             if all(g is None for g in grad_outputs):
                 continue
-            grad_inputs = self.ops[node.name].backward(ctx, *grad_outputs)
-            for name, g, wanted in zip(node.inputs, grad_inputs, ctx.needs_input_grad):
-                if wanted and g is not None:
+            start = time.perf_counter_ns() if timed else 0
+            try:
+                grad_inputs = self.ops[node.name].backward(ctx, *grad_outputs)
+            except Exception as err:
+                shapes = ", ".join(f"{o or '-'}: {_describe(g)}"
+                                   for o, g in zip(node.outputs, grad_outputs))
+                raise ExecutionError(f"{node.describe()} backward failed on output gradients "
+                                     f"({shapes}): {err}") from err
+            if timed:
+                self.records.append((node.name, node.op_type, "backward",
+                                     time.perf_counter_ns() - start))
+            wanted = ctx.needs_input_grad
+            del ctx, grad_outputs
+            for name in node.outputs:  # every reader of these ran earlier in the tape
+                if name not in params:
+                    grads.pop(name, None)
+            for name, g, want in zip(node.inputs, grad_inputs, wanted):
+                if want and g is not None:
                     grads[name] = grads[name] + g if name in grads else g
         param_grads = {p: grads[p] if p in grads else np.zeros_like(v) for p, v in params.items()}
         return {n: values[n] for n in names}, param_grads
+
+    def _split(self, feeds: Tensors, k: int) -> list[Tensors]:
+        """``feeds`` cut into ``k`` parts along axis 0 (batched graph inputs only)."""
+        declared = {t.name for t in self.graph.inputs} - set(self.graph.initializers)
+        batched = {n: np.asarray(v) for n, v in feeds.items() if n in declared and np.ndim(v) >= 1}
+        if not batched:
+            raise GraphError("micro_batches: no fed graph input has a batch axis to split")
+        sizes = {n: v.shape[0] for n, v in batched.items()}
+        if len(set(sizes.values())) != 1:
+            raise GraphError(f"micro_batches: fed inputs disagree on the batch size (axis 0): "
+                             f"{sizes}")
+        total = next(iter(sizes.values()))
+        if not 1 <= k <= total:
+            raise GraphError(f"micro_batches={k} must be between 1 and the batch size {total}")
+        bounds = np.linspace(0, total, k + 1).round().astype(int)
+        return [{**feeds, **{n: v[a:b] for n, v in batched.items()}}
+                for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def inference_and_backprop(
+        self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None,
+        micro_batches: int = 1,
+    ) -> tuple[Tensors, Tensors]:
+        """Forward to ``loss`` (plus ``outputs``), then backward; returns (values, gradients).
+
+        Gradients are those of the scalar ``loss`` with respect to every parameter (a fed
+        parameter is a constant and gets zeros). ``micro_batches=k`` runs the batch in ``k``
+        slices along axis 0, one at a time, so activations of only one slice are alive at
+        once. It assumes the loss is a mean over the batch axis: each slice's loss and
+        gradients are weighted by its size / batch size, which gives the full-batch values
+        exactly (a loss that is a sum, or a weighted mean like ignore_index, is not matched,
+        and neither is an op that mixes samples, such as BatchNormalization in training).
+        The loss is combined the same way, other outputs are concatenated along axis 0
+        (scalars are weighted like the loss).
+        """
+        if micro_batches == 1:
+            return self._backprop(feeds, loss, outputs)
+        parts = self._split(feeds, micro_batches)
+        batched = next(n for n in parts[0] if parts[0][n] is not feeds[n])
+        total = np.shape(feeds[batched])[0]
+        gathered: dict[str, list[tuple[float, np.ndarray]]] = defaultdict(list)
+        grads: Tensors = {}
+        for part in parts:
+            weight = np.shape(part[batched])[0] / total
+            values, part_grads = self._backprop(part, loss, outputs, seed=weight)
+            for name, g in part_grads.items():
+                if name in grads:
+                    grads[name] += g
+                elif any(np.shares_memory(g, other) for other in grads.values()):
+                    grads[name] = g.copy()  # accumulated in place below: never share buffers
+                else:
+                    grads[name] = g
+            del part_grads
+            for name, v in values.items():
+                gathered[name].append((weight, v))
+        combined: Tensors = {}
+        for name, pieces in gathered.items():
+            first = pieces[0][1]
+            if name == loss or np.ndim(first) == 0:
+                combined[name] = np.asarray(sum(w * v for w, v in pieces), dtype=first.dtype)
+            else:
+                combined[name] = np.concatenate([v for _, v in pieces], axis=0)
+        return combined, grads

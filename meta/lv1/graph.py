@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from meta.lv0 import Operator, UnknownOperatorError, lookup
 
 Dim = int | str | None  # a fixed size, a symbolic name ("N"), or unknown
 
@@ -26,24 +28,77 @@ class Node:
     def describe(self) -> str:
         return f"node {self.name!r} ({self.op_type})"
 
+    def subgraphs(self) -> Iterator[Graph]:
+        """The graphs held in attributes (If branches, Loop bodies)."""
+        for value in self.attrs.values():
+            if isinstance(value, Graph):
+                yield value
+            elif isinstance(value, list):
+                yield from (v for v in value if isinstance(v, Graph))
+
+    def dependencies(self) -> list[str]:
+        """Tensors this node reads: its inputs plus what its subgraphs take from outside."""
+        deps = [x for x in self.inputs if x]
+        for sub in self.subgraphs():
+            deps.extend(sub.free_names())
+        return deps
+
 
 @dataclass
 class TensorInfo:
-    """A graph input or output: name, element type and shape (dims may be symbolic)."""
+    """A graph input, output or intermediate: name, element type (``None``: unknown) and shape
+    (``None``: unknown rank; dims may be symbolic)."""
 
     name: str
-    dtype: np.dtype
+    dtype: np.dtype | None
     shape: tuple[Dim, ...] | None = None
 
     def __post_init__(self) -> None:
-        self.dtype = np.dtype(self.dtype)
+        if self.dtype is not None:
+            self.dtype = np.dtype(self.dtype)
+
+
+def canonical_domain(domain: str) -> str:
+    """ONNX spells the default domain both "" and "ai.onnx"; we use ""."""
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def make_operator(node: Node, opset: dict[str, int],
+                  backends: Sequence[str] = ("numpy",)) -> Operator:
+    """The configured operator instance for ``node`` under the model's ``opset`` imports.
+
+    Both the ONNX loader and the executors resolve nodes here, so an unknown op or attribute
+    fails with the same message, naming the node, op, domain and opset.
+    """
+    domain = canonical_domain(node.domain)
+    version = opset.get(domain, 1 if domain else opset.get("", 1))
+    try:
+        cls = lookup(node.op_type, version, domain, backends)
+        op = cls(**node.attrs)
+    except (UnknownOperatorError, TypeError) as err:
+        raise GraphError(f"{node.describe()}: {err}") from err
+    if hasattr(op, "n_outputs"):  # ops whose output count is not an attribute (Split < 18)
+        op.n_outputs = len(node.outputs)
+    return op
 
 
 class Graph:
     """A network: nodes sorted topologically, graph inputs/outputs, initializers and opsets.
 
     Parameters are the floating-point initializers; ``graph.parameters`` returns the arrays
-    themselves, so an optimizer that updates them in place updates the network.
+    themselves, so an optimizer that updates them in place updates the network. A graph input
+    that has the name of an initializer is an optional feed defaulting to the initializer.
+    ``value_info`` holds what is known of intermediate tensors (from ONNX files). A subgraph
+    (an If branch) names the tensors it may read from its enclosing graph in ``outer_scope``.
+
+    Editing keeps the graph valid: ``insert``, ``replace`` and ``remove`` re-sort the nodes and
+    refuse (leaving the graph unchanged) an edit that leaves an input dangling or makes a cycle.
+
+    >>> g = Graph([Node("Relu", ["x"], ["y"], "r")], [TensorInfo("x", np.float32, (2,))],
+    ...           [TensorInfo("y", np.float32, (2,))])
+    >>> g.insert(Node("Neg", ["x"], ["nx"], "neg"), before="r")
+    >>> g.node("r").inputs = ["nx"]; [n.name for n in g.sorted_nodes()]
+    ['neg', 'r']
     """
 
     def __init__(
@@ -54,16 +109,28 @@ class Graph:
         initializers: dict[str, np.ndarray] | None = None,
         opset: dict[str, int] | None = None,
         name: str = "graph",
+        value_info: dict[str, TensorInfo] | None = None,
+        outer_scope: Iterable[str] = (),
     ) -> None:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.initializers = dict(initializers or {})
         self.opset = dict(opset or {"": 17})
         self.name = name
-        for i, node in enumerate(nodes := list(nodes)):
-            node.name = node.name or f"{node.op_type}_{i}"
+        self.value_info = dict(value_info or {})
+        self.outer_scope = frozenset(outer_scope)
+        nodes = list(nodes)
+        seen: set[str] = set()
+        for i, node in enumerate(nodes):
+            base = node.name or f"{node.op_type}_{i}"
+            unique, k = base, 1
+            while unique in seen:  # ONNX does not require unique node names; we key on them
+                unique, k = f"{base}_{k}", k + 1
+            node.name = unique
+            seen.add(unique)
         self.nodes = self._sorted(nodes)
 
+    # -- reading -------------------------------------------------------------------------
     @property
     def parameters(self) -> dict[str, np.ndarray]:
         return {k: v for k, v in self.initializers.items() if np.issubdtype(v.dtype, np.floating)}
@@ -71,13 +138,107 @@ class Graph:
     def producers(self) -> dict[str, Node]:
         return {out: node for node in self.nodes for out in node.outputs if out}
 
+    def consumers(self) -> dict[str, list[Node]]:
+        """Tensor name -> the nodes that read it (subgraph reads included), in order."""
+        users: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in dict.fromkeys(node.dependencies()):
+                users.setdefault(name, []).append(node)
+        return users
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise GraphError(f"graph {self.name!r} has no node {name!r} "
+                         f"(nodes: {[n.name for n in self.nodes][:20]})")
+
+    def sorted_nodes(self) -> list[Node]:
+        """The nodes in a valid execution order (re-sorted, so after editing a node in place)."""
+        self.nodes = self._sorted(self.nodes)
+        return list(self.nodes)
+
+    def tensor_names(self) -> set[str]:
+        """Every tensor the graph knows: inputs, initializers and node outputs."""
+        return ({t.name for t in self.inputs} | set(self.initializers)
+                | {o for n in self.nodes for o in n.outputs if o})
+
+    def free_names(self) -> set[str]:
+        """Tensors read here but defined in no enclosing scope of this graph (for subgraphs)."""
+        defined = self.tensor_names()
+        return {x for n in self.nodes for x in n.dependencies() if x not in defined}
+
+    def check_operators(self, backends: Sequence[str] = ("numpy",)) -> dict[str, Operator]:
+        """Resolve every node (subgraphs too) to an operator; an unknown op is a GraphError."""
+        ops = {n.name: make_operator(n, self.opset, backends) for n in self.nodes}
+        for node in self.nodes:
+            for sub in node.subgraphs():
+                sub.check_operators(backends)
+        return ops
+
+    # -- editing -------------------------------------------------------------------------
+    def _edit(self, nodes: list[Node]) -> None:
+        """Adopt ``nodes`` if they form a valid graph; otherwise raise and keep the old ones."""
+        names = [n.name for n in nodes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise GraphError(f"graph {self.name!r}: node name(s) {duplicates} used twice")
+        self.nodes = self._sorted(nodes)
+
+    def _index(self, node: Node | str) -> int:
+        name = node.name if isinstance(node, Node) else node
+        for i, n in enumerate(self.nodes):
+            if n.name == name:
+                return i
+        raise GraphError(f"graph {self.name!r} has no node {name!r}")
+
+    def insert(self, node: Node, before: Node | str | None = None,
+               after: Node | str | None = None) -> None:
+        """Add ``node`` (at the end, or next to another node); the graph is re-sorted."""
+        if before is not None and after is not None:
+            raise GraphError("insert: give `before` or `after`, not both")
+        nodes = list(self.nodes)
+        node.name = node.name or f"{node.op_type}_{len(nodes)}"
+        if before is not None:
+            nodes.insert(self._index(before), node)
+        elif after is not None:
+            nodes.insert(self._index(after) + 1, node)
+        else:
+            nodes.append(node)
+        self._edit(nodes)
+
+    def replace(self, old: Node | str, new: Node | Sequence[Node]) -> None:
+        """Put ``new`` (one node or several) where ``old`` was; the graph is re-sorted."""
+        i = self._index(old)
+        new = [new] if isinstance(new, Node) else list(new)
+        for k, node in enumerate(new):
+            node.name = node.name or f"{node.op_type}_{len(self.nodes) + k}"
+        self._edit(self.nodes[:i] + new + self.nodes[i + 1:])
+
+    def remove(self, *nodes: Node | str) -> None:
+        """Remove nodes; an input left without a producer is an error naming its reader."""
+        drop = {self.nodes[self._index(n)].name for n in nodes}
+        self._edit([n for n in self.nodes if n.name not in drop])
+
+    # -- order ---------------------------------------------------------------------------
     def _sorted(self, nodes: list[Node]) -> list[Node]:
-        """Kahn's algorithm; names the node whose input nothing produces."""
-        available = {t.name for t in self.inputs} | set(self.initializers)
-        produced_by = {out: n for n in nodes for out in n.outputs if out}
+        """Kahn's algorithm; names the node whose input nothing produces, and every clash."""
+        available = {t.name for t in self.inputs} | set(self.initializers) | set(self.outer_scope)
+        produced_by: dict[str, Node] = {}
         for node in nodes:
-            for name in node.inputs:
-                if name and name not in available and name not in produced_by:
+            for out in node.outputs:
+                if not out:
+                    continue
+                if out in produced_by:
+                    raise GraphError(f"tensor {out!r} is produced by both "
+                                     f"{produced_by[out].describe()} and {node.describe()}")
+                if out in available and out not in self.initializers:
+                    raise GraphError(f"{node.describe()}: output {out!r} has the name of a graph "
+                                     f"input")
+                produced_by[out] = node
+        for node in nodes:
+            for name in node.dependencies():
+                if name not in available and name not in produced_by:
                     raise GraphError(
                         f"{node.describe()}: input {name!r} is not a graph input, an initializer "
                         f"or the output of any node"
@@ -85,28 +246,70 @@ class Graph:
         order: list[Node] = []
         pending = list(nodes)
         while pending:
-            ready = [n for n in pending if all(not x or x in available for x in n.inputs)]
+            ready = [n for n in pending if all(x in available for x in n.dependencies())]
             if not ready:
                 cycle = ", ".join(n.describe() for n in pending[:5])
                 raise GraphError(f"graph {self.name!r} has a cycle through {cycle}")
             for node in ready:
                 order.append(node)
                 available.update(o for o in node.outputs if o)
-            pending = [n for n in pending if n not in ready]
+            ready_ids = {id(n) for n in ready}
+            pending = [n for n in pending if id(n) not in ready_ids]
+        names = [t.name for t in self.outputs]
+        for out in dict.fromkeys(names):
+            if names.count(out) > 1:
+                raise GraphError(f"graph {self.name!r}: output {out!r} is listed twice")
+            if out not in available:
+                raise GraphError(f"graph {self.name!r}: output {out!r} is not produced by any "
+                                 f"node, nor a graph input or initializer")
         return order
 
-    def nodes_for(self, outputs: Iterable[str]) -> list[Node]:
-        """The nodes needed to compute ``outputs``, in execution order."""
+    def nodes_for(self, outputs: Iterable[str], given: Iterable[str] = ()) -> list[Node]:
+        """The nodes needed to compute ``outputs`` when the tensors in ``given`` are supplied
+        (a fed intermediate cuts off its producer), in execution order."""
         producers = self.producers()
+        given = set(given)
         needed: set[str] = set()
-        stack = list(outputs)
+        stack = [o for o in outputs if o not in given]
         while stack:
             name = stack.pop()
             node = producers.get(name)
             if node is not None and node.name not in needed:
                 needed.add(node.name)
-                stack.extend(x for x in node.inputs if x)
+                stack.extend(x for x in node.dependencies() if x not in given)
         return [n for n in self.nodes if n.name in needed]
+
+    # -- shapes --------------------------------------------------------------------------
+    def shape_inference(self) -> dict[str, tuple[np.dtype | None, tuple[Dim, ...] | None]]:
+        """Tensor name -> (dtype, shape) for every tensor ONNX shape inference can type.
+
+        Runs ``onnx.shape_inference`` on the exported model (with our ``value_info``), so it
+        knows what ONNX knows: a custom-domain op's outputs stay unknown unless ``value_info``
+        says. Initializers report their actual arrays.
+        """
+        import onnx
+
+        from meta.lv1.onnx_io import model_proto, tensor_info
+
+        model = model_proto(self)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception as err:  # onnx raises InferenceError and friends
+            raise GraphError(f"graph {self.name!r}: shape inference failed: {err}") from err
+        g = inferred.graph
+        found: dict[str, tuple[np.dtype | None, tuple[Dim, ...] | None]] = {}
+        for info in self.value_info.values():
+            found[info.name] = (info.dtype, info.shape)
+        for value in [*g.input, *g.value_info, *g.output]:
+            info = tensor_info(value)
+            known = found.get(info.name)
+            if info.dtype is None and known is not None:
+                continue
+            found[info.name] = (info.dtype, info.shape if info.shape is not None
+                                else (known[1] if known else None))
+        for name, value in self.initializers.items():
+            found[name] = (value.dtype, tuple(value.shape))
+        return found
 
     def __repr__(self) -> str:
         inputs, outputs = [t.name for t in self.inputs], [t.name for t in self.outputs]

@@ -1,105 +1,289 @@
-"""Loading graphs from ONNX models and saving them back."""
+"""Loading graphs from ONNX models and saving them back.
+
+``from_onnx`` reads what real exporters write: every numeric initializer type (float16,
+bfloat16 and the other narrow float types become float32 parameters, since numpy cannot compute
+in bfloat16 and float16 training loses too much; int4 types widen to int8), tensor data kept in
+external files, graph inputs that shadow initializers (optional feeds with the initializer as
+default), default-domain opsets 7 and up (``""`` and ``"ai.onnx"`` alike), subgraphs and
+Constant nodes, and ``value_info``. Anything it cannot run fails here, at load time, with one
+message naming the file and the node, op, domain, opset or tensor at fault.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import external_data_helper, helper, numpy_helper
 
-from meta.lv1.graph import Dim, Graph, GraphError, Node, TensorInfo
+from meta.lv1.graph import Dim, Graph, GraphError, Node, TensorInfo, canonical_domain
+
+MIN_OPSET = 7  # the oldest default-domain opset we read; the newest is onnx's own
+Source = onnx.ModelProto | bytes | str | os.PathLike
 
 
 class ONNXLoadError(GraphError):
     """An ONNX file or model that cannot be read into a graph."""
 
 
-def _attr_value(attr: onnx.AttributeProto) -> Any:
-    value = helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, list) and value and isinstance(value[0], bytes):
-        return [v.decode("utf-8") for v in value]
-    if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
-    return value
+# -- tensors ------------------------------------------------------------------------------
+def _compute_dtype(array: np.ndarray) -> np.ndarray:
+    """Parameters in a type numpy computes in: narrow floats -> float32, int4 -> int8."""
+    dtype = array.dtype
+    if dtype == np.float16 or (dtype.kind == "V" and "float" in dtype.name):
+        return array.astype(np.float32)
+    if dtype.kind == "V" and "int" in dtype.name:
+        return array.astype(np.uint8 if dtype.name.startswith("u") else np.int8)
+    return array
 
 
-def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+def _tensor_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(tensor).copy()
+    except Exception as err:
+        dtype = onnx.TensorProto.DataType.Name(tensor.data_type) \
+            if tensor.data_type in onnx.TensorProto.DataType.values() else tensor.data_type
+        raise ONNXLoadError(f"{what} (type {dtype}, dims {list(tensor.dims)}): its data cannot be "
+                            f"read ({err})") from err
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    if elem_type == onnx.TensorProto.UNDEFINED:
+        return None
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+    """A ValueInfoProto as a TensorInfo; non-tensor or untyped values have dtype None."""
+    if not value.type.HasField("tensor_type"):
+        return TensorInfo(value.name, None, None)
     tensor = value.type.tensor_type
-    dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     shape: tuple[Dim, ...] | None = None
     if tensor.HasField("shape"):
         shape = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
             for d in tensor.shape.dim
         )
-    return TensorInfo(value.name, dtype, shape)
+    return TensorInfo(value.name, _np_dtype(tensor.elem_type), shape)
 
 
-def read_model(source: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
-    """Parse a model file (or pass a ModelProto through), with a clear error on bad files."""
+# -- files --------------------------------------------------------------------------------
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """Every TensorProto in a graph (initializers, tensor attributes, subgraphs), described."""
+    for t in graph.initializer:
+        yield f"initializer {t.name!r}", t
+    for node in graph.node:
+        for attr in node.attribute:
+            where = f"attribute {attr.name!r} of node {node.name!r} ({node.op_type})"
+            if attr.HasField("t"):
+                yield where, attr.t
+            yield from ((where, t) for t in attr.tensors)
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def _load_external(model: onnx.ModelProto, base_dir: Path, origin: str) -> None:
+    """Fill tensors whose data lives in external files; a missing file is named."""
+    external = [(w, t) for w, t in _all_tensors(model.graph)
+                if external_data_helper.uses_external_data(t)]
+    for where, tensor in external:
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location")
+        if not location:
+            raise ONNXLoadError(f"{origin}: {where} says its data is external but names no file")
+        if not (base_dir / location).is_file():
+            raise ONNXLoadError(f"{origin}: {where} keeps its data in external file "
+                                f"{base_dir / location}, which does not exist")
+    if external:
+        try:
+            external_data_helper.load_external_data_for_model(model, str(base_dir))
+        except Exception as err:
+            raise ONNXLoadError(f"{origin}: cannot read external tensor data from {base_dir} "
+                                f"({type(err).__name__}: {err})") from err
+
+
+def read_model(source: Source, base_dir: str | os.PathLike | None = None) -> onnx.ModelProto:
+    """Parse a model file, bytes, or pass a ModelProto through, with external data loaded from
+    ``base_dir`` (default: the file's folder). Bad files give one ONNXLoadError naming them."""
     if isinstance(source, onnx.ModelProto):
-        return source
-    path = Path(source)
-    if not path.is_file():
-        raise ONNXLoadError(f"{path}: no such ONNX file")
+        model, origin = source, f"model {source.graph.name or '(unnamed)'!r}"
+        base = Path(base_dir) if base_dir is not None else None
+    elif isinstance(source, bytes):
+        origin, base = "model bytes", Path(base_dir) if base_dir is not None else None
+        model = _parse(source, origin)
+    else:
+        path = Path(source)
+        origin, base = str(path), Path(base_dir) if base_dir is not None else path.parent
+        if not path.is_file():
+            raise ONNXLoadError(f"{path}: no such ONNX file")
+        model = _parse(path.read_bytes(), origin)
+    if not model.HasField("graph"):
+        raise ONNXLoadError(f"{origin}: not an ONNX model (it has no graph)")
+    external = any(external_data_helper.uses_external_data(t) for _, t in _all_tensors(model.graph))
+    if external:
+        if base is None:
+            raise ONNXLoadError(f"{origin}: tensors keep their data in external files; pass "
+                                f"base_dir= (the folder holding them)")
+        _load_external(model, base, origin)
+    return model
+
+
+def _parse(data: bytes, origin: str) -> onnx.ModelProto:
+    if not data:
+        raise ONNXLoadError(f"{origin}: empty file, not an ONNX model")
     try:
-        return onnx.load(str(path))
+        return onnx.load_model_from_string(data)
     except Exception as err:  # protobuf raises DecodeError and friends
-        raise ONNXLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") \
-            from err
+        raise ONNXLoadError(f"{origin}: not a readable ONNX model, truncated or not protobuf "
+                            f"({type(err).__name__}: {err})") from err
 
 
-def from_onnx(source: onnx.ModelProto | str | os.PathLike) -> Graph:
-    """Build a ``Graph`` from an ONNX ModelProto or file path."""
-    model = read_model(source)
-    g = model.graph
-    initializers = {t.name: numpy_helper.to_array(t).copy() for t in g.initializer}
-    nodes = [
-        Node(n.op_type, list(n.input), list(n.output), n.name, n.domain,
-             {a.name: _attr_value(a) for a in n.attribute})
-        for n in g.node
-    ]
-    opset = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
-    # Graph inputs that name an initializer are defaults, not required feeds.
-    inputs = [_tensor_info(v) for v in g.input if v.name not in initializers]
-    outputs = [_tensor_info(v) for v in g.output]
-    return Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph")
+# -- conversion ---------------------------------------------------------------------------
+def _attr_value(attr: onnx.AttributeProto, opset: dict[str, int], scope: frozenset[str],
+                where: str) -> Any:
+    kind = onnx.AttributeProto
+    if attr.type == kind.GRAPH:
+        return _graph(attr.g, opset, scope, f"{where} attribute {attr.name!r}")
+    if attr.type == kind.GRAPHS:
+        return [_graph(g, opset, scope, f"{where} attribute {attr.name!r}") for g in attr.graphs]
+    if attr.type == kind.TENSOR:
+        return _tensor_array(attr.t, f"{where} attribute {attr.name!r}")
+    if attr.type == kind.TENSORS:
+        return [_tensor_array(t, f"{where} attribute {attr.name!r}") for t in attr.tensors]
+    try:
+        value = helper.get_attribute_value(attr)
+    except Exception as err:
+        raise ONNXLoadError(f"{where}: attribute {attr.name!r} cannot be read ({err})") from err
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8") for v in value]
+    return value
 
 
+def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = frozenset(),
+           where: str = "") -> Graph:
+    if g.sparse_initializer:
+        raise ONNXLoadError(f"{where}graph {g.name!r}: sparse initializers are not supported "
+                            f"({[t.values.name for t in g.sparse_initializer][:5]})")
+    initializers = {}
+    for t in g.initializer:
+        if not t.name:
+            raise ONNXLoadError(f"{where}graph {g.name!r}: an initializer has no name")
+        initializers[t.name] = _compute_dtype(_tensor_array(t, f"initializer {t.name!r}"))
+    # Names a subgraph may read from outside: everything this graph defines, and its own outer.
+    scope = outer | {v.name for v in g.input} | set(initializers) | \
+        {o for n in g.node for o in n.output if o}
+    nodes = []
+    for i, n in enumerate(g.node):
+        label = f"node {n.name or f'{n.op_type}_{i}'!r} ({n.op_type})"
+        attrs = {a.name: _attr_value(a, opset, scope, label) for a in n.attribute}
+        nodes.append(Node(n.op_type, list(n.input), list(n.output), n.name,
+                          canonical_domain(n.domain), attrs))
+    inputs = [tensor_info(v) for v in g.input]
+    outputs = [tensor_info(v) for v in g.output]
+    value_info = {v.name: tensor_info(v) for v in g.value_info}
+    return Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph", value_info,
+                 outer_scope=outer)
+
+
+def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
+              check_operators: bool = True) -> Graph:
+    """Build a ``Graph`` from an ONNX ModelProto, serialized bytes or file path.
+
+    Every node is resolved against the operator registry here, so an unknown op, an opset an
+    op does not support, or an unknown attribute fails now, naming the node (pass
+    ``check_operators=False`` to inspect such a model anyway).
+
+    >>> from meta.lv1.builder import mlp
+    >>> from_onnx(to_onnx(mlp(hidden=[4]))).nodes[0].op_type
+    'Flatten'
+    """
+    model = read_model(source, base_dir)
+    origin = str(source) if isinstance(source, (str, os.PathLike)) else \
+        f"model {model.graph.name or '(unnamed)'!r}"
+    opset: dict[str, int] = {}
+    for o in model.opset_import:
+        opset[canonical_domain(o.domain)] = o.version
+    if not model.opset_import:
+        raise ONNXLoadError(f"{origin}: the model imports no opset")
+    newest = onnx.defs.onnx_opset_version()
+    if "" in opset and not MIN_OPSET <= opset[""] <= newest:
+        raise ONNXLoadError(f"{origin}: default-domain opset {opset['']} is not supported "
+                            f"(opsets {MIN_OPSET} to {newest})")
+    if not model.graph.output:
+        raise ONNXLoadError(f"{origin}: graph {model.graph.name!r} has no outputs")
+    try:
+        graph = _graph(model.graph, opset)
+        if check_operators:
+            graph.check_operators()
+    except GraphError as err:
+        raise ONNXLoadError(f"{origin}: {err}") from err
+    return graph
+
+
+# -- export -------------------------------------------------------------------------------
 def _value_info(info: TensorInfo) -> onnx.ValueInfoProto:
-    elem = helper.np_dtype_to_tensor_dtype(info.dtype)
+    elem = onnx.TensorProto.UNDEFINED if info.dtype is None else \
+        helper.np_dtype_to_tensor_dtype(info.dtype)
     return helper.make_tensor_value_info(info.name, elem, None if info.shape is None
                                          else list(info.shape))
 
 
-def to_onnx(graph: Graph, outputs: Iterable[str] | None = None) -> onnx.ModelProto:
-    """The graph (pruned to ``outputs`` if given) as a checked ONNX ModelProto."""
+def _export_attr(value: Any) -> Any:
+    if isinstance(value, Graph):
+        return _graph_proto(value, value.nodes, value.inputs, value.outputs)
+    if isinstance(value, list) and value and isinstance(value[0], Graph):
+        return [_export_attr(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return numpy_helper.from_array(value)
+    return value
+
+
+def _graph_proto(graph: Graph, nodes: list[Node], inputs: list[TensorInfo],
+                 outputs: list[TensorInfo]) -> onnx.GraphProto:
+    used = {x for n in nodes for x in n.dependencies()} | {t.name for t in outputs}
+    onnx_nodes = [
+        helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain or None,
+                         **{k: _export_attr(v) for k, v in n.attrs.items() if v is not None})
+        for n in nodes
+    ]
+    value_info = [_value_info(t) for t in graph.value_info.values()
+                  if t.name in used and t.dtype is not None]
+    return helper.make_graph(
+        onnx_nodes, graph.name, [_value_info(t) for t in inputs],
+        [_value_info(t) for t in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()
+         if k in used],
+        value_info=value_info,
+    )
+
+
+def model_proto(graph: Graph, outputs: Iterable[str] | None = None) -> onnx.ModelProto:
+    """The graph (pruned to ``outputs`` if given) as an ONNX ModelProto, unchecked."""
     wanted = [t for t in graph.outputs if outputs is None or t.name in set(outputs)]
     if outputs is not None and len(wanted) != len(set(outputs)):
         missing = set(outputs) - {t.name for t in wanted}
         raise GraphError(f"to_onnx: {sorted(missing)} are not outputs of graph {graph.name!r}")
     nodes = graph.nodes_for(t.name for t in wanted)
-    used = {x for n in nodes for x in n.inputs if x}
-    onnx_nodes = [
-        helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain or None,
-                         **{k: v for k, v in n.attrs.items() if v is not None})
-        for n in nodes
-    ]
-    onnx_graph = helper.make_graph(
-        onnx_nodes,
-        graph.name,
-        [_value_info(t) for t in graph.inputs if t.name in used],
-        [_value_info(t) for t in wanted],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()
-         if k in used],
-    )
+    used = {x for n in nodes for x in n.dependencies()} | {t.name for t in wanted}
+    inputs = [t for t in graph.inputs if t.name in used]
+    proto = _graph_proto(graph, nodes, inputs, wanted)
     opsets = [helper.make_opsetid(d, v) for d, v in graph.opset.items()]
-    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="meta")
+    return helper.make_model(proto, opset_imports=opsets, producer_name="meta")
+
+
+def to_onnx(graph: Graph, outputs: Iterable[str] | None = None) -> onnx.ModelProto:
+    """The graph (pruned to ``outputs`` if given) as a checked ONNX ModelProto."""
+    model = model_proto(graph, outputs)
     onnx.checker.check_model(model, full_check=True)
     return model
 
