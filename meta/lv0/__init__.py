@@ -4,7 +4,8 @@ from meta.lv0 import native
 from meta.lv0.broadcast import unbroadcast
 from meta.lv0.gradcheck import GradCheckReport, check_gradients
 from meta.lv0.operator import Context, InferenceContext, Operator
-from meta.lv0.registry import UnknownOperatorError, entries, lookup, register
+from meta.lv0.registry import UnknownOperatorError, entries, lookup, register, unregister
+from meta.lv0.validate import ValidationReport, validate_operator
 
 __all__ = [
     "Context",
@@ -18,4 +19,7 @@ __all__ = [
     "native",
     "register",
     "unbroadcast",
+    "unregister",
+    "validate_operator",
+    "ValidationReport",
 ]

@@ -64,6 +64,20 @@ def register(
     return decorate
 
 
+def unregister(op_type: str, since: int = 1, domain: str = "", backend: str = "numpy") -> None:
+    """Remove one registration (tests and notebooks that redefine an operator)."""
+    versions = _REGISTRY.get((domain, op_type), {})
+    impls = versions.get(since, {})
+    if backend not in impls:
+        raise KeyError(f"operator {op_type!r} (domain {domain!r}, since {since}, backend "
+                       f"{backend!r}) is not registered")
+    del impls[backend]
+    if not impls:
+        del versions[since]
+    if not versions:
+        del _REGISTRY[(domain, op_type)]
+
+
 def _load_builtins() -> None:
     """Import the operator library (``ops``) the first time the registry is read."""
     global _builtins_loaded

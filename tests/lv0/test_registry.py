@@ -122,3 +122,18 @@ def test_unbroadcast_sums_broadcast_axes(shape, axes):
 def test_unbroadcast_rejects_a_larger_target():
     with pytest.raises(ValueError, match=r"\(3,\) to \(2, 3\)"):
         unbroadcast(np.ones(3), (2, 3))
+
+
+def test_unregister(scratch_registry):
+    @register("Temp", since=3, domain="test")
+    class Temp(Operator):
+        pass
+
+    assert lookup("Temp", 5, "test") is Temp
+    from meta.lv0 import unregister
+
+    unregister("Temp", since=3, domain="test")
+    with pytest.raises(UnknownOperatorError):
+        lookup("Temp", 5, "test")
+    with pytest.raises(KeyError, match="'Temp'.*not registered"):
+        unregister("Temp", since=3, domain="test")
