@@ -12,9 +12,12 @@ from meta.lv0 import registry
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_python_examples_run(monkeypatch):
-    # The example registers "Swish"; keep the real registry clean for other tests.
-    monkeypatch.setattr(registry, "_REGISTRY", {k: dict(v) for k, v in registry._REGISTRY.items()})
+def test_python_examples_run():
+    with registry.scratch():  # the example registers "Swish": keep the real registry clean
+        run_examples()
+
+
+def run_examples():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) >= 2
     namespace: dict = {}

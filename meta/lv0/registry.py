@@ -9,6 +9,7 @@ backends they prefer and fall back to numpy.
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, TypeVar
 
@@ -62,6 +63,20 @@ def register(
         return cls
 
     return decorate
+
+
+@contextmanager
+def scratch() -> Iterator[None]:
+    """Registrations made inside are forgotten on exit (tests, notebooks trying an op out)."""
+    global _REGISTRY
+    _load_builtins()
+    saved = _REGISTRY
+    _REGISTRY = {key: {since: dict(impls) for since, impls in versions.items()}
+                 for key, versions in saved.items()}
+    try:
+        yield
+    finally:
+        _REGISTRY = saved
 
 
 def unregister(op_type: str, since: int = 1, domain: str = "", backend: str = "numpy") -> None:

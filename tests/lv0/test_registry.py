@@ -17,8 +17,9 @@ from meta.lv0.broadcast import unbroadcast
 
 
 @pytest.fixture
-def scratch_registry(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", {k: dict(v) for k, v in registry._REGISTRY.items()})
+def scratch_registry():
+    with registry.scratch():
+        yield
 
 
 def test_lookup_picks_newest_version_not_above_opset(scratch_registry):
