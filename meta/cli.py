@@ -1,4 +1,4 @@
-"""The ``meta`` command line: ``meta run RECIPE``, ``meta ops``."""
+"""The ``meta`` command line: ``meta run RECIPE``, ``meta ops``, ``meta check-op OP``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import argparse
 import sys
 import traceback
 from typing import Sequence
+
+from meta.bench.commands import add_commands as add_bench_commands
+from meta.bench.commands import add_run_options
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
@@ -51,6 +54,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if comm.bcast_obj(any(errors) if comm.is_root else None):
         return EXIT_ERROR
     try:
+        if args.repeat:  # a benchmark: N fresh runs, a report with statistics and plots
+            from meta.bench.commands import run_repeated
+
+            return run_repeated(run, args, comm)
         outcome = run.execute()
     except Exception:
         if comm.size > 1:  # the other ranks may be waiting in a collective: end them all
@@ -75,6 +82,75 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def cmd_check_op(args: argparse.Namespace) -> int:
+    """Validate one operator on random inputs: forward vs onnx.reference, backward vs finite
+    differences. Exit 0 on PASS, 1 on FAIL, 2 on bad usage."""
+    import difflib
+    import importlib.util
+
+    import numpy as np
+
+    from meta.lv0 import UnknownOperatorError, entries, lookup
+    from meta.lv0.validate import NEWEST_OPSET, validate_operator
+
+    def usage(message: str) -> int:
+        print(f"meta: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+    oracles = {}
+    if args.module:
+        spec = importlib.util.spec_from_file_location("meta_user_ops", args.module)
+        if spec is None or spec.loader is None:
+            return usage(f"--module {args.module}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except (OSError, SyntaxError, ImportError) as err:
+            return usage(f"--module {args.module}: cannot import it ({err})")
+        oracles = getattr(module, "ORACLES", {})
+    try:
+        cls = lookup(args.op, args.opset or NEWEST_OPSET, args.domain)
+    except UnknownOperatorError as err:
+        known = sorted({e.op_type for e in entries() if e.domain == args.domain})
+        close = difflib.get_close_matches(args.op, known, n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        return usage(f"{err}{hint}")
+    try:
+        shapes = [tuple(int(d) for d in s.split(",") if d.strip()) for s in args.shape] or [(2, 3)]
+        low, high = (float(v) for v in args.range.split(","))
+        dtype = np.dtype(args.dtype)
+    except (ValueError, TypeError) as err:
+        return usage(f"bad --shape, --range or --dtype: {err}")
+    attrs = {}
+    for pair in args.attr:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            return usage(f"--attr expects KEY=VALUE, got {pair!r}")
+        attrs[key.strip()] = _attr_value(value.strip())
+    rng = np.random.default_rng(args.seed)
+    inputs = [rng.uniform(low, high, s).astype(dtype) for s in shapes]
+    oracle = oracles.get(args.op)
+    try:
+        report = validate_operator(cls, inputs, attrs, opset=args.opset, oracle=oracle,
+                                   check_forward=not cls.domain or oracle is not None)
+    except TypeError as err:  # unknown attribute
+        return usage(str(err))
+    print(report)
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _attr_value(text: str):
+    """An --attr value: int, float, a comma list of them, or a string."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    if "," in text:
+        return [_attr_value(t) for t in text.split(",")]
+    return text
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meta",
                                      description="meta: a deep-learning meta-framework")
@@ -87,9 +163,29 @@ def make_parser() -> argparse.ArgumentParser:
                      help="where metrics.json and model.onnx go (default: runs/<recipe>)")
     run.add_argument("--no-export", action="store_true", help="do not write model.onnx")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--repeat", type=int, default=0, metavar="N",
+                     help="run N times; write report.json and plots of step times and losses")
+    add_run_options(run)
     run.set_defaults(func=cmd_run)
     ops = sub.add_parser("ops", help="list the registered operators and their backends")
     ops.set_defaults(func=cmd_ops)
+    check = sub.add_parser("check-op", help="validate an operator on random inputs: forward "
+                           "vs onnx.reference, backward vs finite differences")
+    check.add_argument("op", help="op type, e.g. Relu")
+    check.add_argument("--shape", action="append", default=[], metavar="D1,D2,...",
+                       help="shape of one input (repeat per input; default one 2,3 input)")
+    check.add_argument("--opset", type=int, help="opset (default: the newest it serves)")
+    check.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                       help="an attribute (repeatable; ints, floats, comma lists, strings)")
+    check.add_argument("--dtype", default="float32", help="input dtype (default float32)")
+    check.add_argument("--range", default="-2,2", metavar="LOW,HIGH",
+                       help="inputs are uniform in this range (default -2,2)")
+    check.add_argument("--domain", default="", help="operator domain (custom ops)")
+    check.add_argument("--module", metavar="FILE.py", help="import this file first (it "
+                       "registers custom ops; an ORACLES dict maps op type to an oracle)")
+    check.add_argument("--seed", type=int, default=0)
+    check.set_defaults(func=cmd_check_op)
+    add_bench_commands(sub)  # compare, bench-op
     return parser
 
 

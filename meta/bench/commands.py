@@ -1,0 +1,252 @@
+"""The benchmark commands of the ``meta`` CLI: ``run --repeat``, ``compare`` and ``bench-op``.
+
+Kept out of ``meta/cli.py`` so that the CLI only wires them in; heavy imports happen when a
+command runs, not when the parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+REPORT, STEP_PLOT, LOSS_PLOT, OP_PLOT = ("report.json", "step_times.png", "loss_curves.png",
+                                         "op_times.png")
+
+
+def _sets(pairs: Sequence[str], flag: str) -> dict[str, str]:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.strip("()[] ").split(",") if v.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected sizes like 256,1024, got {text!r}") from err
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``compare`` and ``bench-op`` to the ``meta`` subcommands."""
+    cmp = sub.add_parser(
+        "compare", help="run two recipes (or one with two --set variants) alternately; report "
+                        "step times with confidence intervals, their ratio, box plots")
+    cmp.add_argument("recipe_a", metavar="A", help="recipe file")
+    cmp.add_argument("recipe_b", metavar="B", nargs="?",
+                     help="second recipe file (default: A again, told apart by --a/--b)")
+    cmp.add_argument("--a", action="append", default=[], metavar="KEY=VALUE",
+                     help="MUTABLE override of variant A only (repeatable)")
+    cmp.add_argument("--b", action="append", default=[], metavar="KEY=VALUE",
+                     help="MUTABLE override of variant B only (repeatable)")
+    cmp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="MUTABLE override of both variants (repeatable)")
+    add_run_options(cmp, default_repeat=3)
+    cmp.add_argument("--output-dir", metavar="DIR",
+                     help="where report.json and the plots go (default: runs/compare/A-vs-B)")
+    cmp.set_defaults(func=cmd_compare)
+
+    op = sub.add_parser("bench-op", help="time an operator's numpy and C++ implementations, "
+                                         "forward and backward")
+    op.add_argument("op", help="operator type, e.g. Relu (`meta ops` lists them)")
+    op.add_argument("--shape", type=_shape, required=True, metavar="N,M,...",
+                    help="shape of every input, e.g. 256,1024")
+    op.add_argument("--dtype", default="float32", help="input dtype (default float32)")
+    op.add_argument("--repeat", type=int, default=30, metavar="N",
+                    help="timed calls per backend and pass (default 30)")
+    op.add_argument("--warmup", type=int, default=3, metavar="W",
+                    help="untimed calls first (default 3)")
+    op.add_argument("--seed", type=int, default=0, help="inputs and bootstrap seed")
+    op.add_argument("--threads", type=int, metavar="T",
+                    help="BLAS and OpenMP threads (default: as set; on a busy machine, 1 "
+                         "gives stabler figures)")
+    op.add_argument("--output-dir", metavar="DIR",
+                    help="where report.json and op_times.png go (default: runs/bench-op/OP)")
+    op.set_defaults(func=cmd_bench_op)
+
+
+def add_run_options(parser: argparse.ArgumentParser, default_repeat: int = 0) -> None:
+    """Options shared by ``run --repeat`` and ``compare``."""
+    if default_repeat:
+        parser.add_argument("--repeat", type=int, default=default_repeat, metavar="N",
+                            help=f"timed runs per variant (default {default_repeat})")
+    parser.add_argument("--warmup", type=int, default=0, metavar="W",
+                        help="discarded runs per variant first (default 0)")
+    parser.add_argument("--skip-steps", type=int, default=3, metavar="K",
+                        help="leave each run's first K steps out of the step times (default 3)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0, metavar="S",
+                        help="seed of the bootstrap resampling (default 0)")
+    parser.add_argument("--no-plots", action="store_true", help="write the JSON report only")
+
+
+def _say(comm: Any) -> Any:
+    def say(line: str) -> None:
+        if comm.is_root:
+            print(line, flush=True)
+    return say
+
+
+def _finish(report: dict, results: list, out: Path, args: argparse.Namespace, title: str,
+            say: Any) -> None:
+    """Write the report and plots of a recipe benchmark, print its table."""
+    from meta.bench import plots
+    from meta.bench import report as reports
+
+    written = [reports.write_json(report, out / REPORT)]
+    if not args.no_plots:
+        skip = args.skip_steps
+        written.append(plots.box_plot(
+            {r.variant.name: r.step_seconds(skip) * 1e3 for r in results}, out / STEP_PLOT,
+            f"{title}: step times, {report['settings']['repeat']} run(s) each"))
+        written.append(plots.loss_curves(
+            {v["name"]: v["runs"] for v in report["variants"]}, out / LOSS_PLOT,
+            f"{title}: loss"))
+    say(reports.recipe_table(report))
+    say(f"meta: wrote {', '.join(str(p) for p in written)}")
+
+
+def run_repeated(first_run: Any, args: argparse.Namespace, comm: Any) -> int:
+    """``meta run RECIPE --repeat N``: N fresh runs, printed as ``meta run`` prints them, then
+    the benchmark report. Exit 1 if any run missed a metric."""
+    from meta.bench import report as reports
+    from meta.bench.environment import environment, recipe_record
+    from meta.bench.recipes import RecipeBench, RecipeVariant, default_factory
+
+    overrides = _sets(args.set, "--set")
+    recipe = first_run.recipe
+    variant = RecipeVariant(recipe.name, recipe, Path(args.recipe), overrides)
+    out = Path(args.output_dir) if args.output_dir else Path("runs") / recipe.name
+    say = _say(comm)
+    try:
+        bench = RecipeBench([variant], default_factory(comm, sys.stdout), out, args.repeat,
+                            args.warmup, say)
+    except ValueError as err:  # every rank finds the same: all stop here, none in a collective
+        if comm.is_root:
+            print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    env = environment({recipe.name: recipe_record(args.recipe, overrides)}, comm.size,
+                      {"recipe": recipe.definitions.seed, "bootstrap": args.bootstrap_seed}) \
+        if comm.is_root else {}  # before the runs: the load average then is not ours
+    results = bench.run(first=first_run)
+    if comm.is_root:
+        report = reports.recipe_report("repeat", results, env, reports.settings(
+            args.repeat, args.warmup, args.bootstrap_seed, skip_steps=args.skip_steps))
+        _finish(report, results, out, args, recipe.name, say)
+    return EXIT_OK if all(r.passed for r in results[0].runs) else EXIT_FAIL
+
+
+def _variants(args: argparse.Namespace) -> list[Any]:
+    from meta.bench.recipes import RecipeVariant
+    from meta.recipe import load_recipe
+
+    common = _sets(args.set, "--set")
+    sides = {"a": _sets(args.a, "--a"), "b": _sets(args.b, "--b")}
+    paths = {"a": Path(args.recipe_a), "b": Path(args.recipe_b or args.recipe_a)}
+    if args.recipe_b is None and sides["a"] == sides["b"]:
+        raise ValueError("compare needs two variants: give a second recipe file, or --a and "
+                         "--b overrides that differ (e.g. --a executor=reference "
+                         "--b executor=native)")
+    variants = []
+    for side in ("a", "b"):
+        overrides = {**common, **sides[side]}
+        recipe = load_recipe(paths[side]).with_overrides(overrides)
+        if args.recipe_b is None:
+            name = ",".join(f"{k}={v}" for k, v in sides[side].items()) or "defaults"
+        else:
+            name = recipe.name
+        variants.append(RecipeVariant(name, recipe, paths[side], overrides))
+    if variants[0].name == variants[1].name:  # the same file twice, or two of one stem
+        variants = [RecipeVariant(f"{v.name}-{s}", v.recipe, v.path, v.overrides)
+                    for v, s in zip(variants, "ab")]
+    return variants
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from meta.bench import report as reports
+    from meta.bench.environment import environment, recipe_record
+    from meta.bench.recipes import RecipeBench, default_factory, dir_name
+    from meta.lv1 import GraphError
+    from meta.lv2 import DatasetError
+    from meta.lv3 import world
+    from meta.recipe import RecipeError
+
+    comm = world()
+    say = _say(comm)
+    try:
+        variants = _variants(args)
+        out = Path(args.output_dir) if args.output_dir else Path("runs") / "compare" / \
+            dir_name(f"{variants[0].name}-vs-{variants[1].name}")
+        bench = RecipeBench(variants, default_factory(comm, None), out, args.repeat,
+                            args.warmup, say)
+    except (ValueError, RecipeError) as err:
+        if comm.is_root:
+            print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    # Recorded before the runs: the load average then is other processes', not ours.
+    env = environment({v.name: recipe_record(v.path, v.overrides) for v in variants},
+                      comm.size, {"bootstrap": args.bootstrap_seed,
+                                  **{f"recipe {v.name}": v.recipe.definitions.seed
+                                     for v in variants}}) if comm.is_root else {}
+    say(f"meta: comparing {variants[0].name} (A) with {variants[1].name} (B): "
+        f"{args.repeat} run(s) each after {args.warmup} warm-up run(s), taking turns")
+    try:
+        results = bench.run()
+    except (RecipeError, DatasetError, GraphError) as err:
+        if comm.is_root:
+            print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if comm.is_root:
+        report = reports.recipe_report("compare", results, env, reports.settings(
+            args.repeat, args.warmup, args.bootstrap_seed, skip_steps=args.skip_steps))
+        _finish(report, results, out, args, " vs ".join(v.name for v in variants), say)
+    return EXIT_OK
+
+
+def cmd_bench_op(args: argparse.Namespace) -> int:
+    from meta._threads import set_threads
+    from meta.bench import plots
+    from meta.bench import report as reports
+    from meta.bench.environment import environment
+    from meta.bench.opbench import OpBenchError, bench_op, op_table
+    from meta.bench.recipes import dir_name
+    from meta.lv0.native import NativeUnavailableError
+
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"meta: error: --threads must be at least 1, got {args.threads}",
+                  file=sys.stderr)
+            return EXIT_ERROR
+        set_threads(args.threads)
+    env = environment(seeds={"inputs": args.seed, "bootstrap": args.seed})  # load: not ours yet
+    try:
+        result = bench_op(args.op, args.shape, args.dtype, args.repeat, args.warmup, args.seed)
+    except (OpBenchError, NativeUnavailableError, ValueError) as err:
+        print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    shape = "x".join(map(str, result.shape))
+    out = Path(args.output_dir) if args.output_dir else \
+        Path("runs") / "bench-op" / dir_name(f"{result.op_type}-{shape}-{result.dtype}")
+    report = {
+        "schema": reports.SCHEMA, "kind": "op",
+        "environment": env,
+        "settings": {**reports.settings(args.repeat, args.warmup, args.seed),
+                     "op": result.op_type, "shape": list(result.shape), "dtype": result.dtype},
+        "variants": result.to_variants(),
+        "comparisons": [reports.comparison(f"numpy {p}", f"native {p}", "time_s", r)
+                        for p, r in result.ratios.items()],
+        "max_abs_diff": result.max_abs_diff}
+    written = [reports.write_json(report, out / REPORT)]
+    title = f"{result.op_type} {result.dtype} {shape}"
+    written.append(plots.box_plot(
+        {v["name"]: [t * 1e6 for t in v["times_s"]] for v in report["variants"]},
+        out / OP_PLOT, f"{title}: {args.repeat} calls each", "time per call (µs)"))
+    print("\n".join([op_table(result, args.repeat, args.warmup),
+                     *reports.load_note(report["environment"])]))
+    print(f"meta: wrote {', '.join(str(p) for p in written)}")
+    return EXIT_OK

@@ -1,0 +1,146 @@
+"""An operator's numpy implementation against its C++ (native) twin, forward and backward.
+
+Both run on the same inputs; each timed call gets a fresh ``Context`` (and, for backward, a
+forward pass of its own run untimed in setup), so neither pass reuses the other's buffers.
+The outputs and gradients are compared too: a fast kernel that computes something else is not
+a speed-up.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from meta.bench.measure import Sample, Variant, measure_many
+from meta.bench.stats import CONFIDENCE, RESAMPLES, Ratio, ratio_of_medians
+from meta.lv0 import Context, Operator, entries
+
+BACKENDS = ("numpy", "native")
+PASSES = ("forward", "backward")
+
+
+class OpBenchError(ValueError):
+    """The operator cannot be benchmarked as asked; the message says why and what would do."""
+
+
+def twins(op_type: str, domain: str = "") -> tuple[type[Operator], type[Operator]]:
+    """The numpy and native classes of ``op_type`` at the newest opset that has both."""
+    found = [e for e in entries() if e.op_type == op_type and e.domain == domain]
+    if not found:
+        known = sorted({e.op_type for e in entries() if e.domain == domain})
+        raise OpBenchError(f"no operator {op_type!r} is registered (domain "
+                           f"{domain or 'ai.onnx'!r}); `meta ops` lists them: "
+                           f"{', '.join(known)}")
+    by_since: dict[int, dict[str, type[Operator]]] = {}
+    for e in found:
+        by_since.setdefault(e.since, {})[e.backend] = e.cls
+    both = [since for since, impls in by_since.items() if set(BACKENDS) <= set(impls)]
+    if not both:
+        with_native = sorted({e.op_type for e in entries() if e.backend == "native"})
+        raise OpBenchError(f"operator {op_type!r} has no native (C++) implementation, only "
+                           f"{', '.join(sorted({e.backend for e in found}))}; bench-op compares "
+                           f"the two. Ops with both: {', '.join(with_native) or 'none'}")
+    impls = by_since[max(both)]
+    return impls["numpy"], impls["native"]
+
+
+def input_count(cls: type[Operator]) -> int:
+    """How many array inputs ``forward`` takes (all are given the same shape)."""
+    params = list(inspect.signature(cls.forward).parameters.values())[2:]  # self, ctx
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise OpBenchError(f"{cls.op_type}.forward takes a variable number of inputs; "
+                           "bench-op needs a fixed one")
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _outputs(op: Operator, inputs: list[np.ndarray]) -> tuple[Context, tuple[np.ndarray, ...]]:
+    ctx = Context()
+    return ctx, op.apply(ctx, *inputs)
+
+
+@dataclass
+class OpBenchResult:
+    op_type: str
+    shape: tuple[int, ...]
+    dtype: str
+    samples: dict[str, dict[str, Sample]]  # pass -> backend -> timings
+    ratios: dict[str, Ratio]  # pass -> median(native) / median(numpy)
+    max_abs_diff: dict[str, float]  # pass -> largest |numpy - native| over outputs
+
+    def to_variants(self) -> list[dict[str, Any]]:
+        return [{"name": f"{backend} {p}", "backend": backend, "pass": p,
+                 "time_s": s.summary().to_dict(), "times_s": s.seconds.tolist()}
+                for p, by_backend in self.samples.items() for backend, s in by_backend.items()]
+
+
+def _max_diff(a: tuple, b: tuple) -> float:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return max((float(np.max(np.abs(x.astype(np.float64) - y))) if x.size else 0.0
+                for x, y in pairs), default=0.0)
+
+
+def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repeat: int = 30,
+             warmup: int = 3, seed: int = 0, resamples: int = RESAMPLES) -> OpBenchResult:
+    """Time forward and backward of both backends on random inputs of ``shape``."""
+    if not shape or min(shape) <= 0:
+        raise OpBenchError(f"--shape must list positive sizes, got {shape}")
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as err:
+        raise OpBenchError(f"--dtype: {dtype!r} is not a numpy dtype") from err
+    numpy_cls, native_cls = twins(op_type)
+    ops = {"numpy": numpy_cls(), "native": native_cls()}
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(shape).astype(np_dtype) for _ in range(input_count(numpy_cls))]
+    try:
+        results = {b: _outputs(op, inputs) for b, op in ops.items()}
+    except (TypeError, ValueError) as err:
+        raise OpBenchError(f"{op_type} on inputs of shape {shape} and dtype {dtype} failed: "
+                           f"{err}") from err
+    dys = tuple(rng.standard_normal(y.shape).astype(y.dtype) for y in results["numpy"][1])
+    grads = {b: tuple(ops[b].backward(results[b][0], *dys)) for b in ops}
+    diffs = {"forward": _max_diff(results["numpy"][1], results["native"][1]),
+             "backward": _max_diff(grads["numpy"], grads["native"])}
+
+    def forward(op: Operator) -> Variant:
+        return Variant(lambda ctx, *xs: op.forward(ctx, *xs), lambda: (Context(), *inputs))
+
+    def backward(op: Operator) -> Variant:
+        def setup() -> tuple:
+            ctx, _ = _outputs(op, inputs)
+            return (ctx, *dys)
+        return Variant(op.backward, setup)
+
+    samples, ratios = {}, {}
+    for name, make in (("forward", forward), ("backward", backward)):
+        samples[name] = measure_many({b: make(op) for b, op in ops.items()}, repeat, warmup)
+        ratios[name] = ratio_of_medians(samples[name]["numpy"].seconds,
+                                        samples[name]["native"].seconds, resamples, seed=seed)
+    return OpBenchResult(op_type, tuple(shape), np_dtype.name, samples, ratios, diffs)
+
+
+def op_table(result: OpBenchResult, repeat: int, warmup: int) -> str:
+    """Medians with their intervals per pass and backend, then native/numpy per pass."""
+    from meta.bench.report import coverage_notes, format_ratio, format_table
+
+    shape = "x".join(map(str, result.shape))
+    head = (f"{result.op_type} {result.dtype} {shape}: {repeat} timed calls per backend and "
+            f"pass after {warmup} warm-up calls, backends taking turns")
+    rows = [["pass", "backend", "median us", "95% CI", "min us", "cv", "outliers"]]
+    for p, by_backend in result.samples.items():
+        for backend, sample in by_backend.items():
+            s = sample.summary().scaled(1e6)
+            rows.append([p, backend, f"{s.median:.1f}", f"[{s.ci_low:.1f}, {s.ci_high:.1f}]",
+                         f"{s.min:.1f}", f"{s.cv:.2f}", str(len(s.outliers))])
+    lines = [head, format_table(rows)]
+    for p, ratio in result.ratios.items():
+        c = {"baseline": "numpy", "candidate": "native", **ratio.to_dict()}
+        lines.append(format_ratio(c, f"{p} time"))
+    lines += coverage_notes([s.summary().to_dict() for by in result.samples.values()
+                             for s in by.values()][:1], CONFIDENCE)
+    lines.append("max |numpy - native|: " + ", ".join(
+        f"{p} {d:.3g}" for p, d in result.max_abs_diff.items()))
+    return "\n".join(lines)

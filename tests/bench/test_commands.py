@@ -1,0 +1,129 @@
+"""``meta compare``, ``meta run --repeat`` and ``meta bench-op`` end to end on tiny inputs."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from meta.cli import EXIT_ERROR, EXIT_PASS, main
+
+TINY = """
+    from meta.recipe import AtLeast, AtMost
+    FIXED = {{"dataset": "mnist", "hidden": [16]}}
+    MUTABLE = {{"epochs": 1, "train_samples": 500, "batch_size": 64, "lr": {lr},
+               "executor": "reference", "seed": 0}}
+    METRICS = {{"test_accuracy": AtLeast(0.3), "train_time_s": AtMost(60)}}
+"""
+PNG = b"\x89PNG\r\n\x1a\n"
+STEPS_PER_RUN = 8  # 500 samples in batches of 64
+
+
+def tiny(tmp_path, name="tiny", lr=0.05):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(TINY.format(lr=lr)))
+    return str(path)
+
+
+def assert_png(path):
+    assert path.is_file() and path.read_bytes()[:8] == PNG and path.stat().st_size > 5000
+
+
+def check_recipe_report(report, kind, names, repeat):
+    assert report["schema"] == "meta.bench/1" and report["kind"] == kind
+    assert report["settings"]["repeat"] == repeat and report["settings"]["resamples"] == 2000
+    assert report["environment"]["recipes"] and report["environment"]["numpy"]["version"]
+    assert [v["name"] for v in report["variants"]] == names
+    for v in report["variants"]:
+        assert len(v["runs"]) == repeat
+        assert all(len(r["step_time_s"]) == STEPS_PER_RUN for r in v["runs"])
+        assert all(len(r["step_loss"]) == STEPS_PER_RUN and r["epochs"] for r in v["runs"])
+        step = v["step_time_s"]
+        assert step["n"] == repeat * (STEPS_PER_RUN - 3)  # the first 3 of each run skipped
+        assert step["ci_low"] <= step["median"] <= step["ci_high"]
+        assert 0.3 <= v["final_metrics"]["test_accuracy"] <= 1
+
+
+def test_compare_two_set_variants_writes_json_and_plots(tmp_path, mnist_dir, capsys):
+    out = tmp_path / "out"
+    code = main(["compare", tiny(tmp_path), "--a", "executor=reference", "--b",
+                 "executor=native", "--repeat", "2", "--output-dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    report = json.loads((out / "report.json").read_text())
+    check_recipe_report(report, "compare", ["executor=reference", "executor=native"], 2)
+    (cmp,) = report["comparisons"]
+    assert cmp["baseline"] == "executor=reference" and cmp["candidate"] == "executor=native"
+    assert cmp["ci_low"] <= cmp["ratio"] <= cmp["ci_high"]
+    # Same seed, and native Relu matches numpy bit for bit: the same training either way.
+    a, b = (v["runs"][0]["step_loss"] for v in report["variants"])
+    assert a == b
+    assert_png(out / "step_times.png")
+    assert_png(out / "loss_curves.png")
+    assert "median step time executor=native / executor=reference" in printed
+    assert "95% CI" in printed and "test_accuracy" in printed
+
+
+def test_compare_two_recipe_files(tmp_path, mnist_dir, capsys):
+    a, b = tiny(tmp_path, "slow_lr", lr=0.01), tiny(tmp_path, "fast_lr", lr=0.1)
+    out = tmp_path / "out"
+    code = main(["compare", a, b, "--repeat", "1", "--output-dir", str(out), "--no-plots"])
+    assert code == EXIT_PASS, capsys.readouterr()
+    report = json.loads((out / "report.json").read_text())
+    check_recipe_report(report, "compare", ["slow_lr", "fast_lr"], 1)
+    assert set(report["environment"]["recipes"]) == {"slow_lr", "fast_lr"}
+    assert not (out / "step_times.png").exists()
+
+
+def test_run_repeat_writes_a_report(tmp_path, mnist_dir, capsys):
+    out = tmp_path / "out"
+    code = main(["run", tiny(tmp_path), "--repeat", "2", "--output-dir", str(out), "--quiet",
+                 "--no-export"])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    assert printed.count("tiny: PASS") == 2 and "tiny run 2/2" in printed
+    report = json.loads((out / "report.json").read_text())
+    check_recipe_report(report, "repeat", ["tiny"], 2)
+    assert report["comparisons"] == []
+    assert_png(out / "loss_curves.png")
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "compare needs two variants"),
+    (["--a", "lrr=0.1", "--b", "lr=0.1"], "did you mean 'lr'"),
+    (["--a", "hidden=8", "--b", "lr=0.1"], "'hidden' is FIXED"),
+])
+def test_compare_input_errors_exit_2(tmp_path, capsys, args, message):
+    code = main(["compare", tiny(tmp_path), *args, "--output-dir", str(tmp_path / "o")])
+    assert code == EXIT_ERROR
+    assert message in capsys.readouterr().err
+
+
+def test_bench_op_compares_numpy_and_native_relu(tmp_path, capsys):
+    out = tmp_path / "op"
+    code = main(["bench-op", "Relu", "--shape", "64,128", "--repeat", "8", "--warmup", "1",
+                 "--output-dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "op" and report["settings"]["shape"] == [64, 128]
+    names = [v["name"] for v in report["variants"]]
+    assert names == ["numpy forward", "native forward", "numpy backward", "native backward"]
+    assert all(v["time_s"]["n"] == 8 for v in report["variants"])
+    assert [c["candidate"] for c in report["comparisons"]] == ["native forward",
+                                                               "native backward"]
+    assert report["max_abs_diff"] == {"forward": 0.0, "backward": 0.0}
+    assert_png(out / "op_times.png")
+    assert "forward time native / numpy" in printed and "backward time" in printed
+
+
+@pytest.mark.parametrize("args,message", [
+    (["Gemm", "--shape", "4,4"], "'Gemm' has no native (C++) implementation"),
+    (["Relux", "--shape", "4,4"], "no operator 'Relux' is registered"),
+    (["Relu", "--shape", "4,4", "--dtype", "int32"], "dtype int32 is not supported"),
+    (["Relu", "--shape", "0,4"], "positive sizes"),
+])
+def test_bench_op_errors_are_clear(capsys, args, message):
+    assert main(["bench-op", *args]) == EXIT_ERROR
+    assert message in capsys.readouterr().err
