@@ -10,7 +10,16 @@ from meta import _threads
 _threads.apply_default()  # before numpy starts its BLAS threads
 
 from meta.lv0 import Context, Operator, check_gradients, register  # noqa: E402
+from meta.lv0.cpp_ops import CppOpBuildError, register_cpp_op  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "Operator", "__version__", "check_gradients", "register"]
+__all__ = [
+    "Context",
+    "CppOpBuildError",
+    "Operator",
+    "__version__",
+    "check_gradients",
+    "register",
+    "register_cpp_op",
+]
