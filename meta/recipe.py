@@ -46,21 +46,29 @@ class Definitions:
     seed: int = 0
     executor: str = "reference"
     distributed: str = "allreduce"
+    average_every: int = 1  # model_averaging: steps between averages (H)
+    compression: str = "none"  # of the allreduce strategy's gradient exchange
+    topk_ratio: float = 0.01  # compression "topk": the fraction of gradient values sent
+    chunk_bytes: int = 4194304  # = meta.lv3.DEFAULT_CHUNK_BYTES (benchmarks/chunk_sweep.py)
+    timeline: bool = False  # write the step phases as a Chrome trace to the output dir
     eval_batch_size: int = 1000
     train_samples: int = 0  # 0: the whole training set; n: its first n examples
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("mnist", "fashion-mnist"),
-    "model": ("mlp",),
+    "model": ("mlp", "lenet", "resnet20", "vgg_small", "wide_cnn"),
     "optimizer": ("sgd",),
     "executor": ("reference", "native"),
-    "distributed": ("allreduce",),
+    "distributed": ("allreduce", "parameter_server", "async_parameter_server", "model_averaging",
+                    "ring"),
+    "compression": ("none", "fp16", "topk", "sign"),
 }
-POSITIVE = ("epochs", "batch_size", "lr", "eval_batch_size")
+POSITIVE = ("epochs", "batch_size", "lr", "eval_batch_size", "average_every", "topk_ratio",
+            "chunk_bytes")
 NON_NEGATIVE = ("momentum", "train_samples")
 METRIC_NAMES = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
-                "samples_per_s")
+                "samples_per_s", "bytes_sent_per_step")
 SECTIONS = ("FIXED", "MUTABLE", "METRICS")
 
 _TYPES = typing.get_type_hints(Definitions)
@@ -168,6 +176,8 @@ def _check_value(key: str, value: Any) -> None:
         raise RecipeError(f"{key!r} must be positive, got {value!r}")
     if key in NON_NEGATIVE and value < 0:
         raise RecipeError(f"{key!r} must not be negative, got {value!r}")
+    if key == "topk_ratio" and value > 1:
+        raise RecipeError(f"'topk_ratio' must be at most 1, got {value!r}")
     if key == "momentum" and value >= 1:
         raise RecipeError(f"'momentum' must be below 1, got {value!r}")
     if key == "hidden" and (not value or min(value) <= 0):
@@ -212,6 +222,10 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
                 _check_value(key, values[key])
             except RecipeError as err:
                 errors.append(f"{section}: {err}")
+    if values.get("compression", "none") != "none" and \
+            values.get("distributed", "allreduce") != "allreduce":
+        errors.append(f"'compression' {values['compression']!r} applies to distributed "
+                      f"'allreduce' only, not {values['distributed']!r}")
     if isinstance(fixed, Mapping) and isinstance(mutable, Mapping):
         for key in sorted(set(fixed) & set(mutable)):
             errors.append(f"{key!r} is in both FIXED and MUTABLE; a key is one or the other")

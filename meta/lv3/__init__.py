@@ -1,9 +1,13 @@
 """Level 3: communicators, fused buffers, sharded sampling and distributed optimizers.
 
 Everything runs at size 1 without MPI; ``world()`` switches to MPI only under ``mpiexec``.
+Strategies (``make_strategy``) wrap any Level 2 optimizer: ``Allreduce`` (with optional
+gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAveraging`` and
+``RingAveraging``.
 """
 
-from meta.lv3.allreduce import AllreduceOptimizer, allreduce_mean
+from meta.lv3.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
+from meta.lv3.averaging import ModelAveraging, RingAveraging
 from meta.lv3.communicator import (
     Communicator,
     MPICommunicator,
@@ -11,17 +15,42 @@ from meta.lv3.communicator import (
     launched_size,
     world,
 )
+from meta.lv3.compression import Compressor, Float16, Sign, TopK, make_compressor
+from meta.lv3.costmodel import Link, measure_link
 from meta.lv3.flat import FlatBuffer
+from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
 from meta.lv3.sampler import DistributedSampler
+from meta.lv3.strategies import STRATEGIES, make_strategy, strategy_class
+from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
+from meta.lv3.timeline import Timeline, chrome_trace
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "STRATEGIES",
+    "Allreduce",
     "AllreduceOptimizer",
+    "AsyncParameterServer",
     "Communicator",
+    "Compressor",
     "DistributedSampler",
     "FlatBuffer",
+    "Float16",
+    "Link",
     "MPICommunicator",
+    "ModelAveraging",
+    "ParameterServer",
+    "RingAveraging",
+    "Sign",
     "SingleProcessCommunicator",
+    "Strategy",
+    "Timeline",
+    "TopK",
     "allreduce_mean",
+    "chrome_trace",
     "launched_size",
+    "make_compressor",
+    "make_strategy",
+    "measure_link",
+    "strategy_class",
     "world",
 ]

@@ -4,57 +4,77 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.lv2.optimizers import Optimizer, Params, State
-from meta.lv3.communicator import Communicator, world
-from meta.lv3.flat import FlatBuffer
+from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3.communicator import Communicator
+from meta.lv3.compression import Compressor
+from meta.lv3.costmodel import Link, allgather, ring_allreduce
+from meta.lv3.strategy import Strategy
 
 
-class AllreduceOptimizer:
-    """Wraps an ``Optimizer`` so that every rank applies the mean gradient over all ranks.
+class Allreduce(Strategy):
+    """Every rank applies the mean gradient over all ranks: one fused, chunked allreduce.
 
-    Construction broadcasts rank 0's parameters (in place, into the same arrays) so all ranks
-    start equal; each ``step`` packs the gradients into one persistent buffer, sums it with a
-    single allreduce, divides by the size and hands the inner optimizer views of that buffer.
-    Ranks then stay bit-identical, because each applies the same update to the same values.
-    The inner optimizer's state is not broadcast: build it the same way on every rank.
+    Ranks stay bit-identical, because each applies the same update to the same values. The
+    inner optimizer's state is not broadcast: build it the same way on every rank. With a
+    ``compressor`` each rank's payload is exchanged by one allgather instead, and every rank
+    decompresses and sums all of them (in rank order, so ranks still agree bit for bit).
 
     >>> from meta.lv2.optimizers import sgd
-    >>> opt = AllreduceOptimizer(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
+    >>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
     >>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist()
     [0.8]
     """
 
-    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None) -> None:
-        self.optimizer = optimizer
-        self.comm = world() if comm is None else comm
-        flat = FlatBuffer.like(optimizer.params)
-        flat.pack(optimizer.params)
-        self.comm.bcast(flat.buffer, root=0)
-        flat.unpack_into(optimizer.params)
-        # Persistent: one allocation for the whole run, and the same layout on every rank.
-        self._grads = FlatBuffer(flat.shapes, flat.dtype)
+    name = "allreduce"
 
-    @property
-    def params(self) -> Params:
-        return self.optimizer.params
-
-    @property
-    def state(self) -> State:
-        return self.optimizer.state
+    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
+                 compressor: Compressor | None = None, **options) -> None:
+        super().__init__(optimizer, comm, **options)
+        if compressor is not None and compressor.n != len(self.flat_grads):
+            raise ValueError(f"Allreduce: the compressor is for {compressor.n} values, the "
+                             f"gradients have {len(self.flat_grads)}")
+        self.compressor = compressor
 
     def step(self, grads: Params) -> None:
-        """Average ``grads`` over ranks (one allreduce) and apply the inner optimizer's update."""
-        buffer = self._grads.pack(grads)
-        if self.comm.size > 1:
-            self.comm.allreduce(buffer, op="sum")
-            buffer *= 1.0 / self.comm.size
+        """Average ``grads`` over ranks and apply the inner optimizer's update."""
+        t = self.timeline
+        t.begin()
+        buffer = self.flat_grads.pack(grads)
+        t.lap("pack")
+        if self.compressor is None:
+            self.average(self.grad_chunks, buffer)
+        else:
+            self._exchange_compressed(buffer)
         # The views are overwritten by the next step: a transform must not keep them in its state.
-        self.optimizer.step(self._grads.views)
+        self.optimizer.step(self.flat_grads.views)
+        t.lap("update")
+
+    def _exchange_compressed(self, buffer: np.ndarray) -> None:
+        payload = self.compressor.compress(buffer)
+        self.timeline.lap("pack")
+        everyone = self.comm.allgather(payload)
+        self.bytes_sent += payload.nbytes
+        self.timeline.lap("communicate")
+        buffer.fill(0)
+        for row in everyone:
+            self.compressor.decode_add(row, buffer)
+        buffer *= 1.0 / self.comm.size
+        self.timeline.lap("unpack")
+
+    def predict_comm_s(self, link: Link) -> float:
+        p = self.comm.size
+        if self.compressor is None:
+            return ring_allreduce(link, p, self.flat_grads.nbytes)
+        return allgather(link, p, self.compressor.payload_bytes)
+
+
+AllreduceOptimizer = Allreduce  # the name it had before the strategy family
 
 
 def allreduce_mean(comm: Communicator, values: np.ndarray | float) -> np.ndarray:
     """Mean of ``values`` over ranks, as a new float64 array (for metrics such as the loss).
 
+    >>> from meta.lv3 import world
     >>> allreduce_mean(world(), [1.0, 3.0]).tolist()
     [1.0, 3.0]
     """

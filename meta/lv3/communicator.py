@@ -2,7 +2,9 @@
 
 Buffer collectives (``allreduce``, ``bcast``, ``allgather``) move contiguous numpy arrays through
 mpi4py's uppercase methods at C speed; object collectives (``*_obj``) pickle and are for small
-metadata only (epoch numbers, metric dicts, shapes). ``SingleProcessCommunicator`` makes every
+metadata only (epoch numbers, metric dicts, shapes). Nonblocking calls (``iallreduce``, ``isend``,
+``irecv``) return opaque requests, completed by ``wait``/``waitall``/``waitany`` of the same
+communicator. ``SingleProcessCommunicator`` makes every
 collective the identity, so the same training code runs with and without MPI; ``world()`` picks
 one without importing mpi4py unless an MPI launcher started this process.
 
@@ -42,6 +44,19 @@ def _check_buffer(buf: Any, what: str, writeable: bool = True) -> np.ndarray:
     return buf
 
 
+ANY_TAG = -1  # irecv: match a message of any tag (MPI.ANY_TAG)
+
+
+class _Completed:
+    """The request of a size-1 collective: already done."""
+
+    def __repr__(self) -> str:
+        return "<completed request>"
+
+
+COMPLETED = _Completed()
+
+
 def _check_op(op: str, what: str) -> str:
     if op not in OPS:
         raise ValueError(f"{what}: unknown reduction op {op!r}; expected one of {OPS}")
@@ -78,6 +93,52 @@ class Communicator(ABC):
     @abstractmethod
     def allgather(self, buf: np.ndarray) -> np.ndarray:
         """Every rank's ``buf`` stacked by rank: shape ``(size, *buf.shape)``."""
+
+    @abstractmethod
+    def gather(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Every rank's ``buf`` stacked by rank on root: shape ``(size, *buf.shape)``; None
+        elsewhere."""
+
+    @abstractmethod
+    def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Any:
+        """Start reducing ``buf`` in place; returns a request (``buf`` is busy until it is done)."""
+
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"{what}: rank {peer} is not another rank of this size-{self.size} "
+                             f"group (this is rank {self.rank})")
+
+    @abstractmethod
+    def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
+        """Start sending ``buf`` to ``dest``; returns a request (leave ``buf`` alone until done)."""
+
+    @abstractmethod
+    def irecv(self, buf: np.ndarray, source: int, tag: int = ANY_TAG) -> Any:
+        """Start receiving into ``buf`` (a message up to its size) from ``source``; a request."""
+
+    @abstractmethod
+    def send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None: ...
+
+    @abstractmethod
+    def recv(self, buf: np.ndarray, source: int, tag: int = ANY_TAG) -> int:
+        """Receive into ``buf`` from ``source``; returns the message's tag."""
+
+    @abstractmethod
+    def wait(self, request: Any) -> None: ...
+
+    @abstractmethod
+    def waitall(self, requests: list[Any]) -> None: ...
+
+    @abstractmethod
+    def waitany(self, requests: list[Any]) -> tuple[int, int]:
+        """Wait for one of ``requests``; returns (its index, its message's tag).
+
+        A completed request is replaced by an inactive one, so the list can be waited on again.
+        """
+
+    @abstractmethod
+    def split(self, color: int, key: int | None = None) -> Communicator:
+        """The ranks that pass the same ``color``, ordered by ``key`` (default: rank)."""
 
     @abstractmethod
     def barrier(self) -> None: ...
@@ -121,6 +182,39 @@ class SingleProcessCommunicator(Communicator):
 
     def allgather(self, buf: np.ndarray) -> np.ndarray:
         return _check_buffer(buf, "allgather", writeable=False)[np.newaxis].copy()
+
+    def gather(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        self._check_root(root, "gather")
+        return _check_buffer(buf, "gather", writeable=False)[np.newaxis].copy()
+
+    def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Any:
+        self.allreduce(buf, op)
+        return COMPLETED
+
+    def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
+        self._check_peer(dest, "isend")
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int = ANY_TAG) -> Any:
+        self._check_peer(source, "irecv")
+
+    def send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        self._check_peer(dest, "send")
+
+    def recv(self, buf: np.ndarray, source: int, tag: int = ANY_TAG) -> int:
+        self._check_peer(source, "recv")
+        return tag
+
+    def wait(self, request: Any) -> None:
+        pass
+
+    def waitall(self, requests: list[Any]) -> None:
+        pass
+
+    def waitany(self, requests: list[Any]) -> tuple[int, int]:
+        raise ValueError("waitany: a size-1 communicator has no pending point-to-point requests")
+
+    def split(self, color: int, key: int | None = None) -> Communicator:
+        return self
 
     def barrier(self) -> None:
         pass
@@ -168,6 +262,7 @@ class MPICommunicator(Communicator):
         self._rank = self.comm.Get_rank()
         self._size = self.comm.Get_size()
         self._ops = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}
+        self._status = self._MPI.Status()
 
     @property
     def rank(self) -> int:
@@ -192,6 +287,49 @@ class MPICommunicator(Communicator):
         out = np.empty((self._size, *buf.shape), dtype=buf.dtype)
         self.comm.Allgather(buf, out)
         return out
+
+    def gather(self, buf: np.ndarray, root: int = 0) -> np.ndarray | None:
+        self._check_root(root, "gather")
+        _check_buffer(buf, "gather", writeable=False)
+        out = np.empty((self._size, *buf.shape), dtype=buf.dtype) if self._rank == root else None
+        self.comm.Gather(buf, out, root=root)
+        return out
+
+    def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Any:
+        mpi_op = self._ops[_check_op(op, "iallreduce")]
+        return self.comm.Iallreduce(self._MPI.IN_PLACE, _check_buffer(buf, "iallreduce"), mpi_op)
+
+    def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
+        self._check_peer(dest, "isend")
+        return self.comm.Isend(_check_buffer(buf, "isend", writeable=False), dest, tag)
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int = ANY_TAG) -> Any:
+        self._check_peer(source, "irecv")
+        return self.comm.Irecv(_check_buffer(buf, "irecv"), source, tag)
+
+    def send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        self._check_peer(dest, "send")
+        self.comm.Send(_check_buffer(buf, "send", writeable=False), dest, tag)
+
+    def recv(self, buf: np.ndarray, source: int, tag: int = ANY_TAG) -> int:
+        self._check_peer(source, "recv")
+        self.comm.Recv(_check_buffer(buf, "recv"), source, tag, self._status)
+        return self._status.Get_tag()
+
+    def wait(self, request: Any) -> None:
+        request.Wait()
+
+    def waitall(self, requests: list[Any]) -> None:
+        self._MPI.Request.Waitall(requests)
+
+    def waitany(self, requests: list[Any]) -> tuple[int, int]:
+        index = self._MPI.Request.Waitany(requests, self._status)
+        if index == self._MPI.UNDEFINED:
+            raise ValueError(f"waitany: none of the {len(requests)} requests is active")
+        return index, self._status.Get_tag()
+
+    def split(self, color: int, key: int | None = None) -> Communicator:
+        return MPICommunicator(self.comm.Split(color, self._rank if key is None else key))
 
     def barrier(self) -> None:
         self.comm.Barrier()

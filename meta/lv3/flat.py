@@ -48,6 +48,34 @@ class FlatBuffer:
         dtype = distinct.pop() if distinct else np.dtype(np.float64)
         return cls({name: np.shape(a) for name, a in arrays.items()}, dtype)
 
+    @classmethod
+    def adopt(cls, arrays: dict[str, np.ndarray]) -> FlatBuffer:
+        """Move ``arrays`` into a new buffer: their values are copied in and each entry of the
+        dict is replaced by its view, so in-place updates through the dict land in the buffer.
+
+        Whoever else holds the old arrays must be rebound to the views (``holder.update(arrays)``).
+
+        >>> params = {"w": np.ones(2)}
+        >>> flat = FlatBuffer.adopt(params)
+        >>> params["w"] += 1; flat.buffer.tolist()
+        [2.0, 2.0]
+        """
+        flat = cls.like(arrays)
+        flat.pack(arrays)
+        arrays.update(flat.views)
+        return flat
+
+    def chunks(self, chunk_bytes: int) -> list[np.ndarray]:
+        """The buffer cut into consecutive views of at most ``chunk_bytes`` (at least one item)."""
+        if chunk_bytes <= 0:
+            raise ValueError(f"FlatBuffer.chunks: chunk_bytes must be positive, got {chunk_bytes}")
+        step = max(1, chunk_bytes // self.dtype.itemsize)
+        return [self.buffer[i : i + step] for i in range(0, max(len(self), 1), step)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
     def _check(self, arrays: Mapping[str, np.ndarray], what: str) -> None:
         missing = [name for name in self.views if name not in arrays]
         extra = [name for name in arrays if name not in self.views]

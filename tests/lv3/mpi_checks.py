@@ -9,21 +9,37 @@ A failing rank prints its traceback and aborts the whole job, so no other rank w
 
 from __future__ import annotations
 
+import itertools
+import json
 import sys
+import tempfile
 import traceback
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv2.sampler import ShuffleSampler
 from meta.lv3 import (
+    Allreduce,
     AllreduceOptimizer,
+    AsyncParameterServer,
     Communicator,
     DistributedSampler,
     FlatBuffer,
+    ModelAveraging,
     MPICommunicator,
+    ParameterServer,
+    RingAveraging,
+    Sign,
+    Strategy,
+    Timeline,
+    TopK,
     allreduce_mean,
+    chrome_trace,
+    make_strategy,
+    measure_link,
     world,
 )
 
@@ -119,16 +135,25 @@ def check_broadcast_on_construction(comm: Communicator) -> None:
     params = _init(seed=100 + comm.rank)
     arrays = dict(params)
     opt = AllreduceOptimizer(Optimizer(sgd(0.1), params), comm)
-    assert opt.params is params and all(params[k] is arrays[k] for k in arrays)  # in place
+    assert opt.params is params and list(params) == list(arrays)  # the same dict, rebound
+    for name, view in params.items():
+        assert view is opt.flat_params.views[name]
+        assert np.shares_memory(view, opt.flat_params.buffer)
     expected = _init(seed=100)
     for name in expected:
         np.testing.assert_array_equal(params[name], expected[name])
 
 
+def _assert_replicas_identical(comm: Communicator, params: dict[str, np.ndarray]) -> None:
+    everyone = comm.allgather(FlatBuffer.like(params).pack(params))
+    assert all(np.array_equal(row, everyone[0]) for row in everyone), "ranks diverged"
+
+
 def check_allreduce_sgd_matches_single_process(comm: Communicator) -> None:
     x, y = _problem()
     per_rank, epochs, p = 4, 2, comm.size
-    opt = AllreduceOptimizer(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm)
+    opt = Allreduce(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm, chunk_bytes=24)
+    assert len(opt.grad_chunks) == 4  # 12 float64 values in chunks of 3: four Iallreduces
     sampler = DistributedSampler(len(x), per_rank, rank=comm.rank, size=p, seed=7)
     reference = Optimizer(sgd(0.1), _init(seed=100))  # one process at batch p * per_rank
     ref_sampler = ShuffleSampler(len(x), p * per_rank, seed=7)
@@ -139,12 +164,155 @@ def check_allreduce_sgd_matches_single_process(comm: Communicator) -> None:
         for idx, ref_idx in zip(sampler, ref_sampler):
             opt.step(_grads(opt.params, x[idx], y[idx]))
             reference.step(_grads(reference.params, x[ref_idx], y[ref_idx]))
+            _assert_replicas_identical(comm, opt.params)
     assert _loss(opt.params, x, y) < 0.1 * _loss(_init(seed=100), x, y)
-    flat = FlatBuffer.like(opt.params)
-    everyone = comm.allgather(flat.pack(opt.params))
-    assert all(np.array_equal(row, everyone[0]) for row in everyone), "ranks diverged"
     for name, value in reference.params.items():
         np.testing.assert_allclose(opt.params[name], value, rtol=1e-6, atol=1e-12)
+    assert opt.bytes_sent == (0 if p == 1 else 2 * len(sampler) * 12 * 8)
+
+
+def _endless(sampler: DistributedSampler) -> Iterator[np.ndarray]:
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        yield from sampler
+
+
+def _train_side_by_side(comm: Communicator, first: Strategy, second: Strategy,
+                        steps: int = 12, check_every_step: bool = True) -> None:
+    """Step both strategies on the same per-rank gradients (of their own parameters)."""
+    x, y = _problem()
+    sampler = DistributedSampler(len(x), 4, rank=comm.rank, size=comm.size, seed=3)
+    for _, idx in zip(range(steps), _endless(sampler)):
+        for strategy in (first, second):
+            strategy.step(_grads(strategy.params, x[idx], y[idx]))
+            if check_every_step and strategy.consistent:
+                _assert_replicas_identical(comm, strategy.params)
+
+
+def check_parameter_server_matches_allreduce(comm: Communicator) -> None:
+    allreduce = Allreduce(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm)
+    server = ParameterServer(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm)
+    _train_side_by_side(comm, allreduce, server)
+    for name, value in allreduce.params.items():
+        if comm.size <= 2:  # a + b == b + a: the root's sum is MPI's sum, bit for bit
+            np.testing.assert_array_equal(server.params[name], value)
+        else:  # MPI may add in another order than the root's (g0 + g1) + g2 + ...
+            np.testing.assert_allclose(server.params[name], value, rtol=1e-13, atol=1e-15)
+
+
+def check_model_averaging_h1_matches_gradient_averaging(comm: Communicator) -> None:
+    allreduce = Allreduce(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm)
+    averaging = ModelAveraging(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm, every=1)
+    _train_side_by_side(comm, allreduce, averaging)
+    for name, value in allreduce.params.items():  # mean(p - lr g_i) = p - lr mean(g_i)
+        np.testing.assert_allclose(averaging.params[name], value, rtol=1e-12, atol=1e-14)
+
+
+def check_model_averaging_every_h_ends_consistent(comm: Communicator) -> None:
+    opt = make_strategy("model_averaging", Optimizer(sgd(0.1, momentum=0.9), _init(seed=1)),
+                        comm, average_every=3)
+    _train_side_by_side(comm, opt, Allreduce(Optimizer(sgd(0.1), _init(seed=2)), comm), steps=7)
+    assert opt.bytes_sent == (0 if comm.size == 1 else 2 * 12 * 8)  # after steps 3 and 6
+    opt.finish()  # step 7 is averaged here
+    assert opt.bytes_sent == (0 if comm.size == 1 else 3 * 12 * 8)
+    _assert_replicas_identical(comm, opt.params)
+
+
+def check_ring_averages_with_neighbours(comm: Communicator) -> None:
+    r, p = comm.rank, comm.size
+    ring = RingAveraging(Optimizer(sgd(0.5), _init(seed=1)), comm)
+    assert ring.neighbours == sorted({(r - 1) % p, (r + 1) % p} - {r})
+    flat = FlatBuffer.like(ring.params)
+    for step in range(3):
+        grads = _init(seed=10 * step + r)  # different on every rank
+        before = comm.allgather(flat.pack(ring.params))
+        all_grads = comm.allgather(flat.pack(grads))
+        ring.step(grads)
+        stepped = before - 0.5 * all_grads
+        expected = stepped[[r, *ring.neighbours]].mean(axis=0)
+        np.testing.assert_allclose(flat.pack(ring.params), expected, rtol=1e-13)
+    ring.finish()
+    _assert_replicas_identical(comm, ring.params)
+
+
+def check_compressed_allreduce_keeps_replicas_identical(comm: Communicator) -> None:
+    for compression in ("fp16", "topk", "sign"):
+        opt = make_strategy("allreduce", Optimizer(sgd(0.05), _init(seed=100 + comm.rank)),
+                            comm, compression=compression, topk_ratio=0.25)
+        x, y = _problem()
+        start = _loss(opt.params, x, y)
+        _train_side_by_side(comm, opt, Allreduce(Optimizer(sgd(0.1), _init(1)), comm), steps=40)
+        assert _loss(opt.params, x, y) < 0.5 * start, (compression, _loss(opt.params, x, y))
+        assert opt.bytes_sent == 40 * opt.compressor.payload_bytes
+
+
+def check_error_feedback_invariant(comm: Communicator) -> None:
+    rng = np.random.default_rng(comm.rank)
+    for compressor in (TopK(50, np.float64, ratio=0.1), Sign(50, np.float64)):
+        raw_sum, sent_sum = np.zeros(50), np.zeros(50)
+        for _ in range(20):
+            grad = rng.normal(size=50)
+            raw_sum += grad
+            sent_sum += compressor.decompress(compressor.compress(grad))
+        np.testing.assert_allclose(sent_sum + compressor.residual, raw_sum, rtol=0, atol=1e-12)
+        assert np.abs(compressor.residual).sum() > 0  # something was held back
+
+
+def check_async_parameter_server(comm: Communicator) -> None:
+    x, y = _problem()
+    ps = AsyncParameterServer(Optimizer(sgd(0.05), _init(seed=100 + comm.rank)), comm)
+    assert ps.role == ("server" if comm.size > 1 and comm.rank == comm.size - 1 else "worker")
+    start = _loss(ps.params, x, y)
+    if ps.role == "server":
+        ps.serve()
+    else:
+        rank, size = AsyncParameterServer.replica(comm.rank, comm.size)
+        assert ps.group.size == size and ps.group.rank == rank
+        sampler = DistributedSampler(len(x), 4, rank=rank, size=size, seed=3)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for idx in sampler:
+                ps.step(_grads(ps.params, x[idx], y[idx]))
+        ps.finish()
+    assert _loss(ps.params, x, y) < 0.1 * start, (start, _loss(ps.params, x, y))
+    _assert_replicas_identical(comm, ps.params)  # everyone got the server's final parameters
+
+
+def check_point_to_point(comm: Communicator) -> None:
+    r, p = comm.rank, comm.size
+    if p == 1:
+        return
+    right, left = (r + 1) % p, (r - 1) % p
+    inbox, outbox = np.zeros(3), np.full(3, float(r))
+    requests = [comm.irecv(inbox, left), comm.isend(outbox, right, tag=5)]
+    index, tag = comm.waitany(requests)
+    comm.waitall(requests)
+    assert index in (0, 1) and (index == 1 or tag == 5), (index, tag)
+    np.testing.assert_array_equal(inbox, np.full(3, float(left)))
+    gathered = comm.gather(outbox, root=p - 1)
+    assert (gathered is None) == (r != p - 1)
+    if gathered is not None:
+        np.testing.assert_array_equal(gathered[:, 0], np.arange(p))
+
+
+def check_timeline_and_cost_model(comm: Communicator) -> None:
+    opt = make_strategy("parameter_server", Optimizer(sgd(0.1), _init(seed=1)), comm,
+                        timeline=Timeline())
+    _train_side_by_side(comm, opt, Allreduce(Optimizer(sgd(0.1), _init(1)), comm), steps=5)
+    report = opt.report()
+    assert opt.timeline.steps == 5 and 0.99 < sum(v for k, v in report.items()
+                                                 if k.endswith("_share")) < 1.01, report
+    folder = comm.bcast_obj(tempfile.mkdtemp() if comm.is_root else None)
+    path = chrome_trace(opt.timeline, comm, Path(folder) / "trace.json")
+    if comm.is_root:
+        events = json.loads(path.read_text())["traceEvents"]
+        complete = [e for e in events if e["ph"] == "X"]
+        assert {e["pid"] for e in complete} == set(range(comm.size))
+        assert {"compute", "pack", "communicate", "update"} <= {e["name"] for e in complete}
+    link = measure_link(comm)
+    links = comm.gather_obj(link)
+    assert links is None or all(other == link for other in links)
+    assert link.alpha >= 0 and link.beta >= 0 and opt.predict_comm_s(link) >= 0
 
 
 CHECKS: dict[str, Callable[[Communicator], None]] = {
@@ -158,6 +326,15 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_distributed_sampler,
         check_broadcast_on_construction,
         check_allreduce_sgd_matches_single_process,
+        check_parameter_server_matches_allreduce,
+        check_model_averaging_h1_matches_gradient_averaging,
+        check_model_averaging_every_h_ends_consistent,
+        check_ring_averages_with_neighbours,
+        check_compressed_allreduce_keeps_replicas_identical,
+        check_error_feedback_invariant,
+        check_async_parameter_server,
+        check_point_to_point,
+        check_timeline_and_cost_model,
     )
 }
 

@@ -39,9 +39,9 @@ def test_equals_bare_optimizer_exactly(transform, comm) -> None:
     for grads in grad_sequence(10):
         bare.step(grads)
         wrapped.step(grads)
-    assert wrapped.params is wrapped_params
+    assert wrapped.params is wrapped_params and list(wrapped_params) == list(arrays)
     for name in bare.params:
-        assert wrapped.params[name] is arrays[name]  # the network's arrays, updated in place
+        assert wrapped.params[name] is wrapped.flat_params.views[name]  # rebound to the buffer
         np.testing.assert_array_equal(wrapped.params[name], bare.params[name])
     assert wrapped.state is wrapped.optimizer.state
     assert wrapped.comm is comm

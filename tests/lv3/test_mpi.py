@@ -39,7 +39,7 @@ def test_checks_on_mpi_singleton() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])  # 3: an asynchronous server with 2 workers
 def test_checks_under_mpiexec(mpirun: Callable[..., str], n: int) -> None:
     out = mpirun(n, [sys.executable, SCRIPT])
     for rank in range(n):

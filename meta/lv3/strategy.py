@@ -1,0 +1,121 @@
+"""The common interface of distributed optimizers (Level 3 strategies).
+
+A strategy wraps any Level 2 ``Optimizer`` (it never re-implements one) and exposes the same
+``step(grads)``, ``params`` and ``state``, plus ``finish()`` at the end of training. On
+construction it moves the parameters into one persistent flat buffer (``optimizer.params``
+entries become views of it) and broadcasts the source rank's values, so every rank starts
+equal; gradients are packed into a second flat buffer, so an exchange is one (chunked)
+collective, not one per tensor. Each step records its phases in ``timeline`` and counts
+``bytes_sent``: the bytes this rank hands to MPI as send buffers.
+
+>>> from meta.lv2.optimizers import Optimizer, sgd
+>>> from meta.lv3.allreduce import Allreduce
+>>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
+>>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist(), opt.bytes_sent
+([0.8], 0)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from meta import _threads
+from meta.lv2.optimizers import Optimizer, Params, State
+from meta.lv3.communicator import Communicator, world
+from meta.lv3.costmodel import Link
+from meta.lv3.flat import FlatBuffer
+from meta.lv3.timeline import Timeline
+
+# Chunk size of the fused allreduce, from benchmarks/chunk_sweep.py on the 2-core dev machine
+# (MPICH 4 shared memory, 2.7 MB of MLP gradients, best of 20): see the sweep's docstring.
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class Strategy:
+    """Base class: flat buffers, initial broadcast, chunked allreduce, timeline and bytes.
+
+    Subclasses set ``name`` and implement ``step``; ``consistent`` says whether replicas are
+    identical after every step; ``role`` is "worker" (trains) or "server" (``serve``s only).
+    """
+
+    name: ClassVar[str] = ""
+    consistent: bool = True
+    role: str = "worker"
+
+    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeline: Timeline | None = None) -> None:
+        self.optimizer = optimizer
+        self.comm = world() if comm is None else comm
+        self.group = self.comm  # the ranks that train (and evaluate)
+        self.timeline = Timeline() if timeline is None else timeline
+        self.flat_params = FlatBuffer.adopt(optimizer.params)
+        self.flat_grads = FlatBuffer(self.flat_params.shapes, self.flat_params.dtype)
+        self.param_chunks = self.flat_params.chunks(chunk_bytes)
+        self.grad_chunks = self.flat_grads.chunks(chunk_bytes)
+        self.bytes_sent = 0
+        # One blocking Allreduce is the fastest exchange of one chunk on dedicated cores (200 KB
+        # at -n 2: 0.5 ms with packing, Iallreduce + Wait 3 ms; benchmarks/fusion.py), but with
+        # more ranks than cores MPICH's blocking call spins against descheduled peers: 1 MiB
+        # took 1.9 s at -n 4 on 2 cores, Iallreduce + Wait 24 ms (benchmarks/chunk_sweep.py).
+        self.oversubscribed = _threads.local_ranks() > _threads.cores()
+        self.comm.bcast(self.flat_params.buffer, root=self.source)
+
+    @property
+    def source(self) -> int:
+        """The rank whose initial parameters every rank starts from."""
+        return 0
+
+    @classmethod
+    def replica(cls, rank: int, size: int) -> tuple[int, int]:
+        """(index among the training ranks, their number) for ``rank`` of ``size``: the data
+        shard to take. Pure arithmetic, so it can be asked before any collective."""
+        return rank, size
+
+    @property
+    def params(self) -> Params:
+        return self.optimizer.params
+
+    @property
+    def state(self) -> State:
+        return self.optimizer.state
+
+    def step(self, grads: Params) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.step")
+
+    def finish(self) -> None:
+        """End of training (collective over ``comm``): leave every replica with the same model."""
+
+    def serve(self) -> None:
+        raise RuntimeError(f"{type(self).__name__}: rank {self.comm.rank} has no server role")
+
+    def predict_comm_s(self, link: Link) -> float:
+        """Modelled communication time of one step, in seconds."""
+        raise NotImplementedError(f"{type(self).__name__}.predict_comm_s")
+
+    def average(self, chunks: list[np.ndarray], buffer: np.ndarray) -> None:
+        """Mean of ``buffer`` over ``comm``, one nonblocking allreduce per chunk of it."""
+        if self.comm.size == 1:
+            return
+        if len(chunks) == 1 and not self.oversubscribed:
+            self.comm.allreduce(buffer)
+        else:
+            self.comm.waitall([self.comm.iallreduce(chunk) for chunk in chunks])
+        self.bytes_sent += buffer.nbytes
+        self.timeline.lap("communicate")
+        buffer *= 1.0 / self.comm.size
+        self.timeline.lap("unpack")
+
+    def report(self) -> dict[str, float]:
+        """Bytes sent per step and, per phase, its share of the time and its ms per step."""
+        steps = max(self.timeline.steps, 1)
+        out = {"bytes_sent_per_step": self.bytes_sent / steps}
+        for phase, s in self.timeline.summary().items():
+            out[f"{phase}_share"] = s["share"]
+            out[f"{phase}_ms_per_step"] = s["per_step_s"] * 1e3
+        return out
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({len(self.flat_params.views)} tensors, "
+                f"{self.flat_params.nbytes} bytes, {self.comm!r})")

@@ -1,0 +1,98 @@
+"""Per-step phase timings of a distributed optimizer, as a summary and a Chrome trace.
+
+A strategy calls ``begin()`` when its ``step`` starts (the time since the previous step ended is
+recorded as ``compute``: forward, backward and data loading) and ``lap(phase)`` after each phase.
+``chrome_trace`` gathers every rank's events into one JSON file for chrome://tracing or
+https://ui.perfetto.dev (one process row per rank).
+
+>>> t = Timeline()
+>>> t.begin(); t.lap("pack"); t.lap("communicate")
+>>> sorted(t.summary())
+['communicate', 'pack']
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meta.lv3.communicator import Communicator
+
+PHASES = ("compute", "pack", "communicate", "unpack", "update")
+
+
+class Timeline:
+    """(phase, start ns, end ns) events of this rank, from ``time.perf_counter_ns``.
+
+    ``perf_counter_ns`` is CLOCK_MONOTONIC on Linux, shared by the processes of one machine, so
+    ranks on one node line up in the trace; across nodes each rank's clock is its own.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, int]] = []
+        self.steps = 0
+        self._last: int | None = None
+
+    def begin(self) -> None:
+        """A step starts: the time since the last lap was spent computing."""
+        now = time.perf_counter_ns()
+        if self._last is not None:
+            self.events.append(("compute", self._last, now))
+        self._last = now
+        self.steps += 1
+
+    def lap(self, phase: str) -> None:
+        """``phase`` ran from the previous lap (or ``begin``) until now."""
+        now = time.perf_counter_ns()
+        self.events.append((phase, self._last if self._last is not None else now, now))
+        self._last = now
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per phase: total seconds, mean seconds per step and share of the recorded time."""
+        totals: dict[str, int] = {}
+        for phase, start, end in self.events:
+            totals[phase] = totals.get(phase, 0) + end - start
+        everything = sum(totals.values()) or 1
+        steps = max(self.steps, 1)
+        return {phase: {"total_s": ns * 1e-9, "per_step_s": ns * 1e-9 / steps,
+                        "share": ns / everything} for phase, ns in totals.items()}
+
+    def format_summary(self) -> str:
+        rows = [f"{'phase':<12} {'total s':>9} {'per step':>10} {'share':>7}"]
+        for phase, s in sorted(self.summary().items(), key=lambda kv: -kv[1]["total_s"]):
+            rows.append(f"{phase:<12} {s['total_s']:>9.3f} {s['per_step_s'] * 1e3:>8.3f}ms "
+                        f"{s['share']:>6.1%}")
+        return "\n".join(rows)
+
+    def trace_events(self, pid: int, origin_ns: int = 0) -> list[dict]:
+        """This rank's events in Chrome's trace format (complete events, times in µs)."""
+        return [{"name": phase, "cat": "step", "ph": "X", "pid": pid, "tid": 0,
+                 "ts": (start - origin_ns) / 1e3, "dur": (end - start) / 1e3}
+                for phase, start, end in self.events]
+
+
+def chrome_trace(timeline: Timeline, comm: Communicator, path: str | Path,
+                 role: str = "worker") -> Path | None:
+    """Gather every rank's events on rank 0 and write them to ``path``; None on other ranks.
+
+    Collective: every rank of ``comm`` must call it. Events travel pickled, once, at the end.
+    """
+    first = timeline.events[0][1] if timeline.events else None
+    gathered = comm.gather_obj((role, first, timeline.events))
+    if gathered is None:
+        return None
+    origin = min((f for _, f, _ in gathered if f is not None), default=0)
+    events: list[dict] = []
+    for rank, (rank_role, _, rank_events) in enumerate(gathered):
+        events.append({"name": "process_name", "ph": "M", "pid": rank,
+                       "args": {"name": f"rank {rank} ({rank_role})"}})
+        shifted = Timeline()
+        shifted.events = rank_events
+        events.extend(shifted.trace_events(rank, origin))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return path
