@@ -1,0 +1,27 @@
+"""MNIST with LeNet-5 (ReLU, max pooling) and SGD with momentum: the convolutional main job.
+
+Run:  meta run recipes/mnist_lenet.py
+      mpiexec -n 2 meta run recipes/mnist_lenet.py   (synchronous allreduce data parallelism)
+"""
+
+from meta.recipe import AtLeast, AtMost
+
+FIXED = {
+    "dataset": "mnist",
+    "model": "lenet",
+    "optimizer": "sgd",
+}
+
+MUTABLE = {
+    "epochs": 6,
+    "batch_size": 64,  # per rank
+    "lr": 0.01,
+    "momentum": 0.9,
+    "seed": 0,
+    "executor": "reference",
+}
+
+METRICS = {
+    "test_accuracy": AtLeast(0.988),
+    "train_time_s": AtMost(600),
+}
