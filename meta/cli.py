@@ -26,15 +26,16 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
 def _prepare(args: argparse.Namespace, comm):
     """(RecipeRun, None) or (None, the input error's message) on this rank."""
     from meta.lv1 import GraphError
-    from meta.lv2 import DatasetError
+    from meta.lv2 import CheckpointError, DatasetError
     from meta.recipe import RecipeError, load_recipe
     from meta.runner import RecipeRun
 
     try:
         recipe = load_recipe(args.recipe).with_overrides(_parse_sets(args.set))
         return RecipeRun(recipe, comm, output_dir=args.output_dir, progress=not args.quiet,
-                         export_onnx=not args.no_export), None
-    except (RecipeError, DatasetError, GraphError) as err:
+                         export_onnx=not args.no_export,
+                         checkpoint_every=args.checkpoint_every, resume=args.resume), None
+    except (RecipeError, DatasetError, GraphError, CheckpointError) as err:
         return None, str(err)
 
 
@@ -163,6 +164,10 @@ def make_parser() -> argparse.ArgumentParser:
                      help="where metrics.json and model.onnx go (default: runs/<recipe>)")
     run.add_argument("--no-export", action="store_true", help="do not write model.onnx")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                     help="also checkpoint every STEPS steps (always after each epoch)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the output dir's checkpoint.npz")
     run.add_argument("--repeat", type=int, default=0, metavar="N",
                      help="run N times; write report.json and plots of step times and losses")
     add_run_options(run)

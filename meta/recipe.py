@@ -39,10 +39,24 @@ class Definitions:
     hidden: tuple[int, ...] = (512, 512)
     epochs: int = 4
     batch_size: int = 128  # per rank under MPI, as in Horovod and DDP
-    optimizer: str = "sgd"
+    optimizer: str = "sgd"  # a name in meta.lv2.OPTIMIZERS (yours too), or lbfgs / cg
     lr: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = False
+    momentum: float = 0.9  # sgd only
+    nesterov: bool = False  # sgd only
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0  # clip gradients to this global L2 norm; 0: off
+    lr_schedule: str = "constant"
+    lr_decay_epochs: tuple[int, ...] = ()  # lr_schedule "step": epochs where lr is multiplied
+    lr_decay_factor: float = 0.1  # ... by this factor
+    warmup_epochs: int = 0  # linear learning-rate warm-up
+    augmentation: tuple[str, ...] = ()  # any of crop, flip, cutout (for image datasets)
+    early_stopping_patience: int = 0  # epochs without a better test loss before stopping; 0: off
+    time_budget_s: float = 0.0  # stop training after this many seconds; 0: no limit
+    pretrain_epochs: int = 1  # model "dbn": contrastive-divergence epochs per RBM
+    pretrain_lr: float = 0.1  # model "dbn": RBM learning rate
+    cd_k: int = 1  # model "dbn": Gibbs steps per CD update
+    pretrain_batch_size: int = 100  # model "dbn"
+    persistent_cd: bool = False  # model "dbn": persistent CD instead of CD-k
     seed: int = 0
     executor: str = "reference"
     distributed: str = "allreduce"
@@ -55,20 +69,23 @@ class Definitions:
     train_samples: int = 0  # 0: the whole training set; n: its first n examples
 
 
+SECOND_ORDER_OPTIMIZERS = ("lbfgs", "cg")
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("mnist", "fashion-mnist"),
-    "model": ("mlp", "lenet", "resnet20", "vgg_small", "wide_cnn"),
-    "optimizer": ("sgd",),
+    "dataset": ("mnist", "fashion-mnist", "cifar10", "synthetic"),
+    "model": ("mlp", "lenet", "resnet20", "vgg_small", "wide_cnn", "dbn"),
+    "lr_schedule": ("constant", "step", "cosine"),
     "executor": ("reference", "native"),
     "distributed": ("allreduce", "parameter_server", "async_parameter_server", "model_averaging",
                     "ring"),
     "compression": ("none", "fp16", "topk", "sign"),
 }
 POSITIVE = ("epochs", "batch_size", "lr", "eval_batch_size", "average_every", "topk_ratio",
-            "chunk_bytes")
-NON_NEGATIVE = ("momentum", "train_samples")
+            "chunk_bytes", "lr_decay_factor", "pretrain_lr", "cd_k", "pretrain_batch_size")
+NON_NEGATIVE = ("momentum", "train_samples", "weight_decay", "grad_clip", "warmup_epochs",
+                "early_stopping_patience", "time_budget_s", "pretrain_epochs")
+AUGMENTATIONS = ("crop", "flip", "cutout")
 METRIC_NAMES = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
-                "samples_per_s", "bytes_sent_per_step")
+                "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")
 SECTIONS = ("FIXED", "MUTABLE", "METRICS")
 
 _TYPES = typing.get_type_hints(Definitions)
@@ -157,21 +174,37 @@ def _check_type(key: str, value: Any) -> Any:
         value = float(value) if ok else value
     elif expected is str:
         ok = isinstance(value, str)
-    else:  # tuple[int, ...]
+    else:  # tuple[int, ...] or tuple[str, ...]
+        item = typing.get_args(expected)[0]
         ok = isinstance(value, (list, tuple)) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value)
+            isinstance(v, item) and not isinstance(v, bool) for v in value)
         value = tuple(value) if ok else value
     if not ok:
-        name = getattr(expected, "__name__", None) or "list of int"
-        if typing.get_origin(expected) is tuple:
-            name = "list of int"
-        raise RecipeError(f"{key!r} must be {name}, got {type(value).__name__} {value!r}")
+        raise RecipeError(f"{key!r} must be {_type_name(expected)}, "
+                          f"got {type(value).__name__} {value!r}")
     return value
 
 
+def _type_name(expected: Any) -> str:
+    if typing.get_origin(expected) is tuple:
+        return f"list of {typing.get_args(expected)[0].__name__}"
+    return expected.__name__
+
+
+def optimizer_names() -> tuple[str, ...]:
+    """Registered optimizers (including any a recipe file registered), then line-search ones."""
+    from meta.lv2.optimizers import OPTIMIZERS
+
+    return (*sorted(OPTIMIZERS), *SECOND_ORDER_OPTIMIZERS)
+
+
 def _check_value(key: str, value: Any) -> None:
-    if key in CHOICES and value not in CHOICES[key]:
-        raise RecipeError(f"{key!r} must be one of {', '.join(CHOICES[key])}, got {value!r}")
+    choices = optimizer_names() if key == "optimizer" else CHOICES.get(key)
+    if choices is not None and value not in choices:
+        raise RecipeError(f"{key!r} must be one of {', '.join(choices)}, got {value!r}")
+    if key == "augmentation" and set(value) - set(AUGMENTATIONS):
+        raise RecipeError(f"'augmentation' may list {', '.join(AUGMENTATIONS)}, got "
+                          f"{sorted(set(value) - set(AUGMENTATIONS))}")
     if key in POSITIVE and value <= 0:
         raise RecipeError(f"{key!r} must be positive, got {value!r}")
     if key in NON_NEGATIVE and value < 0:
@@ -196,10 +229,11 @@ def parse_value(key: str, text: str) -> Any:
         elif expected in (int, float, str):
             value = expected(text)
         else:
-            value = tuple(int(v) for v in text.strip("[]() ").split(",") if v.strip())
+            item = typing.get_args(expected)[0]
+            value = tuple(item(v.strip().strip("'\"")) for v in text.strip("[]() ").split(",")
+                          if v.strip())
     except ValueError as err:
-        raise RecipeError(f"{key!r}: cannot read {text!r} as "
-                          f"{getattr(expected, '__name__', 'a list of int')}") from err
+        raise RecipeError(f"{key!r}: cannot read {text!r} as {_type_name(expected)}") from err
     _check_value(key, value)
     return value
 
@@ -222,6 +256,9 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
                 _check_value(key, values[key])
             except RecipeError as err:
                 errors.append(f"{section}: {err}")
+    if values.get("lr_schedule") == "step" and not values.get("lr_decay_epochs"):
+        errors.append("'lr_schedule' 'step' needs 'lr_decay_epochs' (the epochs where the "
+                      "learning rate drops)")
     if values.get("compression", "none") != "none" and \
             values.get("distributed", "allreduce") != "allreduce":
         errors.append(f"'compression' {values['compression']!r} applies to distributed "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -13,16 +14,35 @@ import numpy as np
 from meta.lv1 import Graph, ReferenceExecutor, mlp, save_onnx
 from meta.lv1.models import MODELS as CONV_MODELS
 from meta.lv2 import (
+    LBFGS,
     ArrayDataset,
+    CheckpointEvent,
+    ConjugateGradient,
+    CSVLog,
+    EarlyStopping,
     EpochLog,
+    JSONLinesLog,
     Optimizer,
+    PlotMetrics,
     ProgressBar,
     ShuffleSampler,
+    TimeBudget,
     Trainer,
+    chain,
+    cifar10,
+    clip_by_global_norm,
+    cosine_decay,
     fashion_mnist,
+    load_checkpoint,
     mnist,
-    sgd,
+    step_table,
+    synthetic,
+    warmup,
 )
+from meta.lv2.checkpoint import CheckpointError, restore
+from meta.lv2.dbn import dbn_classifier, print_progress
+from meta.lv2.optimizers import OPTIMIZERS
+from meta.lv2.transforms import Compose, Cutout, HorizontalFlip, RandomCrop
 from meta.lv3 import (
     Communicator,
     DistributedSampler,
@@ -33,9 +53,19 @@ from meta.lv3 import (
     strategy_class,
     world,
 )
-from meta.recipe import Definitions, Outcome, Recipe, judge
+from meta.recipe import Definitions, Outcome, Recipe, RecipeError, judge
 
-DATASETS = {"mnist": mnist, "fashion-mnist": fashion_mnist}
+CHECKPOINT = "checkpoint.npz"
+SYNTHETIC_SIZES = {"train": 20000, "test": 2000}
+
+
+def _synthetic(split: str, normalize: bool = True) -> ArrayDataset:
+    return synthetic(SYNTHETIC_SIZES[split], (1, 28, 28), 10, seed=0, split=int(split == "test"))
+
+
+DATASETS: dict[str, Callable[..., ArrayDataset]] = {
+    "mnist": mnist, "fashion-mnist": fashion_mnist, "cifar10": cifar10, "synthetic": _synthetic}
+AUGMENTATIONS = {"crop": lambda: RandomCrop(4), "flip": HorizontalFlip, "cutout": lambda: Cutout(8)}
 
 
 def _conv_model(build: Callable[..., Graph]) -> Callable[[Definitions, tuple, Any], Graph]:
@@ -53,33 +83,102 @@ EXECUTOR_BACKENDS = {"reference": ("numpy",), "native": ("native", "numpy")}
 
 
 def load_data(d: Definitions) -> tuple[ArrayDataset, ArrayDataset]:
-    train, test = DATASETS[d.dataset]("train"), DATASETS[d.dataset]("test")
+    # A DBN's binary visible units need pixels in [0, 1], not standardized ones.
+    normalize = d.model != "dbn"
+    train, test = (DATASETS[d.dataset](split, normalize=normalize) for split in ("train", "test"))
     if d.train_samples:
         x, y = train.batch(np.arange(min(d.train_samples, len(train))))
         train = ArrayDataset(x, y)
     return train, test
 
 
-def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = None,
-                  progress: bool = True) -> Trainer:
-    d = recipe.definitions
-    train, test = load_data(d)
+def learning_rate(d: Definitions, steps_per_epoch: int) -> float | Callable[[int], float]:
+    """The recipe's learning rate: a number, or a schedule over steps."""
+    lr: float | Callable[[int], float] = d.lr
+    if d.lr_schedule == "step":
+        lr = step_table(d.lr, list(d.lr_decay_epochs), d.lr_decay_factor, steps_per_epoch)
+    elif d.lr_schedule == "cosine":
+        lr = cosine_decay(d.lr, d.epochs * steps_per_epoch)
+    if d.warmup_epochs:
+        lr = warmup(lr, d.warmup_epochs * steps_per_epoch)
+    return lr
+
+
+def make_optimizer(d: Definitions, params: dict, steps_per_epoch: int) -> Any:
+    """The recipe's optimizer over ``params``: a registered update rule (given the
+    hyperparameters its factory accepts) or a line-search method."""
+    if d.optimizer == "lbfgs":
+        return LBFGS(params)
+    if d.optimizer == "cg":
+        return ConjugateGradient(params)
+    factory = OPTIMIZERS[d.optimizer]
+    offered = {"momentum": d.momentum, "nesterov": d.nesterov, "weight_decay": d.weight_decay}
+    accepted = inspect.signature(factory).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        offered = {k: v for k, v in offered.items() if k in accepted}
+    transform = factory(learning_rate(d, steps_per_epoch), **offered)
+    if d.grad_clip:
+        transform = chain(clip_by_global_norm(d.grad_clip), transform)
+    return Optimizer(transform, params)
+
+
+def build_graph(d: Definitions, train: ArrayDataset, comm: Communicator,
+                stream: TextIO | None) -> tuple[Graph, dict[str, float]]:
+    """The network, and metrics of building it (a DBN's pre-training time)."""
+    if d.model == "dbn":  # every rank pre-trains from the same seed: identical stacks
+        graph, dbn = dbn_classifier(
+            train, d.hidden, classes=10, seed=d.seed, epochs=d.pretrain_epochs,
+            lr=d.pretrain_lr, k=d.cd_k, batch_size=d.pretrain_batch_size,
+            persistent=d.persistent_cd,
+            progress=print_progress(stream or sys.stdout) if comm.is_root else None)
+        return graph, {"pretrain_time_s": dbn.time_s}
     x0, _ = train.batch(np.arange(1))
-    graph = MODELS[d.model](d, x0.shape[1:], x0.dtype)
+    return MODELS[d.model](d, x0.shape[1:], x0.dtype), {}
+
+
+def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = None,
+                  progress: bool = True, output_dir: Path | None = None,
+                  checkpoint_every: int = 0) -> tuple[Trainer, dict[str, float]]:
+    d = recipe.definitions
+    if d.optimizer in ("lbfgs", "cg") and comm.size > 1:
+        raise RecipeError(f"optimizer {d.optimizer!r} runs on one process only: its line "
+                          f"search needs every evaluation of the whole batch")
+    train, test = load_data(d)
+    graph, build_metrics = build_graph(d, train, comm, stream)
     executor = ReferenceExecutor(graph, backends=EXECUTOR_BACKENDS[d.executor])
-    optimizer = Optimizer(sgd(d.lr, d.momentum, d.nesterov), graph.parameters)
     # The ranks that train (all but an asynchronous server) each take a shard of the data.
     replica, replicas = strategy_class(d.distributed).replica(comm.rank, comm.size)
     if replicas > 1:
         sampler = DistributedSampler(len(train), d.batch_size, replica, replicas, d.seed)
     else:
         sampler = ShuffleSampler(len(train), d.batch_size, d.seed)
-    events = [ProgressBar(disable=None if progress else True), EpochLog(stream)] \
-        if comm.is_root else []
-    return Trainer(executor, optimizer, train, sampler, test, events,
-                   eval_batch_size=d.eval_batch_size,
-                   sum_across=lambda sums: comm.allreduce(np.array(sums)),
-                   eval_shard=(replica, replicas))
+    optimizer = make_optimizer(d, graph.parameters, len(sampler))
+    # Events that stop training run on every rank and decide alike (summed metrics, an agreed
+    # clock); those that only write run on rank 0.
+    events: list[Any] = []
+    if d.early_stopping_patience:
+        events.append(EarlyStopping("test_loss", d.early_stopping_patience))
+    if d.time_budget_s:
+        events.append(TimeBudget(d.time_budget_s, check_every=1 if comm.size == 1 else 10))
+    if comm.is_root:
+        events += [ProgressBar(disable=None if progress else True), EpochLog(stream)]
+        if output_dir is not None:
+            events += [CSVLog(output_dir / "metrics.csv"),
+                       JSONLinesLog(output_dir / "metrics.jsonl"),
+                       PlotMetrics(output_dir / "curves.png", title=recipe.name),
+                       CheckpointEvent(output_dir / CHECKPOINT, checkpoint_every,
+                                       info={"recipe": recipe.name,
+                                             "definitions": _jsonable(d)})]
+    augment = Compose(*(AUGMENTATIONS[a]() for a in d.augmentation)) if d.augmentation else None
+    trainer = Trainer(executor, optimizer, train, sampler, test, events,
+                      eval_batch_size=d.eval_batch_size,
+                      sum_across=lambda sums: comm.allreduce(np.array(sums, dtype=np.float64)),
+                      eval_shard=(replica, replicas), transform=augment)
+    return trainer, build_metrics
+
+
+def _jsonable(d: Definitions) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(d).items()}
 
 
 class RecipeRun:
@@ -89,13 +188,39 @@ class RecipeRun:
 
     def __init__(self, recipe: Recipe, comm: Communicator | None = None,
                  stream: TextIO | None = None, output_dir: str | Path | None = None,
-                 progress: bool = True, export_onnx: bool = True) -> None:
+                 progress: bool = True, export_onnx: bool = True, checkpoint_every: int = 0,
+                 resume: bool = False) -> None:
         self.recipe = recipe
         self.comm = comm or world()
         self.stream = stream or sys.stdout
         self.output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
         self.export_onnx = export_onnx
-        self.trainer = build_trainer(recipe, self.comm, self.stream, progress)
+        self.trainer, self.build_metrics = build_trainer(
+            recipe, self.comm, self.stream, progress, self.output_dir, checkpoint_every)
+        if resume:
+            self.resume()
+
+    def resume(self) -> None:
+        """Continue from ``output_dir/checkpoint.npz`` (every rank reads it: replicas agree)."""
+        path = self.output_dir / CHECKPOINT
+        ckpt = load_checkpoint(path)
+        saved = ckpt.info.get("definitions", {})
+        d = self.recipe.definitions
+        # How long to train may change (train further); what is trained may not.
+        run_length = {"time_budget_s", "early_stopping_patience"}
+        if d.lr_schedule != "cosine":  # a cosine schedule spans the epochs
+            run_length.add("epochs")
+        changed = sorted(k for k, v in _jsonable(d).items()
+                         if k in saved and saved[k] != v and k not in run_length)
+        if changed:
+            raise CheckpointError(f"{path} was written by a run with other definitions "
+                                  f"({', '.join(f'{k}: {saved[k]!r}' for k in changed)}); "
+                                  f"resume with the same recipe and --set values")
+        restore(self.trainer, ckpt, source=str(path))
+        if self.comm.is_root:
+            position = ckpt.position
+            print(f"meta: resuming from {path} at epoch {position['epoch'] + 1}, "
+                  f"step {position['step']}", file=self.stream, flush=True)
 
     def execute(self) -> Outcome:
         """Train and evaluate; rank 0 prints, exports ONNX and writes the metrics."""
@@ -109,6 +234,7 @@ class RecipeRun:
         train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]
         metrics = {k: float(v) for k, v in history[-1].items()}
         metrics["train_time_s"] = float(train_time)
+        metrics.update(self.build_metrics)
         metrics.update(self.communication_report(strategy))
         outcome = judge(recipe, metrics, history, self.trainer.executor.graph.parameters)
         if comm.is_root:
@@ -121,6 +247,8 @@ class RecipeRun:
         parameters from the strategy's flat buffer, and metrics are summed over the ranks that
         train (an asynchronous server does not)."""
         d, trainer = self.recipe.definitions, self.trainer
+        if getattr(trainer.optimizer, "needs_closure", False):  # one process (checked before)
+            return make_strategy("allreduce", Optimizer(chain(), {}), self.comm)
         strategy = make_strategy(d.distributed, trainer.optimizer, self.comm,
                                  average_every=d.average_every, compression=d.compression,
                                  topk_ratio=d.topk_ratio, chunk_bytes=d.chunk_bytes)

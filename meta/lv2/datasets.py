@@ -326,10 +326,11 @@ def _check_md5(path: Path, expected: str) -> None:
 
 
 def synthetic(num_examples: int, input_shape: tuple[int, ...] = (1, 28, 28), classes: int = 10,
-              seed: int = 0, noise: float = 1.0) -> ArrayDataset:
+              seed: int = 0, noise: float = 1.0, split: int = 0) -> ArrayDataset:
     """Gaussian blobs around one random centre per class: learnable, instant, for benchmarks
-    and tests that must not depend on downloaded data."""
-    rng = np.random.default_rng(seed)
+    and tests that must not depend on downloaded data. Splits of one seed share the centres
+    and differ in their draws."""
+    rng = np.random.default_rng([seed, 2, split])
     centres = np.random.default_rng([seed, 1]).standard_normal((classes, *input_shape))
     labels = rng.integers(0, classes, num_examples)
     inputs = centres[labels] + noise * rng.standard_normal((num_examples, *input_shape))

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from meta.lv2.trainer import Trainer
 
@@ -113,17 +115,25 @@ class EarlyStopping(Event):
 
 
 class TimeBudget(Event):
-    """Stops after ``seconds`` of training (checked after every step)."""
+    """Stops after ``seconds`` of training, checked every ``check_every`` steps.
 
-    def __init__(self, seconds: float) -> None:
+    Replicas must stop at the same step, so the decision goes through ``trainer.sum_across``:
+    one rank over budget stops them all (on one process that sum costs nothing).
+    """
+
+    def __init__(self, seconds: float, check_every: int = 1) -> None:
         self.seconds = seconds
+        self.check_every = check_every
         self.start = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.start = time.perf_counter()
 
     def on_step_end(self, trainer: Trainer, observation: Metrics) -> None:
-        if time.perf_counter() - self.start > self.seconds:
+        if observation["step"] % self.check_every:
+            return
+        over = float(time.perf_counter() - self.start > self.seconds)
+        if trainer.sum_across(np.array([over]))[0] > 0:
             trainer.request_stop(f"time budget of {self.seconds:g} s used up at step "
                                  f"{observation['step']}")
 

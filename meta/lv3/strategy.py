@@ -81,6 +81,14 @@ class Strategy:
     def state(self) -> State:
         return self.optimizer.state
 
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state, for checkpoints (replicas hold the same one; a
+        compressor's error-feedback residual is per rank and starts afresh on resume)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.optimizer.load_state_dict(saved)
+
     def step(self, grads: Params) -> None:
         raise NotImplementedError(f"{type(self).__name__}.step")
 
