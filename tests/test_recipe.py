@@ -104,3 +104,29 @@ def test_thresholds_and_verdict():
     with pytest.raises(RecipeError, match="direction"):
         from meta.recipe import Threshold
         Threshold(1.0, "about")
+
+
+def test_training_keys_are_validated():
+    with pytest.raises(RecipeError) as info:
+        make_recipe("t", {}, {"optimizer": "adamm", "augmentation": ["crop", "rotate"],
+                              "lr_schedule": "step", "weight_decay": -1.0}, METRICS)
+    msg = str(info.value)
+    assert "'optimizer' must be one of adadelta, adagrad, adam, adamw, rmsprop, sgd" in msg
+    assert "lbfgs, cg" in msg
+    assert "'augmentation' may list crop, flip, cutout, got ['rotate']" in msg
+    assert "'lr_schedule' 'step' needs 'lr_decay_epochs'" in msg
+    assert "'weight_decay' must not be negative" in msg
+
+
+def test_registered_optimizers_become_choices():
+    from meta.lv2.optimizers import OPTIMIZERS, register_optimizer, sgd
+
+    register_optimizer("plain_for_test")(lambda lr: sgd(lr))
+    try:
+        r = make_recipe("t", {"optimizer": "plain_for_test"}, {"augmentation": ["flip"]},
+                        METRICS)
+        assert r.definitions.optimizer == "plain_for_test"
+        assert r.with_overrides({"augmentation": "crop,cutout"}).definitions.augmentation \
+            == ("crop", "cutout")
+    finally:
+        del OPTIMIZERS["plain_for_test"]
