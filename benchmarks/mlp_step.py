@@ -2,9 +2,10 @@
 
 A step is forward + backward + SGD-momentum update on one synthetic batch made once. Each variant
 runs warm-up steps, then ``--repeats`` timed blocks of ``--steps`` steps; the variants' blocks
-alternate, so background noise hits them alike. Thread counts run in the order given (1 first):
-on a small machine two-thread timings collapse when anything else runs, so compare only ratios
-from one run, and check the "other processes busy" figure printed with them.
+alternate (each after a short pause and one untimed step), so background noise hits them alike.
+Thread counts run in the order given (1 first): on a small machine two-thread timings collapse
+when anything else runs, so compare only ratios from one run, and check the "other processes
+busy" figure printed with them.
 
     python benchmarks/mlp_step.py                    # batch 128, threads 1,2
     python benchmarks/mlp_step.py --steps 20 --repeats 3 --json out.json
@@ -32,6 +33,7 @@ except ImportError:
     torch = None
 
 LR, MOMENTUM = 0.01, 0.9
+PAUSE_S = 0.3  # before each timed block, see measure()
 Step = Callable[[], float]  # one training step; returns the loss
 
 
@@ -102,6 +104,10 @@ def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
     rates: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
+            # The previous variant's thread pools (OpenBLAS, OpenMP) spin for a while after its
+            # last call; on 2 cores that took a core from this block (PyTorch ran 30 % slower).
+            time.sleep(PAUSE_S)
+            step()
             start = time.perf_counter_ns()
             for _ in range(n_steps):
                 step()
