@@ -8,14 +8,20 @@ from pathlib import Path
 import numpy as np
 
 from meta.lv0 import registry
+from meta.lv2.optimizers import OPTIMIZERS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.setenv("META_CACHE_DIR", str(tmp_path))  # the C++ example compiles here
-    with registry.scratch():  # the example registers "Swish": keep the real registry clean
-        run_examples()
+    saved = dict(OPTIMIZERS)
+    try:  # the examples register "Swish" and "signum": keep the real registries clean
+        with registry.scratch():
+            run_examples()
+    finally:
+        OPTIMIZERS.clear()
+        OPTIMIZERS.update(saved)
 
 
 def run_examples():

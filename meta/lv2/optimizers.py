@@ -270,6 +270,10 @@ OPTIMIZERS: dict[str, OptimizerFactory] = {
 }
 
 
+def _origin(fn: Callable) -> tuple[str, str]:
+    return getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn))
+
+
 def register_optimizer(name: str) -> Callable[[OptimizerFactory], OptimizerFactory]:
     """Make ``factory(lr, **hyperparameters) -> GradientTransformation`` selectable by name
     (``"optimizer": name`` in a recipe).
@@ -286,7 +290,9 @@ def register_optimizer(name: str) -> Callable[[OptimizerFactory], OptimizerFacto
 
     def decorate(factory: OptimizerFactory) -> OptimizerFactory:
         existing = OPTIMIZERS.get(name)
-        if existing is not None and existing is not factory:
+        # The same definition run again (a recipe loaded twice, a notebook cell) replaces
+        # itself; another function under a taken name is a mistake.
+        if existing is not None and _origin(existing) != _origin(factory):
             raise ValueError(f"optimizer {name!r} is already registered by "
                              f"{existing.__module__}.{existing.__qualname__}")
         OPTIMIZERS[name] = factory

@@ -138,3 +138,18 @@ def test_fits_a_linear_classifier(transform):
         opt.step({"w": x.T @ p / len(y), "b": p.mean(0)})
     accuracy = ((x @ params["w"] + params["b"]).argmax(1) == y).mean()
     assert accuracy > 0.9
+
+
+def test_registering_names():
+    from meta.lv2.optimizers import OPTIMIZERS, register_optimizer
+
+    def mine(lr):
+        return sgd(lr)
+
+    register_optimizer("mine_for_test")(mine)
+    try:
+        register_optimizer("mine_for_test")(mine)  # the same definition again: fine
+        with pytest.raises(ValueError, match="'sgd' is already registered"):
+            register_optimizer("sgd")(mine)
+    finally:
+        del OPTIMIZERS["mine_for_test"]
