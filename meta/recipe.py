@@ -63,6 +63,10 @@ class Definitions:
     average_every: int = 1  # model_averaging: steps between averages (H)
     compression: str = "none"  # of the allreduce strategy's gradient exchange
     topk_ratio: float = 0.01  # compression "topk": the fraction of gradient values sent
+    servers: int = 1  # downpour: parameter-server shards (the last ranks; they do not train)
+    n_fetch: int = 1  # downpour: steps between parameter fetches
+    n_push: int = 1  # downpour: steps between pushes of the accrued gradients
+    warm_start_steps: int = 0  # downpour: steps worker 0 trains alone before the others join
     chunk_bytes: int = 4194304  # = meta.lv3.DEFAULT_CHUNK_BYTES (benchmarks/chunk_sweep.py)
     timeline: bool = False  # write the step phases as a Chrome trace to the output dir
     eval_batch_size: int = 1000
@@ -76,13 +80,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "step", "cosine"),
     "executor": ("reference", "native"),
     "distributed": ("allreduce", "parameter_server", "async_parameter_server", "model_averaging",
-                    "ring"),
+                    "ring", "async_rma", "downpour"),
     "compression": ("none", "fp16", "topk", "sign"),
 }
 POSITIVE = ("epochs", "batch_size", "lr", "eval_batch_size", "average_every", "topk_ratio",
-            "chunk_bytes", "lr_decay_factor", "pretrain_lr", "cd_k", "pretrain_batch_size")
+            "chunk_bytes", "lr_decay_factor", "pretrain_lr", "cd_k", "pretrain_batch_size",
+            "servers", "n_fetch", "n_push")
 NON_NEGATIVE = ("momentum", "train_samples", "weight_decay", "grad_clip", "warmup_epochs",
-                "early_stopping_patience", "time_budget_s", "pretrain_epochs")
+                "early_stopping_patience", "time_budget_s", "pretrain_epochs", "warm_start_steps")
 AUGMENTATIONS = ("crop", "flip", "cutout")
 METRIC_NAMES = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
                 "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")

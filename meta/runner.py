@@ -50,7 +50,7 @@ from meta.lv3 import (
     chrome_trace,
     make_strategy,
     measure_link,
-    strategy_class,
+    replica,
     world,
 )
 from meta.recipe import Definitions, Outcome, Recipe, RecipeError, judge
@@ -147,9 +147,9 @@ def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = No
     graph, build_metrics = build_graph(d, train, comm, stream)
     executor = ReferenceExecutor(graph, backends=EXECUTOR_BACKENDS[d.executor])
     # The ranks that train (all but an asynchronous server) each take a shard of the data.
-    replica, replicas = strategy_class(d.distributed).replica(comm.rank, comm.size)
+    replica_index, replicas = replica(d.distributed, comm.rank, comm.size, servers=d.servers)
     if replicas > 1:
-        sampler = DistributedSampler(len(train), d.batch_size, replica, replicas, d.seed)
+        sampler = DistributedSampler(len(train), d.batch_size, replica_index, replicas, d.seed)
     else:
         sampler = ShuffleSampler(len(train), d.batch_size, d.seed)
     optimizer = make_optimizer(d, graph.parameters, len(sampler))
@@ -173,7 +173,7 @@ def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = No
     trainer = Trainer(executor, optimizer, train, sampler, test, events,
                       eval_batch_size=d.eval_batch_size,
                       sum_across=lambda sums: comm.allreduce(np.array(sums, dtype=np.float64)),
-                      eval_shard=(replica, replicas), transform=augment)
+                      eval_shard=(replica_index, replicas), transform=augment)
     return trainer, build_metrics
 
 
@@ -251,7 +251,9 @@ class RecipeRun:
             return make_strategy("allreduce", Optimizer(chain(), {}), self.comm)
         strategy = make_strategy(d.distributed, trainer.optimizer, self.comm,
                                  average_every=d.average_every, compression=d.compression,
-                                 topk_ratio=d.topk_ratio, chunk_bytes=d.chunk_bytes)
+                                 topk_ratio=d.topk_ratio, chunk_bytes=d.chunk_bytes,
+                                 servers=d.servers, n_fetch=d.n_fetch, n_push=d.n_push,
+                                 warm_start_steps=d.warm_start_steps)
         trainer.executor.graph.initializers.update(strategy.params)
         trainer.optimizer, group = strategy, strategy.group
         trainer.sum_across = lambda sums: group.allreduce(np.array(sums))
@@ -293,6 +295,9 @@ class RecipeRun:
                   f"{report['comm_measured_ms_per_step']:.3f} ms, predicted "
                   f"{report['comm_predicted_ms_per_step']:.3f} ms ({link})",
                   file=stream, flush=True)
+        text = getattr(strategy, "report_text", lambda: "")()  # e.g. Downpour's staleness
+        if comm.is_root and text:
+            print(text, file=stream, flush=True)
         return report
 
     def write_outputs(self, outcome: Outcome) -> None:

@@ -3,7 +3,7 @@
 Everything runs at size 1 without MPI; ``world()`` switches to MPI only under ``mpiexec``.
 Strategies (``make_strategy``) wrap any Level 2 optimizer: ``Allreduce`` (with optional
 gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAveraging`` and
-``RingAveraging``.
+``RingAveraging``, ``AsyncRMA`` (one-sided windows) and ``Downpour`` (DistBelief).
 """
 
 from meta.lv3.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
@@ -17,10 +17,12 @@ from meta.lv3.communicator import (
 )
 from meta.lv3.compression import Compressor, Float16, Sign, TopK, make_compressor
 from meta.lv3.costmodel import Link, measure_link
+from meta.lv3.downpour import Downpour
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
+from meta.lv3.rma import AsyncRMA
 from meta.lv3.sampler import DistributedSampler
-from meta.lv3.strategies import STRATEGIES, make_strategy, strategy_class
+from meta.lv3.strategies import STRATEGIES, make_strategy, replica, strategy_class
 from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
 from meta.lv3.timeline import Timeline, chrome_trace
 
@@ -30,9 +32,11 @@ __all__ = [
     "Allreduce",
     "AllreduceOptimizer",
     "AsyncParameterServer",
+    "AsyncRMA",
     "Communicator",
     "Compressor",
     "DistributedSampler",
+    "Downpour",
     "FlatBuffer",
     "Float16",
     "Link",
@@ -51,6 +55,7 @@ __all__ = [
     "make_compressor",
     "make_strategy",
     "measure_link",
+    "replica",
     "strategy_class",
     "world",
 ]

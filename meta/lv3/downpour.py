@@ -1,0 +1,198 @@
+"""Downpour SGD (seed 001: DistBelief, Algorithm 1.1 DOWNPOURSGDCLIENT(alpha, n_fetch, n_push)).
+
+The parameter vector is cut into ``servers`` contiguous shards of the flat buffer, each held by
+one of the last ``servers`` ranks, which applies pushed gradients with its own copy of a Level 2
+rule (DistBelief used Adagrad; here the wrapped optimizer's rule unless ``server_rule`` is
+given). The other ranks are workers running the client loop: every ``n_fetch`` steps they start
+fetching fresh parameters, every ``n_push`` steps they start pushing their accrued gradients,
+all nonblocking (Isend / Irecv with tags), and in between they step locally with the wrapped
+optimizer (``parameters <- parameters - alpha * gradient``).
+
+Warm start (DistBelief's trick against early instability): worker 0 trains alone for
+``warm_start_steps`` steps, waits until the servers have applied its pushes, and sends the
+others a go message; they wait for it in the constructor and then fetch its parameters.
+
+Servers record the staleness of every applied push: their update count at the time minus the
+count they had when they last answered that worker's fetch (``ShardServer``).
+
+>>> from meta.lv2.optimizers import Optimizer, sgd
+>>> opt = Downpour(Optimizer(sgd(0.1), {"w": np.array([1.0])}))  # size 1: trains locally
+>>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist()
+[0.8]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
+from meta.lv3.communicator import Communicator, world
+from meta.lv3.costmodel import Link
+from meta.lv3.polling import poll_all, test_all
+from meta.lv3.shard_server import DONE, FETCH, GO, PARAMS, PUSH, ShardServer, StalenessLog
+from meta.lv3.strategy import Strategy
+
+
+def shard_bounds(n: int, servers: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each server's contiguous slice of an ``n``-value buffer (sizes differ by 1).
+
+    >>> shard_bounds(5, 2)
+    [(0, 3), (3, 5)]
+    """
+    edges = [j * (n // servers) + min(j, n % servers) for j in range(servers + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class Downpour(Strategy):
+    """Downpour SGD: workers fetch / push asynchronously against ``servers`` shard servers."""
+
+    name = "downpour"
+    consistent = False
+
+    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, *,
+                 servers: int = 1, n_fetch: int = 1, n_push: int = 1,
+                 warm_start_steps: int = 0, server_rule: GradientTransformation | None = None,
+                 **options) -> None:
+        comm = world() if comm is None else comm
+        for key, value, low in (("servers", servers, 1), ("n_fetch", n_fetch, 1),
+                                ("n_push", n_push, 1), ("warm_start_steps", warm_start_steps, 0)):
+            if int(value) != value or value < low:
+                raise ValueError(f"Downpour: {key} must be an integer >= {low}, got {value!r}")
+        if comm.size > 1 and servers >= comm.size:
+            raise ValueError(f"Downpour: servers={servers} leaves no worker among "
+                             f"{comm.size} ranks; run with more ranks or fewer servers")
+        self.n_servers = servers if comm.size > 1 else 0
+        super().__init__(optimizer, comm, **options)
+        self.n_fetch, self.n_push, self.warm_start_steps = n_fetch, n_push, warm_start_steps
+        self.servers = list(range(comm.size - self.n_servers, comm.size))
+        self.workers = list(range(comm.size - self.n_servers))
+        self.role = "server" if comm.rank in self.servers else "worker"
+        self.group = comm.split(int(self.role == "server")) if self.servers else comm
+        self.bounds = shard_bounds(len(self.flat_params), max(self.n_servers, 1))
+        self.staleness = StalenessLog(len(self.workers))
+        if self.role == "server":
+            lo, hi = self.bounds[self.servers.index(comm.rank)]
+            shard = Optimizer(server_rule or optimizer.transform,
+                              {"shard": self.flat_params.buffer[lo:hi]})
+            self.server = ShardServer(comm, shard, self.workers, self.staleness, self.timeline)
+        elif self.servers:
+            self.client = DownpourClient(self)
+            if comm.rank != 0 and warm_start_steps:
+                self.client.wait_for_go()
+
+    @property
+    def source(self) -> int:
+        return 0
+
+    @classmethod
+    def replica(cls, rank: int, size: int, servers: int = 1) -> tuple[int, int]:
+        """Workers are ranks 0..size-servers-1 and take the data shards; servers train none."""
+        workers = size - servers if size > 1 else 1
+        return (rank, workers) if 0 <= rank < workers else (0, 1)
+
+    def step(self, grads: Params) -> None:
+        if not self.servers:
+            self.timeline.begin()
+            self.optimizer.step(grads)
+            self.timeline.lap("update")
+            return
+        self.client.step(grads)
+
+    def finish(self) -> None:
+        if self.servers:
+            self.client.finish()
+            self._final()
+
+    def serve(self) -> None:
+        if self.role != "server":
+            super().serve()
+        self.server.run()
+        self._final()
+
+    def _final(self) -> None:
+        """Collective end: every rank gets every shard, and the servers' staleness counts."""
+        for root, (lo, hi) in zip(self.servers, self.bounds):
+            self.comm.bcast(self.flat_params.buffer[lo:hi], root=root)
+        self.staleness.merge(self.comm)
+
+    def report(self) -> dict[str, float]:
+        out = super().report()
+        out.update(self.staleness.metrics())
+        return out
+
+    def report_text(self) -> str:
+        return self.staleness.format() if self.servers else ""
+
+    def predict_comm_s(self, link: Link) -> float:
+        """A worker's push plus fetch, averaged over the steps that carry them."""
+        if not self.servers:
+            return 0.0
+        nbytes = self.flat_params.nbytes
+        return link.message(nbytes) / self.n_push + link.message(nbytes) / self.n_fetch
+
+
+class DownpourClient:
+    """A worker's side of Algorithm 1.1: accrued gradients, nonblocking push and fetch."""
+
+    def __init__(self, owner: Downpour) -> None:
+        self.owner, self.comm, self.steps = owner, owner.comm, 0
+        self.accrued = np.zeros_like(owner.flat_grads.buffer)
+        self.outbox = np.zeros_like(self.accrued)
+        self.fetched = np.zeros_like(self.accrued)
+        self.empty = np.empty(0, self.accrued.dtype)
+        self.pushes: list = []
+        self.fetches: list = []
+
+    def shards(self, buffer: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        return [(s, buffer[lo:hi]) for s, (lo, hi) in zip(self.owner.servers, self.owner.bounds)]
+
+    def step(self, grads: Params) -> None:
+        owner, t = self.owner, self.owner.timeline
+        t.begin()
+        self.accrued += owner.flat_grads.pack(grads)
+        t.lap("pack")
+        if self.fetches and test_all(self.comm, self.fetches):
+            np.copyto(owner.flat_params.buffer, self.fetched)
+            self.fetches = []
+        owner.optimizer.step(owner.flat_grads.views)  # the local step between fetches
+        t.lap("update")
+        self.steps += 1
+        if self.steps % owner.n_push == 0:
+            self.push()
+        if self.steps % owner.n_fetch == 0 and not self.fetches:
+            self.start_fetch()
+        if self.comm.rank == 0 and self.steps == owner.warm_start_steps:
+            self.fetch_now()
+            for worker in owner.workers[1:]:
+                self.comm.send(self.empty, worker, GO)
+        t.lap("communicate")
+
+    def push(self) -> None:
+        poll_all(self.comm, self.pushes)  # the outbox is free again
+        np.copyto(self.outbox, self.accrued)
+        self.accrued[:] = 0
+        self.pushes = [self.comm.isend(part, s, PUSH) for s, part in self.shards(self.outbox)]
+        self.owner.bytes_sent += self.outbox.nbytes
+
+    def start_fetch(self) -> None:
+        self.fetches = [self.comm.irecv(part, s, PARAMS) for s, part in self.shards(self.fetched)]
+        self.fetches += [self.comm.isend(self.empty, s, FETCH) for s in self.owner.servers]
+
+    def fetch_now(self) -> None:
+        """Fetch and wait: the servers answer in order, so every earlier push is applied."""
+        poll_all(self.comm, self.fetches)
+        self.start_fetch()
+        poll_all(self.comm, self.fetches)
+        np.copyto(self.owner.flat_params.buffer, self.fetched)
+        self.fetches = []
+
+    def wait_for_go(self) -> None:
+        poll_all(self.comm, [self.comm.irecv(self.empty, 0, GO)])
+        self.fetch_now()
+
+    def finish(self) -> None:
+        """Push what is accrued, drain the pipes, and tell every server this worker is done."""
+        if self.steps % self.owner.n_push:
+            self.push()
+        poll_all(self.comm, self.fetches + self.pushes)
+        poll_all(self.comm, [self.comm.isend(self.empty, s, DONE) for s in self.owner.servers])

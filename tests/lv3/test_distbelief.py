@@ -1,0 +1,77 @@
+"""The checks of ``distbelief_checks.py`` (in-process at size 1, under ``mpiexec -n 3`` and
+``-n 4``), plus the pure parts of Downpour and async_rma: shard layout, placement, errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from meta.lv2.optimizers import Optimizer, sgd
+from meta.lv3 import SingleProcessCommunicator, make_strategy, replica
+from meta.lv3.downpour import Downpour, shard_bounds
+from meta.lv3.shard_server import MAX_STALENESS, StalenessLog
+
+from . import distbelief_checks
+
+SCRIPT = str(Path(distbelief_checks.__file__))
+
+
+@pytest.mark.parametrize("name", list(distbelief_checks.CHECKS))
+def test_check_at_size_one(name: str) -> None:
+    distbelief_checks.CHECKS[name](SingleProcessCommunicator())
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [3, 4])  # 4: Downpour with 2 shard servers and 2 workers
+def test_checks_under_mpiexec(mpirun: Callable[..., str], n: int) -> None:
+    out = mpirun(n, [sys.executable, SCRIPT])
+    for rank in range(n):
+        expected = f"rank {rank}/{n}: {len(distbelief_checks.CHECKS)} checks passed"
+        assert expected in out, out
+
+
+@pytest.mark.parametrize("n, s", [(10, 3), (2, 2), (7, 1), (5, 2)])
+def test_shard_bounds_cover_the_buffer(n: int, s: int) -> None:
+    bounds = shard_bounds(n, s)
+    assert len(bounds) == s and bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    sizes = [hi - lo for lo, hi in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_replica_leaves_servers_out() -> None:
+    assert [replica("downpour", r, 5, servers=2) for r in range(5)] == \
+        [(0, 3), (1, 3), (2, 3), (0, 1), (0, 1)]
+    assert [replica("async_rma", r, 3) for r in range(3)] == [(0, 2), (1, 2), (0, 1)]
+    assert replica("downpour", 0, 1, servers=3) == (0, 1)
+
+
+@pytest.mark.parametrize("key, value", [("servers", 0), ("n_fetch", 0), ("n_push", 1.5),
+                                        ("warm_start_steps", -1)])
+def test_downpour_rejects_bad_options(key: str, value) -> None:
+    with pytest.raises(ValueError, match=key):
+        Downpour(Optimizer(sgd(0.1), {"w": np.zeros(2)}), **{key: value})
+
+
+def test_make_strategy_builds_the_new_strategies() -> None:
+    opt = make_strategy("downpour", Optimizer(sgd(0.1), {"w": np.zeros(2)}), n_fetch=3, n_push=2)
+    assert (opt.name, opt.n_fetch, opt.n_push, opt.consistent) == ("downpour", 3, 2, False)
+    assert make_strategy("async_rma", Optimizer(sgd(0.1), {"w": np.zeros(2)})).name == "async_rma"
+
+
+def test_staleness_log_counts_and_text() -> None:
+    log = StalenessLog(workers=2)
+    for worker, k in ((0, 0), (1, 0), (1, 3), (0, MAX_STALENESS + 5)):
+        log.record(worker, k)
+    metrics = log.metrics()
+    assert metrics["staleness_count_0"] == 2 and metrics["staleness_count_3"] == 1
+    assert metrics[f"staleness_count_{MAX_STALENESS}"] == 1 and metrics["pushes_applied"] == 4
+    assert metrics["pushes_from_worker_1"] == 2
+    assert "2-3" in log.format() and f">={MAX_STALENESS}" in log.format()
+    with pytest.raises(AssertionError, match="negative staleness -1 from worker 1"):
+        log.record(1, -1)
