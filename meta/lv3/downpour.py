@@ -15,6 +15,24 @@ others a go message; they wait for it in the constructor and then fetch its para
 Servers record the staleness of every applied push: their update count at the time minus the
 count they had when they last answered that worker's fetch (``ShardServer``).
 
+Workers that drop out (the seed: a failed replica "may be taken offline") do not stop the run.
+A worker that calls ``leave(planned_steps)`` pushes what it has accrued, tells every server
+(EXIT) and takes part in nothing after that. With ``worker_timeout_s`` the servers declare a
+worker silent that long LOST and stop listening to it; if it comes back, its ``finish`` learns
+that and returns without the final parameters. The servers agree on who is left (an allreduce
+among the servers), the first server sends each remaining worker the verdict, and the end of
+the run (final parameters, staleness counts) is collective over the survivors only, on a
+communicator they build alone (``MPI_Comm_create_group``). ``departures()`` says what was lost.
+
+What MPI allows when a process dies outright (a crash, not a silence): nothing portable. By the
+MPI standard the job's state is then undefined, and MPICH's default error handling (and its
+``mpiexec``) aborts every rank of the job. Recovering, i.e. revoking and shrinking a
+communicator that contains a dead rank, needs ULFM (``MPIX_Comm_shrink`` and friends), which
+the ``mpich`` wheel used here does not provide. So ``worker_timeout_s`` covers a worker that is
+alive but stuck (or far too slow), and ``leave`` one that stops cleanly; a dead process still
+ends the job. A lost worker's unanswered messages are left pending: they are small enough
+(here) for MPI's eager protocol, a very large push to a server that gave up may not be.
+
 >>> from meta.lv2.optimizers import Optimizer, sgd
 >>> opt = Downpour(Optimizer(sgd(0.1), {"w": np.array([1.0])}))  # size 1: trains locally
 >>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist()
@@ -28,8 +46,21 @@ import numpy as np
 from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link
-from meta.lv3.polling import poll_all, test_all
-from meta.lv3.shard_server import DONE, FETCH, GO, PARAMS, PUSH, ShardServer, StalenessLog
+from meta.lv3.polling import cancel_all, group_comm, poll_all, test_all
+from meta.lv3.shard_server import (
+    DONE,
+    EXIT,
+    FETCH,
+    GO,
+    LEFT,
+    LOST,
+    PARAMS,
+    PUSH,
+    VERDICT,
+    Roster,
+    ShardServer,
+    StalenessLog,
+)
 from meta.lv3.strategy import Strategy
 
 
@@ -52,12 +83,15 @@ class Downpour(Strategy):
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, *,
                  servers: int = 1, n_fetch: int = 1, n_push: int = 1,
                  warm_start_steps: int = 0, server_rule: GradientTransformation | None = None,
-                 **options) -> None:
+                 worker_timeout_s: float | None = None, **options) -> None:
         comm = world() if comm is None else comm
         for key, value, low in (("servers", servers, 1), ("n_fetch", n_fetch, 1),
                                 ("n_push", n_push, 1), ("warm_start_steps", warm_start_steps, 0)):
             if int(value) != value or value < low:
                 raise ValueError(f"Downpour: {key} must be an integer >= {low}, got {value!r}")
+        if worker_timeout_s is not None and not worker_timeout_s > 0:
+            raise ValueError(f"Downpour: worker_timeout_s must be > 0 seconds or None, got "
+                             f"{worker_timeout_s!r}")
         if comm.size > 1 and servers >= comm.size:
             raise ValueError(f"Downpour: servers={servers} leaves no worker among "
                              f"{comm.size} ranks; run with more ranks or fewer servers")
@@ -70,11 +104,15 @@ class Downpour(Strategy):
         self.group = comm.split(int(self.role == "server")) if self.servers else comm
         self.bounds = shard_bounds(len(self.flat_params), max(self.n_servers, 1))
         self.staleness = StalenessLog(len(self.workers))
+        self.roster = Roster(self.workers, worker_timeout_s)
+        self.left = self.lost = False  # this worker left / was declared lost
+        self.end_comm = comm  # the survivors, once the run has ended
         if self.role == "server":
             lo, hi = self.bounds[self.servers.index(comm.rank)]
             shard = Optimizer(server_rule or optimizer.transform,
                               {"shard": self.flat_params.buffer[lo:hi]})
-            self.server = ShardServer(comm, shard, self.workers, self.staleness, self.timeline)
+            self.server = ShardServer(comm, shard, self.workers, self.staleness, self.timeline,
+                                      self.roster)
         elif self.servers:
             self.client = DownpourClient(self)
             if comm.rank != 0 and warm_start_steps:
@@ -91,6 +129,8 @@ class Downpour(Strategy):
         return (rank, workers) if 0 <= rank < workers else (0, 1)
 
     def step(self, grads: Params) -> None:
+        if self.left:
+            raise RuntimeError(f"Downpour.step: worker {self.comm.rank} has left the run")
         if not self.servers:
             self.timeline.begin()
             self.optimizer.step(grads)
@@ -98,30 +138,65 @@ class Downpour(Strategy):
             return
         self.client.step(grads)
 
+    def leave(self, planned_steps: int | None = None) -> None:
+        """Stop training early: push what is accrued, tell the servers, and take part in no
+        collective after this (``finish`` becomes a no-op). ``planned_steps``, the steps this
+        worker was meant to run, goes into the servers' report of what was not trained."""
+        if self.role != "worker":
+            raise RuntimeError(f"Downpour.leave: rank {self.comm.rank} is a server")
+        if self.servers and not self.left:
+            self.client.leave(-1 if planned_steps is None else planned_steps)
+        self.left = True
+
     def finish(self) -> None:
-        if self.servers:
-            self.client.finish()
-            self._final()
+        if self.servers and not self.left:
+            self.lost = self.client.finish()
+            if not self.lost:
+                self._final()
 
     def serve(self) -> None:
         if self.role != "server":
             super().serve()
         self.server.run()
+        poll_all(self.comm, [self.group.iallreduce(self.roster.info, op="max")])
+        if self.comm.rank == self.servers[0]:
+            self._announce()
         self._final()
 
+    def _announce(self) -> None:
+        """The first server sends the verdict to every worker that has not left (a lost one
+        may never read it, so that send is not waited for)."""
+        sends = [(i, self.comm.isend(self.roster.info, w, VERDICT))
+                 for i, w in enumerate(self.workers) if self.roster.status(i) != LEFT]
+        poll_all(self.comm, [r for i, r in sends if self.roster.status(i) != LOST])
+
     def _final(self) -> None:
-        """Collective end: every rank gets every shard, and the servers' staleness counts."""
+        """Collective over the survivors: every one gets every shard and the staleness
+        counts; ``group`` becomes the surviving ranks of this rank's role."""
+        survivors = self.roster.survivors(self.servers)
+        self.end_comm = sub = group_comm(self.comm, survivors)
         for root, (lo, hi) in zip(self.servers, self.bounds):
-            self.comm.bcast(self.flat_params.buffer[lo:hi], root=root)
-        self.staleness.merge(self.comm)
+            sub.bcast(self.flat_params.buffer[lo:hi], root=survivors.index(root))
+        self.staleness.merge(sub)
+        if len(survivors) < self.comm.size:
+            self.group = sub.split(int(self.role == "server"))
+
+    def departures(self) -> list[str]:
+        """One line per worker that left or was lost (known on the surviving ranks)."""
+        return self.roster.departures()
 
     def report(self) -> dict[str, float]:
         out = super().report()
         out.update(self.staleness.metrics())
+        if self.servers:
+            out.update(self.roster.metrics())
         return out
 
     def report_text(self) -> str:
-        return self.staleness.format() if self.servers else ""
+        if not self.servers:
+            return ""
+        return "\n".join(["meta: " + line for line in self.departures()]
+                         + [self.staleness.format()])
 
     def predict_comm_s(self, link: Link) -> float:
         """A worker's push plus fetch, averaged over the steps that carry them."""
@@ -190,9 +265,26 @@ class DownpourClient:
         poll_all(self.comm, [self.comm.irecv(self.empty, 0, GO)])
         self.fetch_now()
 
-    def finish(self) -> None:
-        """Push what is accrued, drain the pipes, and tell every server this worker is done."""
+    def leave(self, planned_steps: int) -> None:
+        """Push what is accrued, drain the pipes, and send every server EXIT (steps, planned)."""
         if self.steps % self.owner.n_push:
             self.push()
         poll_all(self.comm, self.fetches + self.pushes)
-        poll_all(self.comm, [self.comm.isend(self.empty, s, DONE) for s in self.owner.servers])
+        self.fetches, self.pushes = [], []
+        note = np.array([self.steps, planned_steps], self.accrued.dtype)
+        poll_all(self.comm, [self.comm.isend(note, s, EXIT) for s in self.owner.servers])
+
+    def finish(self) -> bool:
+        """Push what is accrued, tell every server this worker is done, and wait for the
+        verdict; True when the servers declared this worker lost (then nothing is waited for:
+        a pending fetch is cancelled, pushes and DONE are left to MPI)."""
+        if self.steps % self.owner.n_push:
+            self.push()
+        done = [self.comm.isend(self.empty, s, DONE) for s in self.owner.servers]
+        roster = self.owner.roster
+        poll_all(self.comm, [self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)])
+        if roster.status(self.owner.workers.index(self.comm.rank)) == LOST:
+            cancel_all(self.comm, self.fetches[: len(self.owner.servers)])  # the receives
+            return True
+        poll_all(self.comm, self.fetches + self.pushes + done)
+        return False

@@ -59,3 +59,50 @@ def poll_barrier(comm: Communicator) -> None:
     if comm.size == 1:
         return
     poll_all(comm, [comm.comm.Ibarrier()])  # type: ignore[attr-defined]
+
+
+def poll_any_until(comm: Communicator, requests: list[Any],
+                   deadline: float) -> tuple[int, int] | None:
+    """``poll_any`` that gives up at ``deadline`` (``time.monotonic()``): then None."""
+    MPI = _mpi(comm, "poll_any_until")  # noqa: N806
+    status = MPI.Status()
+    while True:
+        index, done = MPI.Request.Testany(requests, status)
+        if done:
+            if index == MPI.UNDEFINED:
+                raise ValueError(f"poll_any_until: none of the {len(requests)} requests is "
+                                 "active")
+            return index, status.Get_tag()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(POLL_S)
+
+
+def cancel_all(comm: Communicator, requests: list[Any]) -> None:
+    """Cancel pending receives and complete them (one that already matched completes with its
+    message, which is dropped). Sends are never cancelled: MPI deprecated that."""
+    live = [r for r in requests if r is not None]
+    if not live:
+        return
+    for request in live:
+        request.Cancel()
+    poll_all(comm, live)
+
+
+def group_comm(comm: Communicator, ranks: list[int]) -> Communicator:
+    """A communicator of ``ranks`` of ``comm`` (in that order), built by those ranks alone.
+
+    ``MPI_Comm_create_group`` is collective over the group only, unlike ``Comm_split``: ranks
+    that have left a run (and must not enter another collective) are simply not asked.
+    """
+    if comm.size == 1 or list(ranks) == list(range(comm.size)):
+        return comm
+    if comm.rank not in ranks:
+        raise ValueError(f"group_comm: rank {comm.rank} is not among {ranks}")
+    _mpi(comm, "group_comm")
+    whole = comm.comm.Get_group()  # type: ignore[attr-defined]
+    group = whole.Incl(list(ranks))
+    sub = comm.comm.Create_group(group, tag=77)  # type: ignore[attr-defined]
+    group.Free()
+    whole.Free()
+    return MPICommunicator(sub)

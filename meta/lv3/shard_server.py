@@ -5,18 +5,26 @@ handled in the order it sent them) and polls them: a PUSH of accrued gradients i
 the shard's Level 2 optimizer, a FETCH is answered with the shard's current values, DONE retires
 the worker. ``StalenessLog`` records, per applied push, the server's update count at apply
 minus the count it had when it last answered that worker's fetch.
+
+Workers may drop out (the seed: "the wholesale failure [of a replica] may be taken offline"):
+EXIT (payload: steps done, steps planned) retires a worker that leaves early, and with a
+``timeout_s`` a worker silent for that long is declared LOST: its receive is cancelled and its
+later messages are ignored. ``Roster`` keeps what the servers know of each worker.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.communicator import Communicator
-from meta.lv3.polling import poll_all, poll_any
+from meta.lv3.polling import cancel_all, poll_all, poll_any_until
 from meta.lv3.timeline import Timeline
 
-PUSH, FETCH, PARAMS, DONE, GO = 31, 32, 33, 34, 35  # message tags
+PUSH, FETCH, PARAMS, DONE, GO, EXIT, VERDICT = 31, 32, 33, 34, 35, 36, 37  # message tags
+RUNNING, FINISHED, LEFT, LOST = 0, 1, 2, 3  # a worker's status in the Roster (max wins)
 MAX_STALENESS = 64  # the histogram's last bin counts this and more
 
 
@@ -67,35 +75,113 @@ class StalenessLog:
         return "\n".join(lines)
 
 
+class Roster:
+    """Per worker: status, steps done and planned (from EXIT), pushes applied, seconds silent.
+
+    One float64 row per worker, so the servers agree with one ``allreduce(max)`` (LOST beats
+    FINISHED: a worker one server gave up on is lost to all) and send it to the workers as is.
+    """
+
+    STATUS, STEPS, PLANNED, PUSHES, SILENT = range(5)
+
+    def __init__(self, workers: list[int], timeout_s: float | None = None) -> None:
+        self.workers, self.timeout_s = workers, timeout_s
+        self.info = np.zeros((max(len(workers), 1), 5))
+        self.info[:, self.PLANNED] = -1
+
+    def status(self, worker: int) -> int:
+        return int(self.info[worker, self.STATUS])
+
+    def mark(self, worker: int, status: int, **fields: float) -> None:
+        self.info[worker, self.STATUS] = status
+        for name, value in fields.items():
+            self.info[worker, getattr(self, name.upper())] = value
+
+    def survivors(self, servers: list[int]) -> list[int]:
+        """Ranks that take part in the end of the run: finished workers and the servers."""
+        alive = [w for i, w in enumerate(self.workers) if self.status(i) in (RUNNING, FINISHED)]
+        return sorted(alive + servers)
+
+    def departures(self) -> list[str]:
+        """What was lost, one line per worker that left or was lost."""
+        lines = []
+        for i, row in enumerate(self.info):
+            steps, planned, pushes = int(row[self.STEPS]), int(row[self.PLANNED]), int(
+                row[self.PUSHES])
+            if self.status(i) == LEFT and planned > steps:
+                lines.append(f"worker {i} left after {steps} of {planned} steps; its remaining "
+                             f"{planned - steps} steps on its shard of data were not trained")
+            elif self.status(i) == LEFT:
+                lines.append(f"worker {i} left after {steps} steps; the rest of its shard of "
+                             "data was not trained")
+            elif self.status(i) == LOST:
+                lines.append(f"worker {i} lost: silent for {row[self.SILENT]:.2f} s (timeout "
+                             f"{self.timeout_s} s) after {pushes} applied pushes; the rest of "
+                             "its shard of data was not trained, later pushes were ignored")
+        return lines
+
+    def metrics(self) -> dict[str, float]:
+        status = self.info[:, self.STATUS]
+        return {"workers_left": float((status == LEFT).sum()),
+                "workers_lost": float((status == LOST).sum())}
+
+
 class ShardServer:
-    """Serve one shard until every worker has sent DONE."""
+    """Serve one shard until every worker has sent DONE or EXIT, or (with ``roster.timeout_s``)
+    stayed silent past the timeout. ``arrivals`` holds (worker, monotonic time) per push."""
 
     def __init__(self, comm: Communicator, shard: Optimizer, workers: list[int],
-                 log: StalenessLog, timeline: Timeline) -> None:
+                 log: StalenessLog, timeline: Timeline, roster: Roster | None = None) -> None:
         self.comm, self.shard, self.workers, self.log, self.timeline = (
             comm, shard, workers, log, timeline)
+        self.roster = Roster(workers) if roster is None else roster
         self.values = shard.params["shard"]
         self.updates = 0  # pushes applied so far: the shard's version
         self.answered = [0] * len(workers)  # version sent with each worker's last fetch
+        self.arrivals: list[tuple[int, float]] = []
+
+    def _deadline(self, active: set[int], last: list[float]) -> float:
+        timeout = self.roster.timeout_s
+        return float("inf") if timeout is None else min(last[i] for i in active) + timeout
+
+    def _drop_silent(self, active: set[int], last: list[float], receives: list) -> None:
+        """Declare lost every worker silent past the timeout, and stop listening to it."""
+        now = time.monotonic()
+        for i in sorted(active):
+            if now - last[i] >= self.roster.timeout_s:
+                self.roster.mark(i, LOST, silent=now - last[i])
+                cancel_all(self.comm, [receives[i]])
+                active.discard(i)
 
     def run(self) -> None:
-        comm, t = self.comm, self.timeline
-        inboxes = [np.empty_like(self.values) for _ in self.workers]
+        comm, t, n = self.comm, self.timeline, self.values.size
+        # Two values at least: an EXIT carries (steps done, steps planned).
+        inboxes = [np.empty(max(n, 2), self.values.dtype) for _ in self.workers]
         outboxes = [np.empty_like(self.values) for _ in self.workers]
         receives = [comm.irecv(box, w) for box, w in zip(inboxes, self.workers)]
         sends: list = [None] * len(self.workers)
-        active = len(self.workers)
+        active = set(range(len(self.workers)))
+        last = [time.monotonic()] * len(self.workers)
         while active:
             t.begin()
-            i, tag = poll_any(comm, receives)
+            got = poll_any_until(comm, receives, self._deadline(active, last))
             t.lap("communicate")
-            if tag == DONE:
-                active -= 1
+            if got is None:
+                self._drop_silent(active, last, receives)
+                continue
+            i, tag = got
+            last[i] = time.monotonic()
+            if tag in (DONE, EXIT):
+                steps, planned = inboxes[i][:2] if tag == EXIT else (0, -1)
+                self.roster.mark(i, FINISHED if tag == DONE else LEFT, steps=steps,
+                                 planned=planned)
+                active.discard(i)
                 continue
             if tag == PUSH:
                 self.log.record(i, self.updates - self.answered[i])
-                self.shard.step({"shard": inboxes[i]})
+                self.shard.step({"shard": inboxes[i][:n].reshape(self.values.shape)})
                 self.updates += 1
+                self.arrivals.append((i, last[i]))
                 t.lap("update")
             elif tag == FETCH:
                 poll_all(comm, [sends[i]])  # the previous answer has left the outbox
@@ -106,4 +192,7 @@ class ShardServer:
             else:
                 raise ValueError(f"ShardServer: unexpected tag {tag} from rank {self.workers[i]}")
             receives[i] = comm.irecv(inboxes[i], self.workers[i])
-        poll_all(comm, sends)
+        for i in range(len(self.workers)):
+            self.roster.mark(i, self.roster.status(i), pushes=self.log.pushes[i])
+        # An answer to a lost worker may never be received: it is not waited for.
+        poll_all(comm, [s for i, s in enumerate(sends) if self.roster.status(i) != LOST])

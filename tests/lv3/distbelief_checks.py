@@ -4,11 +4,15 @@ Written once (mpi4py's test style, as ``mpi_checks.py``): pytest runs them in-pr
 under MPI every rank runs them as a script:
 
     mpiexec -n 3 python tests/lv3/distbelief_checks.py [check_name ...]
+
+``DROPOUT_CHECKS`` (a worker leaves or goes silent) run one per launch: the worker that left
+must take part in no collective afterwards, so no barrier follows them.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from typing import Callable
 
@@ -100,6 +104,85 @@ def check_downpour_warm_start(comm: Communicator) -> None:
         assert set(order[k:]) == set(range(comm.size - 1)), order
 
 
+def _dropout_run(comm: Communicator, drop: Callable[[Downpour, int], None],
+                 **options) -> tuple[Downpour, int]:
+    """Downpour (2 shard servers from 4 ranks) whose last worker runs ``drop(dp, step)`` before
+    each of its 40 planned steps; returns the strategy and the dropping worker's rank."""
+    servers = 2 if comm.size >= 4 else 1
+    x, y = _problem()
+    dp = Downpour(Optimizer(sgd(0.05), _init(seed=7)), comm, servers=servers,
+                  server_rule=sgd(0.05), **options)
+    dropper = comm.size - servers - 1 if comm.size > 1 else -1
+    if dp.role == "server":
+        dp.serve()
+        return dp, dropper
+    rank, size = Downpour.replica(comm.rank, comm.size, servers)
+    rows = np.arange(rank, len(x), size)
+    for step in range(40):
+        if comm.rank == dropper:
+            drop(dp, step)
+            if dp.left:
+                return dp, dropper
+        idx = rows[(4 * step + np.arange(4)) % len(rows)]
+        dp.step(_grads(dp.params, x[idx], y[idx]))
+    dp.finish()
+    return dp, dropper
+
+
+def _assert_survivors_trained(comm: Communicator, dp: Downpour, dropper: int) -> None:
+    x, y = _problem()
+    assert _loss(dp.params, x, y) < 0.5 * _loss(_init(seed=7), x, y)
+    survivors = dp.end_comm
+    assert survivors.size == comm.size - (comm.size > 1), survivors
+    _assert_replicas_identical(survivors, dp.params)
+
+
+def check_downpour_worker_leaves_early(comm: Communicator) -> None:
+    def leave_at_10(dp: Downpour, step: int) -> None:
+        if step == 10:
+            dp.leave(planned_steps=40)
+
+    dp, dropper = _dropout_run(comm, leave_at_10)
+    if comm.rank == dropper:
+        assert dp.left and not dp.lost
+        return  # no collective after leaving
+    _assert_survivors_trained(comm, dp, dropper)
+    if comm.size == 1:
+        return
+    assert dp.departures() == [f"worker {dropper} left after 10 of 40 steps; its remaining 30 "
+                               "steps on its shard of data were not trained"], dp.departures()
+    metrics = dp.report()
+    assert (metrics["workers_left"], metrics["workers_lost"]) == (1, 0), metrics
+    assert dp.staleness.pushes[dropper] == 10 * len(dp.servers), dp.staleness.pushes
+    assert f"meta: worker {dropper} left after 10" in dp.report_text()
+
+
+def check_downpour_silent_worker_is_declared_lost(comm: Communicator) -> None:
+    timeout = 0.5
+
+    def stall_at_10(dp: Downpour, step: int) -> None:
+        if step == 10:
+            time.sleep(4 * timeout)  # alive but silent: the servers give up on it
+
+    dp, dropper = _dropout_run(comm, stall_at_10, worker_timeout_s=timeout)
+    if comm.rank == dropper:
+        assert dp.lost and not dp.left  # it came back and learnt it had been dropped
+        return
+    _assert_survivors_trained(comm, dp, dropper)
+    if comm.size == 1:
+        return
+    (line,) = dp.departures()
+    assert line.startswith(f"worker {dropper} lost: silent for ") and "timeout 0.5 s" in line
+    assert dp.report()["workers_lost"] == 1 and dp.staleness.pushes[dropper] > 0
+
+
+DROPOUT_CHECKS: dict[str, Callable[[Communicator], None]] = {
+    f.__name__.removeprefix("check_"): f for f in (
+        check_downpour_worker_leaves_early,
+        check_downpour_silent_worker_is_declared_lost,
+    )
+}
+
 CHECKS: dict[str, Callable[[Communicator], None]] = {
     f.__name__.removeprefix("check_"): f for f in (
         check_rma_accumulates_every_update_exactly,
@@ -115,14 +198,15 @@ def main(argv: list[str]) -> int:
     tag = f"rank {comm.rank}/{comm.size}"
     for name in argv or list(CHECKS):
         try:
-            CHECKS[name](comm)
+            {**CHECKS, **DROPOUT_CHECKS}[name](comm)
         except BaseException:
             traceback.print_exc()
             print(f"{tag}: FAILED {name}", flush=True)
             if isinstance(comm, MPICommunicator):
                 comm.comm.Abort(1)
             return 1
-        comm.barrier()
+        if name not in DROPOUT_CHECKS:
+            comm.barrier()
     print(f"{tag}: {len(argv or CHECKS)} checks passed", flush=True)
     return 0
 

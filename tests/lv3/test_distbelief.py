@@ -13,16 +13,19 @@ import pytest
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import SingleProcessCommunicator, make_strategy, replica
 from meta.lv3.downpour import Downpour, shard_bounds
-from meta.lv3.shard_server import MAX_STALENESS, StalenessLog
+from meta.lv3.shard_server import FINISHED, LEFT, LOST, MAX_STALENESS, Roster, StalenessLog
 
 from . import distbelief_checks
 
 SCRIPT = str(Path(distbelief_checks.__file__))
 
 
-@pytest.mark.parametrize("name", list(distbelief_checks.CHECKS))
+ALL_CHECKS = {**distbelief_checks.CHECKS, **distbelief_checks.DROPOUT_CHECKS}
+
+
+@pytest.mark.parametrize("name", list(ALL_CHECKS))
 def test_check_at_size_one(name: str) -> None:
-    distbelief_checks.CHECKS[name](SingleProcessCommunicator())
+    ALL_CHECKS[name](SingleProcessCommunicator())
 
 
 @pytest.mark.mpi
@@ -33,6 +36,41 @@ def test_checks_under_mpiexec(mpirun: Callable[..., str], n: int) -> None:
     for rank in range(n):
         expected = f"rank {rank}/{n}: {len(distbelief_checks.CHECKS)} checks passed"
         assert expected in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [3, 4])  # 4: two shard servers must agree on who is lost
+@pytest.mark.parametrize("name", list(distbelief_checks.DROPOUT_CHECKS))
+def test_dropout_under_mpiexec(mpirun: Callable[..., str], n: int, name: str) -> None:
+    """A worker leaves (or goes silent) mid-run: the rest finish, without it, in one launch."""
+    out = mpirun(n, [sys.executable, SCRIPT, name], timeout=60)
+    for rank in range(n):
+        assert f"rank {rank}/{n}: 1 checks passed" in out, out
+
+
+def test_leave_at_size_one_stops_stepping() -> None:
+    dp = Downpour(Optimizer(sgd(0.1), {"w": np.zeros(2)}), worker_timeout_s=1.0)
+    dp.leave(planned_steps=5)
+    dp.finish()  # a no-op once left
+    with pytest.raises(RuntimeError, match="has left the run"):
+        dp.step({"w": np.ones(2)})
+    with pytest.raises(ValueError, match="worker_timeout_s"):
+        Downpour(Optimizer(sgd(0.1), {"w": np.zeros(2)}), worker_timeout_s=0)
+
+
+def test_roster_departure_lines() -> None:
+    roster = Roster([0, 1, 2], timeout_s=0.5)
+    roster.mark(0, FINISHED)
+    roster.mark(1, LEFT, steps=37, planned=100)
+    roster.mark(2, LOST, silent=0.61, pushes=12)
+    assert roster.departures() == [
+        "worker 1 left after 37 of 100 steps; its remaining 63 steps on its shard of data were "
+        "not trained",
+        "worker 2 lost: silent for 0.61 s (timeout 0.5 s) after 12 applied pushes; the rest of "
+        "its shard of data was not trained, later pushes were ignored"]
+    assert roster.survivors(servers=[3]) == [0, 3]
+    assert roster.metrics() == {"workers_left": 1.0, "workers_lost": 1.0}
 
 
 @pytest.mark.parametrize("n, s", [(10, 3), (2, 2), (7, 1), (5, 2)])
