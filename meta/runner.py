@@ -11,6 +11,7 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from meta import _threads
 from meta.lv1 import Graph, ReferenceExecutor, mlp, save_onnx
 from meta.lv1.models import MODELS as CONV_MODELS
 from meta.lv2 import (
@@ -40,7 +41,7 @@ from meta.lv2 import (
     warmup,
 )
 from meta.lv2.checkpoint import CheckpointError, restore
-from meta.lv2.dbn import dbn_classifier, print_progress
+from meta.lv2.dbn import DBN, pretrain_dbn, print_progress
 from meta.lv2.optimizers import OPTIMIZERS
 from meta.lv2.transforms import Compose, Cutout, HorizontalFlip, RandomCrop
 from meta.lv3 import (
@@ -124,16 +125,36 @@ def make_optimizer(d: Definitions, params: dict, steps_per_epoch: int) -> Any:
 
 def build_graph(d: Definitions, train: ArrayDataset, comm: Communicator,
                 stream: TextIO | None) -> tuple[Graph, dict[str, float]]:
-    """The network, and metrics of building it (a DBN's pre-training time)."""
-    if d.model == "dbn":  # every rank pre-trains from the same seed: identical stacks
-        graph, dbn = dbn_classifier(
-            train, d.hidden, classes=10, seed=d.seed, epochs=d.pretrain_epochs,
-            lr=d.pretrain_lr, k=d.cd_k, batch_size=d.pretrain_batch_size,
-            persistent=d.persistent_cd,
-            progress=print_progress(stream or sys.stdout) if comm.is_root else None)
-        return graph, {"pretrain_time_s": dbn.time_s}
+    """The network, and metrics of building it. A DBN's graph holds its RBMs as initialised:
+    pre-training may be collective, so it waits for ``RecipeRun.pretrain`` (in ``execute``,
+    after the ranks have agreed that every input loaded)."""
     x0, _ = train.batch(np.arange(1))
+    if d.model == "dbn":
+        lo, hi = float(np.min(train.inputs)), float(np.max(train.inputs))
+        if lo < 0 or hi > 1:  # found now, before any rank starts a collective pre-training
+            raise RecipeError(f"model 'dbn' has binary visible units and needs inputs in "
+                              f"[0, 1]; dataset {d.dataset!r} gives [{lo:.3g}, {hi:.3g}]")
+        dbn = DBN.untrained(x0.shape[1:], d.hidden, seed=d.seed)
+        return dbn.to_graph(classes=10, seed=d.seed), {}
     return MODELS[d.model](d, x0.shape[1:], x0.dtype), {}
+
+
+def mean_over_ranks(comm: Communicator) -> Callable[[np.ndarray], np.ndarray]:
+    """``average`` for data-parallel RBM pre-training: a buffer's mean over ``comm``, as a new
+    array. With more ranks than cores it waits on a nonblocking allreduce instead of MPICH's
+    blocking one, which spins against descheduled peers (see ``Strategy.average``)."""
+    oversubscribed = _threads.local_ranks() > _threads.cores()
+
+    def average(buf: np.ndarray) -> np.ndarray:
+        out = np.array(buf)  # a contiguous copy: the caller's buffer is left alone
+        if oversubscribed:
+            comm.wait(comm.iallreduce(out))
+        else:
+            comm.allreduce(out)
+        out *= 1.0 / comm.size
+        return out
+
+    return average
 
 
 def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = None,
@@ -197,6 +218,7 @@ class RecipeRun:
         self.export_onnx = export_onnx
         self.trainer, self.build_metrics = build_trainer(
             recipe, self.comm, self.stream, progress, self.output_dir, checkpoint_every)
+        self.resumed = resume
         if resume:
             self.resume()
 
@@ -228,6 +250,7 @@ class RecipeRun:
         if comm.is_root:
             where = f" on {comm.size} ranks" if comm.size > 1 else ""
             print(f"meta: running recipe {recipe.name}{where}", file=stream, flush=True)
+        self.build_metrics.update(self.pretrain())
         strategy = self.distribute()  # a collective: it broadcasts the initial parameters
         start = time.perf_counter()
         history = self.train(strategy)
@@ -241,6 +264,27 @@ class RecipeRun:
             self.write_outputs(outcome)
             print(outcome.table(), file=stream, flush=True)
         return outcome
+
+    def pretrain(self) -> dict[str, float]:
+        """A DBN's greedy pre-training (Algorithm 2) into the network's first layers; its
+        metric ``pretrain_time_s``. Under ``distributed: allreduce`` on several ranks it runs
+        data-parallel (each rank a shard of every batch, statistics averaged by allreduce: a
+        collective, hence here and not in the constructor); under other strategies every rank
+        pre-trains the whole data from the same seed, so the stacks agree without
+        communicating. A resumed run has its weights from the checkpoint already."""
+        d, comm = self.recipe.definitions, self.comm
+        if d.model != "dbn" or self.resumed:
+            return {}
+        parallel = comm.size > 1 and d.distributed == "allreduce"
+        dbn = pretrain_dbn(
+            self.trainer.train_data, d.hidden, seed=d.seed, epochs=d.pretrain_epochs,
+            lr=d.pretrain_lr, k=d.cd_k, batch_size=d.pretrain_batch_size,
+            persistent=d.persistent_cd,
+            replica=(comm.rank, comm.size) if parallel else (0, 1),
+            average=mean_over_ranks(comm) if parallel else None,
+            progress=print_progress(self.stream) if comm.is_root else None)
+        dbn.assign(self.trainer.executor.graph.parameters)
+        return {"pretrain_time_s": dbn.time_s}
 
     def distribute(self) -> Strategy:
         """Wrap the optimizer in the recipe's Level 3 strategy; the network then reads its

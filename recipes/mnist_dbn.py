@@ -5,8 +5,12 @@ Run:  meta run recipes/mnist_dbn.py
 
 The DBN keys (pretrain_epochs, pretrain_lr, cd_k, pretrain_batch_size, persistent_cd) are in
 ``meta.recipe.Definitions``; ``hidden`` gives the RBM widths. The input stays in [0, 1] (binary
-visible units), so the exported model.onnx expects unstandardized pixels. Under MPI every rank
-pre-trains the same stack from the same seed, then fine-tuning runs data-parallel.
+visible units), so the exported model.onnx expects unstandardized pixels. Under MPI with
+``distributed: allreduce`` pre-training is data-parallel too (each rank a shard of every batch of
+``pretrain_batch_size`` per rank, CD statistics averaged by allreduce); under other strategies
+every rank pre-trains the same stack from the same seed. Fine-tuning follows the strategy:
+
+    mpiexec -n 3 meta run recipes/mnist_dbn.py --set distributed=async_parameter_server
 """
 
 from meta.recipe import AtLeast, AtMost
@@ -29,6 +33,7 @@ MUTABLE = {
     "lr": 0.3,  # sigmoid hidden units take a larger step than mnist_mlp's ReLUs
     "momentum": 0.9,
     "seed": 0,
+    "distributed": "allreduce",
 }
 
 METRICS = {

@@ -12,6 +12,10 @@ softmax layer) that the usual executor, optimizer and ``Trainer`` fine-tune by b
 ([16, 8, 6], (3, 6))
 >>> [n.op_type for n in dbn.to_graph(classes=2).nodes]  # doctest: +NORMALIZE_WHITESPACE
 ['Flatten', 'Gemm', 'Sigmoid', 'Gemm', 'Sigmoid', 'Gemm', 'SoftmaxCrossEntropyLoss']
+
+Data-parallel pre-training: ``pretrain_dbn(..., replica=(rank, size), average=mean_over_ranks)``
+on every rank, with ``average`` a Level 3 allreduce passed in by the caller (``meta.runner``
+does), gives every rank the stack one process would train at batch ``size * batch_size``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 from meta.lv1.builder import GraphBuilder
 from meta.lv1.graph import Graph
 from meta.lv2.datasets import Dataset
-from meta.lv2.rbm import RBM, bernoulli
+from meta.lv2.rbm import RBM, Average, bernoulli
 from meta.lv2.sampler import ShuffleSampler
 
 PROPAGATIONS = ("sample", "mean")
@@ -60,6 +64,29 @@ class DBN:
     input_shape: tuple[int, ...]
     history: list[dict[str, Any]] = field(default_factory=list)
     time_s: float = 0.0  # pre-training wall time
+
+    @classmethod
+    def untrained(cls, input_shape: Sequence[int], layers: Sequence[int], seed: int = 0,
+                  visible: str = "binary") -> DBN:
+        """The stack as ``pretrain_dbn(..., seed=seed)`` starts it: its graph has the trained
+        network's shapes, so a trainer can be built before pre-training runs (``assign`` then
+        fills in the trained weights)."""
+        widths = [int(np.prod(input_shape)), *layers]
+        return cls([RBM(n_in, n_out, visible=visible if i == 0 else "binary",
+                        rng=np.random.default_rng([seed, i]))
+                    for i, (n_in, n_out) in enumerate(zip(widths, widths[1:]))],
+                   tuple(input_shape))
+
+    def assign(self, params: dict[str, np.ndarray]) -> None:
+        """Copy the RBMs' W and c into the ``fc{i}.weight``/``fc{i}.bias`` arrays of a graph
+        made by ``to_graph`` (in place: an optimizer holding those arrays sees the values)."""
+        for i, rbm in enumerate(self.rbms):
+            for name, value in ((f"fc{i}.weight", rbm.W), (f"fc{i}.bias", rbm.c)):
+                if name not in params or params[name].shape != value.shape:
+                    got = list(params[name].shape) if name in params else "nothing"
+                    raise ValueError(f"DBN.assign: expected {name} of shape {list(value.shape)}, "
+                                     f"found {got}")
+                np.copyto(params[name], value)
 
     @property
     def layers(self) -> list[int]:
@@ -135,6 +162,8 @@ def pretrain_dbn(
     propagate: str = "sample",
     seed: int = 0,
     progress: Progress | None = None,
+    replica: tuple[int, int] = (0, 1),
+    average: Average | None = None,
 ) -> DBN:
     """Greedy layer-wise pre-training (Algorithm 2) of RBMs with ``layers`` hidden units each.
 
@@ -153,12 +182,28 @@ def pretrain_dbn(
     the same dicts are kept in ``DBN.history``. Everything is seeded by ``seed``: RBM l draws
     from Generator([seed, l]), its input samples from Generator([seed, l, 1]), batches come
     from ``ShuffleSampler(seed + l)``.
+
+    Data parallelism: with ``replica=(rank, size)``, size > 1, every rank calls this with the
+    same arguments and an ``average`` (flat buffer -> its mean over the ranks, e.g. an
+    allreduce). Each global batch of ``size * batch_size`` examples is split by rows
+    (``rank::size``), every RBM update averages its statistics through ``average`` and
+    the noise is drawn as one process would for the whole batch (``rbm.draw``): the ranks end
+    bit-identical, equal to one process at batch ``size * batch_size`` up to float summation
+    order. An incomplete last global batch is dropped (fewer than ``size * batch_size``
+    examples an epoch, a different few each epoch), so that every rank joins every update.
     """
     if not layers or min(layers) <= 0:
         raise ValueError(f"pretrain_dbn: layers must list positive widths, got {list(layers)}")
     if propagate not in PROPAGATIONS:
         raise ValueError(f"pretrain_dbn: propagate must be one of {PROPAGATIONS}, "
                          f"got {propagate!r}")
+    rank, size = replica
+    if size > 1 and average is None:
+        raise ValueError(f"pretrain_dbn: replica {tuple(replica)} needs an average over the "
+                         "replicas (e.g. an allreduce mean)")
+    if len(train) < size * batch_size:
+        raise ValueError(f"pretrain_dbn: {len(train)} examples make no global batch of "
+                         f"{size} x {batch_size}")
     start, n = time.perf_counter(), len(layers)
     epochs_, lr_, k_ = _per_layer(epochs, n, "epochs"), _per_layer(lr, n, "lr"), \
         _per_layer(k, n, "k")
@@ -169,12 +214,16 @@ def pretrain_dbn(
     for layer, hidden in enumerate(layers):
         rbm = RBM(width, hidden, visible=visible if layer == 0 else "binary", k=k_[layer],
                   persistent=persistent, lr=lr_[layer], momentum=momentum,
-                  weight_decay=weight_decay, rng=np.random.default_rng([seed, layer]))
-        below = _Propagator(dbn.rbms, propagate, np.random.default_rng([seed, layer, 1]))
-        sampler = ShuffleSampler(len(train), batch_size, seed + layer)
+                  weight_decay=weight_decay, rng=np.random.default_rng([seed, layer]),
+                  replica=replica)
+        below = _Propagator(dbn.rbms, propagate, np.random.default_rng([seed, layer, 1]),
+                            replica)
+        sampler = ShuffleSampler(len(train), size * batch_size, seed + layer,
+                                 drop_last=size > 1)
         for epoch in range(epochs_[layer]):
             sampler.set_epoch(epoch)
-            metrics = rbm.train_epoch(below(_flat(train.batch(i)[0])) for i in sampler)
+            batches = (below(_flat(train.batch(i[rank::size])[0])) for i in sampler)
+            metrics = rbm.train_epoch(batches, average)
             pll = rbm.pseudo_log_likelihood(monitor) if rbm.visible == "binary" else math.nan
             record = {"layer": layer + 1, "epoch": epoch + 1,
                       "reconstruction_error": metrics["reconstruction_error"],
@@ -192,14 +241,16 @@ def pretrain_dbn(
 class _Propagator:
     """Pushes a batch of data up through trained RBMs: Algorithm 2's inner loop."""
 
-    def __init__(self, rbms: list[RBM], propagate: str, rng: np.random.Generator) -> None:
+    def __init__(self, rbms: list[RBM], propagate: str, rng: np.random.Generator,
+                 replica: tuple[int, int] = (0, 1)) -> None:
         self.rbms, self.sample, self.rng = list(rbms), propagate == "sample", rng
+        self.replica = replica
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         for rbm in self.rbms:
             x = rbm.hidden_prob(x)
             if self.sample:
-                x = bernoulli(x, self.rng)
+                x = bernoulli(x, self.rng, self.replica)
         return x
 
 

@@ -11,6 +11,12 @@ real-valued input standardised per feature.
 >>> stats = rbm.cd_update(np.eye(6, dtype=np.float32))
 >>> stats.grad_W.shape, round(float(stats.reconstruction_error), 2)
 ((3, 6), 0.25)
+
+Data parallelism without Level 3: ``replica=(rank, size)`` says this RBM holds rows
+``rank::size`` of every global minibatch, and ``cd_update(batch, average=...)`` takes a function
+returning the mean of a flat buffer over the replicas (a Level 3 allreduce, passed in by the
+caller). Replicas then stay bit-identical and together do what one process does on the whole
+batch (up to float summation order).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import numpy as np
 from meta.lv2.sampler import ShuffleSampler
 
 VISIBLE_UNITS = ("binary", "gaussian")
+Average = Callable[[np.ndarray], np.ndarray]  # flat buffer in, its mean over the replicas out
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -45,9 +52,27 @@ def as_generator(rng: np.random.Generator | int | None) -> np.random.Generator:
     return np.random.default_rng(0 if rng is None else rng)
 
 
-def bernoulli(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Binary samples, 1 where a uniform draw (``rng.random``, one per unit) falls below p."""
-    return (rng.random(p.shape, dtype=p.dtype) < p).astype(p.dtype)
+def draw(rng: np.random.Generator, method: str, shape: tuple[int, ...], dtype: Any,
+         replica: tuple[int, int] = (0, 1)) -> np.ndarray:
+    """``rng.<method>(shape)`` ("random" or "standard_normal") for this replica's rows.
+
+    Replica ``rank`` of ``size`` holds rows ``rank::size`` of a global batch of
+    ``size * shape[0]`` rows, so it draws the noise of the whole batch and keeps its rows: equal
+    generators then give every replica the noise one process would draw for those examples, which
+    makes data-parallel CD equal to single-process CD at the combined batch. The extra draws cost
+    O(size * batch * units), small next to the O(batch * units * visible) products.
+    """
+    rank, size = replica
+    if size == 1:
+        return getattr(rng, method)(shape, dtype=dtype)
+    return getattr(rng, method)((size * shape[0], *shape[1:]), dtype=dtype)[rank::size]
+
+
+def bernoulli(p: np.ndarray, rng: np.random.Generator,
+              replica: tuple[int, int] = (0, 1)) -> np.ndarray:
+    """Binary samples, 1 where a uniform draw (``rng.random``, one per unit) falls below p;
+    ``replica``: see ``draw``."""
+    return (draw(rng, "random", p.shape, p.dtype, replica) < p).astype(p.dtype)
 
 
 @dataclass(frozen=True)
@@ -98,6 +123,11 @@ class RBM:
     Randomness comes only from ``rng`` (a Generator, or an int seed), so equal seeds give equal
     weights bit for bit. Draws per update, in order: uniforms for h0, then per Gibbs step
     uniforms (binary) or standard normals (Gaussian, if sampled) for v, then uniforms for h.
+
+    ``replica=(rank, size)``: this RBM is one of ``size`` data-parallel copies, fed rows
+    ``rank::size`` of each global minibatch (all copies the same number of rows) and built from
+    the same ``rng`` seed; it draws the whole batch's noise and keeps its rows (``draw``), and
+    ``cd_update`` must then get an ``average`` over the copies.
     """
 
     def __init__(
@@ -115,6 +145,7 @@ class RBM:
         init_std: float = 0.01,
         rng: np.random.Generator | int | None = None,
         dtype: Any = np.float32,
+        replica: tuple[int, int] = (0, 1),
     ) -> None:
         if visible not in VISIBLE_UNITS:
             raise ValueError(f"RBM: visible units must be one of {VISIBLE_UNITS}, got {visible!r}")
@@ -125,6 +156,10 @@ class RBM:
             raise ValueError(f"RBM: CD-k needs k >= 1 Gibbs steps, got k={k}")
         if not 0 <= momentum < 1:
             raise ValueError(f"RBM: momentum must be in [0, 1), got {momentum}")
+        if not 0 <= replica[0] < replica[1]:
+            raise ValueError(f"RBM: replica must be (rank, size) with 0 <= rank < size, "
+                             f"got {tuple(replica)}")
+        self.replica = (int(replica[0]), int(replica[1]))
         self.visible = visible
         self.k = k
         self.persistent = persistent
@@ -170,15 +205,15 @@ class RBM:
         return sigmoid(a) if self.visible == "binary" else a
 
     def sample_hidden(self, p: np.ndarray) -> np.ndarray:
-        return bernoulli(p, self.rng)
+        return bernoulli(p, self.rng, self.replica)
 
     def reconstruct(self, mean: np.ndarray) -> np.ndarray:
         """The visible state of a Gibbs step: a sample of P(v|h), or its mean (mean-field)."""
         if not self.sample_visible:
             return mean
         if self.visible == "binary":
-            return bernoulli(mean, self.rng)
-        return mean + self.rng.standard_normal(mean.shape, dtype=self.dtype)
+            return bernoulli(mean, self.rng, self.replica)
+        return mean + draw(self.rng, "standard_normal", mean.shape, self.dtype, self.replica)
 
     def gibbs(self, h: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """k steps h -> v -> h from hidden state ``h``: (v_k, Q(h_k=1|v_k), h_k, E[v_1|h])."""
@@ -203,12 +238,17 @@ class RBM:
                              "wants visible='gaussian', or load MNIST with normalize=False)")
         return v0
 
-    def cd_update(self, batch: np.ndarray) -> CDStatistics:
+    def cd_update(self, batch: np.ndarray, average: Average | None = None) -> CDStatistics:
         """One RBMupdate (Algorithm 1) on ``batch`` (N, n_visible); updates W, b, c in place.
 
         Go up: h0 ~ Q(h|v0). Go down and up k times: v_i ~ P(v|h_{i-1}), h_i ~ Q(h|v_i),
         starting from h0 (CD-k) or from the fantasy particles (PCD). Then move W, b, c along
         (h0 v0' - Q(h_k=1|v_k) v_k', v0 - v_k, h0 - Q(h_k=1|v_k)), each averaged over its rows.
+
+        ``average`` (data parallelism): called once per update on one flat buffer holding the
+        three gradient statistics and the reconstruction error; its mean over the replicas
+        replaces them before the momentum step, so equal replicas take equal steps (one
+        collective per update, as in a fused allreduce).
         """
         v0 = self._check_batch(batch)
         h0_prob = self.hidden_prob(v0)
@@ -220,15 +260,30 @@ class RBM:
         if self.persistent:
             self.fantasy = h_neg
         n, m = len(v0), len(v_neg)
-        stats = CDStatistics(
+        grads = {"W": h0.T @ v0 / n - h_neg_prob.T @ v_neg / m,
+                 "b": v0.mean(0) - v_neg.mean(0),
+                 "c": h0.mean(0) - h_neg_prob.mean(0)}
+        error = float(np.mean(np.square(v0 - first_mean)))
+        if average is not None:
+            grads, error = self._averaged(grads, error, average)
+        self._apply(grads)
+        return CDStatistics(
             v0=v0, h0_prob=h0_prob, h0=h0, v_neg=v_neg, h_neg_prob=h_neg_prob, h_neg=h_neg,
-            grad_W=h0.T @ v0 / n - h_neg_prob.T @ v_neg / m,
-            grad_b=v0.mean(0) - v_neg.mean(0),
-            grad_c=h0.mean(0) - h_neg_prob.mean(0),
-            reconstruction_error=float(np.mean(np.square(v0 - first_mean))),
-        )
-        self._apply({"W": stats.grad_W, "b": stats.grad_b, "c": stats.grad_c})
-        return stats
+            grad_W=grads["W"], grad_b=grads["b"], grad_c=grads["c"], reconstruction_error=error)
+
+    def _averaged(self, grads: dict[str, np.ndarray], error: float,
+                  average: Average) -> tuple[dict[str, np.ndarray], float]:
+        """The statistics' mean over the replicas: one flat buffer through ``average``."""
+        flat = np.concatenate([*(g.ravel() for g in grads.values()), [error]]).astype(self.dtype)
+        mean = np.asarray(average(flat), dtype=self.dtype)
+        if mean.shape != flat.shape:
+            raise ValueError(f"RBM.cd_update: average returned shape {list(mean.shape)} for a "
+                             f"buffer of shape {list(flat.shape)}")
+        out, start = {}, 0
+        for name, g in grads.items():
+            out[name] = mean[start:start + g.size].reshape(g.shape)
+            start += g.size
+        return out, float(mean[-1])
 
     def _apply(self, grads: dict[str, np.ndarray]) -> None:
         for name, param in self.params.items():
@@ -239,12 +294,13 @@ class RBM:
             param += velocity
         self.updates += 1
 
-    def train_epoch(self, batches: Iterable[np.ndarray]) -> dict[str, float]:
-        """``cd_update`` on every batch; the mean reconstruction error (weighted by batch size)
-        and the wall time."""
+    def train_epoch(self, batches: Iterable[np.ndarray],
+                    average: Average | None = None) -> dict[str, float]:
+        """``cd_update`` on every batch (``average``: see there); the mean reconstruction error
+        (weighted by batch size) and the wall time."""
         start, total, count = time.perf_counter(), 0.0, 0
         for batch in batches:
-            stats = self.cd_update(batch)
+            stats = self.cd_update(batch, average)
             total += stats.reconstruction_error * len(batch)
             count += len(batch)
         return {"reconstruction_error": total / max(count, 1),
