@@ -1,4 +1,4 @@
-"""MNIST with LeNet-5 (ReLU, max pooling) and SGD with momentum: the convolutional main job.
+"""MNIST with LeNet-5 (ReLU, max pooling) and Adam: the convolutional main job.
 
 Run:  meta run recipes/mnist_lenet.py
       mpiexec -n 2 meta run recipes/mnist_lenet.py   (synchronous allreduce data parallelism)
@@ -9,14 +9,16 @@ from meta.recipe import AtLeast, AtMost
 FIXED = {
     "dataset": "mnist",
     "model": "lenet",
-    "optimizer": "sgd",
+    "optimizer": "adam",
 }
 
 MUTABLE = {
     "epochs": 6,
     "batch_size": 64,  # per rank
-    "lr": 0.01,
-    "momentum": 0.9,
+    "lr": 0.002,
+    "lr_schedule": "step",  # a tenth of the rate for the last two epochs
+    "lr_decay_epochs": [4],
+    "lr_decay_factor": 0.1,
     "seed": 0,
     "executor": "reference",
 }

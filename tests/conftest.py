@@ -25,17 +25,26 @@ def mpirun() -> Callable[..., str]:
 
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MNIST = REPO.parent / "shared" / "datasets" / "mnist"
+SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+
+
+def _dataset_dir(monkeypatch: pytest.MonkeyPatch, variable: str, name: str) -> Path:
+    """The folder named by ``variable`` (CI sets it), else ../shared/datasets/<name>."""
+    folder = Path(os.environ.get(variable) or SHARED_DATASETS / name)
+    if not folder.is_absolute():
+        folder = REPO / folder
+    if not folder.is_dir():
+        pytest.fail(f"{name} files not found in {folder}: set {variable} to a folder holding "
+                    f"the four {name} .gz files", pytrace=False)
+    monkeypatch.setenv(variable, str(folder))
+    return folder
 
 
 @pytest.fixture
 def mnist_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The MNIST folder named by META_MNIST_DIR (CI sets it), else ../shared/datasets/mnist."""
-    folder = Path(os.environ.get("META_MNIST_DIR") or SHARED_MNIST)
-    if not folder.is_absolute():
-        folder = REPO / folder
-    if not folder.is_dir():
-        pytest.fail(f"MNIST files not found in {folder}: set META_MNIST_DIR to a folder holding "
-                    "the four MNIST .gz files", pytrace=False)
-    monkeypatch.setenv("META_MNIST_DIR", str(folder))
-    return folder
+    return _dataset_dir(monkeypatch, "META_MNIST_DIR", "mnist")
+
+
+@pytest.fixture
+def fashion_mnist_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
+    return _dataset_dir(monkeypatch, "META_FASHION_MNIST_DIR", "fashion-mnist")

@@ -3,6 +3,7 @@
 from meta.lv1.builder import GraphBuilder, mlp
 from meta.lv1.executor import ExecutionError, Profile, ProfileRow, ReferenceExecutor
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
+from meta.lv1.models import lenet5, resnet20, vgg_small, wide_cnn
 from meta.lv1.onnx_io import ONNXLoadError, from_onnx, read_model, save_onnx, to_onnx
 
 __all__ = [
@@ -17,6 +18,10 @@ __all__ = [
     "ReferenceExecutor",
     "TensorInfo",
     "from_onnx",
+    "lenet5",
+    "resnet20",
+    "vgg_small",
+    "wide_cnn",
     "make_operator",
     "mlp",
     "read_model",

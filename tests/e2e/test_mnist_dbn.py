@@ -9,6 +9,7 @@ pre-training 20x slower (OpenBLAS threads spinning against other processes), hen
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -20,6 +21,8 @@ from threadpoolctl import threadpool_limits
 from meta.lv1 import ReferenceExecutor, save_onnx
 from meta.lv2 import EpochLog, Optimizer, ShuffleSampler, Trainer, mnist, sgd
 from meta.lv2.dbn import dbn_classifier, print_progress
+
+from .recipe_checks import META, recipe_path
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +57,13 @@ def test_pretrained_dbn_fine_tunes_to_97_percent(mnist_dir, tmp_path, capsys):
     theirs = ReferenceEvaluator(net).run(None, {"input": x})[0]
     ours = ReferenceExecutor(graph).inference({"input": x}, ["logits"])["logits"]
     np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.mpi
+def test_dbn_recipe_passes_under_mpiexec(tmp_path, mnist_dir, mpirun):
+    """Data-parallel pre-training, then allreduce fine-tuning, through ``meta run``."""
+    out = mpirun(2, [META, "run", recipe_path("mnist_dbn"), "--output-dir", str(tmp_path),
+                     "--quiet"], timeout=400)
+    assert "running recipe mnist_dbn on 2 ranks" in out and "mnist_dbn: PASS" in out, out
+    report = json.loads((tmp_path / "metrics.json").read_text())
+    assert report["metrics"]["test_accuracy"] >= 0.97 and report["metrics"]["pretrain_time_s"] > 0
