@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from meta.lv1 import ReferenceExecutor, mlp
-from meta.lv2 import ArrayDataset, Event, Optimizer, ShuffleSampler, Trainer, adam
+from meta.lv2 import ArrayDataset, Event, Optimizer, ShuffleSampler, Trainer, adam, sgd
 from meta.lv2.checkpoint import (
     CheckpointError,
     CheckpointEvent,
@@ -86,3 +88,16 @@ def test_writes_are_atomic_and_errors_are_clear(tmp_path):
                     Optimizer(adam(0.01), {}), data(), ShuffleSampler(200, 16))
     with pytest.raises(CheckpointError, match="'fc0.weight' has shape \\(8, 6\\)"):
         restore(other, load_checkpoint(path))
+
+
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    trainer = make_trainer([CheckpointEvent(path, every_steps=1)],
+                           optimizer=lambda p: Optimizer(sgd(1e6, momentum=0.9), p))
+    with pytest.raises(FloatingPointError, match=r"at epoch 1, step (\d+)") as info:
+        with np.errstate(all="ignore"):
+            trainer.fit(3)
+    bad_step = int(re.search(r"step (\d+)", str(info.value)).group(1))
+    ckpt = load_checkpoint(path)
+    assert ckpt.position["step"] == bad_step - 1  # written before the step that diverged
+    assert all(np.isfinite(v).all() for v in ckpt.params.values())

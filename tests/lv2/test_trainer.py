@@ -81,12 +81,14 @@ def test_sharded_evaluation_sums_to_the_whole():
     assert acc == pytest.approx(whole["accuracy"])
 
 
-def test_line_search_optimizers_get_a_closure():
-    from meta.lv2.second_order import LBFGS
+@pytest.mark.parametrize("method", ["lbfgs", "cg"])
+def test_line_search_optimizers_get_a_closure(method):
+    """Both line-search methods fit a linear classifier (full batch) through the trainer."""
+    from meta.lv2.second_order import LBFGS, ConjugateGradient
 
     graph = mlp(input_shape=(8,), hidden=(), classes=4, seed=0)
     data = blobs(256, 0)
-    optimizer = LBFGS(graph.parameters)
+    optimizer = (LBFGS if method == "lbfgs" else ConjugateGradient)(graph.parameters)
     trainer = Trainer(ReferenceExecutor(graph), optimizer, data,
                       ShuffleSampler(len(data), len(data), seed=0))  # full batch
     history = trainer.fit(10)
