@@ -43,13 +43,7 @@ def user_chose(environ: os._Environ | dict = os.environ) -> bool:
 
 
 def apply_default(environ: os._Environ | dict = os.environ) -> None:
-    """Set the thread variables for this rank unless the user set any of them.
-
-    Also make idle OpenMP threads sleep instead of spin (unless the user chose): meta's OpenMP
-    kernels and OpenBLAS's own threads take turns on the same cores, and workers spinning after
-    a kernel made the next GEMM 7x slower with 2 threads (benchmarks/mlp_step.py).
-    """
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Set the thread variables for this rank unless the user set any of them."""
     if user_chose(environ) or local_ranks(environ) == 1:
         return
     threads = default_threads(environ)
