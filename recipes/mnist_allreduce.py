@@ -19,7 +19,7 @@ FIXED = {
 }
 
 MUTABLE = {
-    "epochs": 3,
+    "epochs": 4,
     "batch_size": 64,  # per rank
     "lr": 0.05,
     "momentum": 0.9,
