@@ -19,7 +19,7 @@ FIXED = {
 
 MUTABLE = {
     "distributed": "async_parameter_server",
-    "epochs": 4,
+    "epochs": 6,
     "batch_size": 64,  # per worker
     "lr": 0.05,
     "momentum": 0.5,  # stale gradients and high momentum: 96.5% after 3 epochs at 0.9
