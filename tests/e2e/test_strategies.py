@@ -47,10 +47,7 @@ def test_consistent_parameter_server_recipe_on_2_ranks(tmp_path, mnist_dir, mpir
     run_recipe(mpirun, 2, "mnist_parameter_server", tmp_path, "distributed=parameter_server")
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("recipe", ["mnist_allreduce", "mnist_parameter_server"])
 def test_strategy_recipes_pass_on_4_ranks(tmp_path, mnist_dir, mpirun, recipe):
     """Issue 7's recipes at -n 4, oversubscribed on the 2-core machine."""
-    out = mpirun(4, [META, "run", str(REPO / "recipes" / f"{recipe}.py"), "--output-dir",
-                     str(tmp_path), "--quiet"], timeout=400)
-    assert f"{recipe}: PASS" in out, out
+    run_recipe(mpirun, 4, recipe, tmp_path)
