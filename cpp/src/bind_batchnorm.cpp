@@ -1,0 +1,8 @@
+// Kernels of this family are being written; this file binds none yet.
+#include "bindings.hpp"
+
+namespace meta::bind {
+
+void bind_batchnorm(py::module_& m) { (void)m; }
+
+}  // namespace meta::bind
