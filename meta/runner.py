@@ -12,7 +12,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from meta import _threads
-from meta.lv1 import Graph, ReferenceExecutor, mlp, save_onnx
+from meta.lv1 import EXECUTORS, Graph, mlp, save_onnx
 from meta.lv1.models import MODELS as CONV_MODELS
 from meta.lv2 import (
     LBFGS,
@@ -80,7 +80,6 @@ MODELS: dict[str, Callable[[Definitions, tuple, Any], Graph]] = {
                                        seed=d.seed, dtype=dtype),
     **{name: _conv_model(build) for name, build in CONV_MODELS.items()},
 }
-EXECUTOR_BACKENDS = {"reference": ("numpy",), "native": ("native", "numpy")}
 
 
 def load_data(d: Definitions) -> tuple[ArrayDataset, ArrayDataset]:
@@ -166,7 +165,7 @@ def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = No
                           f"search needs every evaluation of the whole batch")
     train, test = load_data(d)
     graph, build_metrics = build_graph(d, train, comm, stream)
-    executor = ReferenceExecutor(graph, backends=EXECUTOR_BACKENDS[d.executor])
+    executor = EXECUTORS[d.executor](graph)
     # The ranks that train (all but an asynchronous server) each take a shard of the data.
     replica_index, replicas = replica(d.distributed, comm.rank, comm.size, servers=d.servers)
     if replicas > 1:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from meta.lv0 import Operator, register, unbroadcast
+import numpy as np
+
+from meta.lv0 import Operator, native, register, unbroadcast
 
 
 @register("Gemm", since=11)
@@ -32,6 +34,54 @@ class Gemm(Operator):
             da = b_ @ g.T if self.transA else g @ b_.T
         if ctx.needs(1):
             db = g.T @ a_ if self.transB else a_.T @ g
+        if ctx.c_shape is not None and ctx.needs(2):
+            dc = unbroadcast(dy * self.beta if self.beta != 1.0 else dy, ctx.c_shape)
+        return (da, db, dc)
+
+
+@register("Gemm", since=11, backend="native")
+class NativeGemm(Gemm):
+    """The same operator with its products through meta::blas::gemm (numpy's BLAS, called from
+    C++ with the GIL released): alpha, beta and the broadcast C are folded into the one BLAS call
+    instead of extra passes over Y. Other dtypes than float32/float64 take the numpy path."""
+
+    def forward(self, ctx, a, b, c=None):
+        if not native.supports(a, b) or a.ndim != 2 or b.ndim != 2:
+            return super().forward(ctx, a, b, c)
+        m = a.shape[1] if self.transA else a.shape[0]
+        n = b.shape[0] if self.transB else b.shape[1]
+        y, beta = np.empty((m, n), a.dtype), 0.0
+        if c is not None:
+            y[...], beta = c, self.beta  # broadcast C, scaled by beta inside the product
+        native.call_into("gemm_into", a, b, out=y, trans_a=bool(self.transA),
+                         trans_b=bool(self.transB), alpha=self.alpha, beta=beta)
+        ctx.save(a=a, b=b, c_shape=None if c is None else c.shape, native=True)
+        return y
+
+    def backward(self, ctx, dy):
+        if not getattr(ctx, "native", False):
+            return super().backward(ctx, dy)
+        a, b, alpha = ctx.a, ctx.b, self.alpha
+        ta, tb = bool(self.transA), bool(self.transB)
+        da = db = dc = None
+        # Y = op(A) op(B): dop(A) = dY op(B)^T and dop(B) = op(A)^T dY, each written straight
+        # into the stored layout of A or B by choosing the operands' transposes.
+        if ctx.needs(0):
+            da = np.empty(a.shape, dy.dtype)
+            if ta:
+                native.call_into("gemm_into", b, dy, out=da, trans_a=tb, trans_b=True,
+                                 alpha=alpha, beta=0.0)
+            else:
+                native.call_into("gemm_into", dy, b, out=da, trans_a=False, trans_b=not tb,
+                                 alpha=alpha, beta=0.0)
+        if ctx.needs(1):
+            db = np.empty(b.shape, dy.dtype)
+            if tb:
+                native.call_into("gemm_into", dy, a, out=db, trans_a=True, trans_b=ta,
+                                 alpha=alpha, beta=0.0)
+            else:
+                native.call_into("gemm_into", a, dy, out=db, trans_a=not ta, trans_b=False,
+                                 alpha=alpha, beta=0.0)
         if ctx.c_shape is not None and ctx.needs(2):
             dc = unbroadcast(dy * self.beta if self.beta != 1.0 else dy, ctx.c_shape)
         return (da, db, dc)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.lv0 import Operator, register, unbroadcast
+from meta.lv0 import Operator, native, register, unbroadcast
 
 
 @register("MatMul", since=1)
@@ -50,3 +50,39 @@ class MatMul(Operator):
         if b_rank == 1:
             dy = np.expand_dims(dy, -1)
         return dy
+
+
+@register("MatMul", since=1, backend="native")
+class NativeMatMul(MatMul):
+    """Matrix and equal-batch products through meta::blas::gemm with the GIL released; 1-D
+    operands, broadcast batch dimensions and non-float dtypes take the numpy path."""
+
+    def forward(self, ctx, a, b):
+        if not (native.supports(a, b) and a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]
+                and a.shape[-1] == b.shape[-2]):
+            return super().forward(ctx, a, b)
+        y = self.product(a, b)
+        ctx.save(a=a if ctx.needs(1) else None, b=b if ctx.needs(0) else None,
+                 a_shape=a.shape, b_shape=b.shape)
+        return y
+
+    def backward(self, ctx, dy):
+        a_shape, b_shape = ctx.a_shape, ctx.b_shape
+        if not (len(a_shape) == len(b_shape) >= 2 and a_shape[:-2] == b_shape[:-2]):
+            return super().backward(ctx, dy)
+        da = self.product(dy, np.swapaxes(ctx.b, -1, -2)) if ctx.needs(0) else None
+        db = self.product(np.swapaxes(ctx.a, -1, -2), dy) if ctx.needs(1) else None
+        return (da, db)
+
+    @staticmethod
+    def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a @ b for (..., M, K) and (..., K, N) with equal leading dimensions."""
+        if a.ndim == 2:
+            y = np.empty((a.shape[0], b.shape[1]), np.result_type(a, b))
+            native.call_into("gemm_into", a, b, out=y, trans_a=False, trans_b=False,
+                             alpha=1.0, beta=0.0)
+            return y
+        batch = a.shape[:-2]
+        y = native.call("batched_matmul", a.reshape(-1, *a.shape[-2:]),
+                        b.reshape(-1, *b.shape[-2:]))
+        return y.reshape(*batch, *y.shape[-2:])

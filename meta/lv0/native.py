@@ -112,6 +112,23 @@ def float_dtype(kernel: str, *arrays: np.ndarray) -> np.dtype:
     return dtype
 
 
+def supports(*arrays: np.ndarray) -> bool:
+    """Whether native kernels take these arrays: all float32 or all float64."""
+    dtype = arrays[0].dtype
+    return dtype in NATIVE_DTYPES and all(a.dtype == dtype for a in arrays)
+
+
+def call_into(kernel: str, *arrays: np.ndarray, out: np.ndarray, **options) -> np.ndarray:
+    """Like ``call`` for kernels that write into ``out`` (C-contiguous, of the inputs' dtype)."""
+    dtype = float_dtype(kernel, *arrays)
+    if out.dtype != dtype or not out.flags.c_contiguous:
+        raise TypeError(f"native kernel {kernel}: out must be C-contiguous {dtype}, got "
+                        f"{out.dtype}{' (not contiguous)' if not out.flags.c_contiguous else ''}")
+    contiguous = [np.ascontiguousarray(a, dtype=dtype) for a in arrays]
+    getattr(module(), kernel)(*contiguous, out, **options)
+    return out
+
+
 def call(kernel: str, *arrays: np.ndarray, **options) -> np.ndarray:
     """Call a kernel on C-contiguous arrays of one float dtype (float32 or float64); keyword
     ``options`` (ints, floats, flags) are passed through."""

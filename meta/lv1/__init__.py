@@ -1,12 +1,21 @@
 """Level 1: network graphs (built in code or loaded from ONNX) and the executors that run them."""
 
 from meta.lv1.builder import GraphBuilder, mlp
-from meta.lv1.executor import ExecutionError, Profile, ProfileRow, ReferenceExecutor
+from meta.lv1.executor import (
+    EXECUTORS,
+    ExecutionError,
+    NativeExecutor,
+    Profile,
+    ProfileRow,
+    ReferenceExecutor,
+)
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
 from meta.lv1.models import lenet5, resnet20, vgg_small, wide_cnn
 from meta.lv1.onnx_io import ONNXLoadError, from_onnx, read_model, save_onnx, to_onnx
 
 __all__ = [
+    "EXECUTORS",
+    "NativeExecutor",
     "ExecutionError",
     "Graph",
     "GraphBuilder",

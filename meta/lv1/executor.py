@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from meta.lv0 import Context, InferenceContext, Operator
+from meta.lv0 import Context, InferenceContext, Operator, native
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
 
 Tensors = dict[str, np.ndarray]
@@ -92,6 +92,10 @@ class ReferenceExecutor:
         self.free_intermediates = free_intermediates
         self.peak_intermediate_bytes = 0
         self.records: list[tuple[str, str, str, int]] = []  # (node, op type, phase, ns)
+
+    def placement(self) -> dict[str, str]:
+        """Node name -> the backend of the implementation it runs ("numpy", "native", ...)."""
+        return {name: op.backend for name, op in self.ops.items()}
 
     # -- profiling -----------------------------------------------------------------------
     def profile_table(self) -> Profile:
@@ -295,3 +299,27 @@ class ReferenceExecutor:
             else:
                 combined[name] = np.concatenate([v for _, v in pieces], axis=0)
         return combined, grads
+
+
+class NativeExecutor(ReferenceExecutor):
+    """Runs each node on its C++/OpenMP kernel where the operator has one (Conv, Gemm, MatMul,
+    pools, BatchNormalization, activations, elementwise ops, softmax cross-entropy) and on
+    numpy otherwise; a kernel that does not take a node's case (an N-D window, an integer
+    tensor) runs that node's numpy code. Results match the reference executor to rounding
+    (the kernels may sum in another order); ``placement()`` says where each node runs.
+
+    >>> from meta.lv1.builder import mlp
+    >>> NativeExecutor(mlp(hidden=[8])).placement()["fc0"]
+    'native'
+    """
+
+    backends = ("native", "numpy")
+
+    def __init__(self, graph: Graph, backends: Sequence[str] | None = None,
+                 profile: bool = False, free_intermediates: bool = True) -> None:
+        native.module()  # fails here, with how to build it, if the extension is missing
+        super().__init__(graph, backends, profile, free_intermediates)
+
+
+EXECUTORS: dict[str, type[ReferenceExecutor]] = {"reference": ReferenceExecutor,
+                                                 "native": NativeExecutor}

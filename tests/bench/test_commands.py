@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
 from meta.cli import EXIT_ERROR, EXIT_PASS, main
@@ -56,9 +57,9 @@ def test_compare_two_set_variants_writes_json_and_plots(tmp_path, mnist_dir, cap
     (cmp,) = report["comparisons"]
     assert cmp["baseline"] == "executor=reference" and cmp["candidate"] == "executor=native"
     assert cmp["ci_low"] <= cmp["ratio"] <= cmp["ci_high"]
-    # Same seed, and native Relu matches numpy bit for bit: the same training either way.
+    # Same seed, and the native kernels match numpy to rounding: the same training either way.
     a, b = (v["runs"][0]["step_loss"] for v in report["variants"])
-    assert a == b
+    np.testing.assert_allclose(a, b, rtol=1e-4)
     assert_png(out / "step_times.png")
     assert_png(out / "loss_curves.png")
     assert "median step time executor=native / executor=reference" in printed

@@ -54,7 +54,7 @@ def _binary(make_b: Callable | None = None):
 def mat_mul(rng):
     pairs = [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)),
              ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (2, 4, 3)),
-             ((2, 3, 4), (4,))]
+             ((2, 3, 4), (4,)), ((2, 3, 3, 4), (2, 3, 4, 5))]  # the last: equal batches
     return [({}, [rng.standard_normal(a), rng.standard_normal(b)]) for a, b in pairs]
 
 
