@@ -1,0 +1,34 @@
+"""The benchmark scripts run and print their figures (tiny settings: the numbers mean nothing)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run(script: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_train_step_prints_throughput_ratios():
+    out = run("train_step.py", "--models", "mlp,lenet5", "--steps", "1", "--repeats", "1",
+              "--warmup", "0", "--threads", "1")
+    for model in ("mlp", "lenet5"):
+        assert re.search(rf"{model}\s+1 thread\(s\): native/reference \d+\.\d\d", out), out
+    assert "meta native" in out and "samples/s" in out
+
+
+@pytest.mark.slow
+def test_train_step_memory_mode_prints_peaks():
+    out = run("train_step.py", "--memory", "--models", "lenet5", "--memory-steps", "1")
+    assert "step peak adds MiB" in out and "meta native" in out, out
