@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.lv0 import Operator, register
+from meta.lv0 import Operator, native, register
 from ops import _window
+from ops.max_pool import pool_2d
 
 
 @register("AveragePool", since=1)
@@ -18,12 +19,15 @@ class AveragePool(Operator):
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "count_include_pad": 0,
                   "dilations": None, "kernel_shape": None, "pads": None, "strides": None}
 
-    def forward(self, ctx, x):
+    def window(self, x) -> _window.Window:
         if self.kernel_shape is None:
             raise ValueError(f"AveragePool: the kernel_shape attribute is required "
                              f"(X {list(x.shape)})")
-        win = _window.geometry("AveragePool", x.shape[2:], self.kernel_shape, self.strides,
-                               self.dilations, self.pads, self.auto_pad, self.ceil_mode)
+        return _window.geometry("AveragePool", x.shape[2:], self.kernel_shape, self.strides,
+                                self.dilations, self.pads, self.auto_pad, self.ceil_mode)
+
+    def forward(self, ctx, x):
+        win = self.window(x)
         rank = len(win.kernel)
         kernel_axes = tuple(range(-2 * rank, -rank))
         sums = _window.windows(_window.pad(x, win), win).sum(axis=kernel_axes)
@@ -43,3 +47,25 @@ class AveragePool(Operator):
         share = (dy / ctx.divisor)[(slice(None), slice(None), *(None,) * rank)]
         dcols = np.broadcast_to(share, (*dy.shape[:2], *win.kernel, *dy.shape[2:]))
         return (np.ascontiguousarray(_window.unpad(_window.col2im(dcols, win), win)),)
+
+
+@register("AveragePool", since=1, backend="native")
+class NativeAveragePool(AveragePool):
+    """2-D float average pooling through cpp/include/meta/pool.hpp; other ranks and dtypes
+    through the numpy implementation."""
+
+    def forward(self, ctx, x):
+        win = self.window(x)
+        if x.ndim != 4 or x.dtype not in native.NATIVE_DTYPES:
+            return super().forward(ctx, x)
+        ctx.save(native=True, win=win, x_shape=x.shape)
+        return native.module().average_pool_forward(
+            np.ascontiguousarray(x), count_include_pad=bool(self.count_include_pad),
+            **pool_2d(win))
+
+    def backward(self, ctx, dy):
+        if not getattr(ctx, "native", False):
+            return super().backward(ctx, dy)
+        return (native.module().average_pool_backward(
+            np.ascontiguousarray(dy), x_shape=ctx.x_shape,
+            count_include_pad=bool(self.count_include_pad), **pool_2d(ctx.win)),)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from meta.lv0 import Operator, register
+from meta.lv0 import Operator, native, register
 from ops import _window
 
 
@@ -39,7 +39,9 @@ class Conv(Operator):
     attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                   "pads": None, "strides": None}
 
-    def forward(self, ctx, x, w, b=None):
+    def window(self, x, w, b=None) -> _window.Window:
+        """Check X, W and B against each other and resolve the window (shared by both
+        backends, so their errors are the same)."""
         g = self.group
         check_conv_shapes("Conv", x, w, g, 1)
         if w.shape[0] % g:
@@ -48,8 +50,11 @@ class Conv(Operator):
         if b is not None and b.shape != (w.shape[0],):
             raise ValueError(f"Conv: B {list(b.shape)} must be ({w.shape[0]},) for W "
                              f"{list(w.shape)}")
-        win = _window.geometry("Conv", x.shape[2:], kernel_of("Conv", w, self.kernel_shape),
-                               self.strides, self.dilations, self.pads, self.auto_pad)
+        return _window.geometry("Conv", x.shape[2:], kernel_of("Conv", w, self.kernel_shape),
+                                self.strides, self.dilations, self.pads, self.auto_pad)
+
+    def forward(self, ctx, x, w, b=None):
+        g, win = self.group, self.window(x, w, b)
         n, m, rank = x.shape[0], w.shape[0], len(win.kernel)
         # im2col: (N, C, *k, *out) windows copied to (N, G, Cg*K, P), one GEMM per image and
         # group whose result is already laid out as (N, M, *out).
@@ -77,3 +82,44 @@ class Conv(Operator):
         if ctx.has_bias and ctx.needs(2):
             db = dy.sum(axis=(0, *range(2, dy.ndim)))
         return (dx, dw, db)
+
+
+def native_arrays(*arrays: np.ndarray | None) -> tuple[np.ndarray | None, ...] | None:
+    """The arrays as C-contiguous float32/float64 of one dtype, or None when a kernel cannot
+    take them as they are (mixed or other dtypes: the numpy implementation decides)."""
+    given = [a for a in arrays if a is not None]
+    dtype = given[0].dtype
+    if dtype not in native.NATIVE_DTYPES or any(a.dtype != dtype for a in given):
+        return None
+    return tuple(None if a is None else np.ascontiguousarray(a) for a in arrays)
+
+
+def spatial_2d(win: _window.Window) -> dict:
+    """A 2-D window as the native kernels' keyword arguments."""
+    return {"strides": win.strides, "dilations": win.dilations, "pads": win.pads_begin,
+            "out": win.out_shape}
+
+
+@register("Conv", since=1, backend="native")
+class NativeConv(Conv):
+    """2-D convolutions through cpp/include/meta/conv.hpp (im2col of a few images at a time +
+    BLAS GEMMs); other ranks and dtypes through the numpy implementation. Keeps only X and W
+    for backward and recomputes the columns there, as PyTorch does."""
+
+    def forward(self, ctx, x, w, b=None):
+        win = self.window(x, w, b)
+        arrays = native_arrays(x, w, b) if x.ndim == 4 else None
+        if arrays is None:
+            return super().forward(ctx, x, w, b)
+        x, w, b = arrays
+        y = native.module().conv_forward(x, w, b, group=self.group, **spatial_2d(win))
+        ctx.save(native=True, win=win, x=x, w=w, has_bias=b is not None)
+        return y
+
+    def backward(self, ctx, dy):
+        if not getattr(ctx, "native", False):
+            return super().backward(ctx, dy)
+        need_b = ctx.has_bias and ctx.needs(2)
+        return native.module().conv_backward(
+            ctx.x, ctx.w, np.ascontiguousarray(dy, dtype=ctx.x.dtype), group=self.group,
+            need_x=ctx.needs(0), need_w=ctx.needs(1), need_b=need_b, **spatial_2d(ctx.win))

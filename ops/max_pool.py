@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from meta.lv0 import Operator, register
+from meta.lv0 import Operator, native, register
 from ops import _window
 
 
@@ -36,11 +36,14 @@ class MaxPool(Operator):
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": None,
                   "pads": None, "storage_order": 0, "strides": None}
 
-    def forward(self, ctx, x):
+    def window(self, x) -> _window.Window:
         if self.kernel_shape is None:
             raise ValueError(f"MaxPool: the kernel_shape attribute is required (X {list(x.shape)})")
-        win = _window.geometry("MaxPool", x.shape[2:], self.kernel_shape, self.strides,
-                               self.dilations, self.pads, self.auto_pad, self.ceil_mode)
+        return _window.geometry("MaxPool", x.shape[2:], self.kernel_shape, self.strides,
+                                self.dilations, self.pads, self.auto_pad, self.ceil_mode)
+
+    def forward(self, ctx, x):
+        win = self.window(x)
         n, c = x.shape[:2]
         view = _window.windows(_window.pad(x, win, lowest(x.dtype)), win)
         # A running max over the kernel offsets reads the strided view in place; a strict
@@ -68,3 +71,31 @@ class MaxPool(Operator):
             index, weights = index[ctx.valid.reshape(-1)], weights[ctx.valid.reshape(-1)]
         dx = np.bincount(index, weights=weights, minlength=math.prod(ctx.x_shape))
         return (dx.reshape(ctx.x_shape).astype(dy.dtype, copy=False),)
+
+
+def pool_2d(win: _window.Window) -> dict:
+    """A 2-D pooling window as the native kernels' keyword arguments."""
+    return {"kernel_shape": win.kernel, "strides": win.strides, "dilations": win.dilations,
+            "pads_begin": win.pads_begin, "pads_end": win.pads_end, "out": win.out_shape}
+
+
+@register("MaxPool", since=1, backend="native")
+class NativeMaxPool(MaxPool):
+    """2-D float max pooling through cpp/include/meta/pool.hpp (every attribute, Indices in
+    either storage order); other ranks and dtypes through the numpy implementation."""
+
+    def forward(self, ctx, x):
+        win = self.window(x)
+        if x.ndim != 4 or x.dtype not in native.NATIVE_DTYPES:
+            return super().forward(ctx, x)
+        x = np.ascontiguousarray(x)
+        y, index, indices = native.module().max_pool_forward(
+            x, storage_order=bool(self.storage_order), **pool_2d(win))
+        ctx.save(native=True, win=win, index=index, x_shape=x.shape)
+        return y, indices
+
+    def backward(self, ctx, dy, dindices=None):
+        if not getattr(ctx, "native", False):
+            return super().backward(ctx, dy, dindices)
+        return (native.module().max_pool_backward(
+            ctx.index, np.ascontiguousarray(dy), x_shape=ctx.x_shape, **pool_2d(ctx.win)),)

@@ -43,6 +43,14 @@ def conv(rng: np.random.Generator) -> list:
         ({"auto_pad": "VALID", "strides": [3, 2]}, [r((1, 2, 7, 6)), r((2, 2, 2, 2))]),
         ({"strides": [1, 2, 1], "pads": [0, 1, 0, 1, 0, 1]},  # 3-D
          [r((1, 2, 3, 4, 3)), r((2, 2, 2, 3, 2)), r(2)]),
+        # 2-D, the native kernel's cases: batch > 1 with groups, no bias, dilations and pads
+        # wider than the kernel (outputs reading only padding), 1x1 (its GEMM-only path,
+        # grouped) and 1x1 with a stride (the general path)
+        ({"group": 2, "strides": [1, 2], "dilations": [2, 1], "pads": [2, 1, 1, 0]},
+         [r((3, 4, 5, 6)), r((4, 2, 3, 2))]),
+        ({"pads": [3, 0, 0, 3]}, [r((2, 1, 3, 3)), r((2, 1, 2, 2)), r(2)]),
+        ({"group": 2}, [r((2, 4, 3, 3)), r((6, 2, 1, 1)), r(6)]),
+        ({"strides": [2, 2]}, [r((2, 3, 4, 5)), r((2, 3, 1, 1))]),
     ]
 
 
@@ -90,6 +98,9 @@ def max_pool(rng: np.random.Generator) -> list:
          [_distinct(rng, (1, 2, 4, 5))]),
         (OracleLimit({"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER"}, 1, unit),
          [_distinct(rng, (1, 2, 4, 4))]),
+        # batch > 1, pads, overlapping windows and column-major Indices together
+        ({"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1], "storage_order": 1},
+         [_distinct(rng, (2, 3, 5, 4))]),
     ]
 
 
@@ -101,6 +112,9 @@ def average_pool(rng: np.random.Generator) -> list:
     x = rng.standard_normal((1, 2, 4, 5))
     cases += [({"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "count_include_pad": c}, [x])
               for c in (0, 1)]
+    x = rng.standard_normal((3, 2, 5, 6))  # batch > 1, overlapping dilated windows, pads
+    cases += [({"kernel_shape": [3, 2], "strides": [1, 2], "dilations": [1, 2],
+                "pads": [1, 1, 2, 0], "count_include_pad": c}, [x]) for c in (0, 1)]
     return cases
 
 
