@@ -40,6 +40,8 @@ inline bool parallel(const Geometry& g) {
 // y = window max, index = flat index in x of the first max in window order (plane * H * W +
 // row-major position; plane * H * W - 1 where the window lies wholly in padding). Padding
 // reads as -inf and never wins after the first tap, exactly as in the numpy op, NaNs included.
+// One output at a time with the running max in registers and a branch-free update: on random
+// data "if (v > best)" mispredicts half the time (the wide CNN's pool ran 10x slower).
 template <typename T>
 void max_forward(const Geometry& g, const T* x, T* y, std::int64_t* index) {
   const T pad = -std::numeric_limits<T>::infinity();
@@ -48,30 +50,29 @@ void max_forward(const Geometry& g, const T* x, T* y, std::int64_t* index) {
     const T* xp = x + plane * g.in_plane();
     const std::int64_t base = plane * g.in_plane();
     for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+      const std::int64_t iy0 = oy * g.sh - g.ph;
+      std::int64_t ilo, ihi;  // kernel rows inside the input
+      valid_range(iy0, g.dh, g.h, g.kh, ilo, ihi);
       T* yr = y + plane * g.out_plane() + oy * g.ow;
       std::int64_t* ir = index + plane * g.out_plane() + oy * g.ow;
-      bool first = true;
-      for (std::int64_t i = 0; i < g.kh; ++i) {
-        const std::int64_t iy = oy * g.sh - g.ph + i * g.dh;
-        const bool row_valid = iy >= 0 && iy < g.h;
-        for (std::int64_t j = 0; j < g.kw; ++j) {
-          const std::int64_t off = j * g.dw - g.pw;
-          std::int64_t lo = 0, hi = 0;
-          if (row_valid) valid_range(off, g.sw, g.w, g.ow, lo, hi);
-          const T* src = xp + iy * g.w + off;
-          const std::int64_t at = base + iy * g.w + off;
-          if (first) {  // the first tap sets every output, padding included
-            first = false;
-            for (std::int64_t o = 0; o < lo; ++o) yr[o] = pad, ir[o] = base - 1;
-            for (std::int64_t o = lo; o < hi; ++o) yr[o] = src[o * g.sw], ir[o] = at + o * g.sw;
-            for (std::int64_t o = hi; o < g.ow; ++o) yr[o] = pad, ir[o] = base - 1;
-            continue;
-          }
-          for (std::int64_t o = lo; o < hi; ++o) {
-            const T v = src[o * g.sw];
-            if (v > yr[o]) yr[o] = v, ir[o] = at + o * g.sw;
+      for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+        const std::int64_t ix0 = ox * g.sw - g.pw;
+        const bool first = ilo == 0 && ix0 >= 0 && ix0 < g.w;
+        T best = first ? xp[iy0 * g.w + ix0] : pad;
+        std::int64_t at = first ? iy0 * g.w + ix0 : -1;
+        for (std::int64_t i = ilo; i < ihi; ++i) {
+          const std::int64_t row = (iy0 + i * g.dh) * g.w;
+          for (std::int64_t j = i == 0 ? 1 : 0; j < g.kw; ++j) {
+            const std::int64_t ix = ix0 + j * g.dw;
+            if (ix < 0 || ix >= g.w) continue;
+            const T v = xp[row + ix];
+            const bool better = v > best;
+            best = better ? v : best;
+            at = better ? row + ix : at;
           }
         }
+        yr[ox] = best;
+        ir[ox] = base + at;
       }
     }
   }
