@@ -67,6 +67,7 @@ class Definitions:
     n_fetch: int = 1  # downpour: steps between parameter fetches
     n_push: int = 1  # downpour: steps between pushes of the accrued gradients
     warm_start_steps: int = 0  # downpour: steps worker 0 trains alone before the others join
+    portions: int = 8  # sandblaster: pieces each batch evaluation is cut into for the workers
     chunk_bytes: int = 4194304  # = meta.lv3.DEFAULT_CHUNK_BYTES (benchmarks/chunk_sweep.py)
     timeline: bool = False  # write the step phases as a Chrome trace to the output dir
     eval_batch_size: int = 1000
@@ -80,12 +81,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "step", "cosine"),
     "executor": ("reference", "native"),
     "distributed": ("allreduce", "parameter_server", "async_parameter_server", "model_averaging",
-                    "ring", "async_rma", "downpour"),
+                    "ring", "async_rma", "downpour", "sandblaster"),
     "compression": ("none", "fp16", "topk", "sign"),
 }
 POSITIVE = ("epochs", "batch_size", "lr", "eval_batch_size", "average_every", "topk_ratio",
             "chunk_bytes", "lr_decay_factor", "pretrain_lr", "cd_k", "pretrain_batch_size",
-            "servers", "n_fetch", "n_push")
+            "servers", "n_fetch", "n_push", "portions")
 NON_NEGATIVE = ("momentum", "train_samples", "weight_decay", "grad_clip", "warmup_epochs",
                 "early_stopping_patience", "time_budget_s", "pretrain_epochs", "warm_start_steps")
 AUGMENTATIONS = ("crop", "flip", "cutout")
@@ -268,6 +269,9 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
             values.get("distributed", "allreduce") != "allreduce":
         errors.append(f"'compression' {values['compression']!r} applies to distributed "
                       f"'allreduce' only, not {values['distributed']!r}")
+    if values.get("distributed") == "sandblaster" and values.get("optimizer", "sgd") != "lbfgs":
+        errors.append(f"'distributed' 'sandblaster' is distributed L-BFGS: it needs 'optimizer' "
+                      f"'lbfgs', not {values.get('optimizer', 'sgd')!r}")
     if isinstance(fixed, Mapping) and isinstance(mutable, Mapping):
         for key in sorted(set(fixed) & set(mutable)):
             errors.append(f"{key!r} is in both FIXED and MUTABLE; a key is one or the other")

@@ -54,6 +54,7 @@ from meta.lv3 import (
     replica,
     world,
 )
+from meta.lv3.sandblaster import TrainerRows
 from meta.recipe import Definitions, Outcome, Recipe, RecipeError, judge
 
 CHECKPOINT = "checkpoint.npz"
@@ -160,9 +161,13 @@ def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = No
                   progress: bool = True, output_dir: Path | None = None,
                   checkpoint_every: int = 0) -> tuple[Trainer, dict[str, float]]:
     d = recipe.definitions
-    if d.optimizer in ("lbfgs", "cg") and comm.size > 1:
+    if d.optimizer in ("lbfgs", "cg") and comm.size > 1 and d.distributed != "sandblaster":
         raise RecipeError(f"optimizer {d.optimizer!r} runs on one process only: its line "
-                          f"search needs every evaluation of the whole batch")
+                          f"search needs every evaluation of the whole batch (or "
+                          f"distributed 'sandblaster' for L-BFGS)")
+    if d.distributed == "sandblaster" and comm.size > 1 and d.augmentation:
+        raise RecipeError("'augmentation' cannot be used with distributed 'sandblaster': its "
+                          "workers evaluate the stored rows of the batch")
     train, test = load_data(d)
     graph, build_metrics = build_graph(d, train, comm, stream)
     executor = EXECUTORS[d.executor](graph)
@@ -290,13 +295,18 @@ class RecipeRun:
         parameters from the strategy's flat buffer, and metrics are summed over the ranks that
         train (an asynchronous server does not)."""
         d, trainer = self.recipe.definitions, self.trainer
-        if getattr(trainer.optimizer, "needs_closure", False):  # one process (checked before)
+        if d.distributed == "sandblaster" and self.comm.size > 1:  # L-BFGS with workers
+            strategy = make_strategy("sandblaster", trainer.optimizer, self.comm,
+                                     servers=d.servers, portions=d.portions,
+                                     evaluate=TrainerRows(trainer))
+        elif getattr(trainer.optimizer, "needs_closure", False):  # one process (checked before)
             return make_strategy("allreduce", Optimizer(chain(), {}), self.comm)
-        strategy = make_strategy(d.distributed, trainer.optimizer, self.comm,
-                                 average_every=d.average_every, compression=d.compression,
-                                 topk_ratio=d.topk_ratio, chunk_bytes=d.chunk_bytes,
-                                 servers=d.servers, n_fetch=d.n_fetch, n_push=d.n_push,
-                                 warm_start_steps=d.warm_start_steps)
+        else:
+            strategy = make_strategy(d.distributed, trainer.optimizer, self.comm,
+                                     average_every=d.average_every, compression=d.compression,
+                                     topk_ratio=d.topk_ratio, chunk_bytes=d.chunk_bytes,
+                                     servers=d.servers, n_fetch=d.n_fetch, n_push=d.n_push,
+                                     warm_start_steps=d.warm_start_steps)
         trainer.executor.graph.initializers.update(strategy.params)
         trainer.optimizer, group = strategy, strategy.group
         trainer.sum_across = lambda sums: group.allreduce(np.array(sums))

@@ -11,7 +11,7 @@ current parameters (as PyTorch's L-BFGS does); the trainer passes one when
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -62,18 +62,35 @@ def strong_wolfe(evaluate: Callable[[float], tuple[float, np.ndarray]], f0: floa
     ``evaluate(alpha)`` returns the loss and gradient at x + alpha * direction. Returns
     (alpha, loss, gradient, evaluations); after ``max_evals`` the best point seen is returned.
     """
-    d0 = float(g0 @ direction)
+
+    def phi(alpha: float) -> tuple[float, float, np.ndarray]:
+        f, g = evaluate(alpha)
+        return f, float(g @ direction), g
+
+    return line_search(phi, f0, float(g0 @ direction), g0, step, c1, c2, max_evals)
+
+
+def line_search(phi: Callable[[float], tuple[float, float, Any]], f0: float, d0: float,
+                point0: Any, step: float = 1.0, c1: float = 1e-4, c2: float = 0.9,
+                max_evals: int = 25) -> tuple[float, float, Any, int]:
+    """Nocedal & Wright Alg. 3.5/3.6 on the scalar function phi(alpha) = f(x + alpha d).
+
+    ``phi(alpha)`` returns (loss, directional derivative, point): the point is opaque here (a
+    gradient array, or a handle to one held elsewhere, as Level 3's Sandblaster does). Returns
+    (alpha, loss, point, evaluations). The point returned is always either the one of the
+    latest ``phi`` call or the one with the lowest loss so far (``point0`` at alpha 0 included,
+    ties kept by the earlier): a caller that stores points can keep just those two.
+    """
     prev_a, prev_f, prev_d = 0.0, f0, d0
-    best = (0.0, f0, g0)
+    best = (0.0, f0, point0)
     evals = 0
 
     def zoom(lo, f_lo, d_lo, hi, f_hi, d_hi):
         nonlocal evals, best
         while evals < max_evals:
             a = _cubic_minimizer(lo, f_lo, d_lo, hi, f_hi, d_hi)
-            f, g = evaluate(a)
+            f, d, g = phi(a)
             evals += 1
-            d = float(g @ direction)
             if f < best[1]:
                 best = (a, f, g)
             if f > f0 + c1 * a * d0 or f >= f_lo:
@@ -88,9 +105,8 @@ def strong_wolfe(evaluate: Callable[[float], tuple[float, np.ndarray]], f0: floa
 
     a = step
     while evals < max_evals:
-        f, g = evaluate(a)
+        f, d, g = phi(a)
         evals += 1
-        d = float(g @ direction)
         if f < best[1]:
             best = (a, f, g)
         if f > f0 + c1 * a * d0 or (evals > 1 and f >= prev_f):
@@ -106,22 +122,52 @@ def strong_wolfe(evaluate: Callable[[float], tuple[float, np.ndarray]], f0: floa
     return a, f, g, evals
 
 
-def two_loop(grad: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+class VectorOps(Protocol):
+    """The vector operations the two-loop recursion needs, on vectors it never looks into:
+    numpy arrays here, slot numbers of vectors sharded over servers in Level 3's Sandblaster."""
+
+    def copy(self, x: Any) -> Any: ...
+    def dots(self, pairs: list[tuple[Any, Any]]) -> list[float]: ...
+    def axpy(self, alpha: float, x: Any, y: Any) -> None: ...  # y += alpha * x
+    def scale(self, alpha: float, x: Any) -> None: ...  # x *= alpha
+
+
+class NumpyOps:
+    """``VectorOps`` on numpy arrays."""
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return x.copy()
+
+    def dots(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        return [float(a @ b) for a, b in pairs]
+
+    def axpy(self, alpha: float, x: np.ndarray, y: np.ndarray) -> None:
+        y += alpha * x
+
+    def scale(self, alpha: float, x: np.ndarray) -> None:
+        x *= alpha
+
+
+def two_loop(grad: Any, pairs: list[tuple[Any, Any]], ops: VectorOps | None = None) -> Any:
     """-H g for the L-BFGS inverse-Hessian approximation built from (s, y) pairs, oldest first,
-    with H0 = (s.y / y.y) I from the newest pair."""
-    q = grad.copy()
+    with H0 = (s.y / y.y) I from the newest pair. ``ops`` does the vector work (numpy arrays
+    by default); the products y.s and y.y, which do not depend on q, go in one ``dots``."""
+    ops = NumpyOps() if ops is None else ops
+    q = ops.copy(grad)
+    newest = [(pairs[-1][1], pairs[-1][1])] if pairs else []
+    fixed = ops.dots([(y, s) for s, y in pairs] + newest)
+    rhos = [1.0 / ys for ys in fixed[: len(pairs)]]
     alphas = []
-    for s, y in reversed(pairs):
-        rho = 1.0 / float(y @ s)
-        alpha = rho * float(s @ q)
-        q -= alpha * y
-        alphas.append((rho, alpha))
+    for (s, y), rho in zip(reversed(pairs), reversed(rhos)):
+        alpha = rho * ops.dots([(s, q)])[0]
+        ops.axpy(-alpha, y, q)
+        alphas.append(alpha)
     if pairs:
-        s, y = pairs[-1]
-        q *= float(s @ y) / float(y @ y)
-    for (s, y), (rho, alpha) in zip(pairs, reversed(alphas)):
-        q += (alpha - rho * float(y @ q)) * s
-    return -q
+        ops.scale(fixed[-2] / fixed[-1], q)  # s.y / y.y of the newest pair
+    for (s, y), rho, alpha in zip(pairs, rhos, reversed(alphas)):
+        ops.axpy(alpha - rho * ops.dots([(y, q)])[0], s, q)
+    ops.scale(-1.0, q)
+    return q
 
 
 class _LineSearchOptimizer:

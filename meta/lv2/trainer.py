@@ -122,16 +122,22 @@ class Trainer:
         for index, indices in enumerate(self.sampler):
             if index < skip:
                 continue
-            x, y = self.train_data.batch(indices)
-            if self.transform is not None:
-                x = self.transform(x, self.sampler.batch_rng(index))
-            values = self._optimizer_step({n["input"]: x, n["labels"]: y})
-            loss = float(values[n["loss"]])
+            if getattr(self.optimizer, "evaluates_rows", False):
+                # The optimizer has these rows of train_data evaluated where the data is
+                # (Level 3 Sandblaster's workers); it returns the loss and the count correct
+                # at the parameters before its update.
+                loss, correct = self.optimizer.step_rows(indices)
+            else:
+                x, y = self.train_data.batch(indices)
+                if self.transform is not None:
+                    x = self.transform(x, self.sampler.batch_rng(index))
+                values = self._optimizer_step({n["input"]: x, n["labels"]: y})
+                loss = float(values[n["loss"]])
+                correct = np.count_nonzero(values[n["logits"]].argmax(1) == y)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
                                          f"step {self.step + 1}")
-            self.epoch_sums += (loss * len(y),
-                                np.count_nonzero(values[n["logits"]].argmax(1) == y), len(y))
+            self.epoch_sums += (loss * len(indices), correct, len(indices))
             self.step += 1
             self.batch_in_epoch += 1
             self.epoch_elapsed = time.perf_counter() - start

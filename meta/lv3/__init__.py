@@ -3,7 +3,8 @@
 Everything runs at size 1 without MPI; ``world()`` switches to MPI only under ``mpiexec``.
 Strategies (``make_strategy``) wrap any Level 2 optimizer: ``Allreduce`` (with optional
 gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAveraging`` and
-``RingAveraging``, ``AsyncRMA`` (one-sided windows) and ``Downpour`` (DistBelief).
+``RingAveraging``, ``AsyncRMA`` (one-sided windows), ``Downpour`` and ``Sandblaster``
+(DistBelief's two).
 """
 
 from meta.lv3.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
@@ -22,6 +23,7 @@ from meta.lv3.flat import FlatBuffer
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
 from meta.lv3.rma import AsyncRMA
 from meta.lv3.sampler import DistributedSampler
+from meta.lv3.sandblaster import Sandblaster
 from meta.lv3.strategies import STRATEGIES, make_strategy, replica, strategy_class
 from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
 from meta.lv3.timeline import Timeline, chrome_trace
@@ -44,6 +46,7 @@ __all__ = [
     "ModelAveraging",
     "ParameterServer",
     "RingAveraging",
+    "Sandblaster",
     "Sign",
     "SingleProcessCommunicator",
     "Strategy",

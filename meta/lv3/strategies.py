@@ -17,13 +17,14 @@ from meta.lv3.compression import make_compressor
 from meta.lv3.downpour import Downpour
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
 from meta.lv3.rma import AsyncRMA
+from meta.lv3.sandblaster import RowsEvaluator, Sandblaster
 from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
 from meta.lv3.timeline import Timeline
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
-                AsyncRMA, Downpour)
+                AsyncRMA, Downpour, Sandblaster)
 }
 
 
@@ -46,13 +47,15 @@ def replica(name: str, rank: int, size: int, *, servers: int = 1) -> tuple[int, 
 def make_strategy(name: str, optimizer: Optimizer, comm: Communicator | None = None, *,
                   average_every: int = 1, compression: str = "none", topk_ratio: float = 0.01,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, servers: int = 1, n_fetch: int = 1,
-                  n_push: int = 1, warm_start_steps: int = 0,
+                  n_push: int = 1, warm_start_steps: int = 0, portions: int = 8,
+                  evaluate: RowsEvaluator | None = None,
                   timeline: Timeline | None = None) -> Strategy:
     """Wrap ``optimizer`` in the strategy called ``name`` (a collective: every rank calls it).
 
     ``compression`` (none, fp16, topk, sign) applies to the gradient exchange of "allreduce";
     ``average_every`` is the H of "model_averaging"; ``servers``, ``n_fetch``, ``n_push`` and
-    ``warm_start_steps`` configure "downpour".
+    ``warm_start_steps`` configure "downpour"; "sandblaster" wraps an ``LBFGS`` and takes
+    ``servers``, ``portions`` and ``evaluate`` (its workers' ``RowsEvaluator``).
     """
     cls = strategy_class(name)
     options = {"chunk_bytes": chunk_bytes, "timeline": timeline}
@@ -66,6 +69,9 @@ def make_strategy(name: str, optimizer: Optimizer, comm: Communicator | None = N
         return Allreduce(optimizer, comm, compressor=compressor, **options)
     if cls is ModelAveraging:
         return ModelAveraging(optimizer, comm, every=average_every, **options)
+    if cls is Sandblaster:
+        return Sandblaster(optimizer, comm, evaluate=evaluate, servers=servers,  # type: ignore
+                           portions=portions, **options)
     if cls is Downpour:
         return Downpour(optimizer, comm, servers=servers, n_fetch=n_fetch, n_push=n_push,
                         warm_start_steps=warm_start_steps, **options)

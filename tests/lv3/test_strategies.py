@@ -38,7 +38,8 @@ def grads(step: int) -> dict[str, np.ndarray]:
     return {"w": rng.normal(size=(3, 2)), "b": rng.normal(size=2)}
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+# Sandblaster wraps L-BFGS and steps on rows, not gradients: tests/lv3/test_sandblaster.py.
+@pytest.mark.parametrize("name", [name for name in STRATEGIES if name != "sandblaster"])
 def test_every_strategy_equals_the_bare_optimizer_on_one_process(name: str) -> None:
     bare = Optimizer(sgd(0.1, momentum=0.9), params())
     strategy = make_strategy(name, Optimizer(sgd(0.1, momentum=0.9), params()),
