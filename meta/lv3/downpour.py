@@ -6,7 +6,10 @@ rule (DistBelief used Adagrad; here the wrapped optimizer's rule unless ``server
 given). The other ranks are workers running the client loop: every ``n_fetch`` steps they start
 fetching fresh parameters, every ``n_push`` steps they start pushing their accrued gradients,
 all nonblocking (Isend / Irecv with tags), and in between they step locally with the wrapped
-optimizer (``parameters <- parameters - alpha * gradient``).
+optimizer (``parameters <- parameters - alpha * gradient``). A fetch's answer lands with the
+worker's own moves the servers have not yet seen added back. Two waits keep a worker from
+training on without fresh parameters (issue 8): its first step waits for the step-0 fetch, and
+a fetch still out when the next is due is waited for, not skipped.
 
 Warm start (DistBelief's trick against early instability): worker 0 trains alone for
 ``warm_start_steps`` steps, waits until the servers have applied its pushes, and sends the
@@ -41,12 +44,14 @@ ends the job. A lost worker's unanswered messages are left pending: they are sma
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link
-from meta.lv3.polling import cancel_all, group_comm, poll_all, test_all
+from meta.lv3.polling import POLL_S, cancel_all, group_comm, poll_all, test_all
 from meta.lv3.shard_server import (
     DONE,
     EXIT,
@@ -214,9 +219,17 @@ class DownpourClient:
         self.accrued = np.zeros_like(owner.flat_grads.buffer)
         self.outbox = np.zeros_like(self.accrued)
         self.fetched = np.zeros_like(self.accrued)
+        # Local moves the servers have not seen: since the last push, and since the last push
+        # before the pending fetch was asked for (what its answer lacks).
+        self.unpushed = np.zeros_like(self.accrued)
+        self.unfetched = np.zeros_like(self.accrued)
+        self.moved = np.zeros_like(self.accrued)
         self.empty = np.empty(0, self.accrued.dtype)
         self.pushes: list = []
         self.fetches: list = []
+        self.started = False  # the step-0 fetch has landed
+        self.verdict = None  # the receive of the servers' verdict, once posted
+        self.judged = False  # the verdict came while this worker was still training: lost
 
     def shards(self, buffer: np.ndarray) -> list[tuple[int, np.ndarray]]:
         return [(s, buffer[lo:hi]) for s, (lo, hi) in zip(self.owner.servers, self.owner.bounds)]
@@ -224,18 +237,29 @@ class DownpourClient:
     def step(self, grads: Params) -> None:
         owner, t = self.owner, self.owner.timeline
         t.begin()
+        if not self.started:
+            self.fetch_now()
+            t.lap("communicate")
         self.accrued += owner.flat_grads.pack(grads)
         t.lap("pack")
         if self.fetches and test_all(self.comm, self.fetches):
-            np.copyto(owner.flat_params.buffer, self.fetched)
-            self.fetches = []
+            self.land_fetch()
+        params = owner.flat_params.buffer
+        np.copyto(self.moved, params)
         owner.optimizer.step(owner.flat_grads.views)  # the local step between fetches
+        np.subtract(params, self.moved, out=self.moved)
+        self.unpushed += self.moved
+        if self.fetches:
+            self.unfetched += self.moved
         t.lap("update")
         self.steps += 1
         if self.steps % owner.n_push == 0:
             self.push()
-        if self.steps % owner.n_fetch == 0 and not self.fetches:
-            self.start_fetch()
+        if self.steps % owner.n_fetch == 0:
+            if self.fetches:
+                self.await_fetch()
+            if not self.fetches:
+                self.start_fetch()
         if self.comm.rank == 0 and self.steps == owner.warm_start_steps:
             self.fetch_now()
             for worker in owner.workers[1:]:
@@ -246,20 +270,65 @@ class DownpourClient:
         poll_all(self.comm, self.pushes)  # the outbox is free again
         np.copyto(self.outbox, self.accrued)
         self.accrued[:] = 0
+        self.unpushed[:] = 0
         self.pushes = [self.comm.isend(part, s, PUSH) for s, part in self.shards(self.outbox)]
         self.owner.bytes_sent += self.outbox.nbytes
 
     def start_fetch(self) -> None:
         self.fetches = [self.comm.irecv(part, s, PARAMS) for s, part in self.shards(self.fetched)]
         self.fetches += [self.comm.isend(self.empty, s, FETCH) for s in self.owner.servers]
+        np.copyto(self.unfetched, self.unpushed)
+
+    def land_fetch(self) -> None:
+        """Take the fetched values, plus the local moves they cannot contain.
+
+        A server answers FETCH after every push sent before it and before every push sent
+        after it, so the answer lacks this worker's own moves from the last push before the
+        request on. Those pushes reach the servers anyway; copying the answer as is would undo
+        the moves here, and the worker would walk the same way again and push it twice. On a
+        loaded machine an answer can land tens of steps after the request.
+        """
+        np.add(self.fetched, self.unfetched, out=self.owner.flat_params.buffer)
+        self.fetches = []
+
+    def await_fetch(self) -> bool:
+        """Wait for the pending fetch and land it; False (it stays pending) once the servers
+        have declared this worker lost.
+
+        A fetch is due every ``n_fetch`` steps; one still out then is waited for, not skipped.
+        Skipping let workers run on from one old answer while a server was off the CPU (a
+        scheduler slice on oversubscribed cores is tens of steps): each walked the same way
+        alone, and the servers summed the walks, overshooting. Only a lost worker's request
+        goes unanswered, and for it the verdict comes instead (sent once every other worker
+        is done), so with ``worker_timeout_s`` the wait listens for that too.
+        """
+        roster = self.owner.roster
+        if roster.timeout_s is not None and self.verdict is None:
+            self.verdict = self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)
+        while not self.judged and not test_all(self.comm, self.fetches):
+            self.judged = self.verdict is not None and test_all(self.comm, [self.verdict])
+            time.sleep(POLL_S)
+        if self.judged:
+            return False
+        self.land_fetch()
+        return True
 
     def fetch_now(self) -> None:
-        """Fetch and wait: the servers answer in order, so every earlier push is applied."""
-        poll_all(self.comm, self.fetches)
-        self.start_fetch()
-        poll_all(self.comm, self.fetches)
-        np.copyto(self.owner.flat_params.buffer, self.fetched)
-        self.fetches = []
+        """Fetch and wait: the servers answer in order, so every earlier push is applied.
+
+        Algorithm 1.1 fetches at step 0 too, and the first step waits for that answer: a worker
+        must not train before the servers serve. The initial broadcast does not hold it back
+        (its root returns at once), and under ``mpiexec`` a server can come up tens of ms
+        after the workers: each worker then ran its whole share alone from the initial values,
+        and the servers, summing every worker's pushes, moved as far again past the optimum
+        (least squares, 2 workers: the final loss equal to the initial one).
+        """
+        if self.fetches:
+            self.await_fetch()
+        if not self.judged:
+            self.start_fetch()
+            self.await_fetch()
+        self.started = True
 
     def wait_for_go(self) -> None:
         poll_all(self.comm, [self.comm.irecv(self.empty, 0, GO)])
@@ -282,7 +351,9 @@ class DownpourClient:
             self.push()
         done = [self.comm.isend(self.empty, s, DONE) for s in self.owner.servers]
         roster = self.owner.roster
-        poll_all(self.comm, [self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)])
+        if self.verdict is None:
+            self.verdict = self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)
+        poll_all(self.comm, [self.verdict])
         if roster.status(self.owner.workers.index(self.comm.rank)) == LOST:
             cancel_all(self.comm, self.fetches[: len(self.owner.servers)])  # the receives
             return True

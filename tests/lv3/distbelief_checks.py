@@ -75,13 +75,14 @@ def _train_downpour(comm: Communicator, **options) -> Downpour:
 
 
 def check_downpour_converges(comm: Communicator) -> None:
-    """Known intermittent under mpiexec (run apart, as a non-strict xfail): most runs end at
-    5e-5 of the initial loss, but about one in seven at -n 3 on 2 shared cores ends at 0.3-0.5.
-    Not yet explained by staleness alone; see the note on issue 8."""
+    """Every run ends near the optimum (5.2e-5 of the initial loss at -n 3 and -n 4 on 2 loaded
+    cores). Issue 8: workers that trained on without fresh parameters (before the servers
+    served, or while a server was off the CPU) overshot, since the servers sum every walk;
+    the loss then ended anywhere from 2e-3 to 7 times the initial one."""
     x, y = _problem()
     start = _loss(_init(seed=7), x, y)
     dp = _train_downpour(comm, servers=2 if comm.size >= 4 else 1, n_fetch=2, n_push=3)
-    assert _loss(dp.params, x, y) < 0.05 * start, (start, _loss(dp.params, x, y))
+    assert _loss(dp.params, x, y) < 1e-3 * start, (start, _loss(dp.params, x, y))
 
 
 def check_downpour_every_shard_hears_every_worker(comm: Communicator) -> None:
@@ -199,8 +200,8 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_downpour_warm_start,
     )
 }
-# Checks that are run apart under mpiexec because they fail intermittently there (see each).
-INTERMITTENT_CHECKS: dict[str, Callable[[Communicator], None]] = {
+# Run one per launch, each under a test of its own (issue 8: it used to fail intermittently).
+CONVERGENCE_CHECKS: dict[str, Callable[[Communicator], None]] = {
     "downpour_converges": check_downpour_converges,
 }
 
@@ -210,7 +211,7 @@ def main(argv: list[str]) -> int:
     tag = f"rank {comm.rank}/{comm.size}"
     for name in argv or list(CHECKS):
         try:
-            {**CHECKS, **DROPOUT_CHECKS, **INTERMITTENT_CHECKS}[name](comm)
+            {**CHECKS, **DROPOUT_CHECKS, **CONVERGENCE_CHECKS}[name](comm)
         except BaseException:
             traceback.print_exc()
             print(f"{tag}: FAILED {name}", flush=True)
