@@ -1,4 +1,5 @@
-"""Shared shapes of elementwise operators: unary y = f(x), and binary ops with broadcasting."""
+"""Shared shapes of elementwise operators: unary y = f(x), and binary ops with broadcasting; the
+helpers their native (C++) twins share."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from meta.lv0 import Operator
+from meta.lv0 import Operator, native
 
 
 class Unary(Operator):
@@ -40,3 +41,43 @@ def broadcast_shape(op: str, *arrays: np.ndarray) -> tuple[int, ...]:
     except ValueError as err:
         shapes = ", ".join(str(np.shape(a)) for a in arrays)
         raise ValueError(f"{op}: cannot broadcast input shapes {shapes}") from err
+
+
+def native_floats(*arrays: np.ndarray) -> bool:
+    """Whether the arrays share one dtype the native kernels take (float32 or float64), so a
+    native twin can run them as its numpy operator would (no promotion to mimic)."""
+    dtype = arrays[0].dtype
+    return dtype in native.NATIVE_DTYPES and all(a.dtype == dtype for a in arrays[1:])
+
+
+def contiguous(x: np.ndarray) -> np.ndarray:
+    """x as the C-contiguous array a native kernel reads: x itself when it already is one (and a
+    0-d array stays 0-d, which np.ascontiguousarray would make 1-d)."""
+    x = np.asarray(x)  # numpy scalars too
+    return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+
+
+class NativeUnary(Unary):
+    """A unary op's native twin: ``kernel`` names ``<kernel>_forward`` and ``<kernel>_backward``
+    in meta._native, the backward reading what ``keep`` names (one of x, y). Other dtypes
+    take the numpy path."""
+
+    kernel: ClassVar[str] = ""
+
+    def options(self) -> dict:
+        return {}
+
+    def forward(self, ctx, x):
+        if not native_floats(x):
+            return super().forward(ctx, x)
+        x = contiguous(x)
+        y = getattr(native.module(), f"{self.kernel}_forward")(x, **self.options())
+        ctx.save(x=x if "x" in self.keep else None, y=y if "y" in self.keep else None)
+        return y
+
+    def backward(self, ctx, dy):
+        saved = ctx.x if "x" in self.keep else ctx.y
+        if not native_floats(saved, dy):
+            return super().backward(ctx, dy)
+        kernel = getattr(native.module(), f"{self.kernel}_backward")
+        return (kernel(contiguous(saved), contiguous(dy), **self.options()),)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.lv0 import Operator, register
+from meta.lv0 import Operator, native, register
+
+from ._elementwise import contiguous, native_floats
 
 
 @register("BatchNormalization", since=14)
@@ -20,12 +22,23 @@ class BatchNormalization(Operator):
     attributes = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     no_grad_inputs = (3, 4)
 
-    def forward(self, ctx, x, scale, b, mean, var):
+    def check(self, x, scale, b, mean, var) -> None:
         c = x.shape[1] if x.ndim >= 2 else None
         for name, v in (("scale", scale), ("B", b), ("input_mean", mean), ("input_var", var)):
             if v.shape != (c,):
                 raise ValueError(f"BatchNormalization: {name} {list(v.shape)} must be ({c},) "
                                  f"for X {list(x.shape)} (one value per channel)")
+
+    def running(self, mean, var, mean_used, var_used, dtype):
+        """The running statistics output in training mode."""
+        m = self.momentum
+        running_mean = (mean * m + mean_used * (1 - m)).astype(dtype, copy=False)
+        running_var = (var * m + var_used * (1 - m)).astype(dtype, copy=False)
+        return running_mean, running_var
+
+    def forward(self, ctx, x, scale, b, mean, var):
+        self.check(x, scale, b, mean, var)
+        c = x.shape[1]
         axes = (0, *range(2, x.ndim))
         shape = (c, *(1,) * (x.ndim - 2))
         if self.training_mode:
@@ -38,10 +51,7 @@ class BatchNormalization(Operator):
         ctx.save(xhat=xhat, inv_std=inv_std, scale=scale, shape=shape, axes=axes)
         if not self.training_mode:
             return y
-        m = self.momentum
-        running_mean = (mean * m + mean_used * (1 - m)).astype(x.dtype, copy=False)
-        running_var = (var * m + var_used * (1 - m)).astype(x.dtype, copy=False)
-        return y, running_mean, running_var
+        return (y, *self.running(mean, var, mean_used, var_used, x.dtype))
 
     def backward(self, ctx, dy, drunning_mean=None, drunning_var=None):
         xhat, inv_std, shape, axes = ctx.xhat, ctx.inv_std, ctx.shape, ctx.axes
@@ -69,3 +79,44 @@ class BatchNormalization(Operator):
         if ctx.needs(2):
             db = sum_dy
         return (dx, dscale, db, None, None)
+
+
+@register("BatchNormalization", since=14, backend="native")
+class NativeBatchNormalization(BatchNormalization):
+    """The same operator through cpp/include/meta/batchnorm.hpp: forward is a statistics pass
+    (training only) and a normalising pass; backward a sums pass and a dx pass. Saves X itself
+    rather than the normalised X (the same size, but forward writes one tensor fewer)."""
+
+    def forward(self, ctx, x, scale, b, mean, var):
+        if not (native_floats(x, scale, b, mean, var) and x.ndim >= 2 and x.size):
+            return super().forward(ctx, x, scale, b, mean, var)
+        self.check(x, scale, b, mean, var)
+        x = contiguous(x)
+        scale = contiguous(scale)
+        y, mean_used, var_used, inv_std = native.module().batchnorm_forward(
+            x, scale, contiguous(b), contiguous(mean), contiguous(var),
+            epsilon=float(self.epsilon), training=bool(self.training_mode))
+        ctx.save(native=True, x=x, mean_used=mean_used, inv_std=inv_std, scale=scale)
+        if not self.training_mode:
+            return y
+        return (y, *self.running(mean, var, mean_used, var_used, x.dtype))
+
+    def backward(self, ctx, dy, drunning_mean=None, drunning_var=None):
+        if not getattr(ctx, "native", False):
+            return super().backward(ctx, dy, drunning_mean, drunning_var)
+        x, inv_std = ctx.x, ctx.inv_std
+        dy = np.zeros_like(x) if dy is None else np.ascontiguousarray(dy, dtype=x.dtype)
+        em = ev = None
+        if self.training_mode and ctx.needs(0) and (drunning_mean is not None
+                                                     or drunning_var is not None):
+            # The running statistics' share of dx: em + ev * xhat per channel, as numpy's.
+            w = (1 - self.momentum) / (x.size // x.shape[1])
+            zero = np.zeros_like(inv_std)
+            em = zero if drunning_mean is None else (drunning_mean * w).astype(x.dtype)
+            ev = zero if drunning_var is None else (2 * drunning_var * w / inv_std).astype(
+                x.dtype)
+        dx, sum_dy, sum_dy_xhat = native.module().batchnorm_backward(
+            x, dy, ctx.mean_used, inv_std, ctx.scale, training=bool(self.training_mode),
+            need_dx=ctx.needs(0), em=em, ev=ev)
+        return (dx, sum_dy_xhat if ctx.needs(1) else None, sum_dy if ctx.needs(2) else None,
+                None, None)

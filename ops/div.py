@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.lv0 import Operator, register, unbroadcast
+from meta.lv0 import Operator, native, register, unbroadcast
 
-from ._elementwise import broadcast_shape
+from ._elementwise import broadcast_shape, contiguous, native_floats
 
 
 @register("Div", since=7)
@@ -26,4 +26,27 @@ class Div(Operator):
         da = unbroadcast(dy / b, ctx.a_shape) if ctx.needs(0) else None
         # d(a/b)/db = -a / b^2 = -y / b
         db = unbroadcast(-dy * ctx.y / b, b.shape) if ctx.needs(1) else None
+        return (da, db)
+
+
+@register("Div", since=7, backend="native")
+class NativeDiv(Div):
+    """The same operator through cpp/include/meta/elementwise.hpp (floats; integer division
+    stays numpy's): backward divides and sums over the broadcast axes in one pass."""
+
+    def forward(self, ctx, a, b):
+        if not native_floats(a, b):
+            return super().forward(ctx, a, b)
+        broadcast_shape(self.op_type, a, b)
+        b = contiguous(b)
+        y = native.module().div_forward(contiguous(a), b)
+        ctx.save(b=b, y=y if ctx.needs(1) else None, a_shape=a.shape)
+        return y
+
+    def backward(self, ctx, dy):
+        if not native_floats(dy, ctx.b) or (ctx.y is not None and ctx.y.dtype != dy.dtype):
+            return super().backward(ctx, dy)
+        m, b, dy = native.module(), contiguous(ctx.b), contiguous(dy)
+        da = m.unbroadcast_div(dy, b, ctx.a_shape) if ctx.needs(0) else None
+        db = m.unbroadcast_div_denominator(dy, b, ctx.y, b.shape) if ctx.needs(1) else None
         return (da, db)

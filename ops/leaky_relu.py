@@ -6,7 +6,7 @@ import numpy as np
 
 from meta.lv0 import register
 
-from ._elementwise import Unary
+from ._elementwise import NativeUnary, Unary
 
 
 @register("LeakyRelu", since=6)
@@ -25,3 +25,13 @@ class LeakyRelu(Unary):
 
     def derivative(self, x, y):
         return np.where(x >= 0, 1.0, self.slope)
+
+
+@register("LeakyRelu", since=6, backend="native")
+class NativeLeakyRelu(NativeUnary, LeakyRelu):
+    """The same operator through cpp/include/meta/activations.hpp."""
+
+    kernel = "leaky_relu"
+
+    def options(self) -> dict:
+        return {"slope": self.slope}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.lv0 import register
+from meta.lv0 import native, register
 
-from ._softmax import Normalizer, log_softmax
+from ._elementwise import contiguous, native_floats
+from ._softmax import NATIVE_MAX_SIZE, Normalizer, log_softmax
 
 
 @register("LogSoftmax", since=13)
@@ -20,5 +21,26 @@ class LogSoftmax(Normalizer):
 
 @register("LogSoftmax", since=1)
 class LogSoftmax1(LogSoftmax):
+    attributes = {"axis": 1}
+    coerce_2d = True
+
+
+@register("LogSoftmax", since=13, backend="native")
+class NativeLogSoftmax(LogSoftmax):
+    """The same operator through cpp/include/meta/softmax.hpp (float32/float64, any axis)."""
+
+    def compute(self, x, axis):
+        if not native_floats(x) or x.size > NATIVE_MAX_SIZE:
+            return super().compute(x, axis)
+        return native.module().log_softmax_forward(contiguous(x), axis)
+
+    def gradient(self, y, dy, axis):
+        if not native_floats(y, dy) or y.size > NATIVE_MAX_SIZE:
+            return super().gradient(y, dy, axis)
+        return native.module().log_softmax_backward(y, contiguous(dy), axis)
+
+
+@register("LogSoftmax", since=1, backend="native")
+class NativeLogSoftmax1(NativeLogSoftmax):
     attributes = {"axis": 1}
     coerce_2d = True

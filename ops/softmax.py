@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from meta.lv0 import register
+from meta.lv0 import native, register
 
-from ._softmax import Normalizer, softmax
+from ._elementwise import contiguous, native_floats
+from ._softmax import NATIVE_MAX_SIZE, Normalizer, softmax
 
 
 @register("Softmax", since=13)
@@ -18,5 +19,26 @@ class Softmax(Normalizer):
 
 @register("Softmax", since=1)
 class Softmax1(Softmax):
+    attributes = {"axis": 1}
+    coerce_2d = True
+
+
+@register("Softmax", since=13, backend="native")
+class NativeSoftmax(Softmax):
+    """The same operator through cpp/include/meta/softmax.hpp (float32/float64, any axis)."""
+
+    def compute(self, x, axis):
+        if not native_floats(x) or x.size > NATIVE_MAX_SIZE:
+            return super().compute(x, axis)
+        return native.module().softmax_forward(contiguous(x), axis)
+
+    def gradient(self, y, dy, axis):
+        if not native_floats(y, dy) or y.size > NATIVE_MAX_SIZE:
+            return super().gradient(y, dy, axis)
+        return native.module().softmax_backward(y, contiguous(dy), axis)
+
+
+@register("Softmax", since=1, backend="native")
+class NativeSoftmax1(NativeSoftmax):
     attributes = {"axis": 1}
     coerce_2d = True

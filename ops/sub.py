@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from meta.lv0 import Operator, register, unbroadcast
+from meta.lv0 import Operator, native, register, unbroadcast
 
-from ._elementwise import broadcast_shape
+from ._elementwise import broadcast_shape, contiguous, native_floats
+from .add import reduce_to
 
 
 @register("Sub", since=7)
@@ -17,4 +18,23 @@ class Sub(Operator):
     def backward(self, ctx, dy):
         da = unbroadcast(dy, ctx.a_shape) if ctx.needs(0) else None
         db = -unbroadcast(dy, ctx.b_shape) if ctx.needs(1) else None
+        return (da, db)
+
+
+@register("Sub", since=7, backend="native")
+class NativeSub(Sub):
+    """The same operator through cpp/include/meta/elementwise.hpp (see NativeAdd)."""
+
+    def forward(self, ctx, a, b):
+        if not native_floats(a, b):
+            return super().forward(ctx, a, b)
+        broadcast_shape(self.op_type, a, b)
+        ctx.save(a_shape=a.shape, b_shape=b.shape)
+        return native.module().sub_forward(contiguous(a), contiguous(b))
+
+    def backward(self, ctx, dy):
+        if not native_floats(dy):
+            return super().backward(ctx, dy)
+        da = reduce_to(dy, ctx.a_shape) if ctx.needs(0) else None
+        db = -reduce_to(dy, ctx.b_shape) if ctx.needs(1) else None
         return (da, db)

@@ -40,8 +40,10 @@ def _avoiding(rng: np.random.Generator, shape, points, gap: float = 0.05) -> np.
 
 
 # Broadcasting pairs: equal, trailing, leading, both stretched, scalar on either side.
+# The last two are a conv bias's shapes: (1, C, 1, 1) and (C, 1, 1) against (N, C, H, W).
 BROADCAST_SHAPES = [((3, 4), (3, 4)), ((3, 4), (4,)), ((4,), (3, 4)), ((2, 1, 4), (3, 1)),
-                    ((), (3, 4)), ((3, 4), ()), ((2, 3), (1, 1))]
+                    ((), (3, 4)), ((3, 4), ()), ((2, 3), (1, 1)),
+                    ((2, 3, 2, 2), (1, 3, 1, 1)), ((3, 1, 1), (2, 3, 2, 2))]
 
 
 def _binary(make_b: Callable | None = None):
