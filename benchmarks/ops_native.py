@@ -16,48 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import threadpoolctl
+from harness import OtherLoad, environment, interleaved_blocks, print_environment, torch
 
-from meta._threads import cores, set_threads
-from meta.lv0 import Context, lookup, native
-
-try:
-    import torch
-except ImportError:
-    torch = None
+from meta._threads import set_threads
+from meta.lv0 import Context, lookup
 
 PAUSE_S = 0.05  # before each timed block: let the previous variant's thread pools go idle
 BATCH = 64
-
-
-def busy_seconds() -> tuple[float, float]:
-    """(CPU seconds the whole machine has been busy, CPU seconds this process has used)."""
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:9]]
-    own = os.times()
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
-
-
-def environment() -> dict:
-    blas = [f"{p['internal_api']} {p.get('version')} ({p.get('architecture', '?')}, "
-            f"{p.get('threading_layer', '?')})"
-            for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
-    cpu = platform.processor() or "unknown"
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       cpu)
-    return {"python": platform.python_version(), "numpy": np.__version__,
-            "blas": ", ".join(blas) or "unknown", "torch": torch.__version__ if torch else None,
-            "cpu": cpu, "cores": cores(), "cpu_count": os.cpu_count()}
 
 
 @dataclass
@@ -124,16 +94,8 @@ def time_blocks(fns: dict[str, Callable], calls: int, repeats: int) -> dict[str,
     """Median ms per call of each variant, the variants' blocks interleaved."""
     for fn in fns.values():
         fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            time.sleep(PAUSE_S)
-            fn()
-            start = time.perf_counter_ns()
-            for _ in range(calls):
-                fn()
-            samples[name].append((time.perf_counter_ns() - start) / calls / 1e6)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    blocks = interleaved_blocks(fns, calls, repeats, PAUSE_S)
+    return {name: 1e3 * statistics.median(times) for name, times in blocks.items()}
 
 
 def fmt(ms: float | None) -> str:
@@ -153,14 +115,9 @@ def main() -> None:
     args = parser.parse_args()
 
     env = environment()
-    print(f"python {env['python']}, numpy {env['numpy']}, BLAS {env['blas']}")
-    print(f"torch {env['torch'] or 'not installed'}; CPU {env['cpu']}, "
-          f"{env['cores']} usable cores ({env['cpu_count']} online); native kernels' BLAS: "
-          f"{native.blas()}")
+    print_environment(env)
     print(f"float32, batch {BATCH}; median of {args.repeats} blocks of {args.calls} calls, "
           f"variants interleaved; ms per call")
-    if torch is None:
-        print("PyTorch is not installed, so it is left out; to compare: pip install torch==2.13.0")
 
     all_cases = cases(np.random.default_rng(0))
     results, others = [], {}
@@ -168,32 +125,30 @@ def main() -> None:
         set_threads(threads)
         if torch is not None:
             torch.set_num_threads(threads)
-        start, (busy0, own0) = time.perf_counter(), busy_seconds()
-        print(f"\n{threads} thread(s)")
-        print(f"  {'op':<44} {'pass':<4} {'numpy':>8} {'native':>8} {'pytorch':>8} "
-              f"{'np/nat':>6} {'pt/nat':>6}")
-        for case in all_cases:
-            numpy_cls = lookup(case.op_type, case.since, backends=("numpy",))
-            native_cls = lookup(case.op_type, case.since, backends=("native",))
-            variants = {"numpy": meta_fns(numpy_cls, case)}
-            if native_cls is not numpy_cls:
-                variants["native"] = meta_fns(native_cls, case)
-            if torch is not None and case.torch_fn is not None:
-                variants["pytorch"] = torch_fns(case)
-            for i, which in enumerate(("fwd", "bwd")):
-                ms = time_blocks({v: fns[i] for v, fns in variants.items()}, args.calls,
-                                 args.repeats)
-                nat = ms.get("native")
-                print(f"  {case.name if i == 0 else '':<44} {which:<4} {fmt(ms['numpy'])} "
-                      f"{fmt(nat)} {fmt(ms.get('pytorch'))} {ratio(ms['numpy'], nat)} "
-                      f"{ratio(ms.get('pytorch'), nat)}"
-                      + ("" if nat is not None or i else "  (no native twin: numpy only)"),
-                      flush=True)
-                results.append({"threads": threads, "op": case.name, "pass": which, **ms})
-        busy1, own1 = busy_seconds()
-        others[threads] = max(0.0, (busy1 - busy0) - (own1 - own0)) / (time.perf_counter() - start)
-        print(f"  (other processes busy: {others[threads]:.2f} cores"
-              f"{'; figures unreliable' if others[threads] > 0.1 else ''})")
+        with OtherLoad() as load:
+            print(f"\n{threads} thread(s)")
+            print(f"  {'op':<44} {'pass':<4} {'numpy':>8} {'native':>8} {'pytorch':>8} "
+                  f"{'np/nat':>6} {'pt/nat':>6}")
+            for case in all_cases:
+                numpy_cls = lookup(case.op_type, case.since, backends=("numpy",))
+                native_cls = lookup(case.op_type, case.since, backends=("native",))
+                variants = {"numpy": meta_fns(numpy_cls, case)}
+                if native_cls is not numpy_cls:
+                    variants["native"] = meta_fns(native_cls, case)
+                if torch is not None and case.torch_fn is not None:
+                    variants["pytorch"] = torch_fns(case)
+                for i, which in enumerate(("fwd", "bwd")):
+                    ms = time_blocks({v: fns[i] for v, fns in variants.items()}, args.calls,
+                                     args.repeats)
+                    nat = ms.get("native")
+                    print(f"  {case.name if i == 0 else '':<44} {which:<4} {fmt(ms['numpy'])} "
+                          f"{fmt(nat)} {fmt(ms.get('pytorch'))} {ratio(ms['numpy'], nat)} "
+                          f"{ratio(ms.get('pytorch'), nat)}"
+                          + ("" if nat is not None or i else "  (no native twin: numpy only)"),
+                          flush=True)
+                    results.append({"threads": threads, "op": case.name, "pass": which, **ms})
+        others[threads] = load.cores
+        print(f"  ({load.describe()})")
     print("\nnp/nat: numpy time / native time (> 1: native faster); pt/nat: PyTorch time / "
           "native time (>= 1: native at least as fast as PyTorch)")
     if args.json:

@@ -23,26 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
-import threadpoolctl
+from harness import OtherLoad, environment, interleaved_blocks, print_environment, torch
 
 from meta import lv1, lv2
-from meta._threads import cores, set_threads
-from meta.lv0 import native
+from meta._threads import set_threads
 
-try:
-    import torch
+if torch is not None:
     import torch.nn.functional as F
-except ImportError:
-    torch = None
 
 LR, MOMENTUM = 0.01, 0.9
 PAUSE_S = 0.3  # before each timed block, see measure()
@@ -52,29 +45,6 @@ MODELS = {  # name -> (graph builder, batch size)
     "wide_cnn": (lambda: lv1.wide_cnn(seed=0), 64),
 }
 Step = Callable[[], float]  # one training step; returns the loss
-
-
-def busy_seconds() -> tuple[float, float]:
-    """(CPU seconds the whole machine has been busy, CPU seconds this process has used)."""
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:9]]
-    own = os.times()
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
-
-
-def environment() -> dict:
-    blas = [f"{p['internal_api']} {p.get('version')} ({p.get('architecture', '?')}, "
-            f"{p.get('threading_layer', '?')})"
-            for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
-    cpu = platform.processor() or "unknown"
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       cpu)
-    return {"python": platform.python_version(), "numpy": np.__version__,
-            "blas": ", ".join(blas) or "unknown", "native_blas": native.blas(),
-            "torch": torch.__version__ if torch else None,
-            "cpu": cpu, "cores": cores(), "cpu_count": os.cpu_count()}
 
 
 def synthetic_batch(batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,21 +123,11 @@ def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
     for step in steps.values():
         for _ in range(warmup):
             step()
-    rates: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            # The previous variant's thread pools (OpenBLAS, OpenMP) spin for a while after its
-            # last call; on 2 cores that took a core from this block (PyTorch ran 30 % slower).
-            time.sleep(PAUSE_S)
-            step()
-            start = time.perf_counter_ns()
-            for _ in range(n_steps):
-                step()
-            rates[name].append(batch * n_steps * 1e9 / (time.perf_counter_ns() - start))
-    return rates
+    blocks = interleaved_blocks(steps, n_steps, repeats, PAUSE_S)
+    return {name: [batch / t for t in times] for name, times in blocks.items()}
 
 
-def throughput(args: argparse.Namespace, env: dict) -> dict:
+def throughput(args: argparse.Namespace) -> dict:
     threads = [int(t) for t in args.threads.split(",")]
     results, others, first = [], {}, {}
     for model in args.models.split(","):
@@ -182,11 +142,9 @@ def throughput(args: argparse.Namespace, env: dict) -> dict:
             set_threads(n)
             if torch is not None:
                 torch.set_num_threads(n)
-            start, (busy0, own0) = time.perf_counter(), busy_seconds()
-            rates = measure(steps, batch, args.steps, args.repeats, args.warmup)
-            busy1, own1 = busy_seconds()
-            others[f"{model}/{n}"] = max(0.0, (busy1 - busy0) - (own1 - own0)) / (
-                time.perf_counter() - start)
+            with OtherLoad() as load:
+                rates = measure(steps, batch, args.steps, args.repeats, args.warmup)
+            others[f"{model}/{n}"] = load
             results += [{"model": model, "batch": batch, "threads": n, "variant": name,
                          "median": statistics.median(r), "min": min(r), "max": max(r),
                          "samples_per_s": r} for name, r in rates.items()]
@@ -200,14 +158,16 @@ def throughput(args: argparse.Namespace, env: dict) -> dict:
     print("\nratios of medians, this run (throughput; > 1 means meta is faster):")
     for model in args.models.split(","):
         for n in threads:
-            vs = [f"native/reference {median[model, n, 'meta native'] / median[model, n, 'meta reference']:.2f}"]
+            m = {v: median[model, n, v] for v in ("meta reference", "meta native", "pytorch")
+                 if (model, n, v) in median}
+            vs = [f"native/reference {m['meta native'] / m['meta reference']:.2f}"]
             if torch is not None:
-                vs += [f"{v.split()[1]}/pytorch {median[model, n, v] / median[model, n, 'pytorch']:.2f}"
+                vs += [f"{v.split()[1]}/pytorch {m[v] / m['pytorch']:.2f}"
                        for v in ("meta reference", "meta native")]
-            busy = others[f"{model}/{n}"]
-            print(f"  {model:<9} {n} thread(s): {', '.join(vs)}  (other processes busy: "
-                  f"{busy:.2f} cores{'; figures unreliable' if busy > 0.1 else ''})")
-    return {"first_loss": first, "other_processes_cores": others, "results": results}
+            print(f"  {model:<9} {n} thread(s): {', '.join(vs)}  "
+                  f"({others[f'{model}/{n}'].describe()})")
+    return {"first_loss": first, "results": results,
+            "other_processes_cores": {k: v.cores for k, v in others.items()}}
 
 
 def memory_child(model: str, variant: str, steps: int) -> None:
@@ -242,7 +202,8 @@ def memory(args: argparse.Namespace) -> dict:
           f"variant in a fresh process:")
     print(f"{'variant':<15} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
     for variant, r in results.items():
-        print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {(r['peak'] - r['before']) / 2**20:>19.1f}")
+        added = (r["peak"] - r["before"]) / 2**20
+        print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {added:>19.1f}")
     if torch is not None:
         base = results["pytorch"]["peak"] - results["pytorch"]["before"]
         for variant in variants[:2]:
@@ -271,17 +232,11 @@ def main() -> None:
         return memory_child(args.models.split(",")[0], args.memory_child, args.steps)
 
     env = environment()
-    print(f"python {env['python']}, numpy {env['numpy']}, BLAS {env['blas']}; native kernels' "
-          f"BLAS: {env['native_blas']}")
-    print(f"torch {env['torch'] or 'not installed'}; CPU {env['cpu']}, "
-          f"{env['cores']} usable cores ({env['cpu_count']} online); load average "
-          f"{os.getloadavg()[0]:.2f}")
-    if torch is None:
-        print("PyTorch is not installed, so it is left out; to compare: pip install torch==2.13.0")
+    print_environment(env)
     if not args.memory:
         print(f"SGD lr {LR} momentum {MOMENTUM}; {args.warmup} warm-up steps, {args.repeats} "
               f"blocks of {args.steps} steps per variant")
-    report = memory(args) if args.memory else throughput(args, env)
+    report = memory(args) if args.memory else throughput(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "args": vars(args), **report}, f, indent=2)
