@@ -70,7 +70,7 @@ def test_duplicate_registration_is_refused(scratch_registry):
 
 
 def test_unknown_attribute_is_named():
-    from ops.reshape import Reshape
+    from ops.gemm import Gemm
 
     with pytest.raises(TypeError, match=r"Gemm: unknown attribute\(s\) transC"):
         Gemm(transC=1)
