@@ -36,6 +36,7 @@ from meta.lv2 import (
     fashion_mnist,
     load_checkpoint,
     mnist,
+    scale,
     step_table,
     synthetic,
     warmup,
@@ -157,6 +158,22 @@ def mean_over_ranks(comm: Communicator) -> Callable[[np.ndarray], np.ndarray]:
     return average
 
 
+# Strategies with parameter servers: under them a DBN pre-trains asynchronously too.
+ASYNC_PRETRAINING = ("async_parameter_server", "async_rma", "downpour")
+
+
+def parameter_exchange(d: Definitions, comm: Communicator) -> Callable[[dict], Strategy]:
+    """``connect`` for asynchronous RBM pre-training: the recipe's strategy around an optimizer
+    that adds each pushed step as it is (``scale(1.0)``; the RBM's own CD rule made the step),
+    so workers' CD steps accumulate at the server (a one-sided window under ``async_rma``)."""
+
+    def connect(params: dict[str, np.ndarray]) -> Strategy:
+        return make_strategy(d.distributed, Optimizer(scale(1.0), params), comm,
+                             servers=d.servers, n_fetch=d.n_fetch, n_push=d.n_push)
+
+    return connect
+
+
 def build_trainer(recipe: Recipe, comm: Communicator, stream: TextIO | None = None,
                   progress: bool = True, output_dir: Path | None = None,
                   checkpoint_every: int = 0) -> tuple[Trainer, dict[str, float]]:
@@ -273,19 +290,30 @@ class RecipeRun:
         """A DBN's greedy pre-training (Algorithm 2) into the network's first layers; its
         metric ``pretrain_time_s``. Under ``distributed: allreduce`` on several ranks it runs
         data-parallel (each rank a shard of every batch, statistics averaged by allreduce: a
-        collective, hence here and not in the constructor); under other strategies every rank
-        pre-trains the whole data from the same seed, so the stacks agree without
+        collective, hence here and not in the constructor); under the parameter-server
+        strategies (``ASYNC_PRETRAINING``) asynchronously data-parallel (each worker its own
+        shard, CD steps pushed to the server through the strategy); under the others every
+        rank pre-trains the whole data from the same seed, so the stacks agree without
         communicating. A resumed run has its weights from the checkpoint already."""
         d, comm = self.recipe.definitions, self.comm
         if d.model != "dbn" or self.resumed:
             return {}
         parallel = comm.size > 1 and d.distributed == "allreduce"
+        asynchronous = comm.size > 1 and d.distributed in ASYNC_PRETRAINING
+        shard = (comm.rank, comm.size) if parallel else (0, 1)
+        if asynchronous:
+            shard = replica(d.distributed, comm.rank, comm.size, servers=d.servers)
+        if comm.is_root and (parallel or asynchronous):
+            how = (f"asynchronously ({d.distributed}): {shard[1]} workers on their own data "
+                   f"shards, {comm.size - shard[1]} server(s)" if asynchronous else
+                   f"data-parallel on {comm.size} ranks (CD statistics averaged by allreduce)")
+            print(f"meta: pre-training {how}", file=self.stream, flush=True)
         dbn = pretrain_dbn(
             self.trainer.train_data, d.hidden, seed=d.seed, epochs=d.pretrain_epochs,
             lr=d.pretrain_lr, k=d.cd_k, batch_size=d.pretrain_batch_size,
-            persistent=d.persistent_cd,
-            replica=(comm.rank, comm.size) if parallel else (0, 1),
+            persistent=d.persistent_cd, replica=shard,
             average=mean_over_ranks(comm) if parallel else None,
+            connect=parameter_exchange(d, comm) if asynchronous else None,
             progress=print_progress(self.stream) if comm.is_root else None)
         dbn.assign(self.trainer.executor.graph.parameters)
         return {"pretrain_time_s": dbn.time_s}

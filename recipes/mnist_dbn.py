@@ -5,12 +5,18 @@ Run:  meta run recipes/mnist_dbn.py
 
 The DBN keys (pretrain_epochs, pretrain_lr, cd_k, pretrain_batch_size, persistent_cd) are in
 ``meta.recipe.Definitions``; ``hidden`` gives the RBM widths. The input stays in [0, 1] (binary
-visible units), so the exported model.onnx expects unstandardized pixels. Under MPI with
-``distributed: allreduce`` pre-training is data-parallel too (each rank a shard of every batch of
-``pretrain_batch_size`` per rank, CD statistics averaged by allreduce); under other strategies
-every rank pre-trains the same stack from the same seed. Fine-tuning follows the strategy:
+visible units), so the exported model.onnx expects unstandardized pixels. Under MPI,
+pre-training is distributed as the strategy says, and fine-tuning follows the strategy:
 
-    mpiexec -n 3 meta run recipes/mnist_dbn.py --set distributed=async_parameter_server
+- ``distributed: allreduce``: synchronous data parallelism (each rank a shard of every batch of
+  ``pretrain_batch_size`` per rank, CD statistics averaged by one allreduce per update);
+- ``async_rma``, ``async_parameter_server``, ``downpour``: asynchronous, the seed's Algorithm 4
+  (the last rank(s) serve the parameters; each other rank trains on its own shard of the data,
+  pushes every CD step to the server and reads the parameters back: one-sided
+  ``MPI_Accumulate`` / ``MPI_Get`` on a window under ``async_rma``);
+- the others: every rank pre-trains the same stack from the same seed.
+
+    mpiexec -n 3 meta run recipes/mnist_dbn.py --set distributed=async_rma   # 97.5 %
 """
 
 from meta.recipe import AtLeast, AtMost

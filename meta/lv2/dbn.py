@@ -16,6 +16,12 @@ softmax layer) that the usual executor, optimizer and ``Trainer`` fine-tune by b
 Data-parallel pre-training: ``pretrain_dbn(..., replica=(rank, size), average=mean_over_ranks)``
 on every rank, with ``average`` a Level 3 allreduce passed in by the caller (``meta.runner``
 does), gives every rank the stack one process would train at batch ``size * batch_size``.
+
+Asynchronous data parallelism (the seed's Algorithm 4): ``pretrain_dbn(..., replica=(worker,
+workers), connect=...)`` on every rank, with ``connect`` making a parameter exchange per RBM (a
+Level 3 asynchronous strategy, passed in by the caller): each worker trains on its own shard of
+the data and pushes every CD step to a server, from which it reads fresh parameters back; a
+server rank only serves. Every rank ends each layer with the server's weights.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TextIO, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TextIO, TypeVar
 
 import numpy as np
 
@@ -39,6 +45,32 @@ MONITOR_EXAMPLES = 1000  # training examples the per-epoch pseudo-log-likelihood
 
 T = TypeVar("T")
 Progress = Callable[[dict[str, Any]], None]
+
+
+class ParameterExchange(Protocol):
+    """A parameter server as asynchronous pre-training uses it: a Level 3 asynchronous strategy
+    whose wrapped optimizer adds the given step, e.g. in ``meta.runner``
+    ``make_strategy("async_rma", Optimizer(scale(1.0), rbm.params), comm)``. Making one is
+    collective; ``params`` are its arrays (the server's initial values); ``role`` is "worker"
+    or "server"."""
+
+    role: str
+
+    @property
+    def params(self) -> dict[str, np.ndarray]: ...
+
+    def step(self, grads: dict[str, np.ndarray]) -> None:
+        """Add ``grads`` (an update step) to ``params`` and the server's copy; ``params`` may
+        come back as the server's newer values."""
+
+    def finish(self) -> None:
+        """A worker is done (collective with ``serve``): ``params`` become the server's."""
+
+    def serve(self) -> None:
+        """A server rank: apply the workers' steps until all have finished."""
+
+
+Connect = Callable[[dict[str, np.ndarray]], ParameterExchange]  # RBM params -> its exchange
 
 
 def _per_layer(value: T | Sequence[T], n: int, name: str) -> list[T]:
@@ -164,6 +196,7 @@ def pretrain_dbn(
     progress: Progress | None = None,
     replica: tuple[int, int] = (0, 1),
     average: Average | None = None,
+    connect: Connect | None = None,
 ) -> DBN:
     """Greedy layer-wise pre-training (Algorithm 2) of RBMs with ``layers`` hidden units each.
 
@@ -191,6 +224,19 @@ def pretrain_dbn(
     bit-identical, equal to one process at batch ``size * batch_size`` up to float summation
     order. An incomplete last global batch is dropped (fewer than ``size * batch_size``
     examples an epoch, a different few each epoch), so that every rank joins every update.
+
+    Asynchronous data parallelism (Algorithm 4 of the seed): with ``connect`` instead of
+    ``average``, every rank (the servers too) calls this with the same arguments and its
+    ``replica``: for a worker (index, number of workers), for a server anything. For each RBM,
+    ``connect(rbm.params)`` makes the exchange. A worker trains on its fixed shard of the data
+    (examples ``index::workers``, reshuffled each epoch, ``batch_size`` per update) and pushes
+    every update's step through ``exchange.step``, which adds it at the server and refreshes
+    the worker's parameters; a server rank runs ``exchange.serve()``. So an epoch is one pass
+    over the data by all workers together, as in one process. Workers keep their own momentum;
+    worker 0 draws its noise as one process would, the others from ``Generator([seed, l, 2,
+    index])``. Every rank ends each layer with the server's weights (``exchange.finish``); a
+    worker's ``history`` holds its own shard's reconstruction error, a server's one record per
+    layer with NaN for it.
     """
     if not layers or min(layers) <= 0:
         raise ValueError(f"pretrain_dbn: layers must list positive widths, got {list(layers)}")
@@ -198,9 +244,18 @@ def pretrain_dbn(
         raise ValueError(f"pretrain_dbn: propagate must be one of {PROPAGATIONS}, "
                          f"got {propagate!r}")
     rank, size = replica
-    if size > 1 and average is None:
+    if average is not None and connect is not None:
+        raise ValueError("pretrain_dbn: give average (synchronous) or connect (asynchronous) "
+                         "data parallelism, not both")
+    if size > 1 and average is None and connect is None:
         raise ValueError(f"pretrain_dbn: replica {tuple(replica)} needs an average over the "
-                         "replicas (e.g. an allreduce mean)")
+                         "replicas (e.g. an allreduce mean) or a connect to a parameter server")
+    if connect is not None:
+        if len(train) < size:
+            raise ValueError(f"pretrain_dbn: {len(train)} examples make no shard for each of "
+                             f"{size} workers")
+        return _pretrain_async(train, layers, epochs, lr, k, batch_size, momentum, weight_decay,
+                               persistent, visible, propagate, seed, progress, replica, connect)
     if len(train) < size * batch_size:
         raise ValueError(f"pretrain_dbn: {len(train)} examples make no global batch of "
                          f"{size} x {batch_size}")
@@ -236,6 +291,71 @@ def pretrain_dbn(
         width = hidden
     dbn.time_s = time.perf_counter() - start
     return dbn
+
+
+def _pretrain_async(train: Dataset, layers: Sequence[int], epochs: int | Sequence[int],
+                    lr: float | Sequence[float], k: int | Sequence[int], batch_size: int,
+                    momentum: float, weight_decay: float, persistent: bool, visible: str,
+                    propagate: str, seed: int, progress: Progress | None,
+                    replica: tuple[int, int], connect: Connect) -> DBN:
+    """``pretrain_dbn`` against a parameter server (see there)."""
+    start, n = time.perf_counter(), len(layers)
+    epochs_, lr_, k_ = _per_layer(epochs, n, "epochs"), _per_layer(lr, n, "lr"), \
+        _per_layer(k, n, "k")
+    index, workers = replica
+    shard = np.arange(index, len(train), workers)  # balanced partitions, as in the seed
+    x0, _ = train.batch(np.arange(min(len(train), MONITOR_EXAMPLES)))
+    dbn = DBN([], tuple(x0.shape[1:]))
+    monitor = _flat(x0)
+    width = monitor.shape[1]
+    own = [] if index == 0 else [2, index]  # worker 0 draws as one process would
+    for layer, hidden in enumerate(layers):
+        rbm = RBM(width, hidden, visible=visible if layer == 0 else "binary", k=k_[layer],
+                  persistent=persistent, lr=lr_[layer], momentum=momentum,
+                  weight_decay=weight_decay, rng=np.random.default_rng([seed, layer]))
+        exchange = connect(rbm.params)  # collective: every rank, servers too
+        rbm.bind(exchange.params)
+        if own:  # after the initial weights, which every rank draws alike
+            rbm.rng = np.random.default_rng([seed, layer, *own])
+        if exchange.role == "server":
+            began = time.perf_counter()
+            exchange.serve()
+            records = [{"layer": layer + 1, "epoch": epochs_[layer],
+                        "reconstruction_error": math.nan,
+                        "time_s": time.perf_counter() - began}]
+        else:
+            below = _Propagator(dbn.rbms, propagate,
+                                np.random.default_rng([seed, layer, 1, *own]))
+            sampler = ShuffleSampler(len(shard), batch_size, seed + layer)
+            records = []
+            for epoch in range(epochs_[layer]):
+                sampler.set_epoch(epoch)
+                batches = (below(_flat(train.batch(shard[i])[0])) for i in sampler)
+                metrics = rbm.train_epoch(batches, push=exchange.step)
+                records.append({"layer": layer + 1, "epoch": epoch + 1,
+                                "reconstruction_error": metrics["reconstruction_error"],
+                                "time_s": metrics["time_s"]})
+                if epoch + 1 < epochs_[layer]:  # the last epoch reports the server's weights
+                    _report(dbn, records[-1], rbm, monitor, progress)
+            began = time.perf_counter()
+            exchange.finish()
+            records[-1]["time_s"] += time.perf_counter() - began
+        rbm.bind({name: p.copy() for name, p in rbm.params.items()})  # off the exchange's buffer
+        _report(dbn, records[-1], rbm, monitor, progress)
+        dbn.rbms.append(rbm)
+        monitor = rbm.hidden_prob(monitor)
+        width = hidden
+    dbn.time_s = time.perf_counter() - start
+    return dbn
+
+
+def _report(dbn: DBN, record: dict[str, Any], rbm: RBM, monitor: np.ndarray,
+            progress: Progress | None) -> None:
+    record["pseudo_log_likelihood"] = rbm.pseudo_log_likelihood(monitor) \
+        if rbm.visible == "binary" else math.nan
+    dbn.history.append(record)
+    if progress is not None:
+        progress(record)
 
 
 class _Propagator:

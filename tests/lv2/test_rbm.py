@@ -209,6 +209,50 @@ def test_equal_seeds_give_bit_identical_weights():
     assert runs[0].W.dtype == np.float32
 
 
+
+def test_push_gets_the_step_and_applies_it_as_the_rbm_would():
+    """Asynchronous pre-training's hook: the step goes to ``push``, which adds it itself."""
+    x = binary_prototypes(n=100)
+    plain, pushed = (RBM(36, 8, momentum=0.5, weight_decay=1e-3, rng=4) for _ in range(2))
+    steps = []
+
+    def push(step):
+        steps.append({k: v.copy() for k, v in step.items()})
+        for name, param in pushed.params.items():
+            param += step[name]
+
+    for batch in np.split(x, 4):
+        before = plain.W.copy()
+        plain.cd_update(batch)
+        pushed.cd_update(batch, push=push)
+        np.testing.assert_array_equal(steps[-1]["W"], plain.velocity["W"])  # the momentum step
+        np.testing.assert_allclose(steps[-1]["W"], plain.W - before, atol=1e-7)
+    assert len(steps) == 4 and pushed.updates == 4
+    for name in ("W", "b", "c"):
+        np.testing.assert_array_equal(pushed.params[name], plain.params[name])
+    unapplied = RBM(36, 8, rng=4)
+    w0 = unapplied.W.copy()
+    unapplied.cd_update(x[:10], push=lambda step: None)  # push owns applying the step
+    np.testing.assert_array_equal(unapplied.W, w0)
+
+
+def test_bind_trains_the_given_arrays_in_place():
+    rbm = RBM(6, 3, rng=0)
+    buffer = np.zeros(6 * 3 + 6 + 3, np.float32)
+    views = {"W": buffer[:18].reshape(3, 6), "b": buffer[18:24], "c": buffer[24:]}
+    for name, view in views.items():
+        view[...] = rbm.params[name]
+    rbm.bind(views)
+    rbm.cd_update(np.eye(6, dtype=np.float32))
+    assert rbm.W is views["W"] and np.array_equal(buffer[:18], rbm.W.ravel())
+    assert np.any(buffer != 0)
+    with pytest.raises(ValueError, match=r"RBM.bind: expected W of shape \[3, 6\] float32, "
+                                         r"got \[6, 3\] float32"):
+        rbm.bind({"W": np.zeros((6, 3), np.float32), "b": views["b"], "c": views["c"]})
+    with pytest.raises(ValueError, match="expected c .* got nothing"):
+        rbm.bind({"W": views["W"], "b": views["b"]})
+
+
 # -- monitors against enumeration --------------------------------------------------------
 
 def energy(v, h, rbm):
