@@ -7,12 +7,6 @@
 
 #include "meta/parallel.hpp"
 
-// Without -fno-trapping-math GCC keeps floating-point selects (clamps, x >= 0 ? a : b) as
-// branches and vectorises none of these loops; no caller enables FP traps, so let it assume
-// none (for this header's functions only).
-#pragma GCC push_options
-#pragma GCC optimize("O3", "no-trapping-math")
-
 namespace meta {
 
 // e^x in double, written so that GCC vectorises loops that call it (std::exp is a scalar
@@ -141,5 +135,3 @@ void leaky_relu_backward(const T* x, const T* dy, T* dx, std::int64_t n, T slope
 }
 
 }  // namespace meta
-
-#pragma GCC pop_options

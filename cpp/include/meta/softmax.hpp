@@ -14,12 +14,6 @@
 #include "meta/activations.hpp"
 #include "meta/parallel.hpp"
 
-// Without -fno-trapping-math GCC keeps floating-point selects (clamps, x >= 0 ? a : b) as
-// branches and vectorises none of these loops; no caller enables FP traps, so let it assume
-// none (for this header's functions only).
-#pragma GCC push_options
-#pragma GCC optimize("O3", "no-trapping-math")
-
 namespace meta {
 
 namespace detail {
@@ -189,5 +183,3 @@ void softmax_cross_entropy_backward(const T* logp, const std::int64_t* labels, c
 }
 
 }  // namespace meta
-
-#pragma GCC pop_options
