@@ -24,9 +24,9 @@ The load average before and after each run is printed: on a shared machine the f
 comparable within one run of this script. ``--repeat N`` makes N rounds of all the runs and
 tables the fastest of each configuration's N times (other processes only ever slow a run down).
 
-    .venv/bin/python benchmarks/dbn_scaling.py                   # 1, 2, 4 ranks; ~6 min idle
+    .venv/bin/python benchmarks/dbn_scaling.py                   # 1, 2, 4 ranks; ~4 min
     .venv/bin/python benchmarks/dbn_scaling.py --ranks 1,2 --set epochs=4 --out runs/dbn4
-    .venv/bin/python benchmarks/dbn_scaling.py --docs            # also docs/dbn_scaling.{png,md}
+    .venv/bin/python benchmarks/dbn_scaling.py --docs --repeat 2 # docs/dbn_scaling.{png,md}
 
 It prints the tables and writes ``OUT/scaling.json``, ``OUT/scaling.md`` and ``OUT/scaling.png``
 (time and speed-up against ranks, one line per strategy and accuracy).
