@@ -120,7 +120,7 @@ def test_bench_op_compares_numpy_and_native_relu(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["Gemm", "--shape", "4,4"], "'Gemm' has no native (C++) implementation"),
+    (["Reshape", "--shape", "4,4"], "'Reshape' has no native (C++) implementation"),
     (["Relux", "--shape", "4,4"], "no operator 'Relux' is registered"),
     (["Relu", "--shape", "4,4", "--dtype", "int32"], "dtype int32 is not supported"),
     (["Relu", "--shape", "0,4"], "positive sizes"),
