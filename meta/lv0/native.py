@@ -28,6 +28,17 @@ GEMM_SYMBOLS = (
 )
 
 
+# openblas_set_num_threads / openblas_get_num_threads under the same naming schemes: the kernels
+# keep the BLAS at one thread while they split products over OpenMP's threads (cpp/include/
+# meta/blas.hpp says why).
+THREAD_SYMBOLS = (
+    ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+    ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+    ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
+    ("openblas_set_num_threads", "openblas_get_num_threads"),
+)
+
+
 class NativeUnavailableError(ImportError):
     """The C++ extension was not built or cannot be loaded."""
 
@@ -70,13 +81,26 @@ def _connect_blas(ext: ModuleType) -> None:
                 continue
             name = (f"{lib.get('internal_api', 'blas')} {lib.get('version') or ''} "
                     f"({os.path.basename(lib['filepath'])}, {sgemm}, numpy's)").replace("  ", " ")
-            ext.set_blas(ctypes.cast(s, ctypes.c_void_p).value,
-                         ctypes.cast(d, ctypes.c_void_p).value, ilp64, name)
+            ext.set_blas(_address(s), _address(d), ilp64, *_thread_functions(handle), name)
             if _gemm_agrees(ext):
                 return
-            ext.set_blas(0, 0, False, "")
+            ext.set_blas(0, 0, False, 0, 0, "")
     warnings.warn("meta: no usable BLAS found beside numpy; the C++ kernels use their own "
                   "(slower) matrix-product loops", RuntimeWarning, stacklevel=3)
+
+
+def _address(function: ctypes._CFuncPtr) -> int:
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
+def _thread_functions(handle: ctypes.CDLL) -> tuple[int, int]:
+    """Addresses of the library's (set, get) thread-count functions, or (0, 0)."""
+    for setter, getter in THREAD_SYMBOLS:
+        try:
+            return _address(getattr(handle, setter)), _address(getattr(handle, getter))
+        except AttributeError:
+            continue
+    return 0, 0
 
 
 def _gemm_agrees(ext: ModuleType) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 from meta.lv0 import Context, native
 from ops.average_pool import AveragePool, NativeAveragePool
@@ -72,6 +73,36 @@ def test_conv_large_and_every_chunking(dtype):
         grads = kernels.conv_backward(x, w, dy, images_per_gemm=images, **geometry)
         for i, (a, e) in enumerate(zip(grads, grads_np)):
             assert_close(a, e, dtype, f"gradient {i}, {images} images per GEMM")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_conv_and_gemm_split_over_threads_agree(threads):
+    """With several OpenMP threads the batch is cut into one image range per thread (partial
+    dW added up at the end) and large products into column blocks; one thread does neither.
+    Every split gives numpy's result, and the BLAS's thread count is left as it was."""
+    from meta._threads import set_threads
+    from ops.gemm import Gemm, NativeGemm
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((9, 8, 12, 12), dtype=np.float32)  # odd batch: uneven ranges
+    w = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(16, dtype=np.float32)
+    a = rng.standard_normal((64, 200), dtype=np.float32)
+    m = rng.standard_normal((300, 200), dtype=np.float32)
+
+    def blas_threads():
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info()
+                if p["user_api"] == "blas"]
+
+    previous = native.module().max_threads()
+    set_threads(threads)
+    try:
+        before = blas_threads()
+        assert_parity(Conv, NativeConv, {"pads": [1, 1, 1, 1]}, [x, w, b])
+        assert_parity(Gemm, NativeGemm, {"transB": 1}, [a, m, b[:1].repeat(300)])
+        assert blas_threads() == before
+    finally:
+        set_threads(previous)
 
 
 def test_conv_keeps_no_columns():

@@ -5,15 +5,19 @@
 // per group through meta::blas (numpy's OpenBLAS). Backward recomputes the columns from x
 // instead of keeping them from forward, as PyTorch does; no buffer outlives a call.
 //
-// The copies around the GEMMs (im2col, col2im, scatter) run on the calling thread: on a 2-core
-// machine an OpenMP region before a GEMM leaves its workers spinning on the cores OpenBLAS's
-// threads need (see parallel.hpp), and the copies are a small part of the time (benchmarks/
-// ops_native.py).
+// Threads: with several OpenMP threads and a batch worth it, each thread takes a contiguous
+// range of images (its own column buffer, its own single-threaded GEMMs, its own partial dW,
+// added up in thread order at the end), so the copies run in parallel too; otherwise one range
+// holds every image and meta::blas::gemm splits each large product over the threads. Either
+// way the BLAS's own thread pool stays idle (blas.hpp says why).
 #pragma once
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "meta/blas.hpp"
 
@@ -129,10 +133,34 @@ inline std::int64_t chunk_images(const Geometry& g, std::int64_t requested, std:
   return std::max<std::int64_t>(1, std::min(kColumnBytes / per_image, n));
 }
 
-// y (N, M, OH, OW) = conv(x (N, C, H, W), w (M, C/group, KH, KW)) + b (M, or null).
+// Below this many multiply-adds per image a batch is not split over threads.
+constexpr std::int64_t kImageWork = 1 << 15;
+
+// Runs body(thread, first image, end image) over the batch: one range per OpenMP thread when
+// there are threads and work enough, else one range on the calling thread. Returns the ranges.
+template <typename Body>
+int over_images(const Geometry& g, Body&& body) {
+  const std::int64_t work = g.m * g.kg() * g.p();
+  const int threads = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), g.n));
+  if (threads < 2 || work < kImageWork || omp_in_parallel()) {
+    body(0, std::int64_t{0}, g.n);
+    return 1;
+  }
+  blas::SingleThreadedBlas single;  // the GEMMs inside run on their own thread each
+  int used = threads;  // the team OpenMP gives may be smaller than asked
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    if (t == 0) used = static_cast<int>(nt);
+    body(static_cast<int>(t), g.n * t / nt, g.n * (t + 1) / nt);
+  }
+  return used;
+}
+
+// forward() for images [first, end).
 template <typename T>
-void forward(const Geometry& g, const T* x, const T* w, const T* b, T* y,
-             std::int64_t images_per_gemm = 0) {
+void forward_images(const Geometry& g, const T* x, const T* w, const T* b, T* y,
+                    std::int64_t first, std::int64_t end, std::int64_t images_per_gemm) {
   const std::int64_t p = g.p(), mg = g.mg(), kg = g.kg(), image = g.c * g.h * g.w;
   const auto add_bias = [&](T* yn) {
     if (b == nullptr) return;
@@ -143,7 +171,7 @@ void forward(const Geometry& g, const T* x, const T* w, const T* b, T* y,
     }
   };
   if (g.pointwise()) {
-    for (std::int64_t n = 0; n < g.n; ++n) {
+    for (std::int64_t n = first; n < end; ++n) {
       for (std::int64_t gi = 0; gi < g.group; ++gi)
         blas::gemm<T>(false, false, mg, p, kg, T(1), w + gi * mg * kg, kg,
                       x + n * image + gi * kg * p, p, T(0), y + (n * g.m + gi * mg) * p, p);
@@ -154,8 +182,8 @@ void forward(const Geometry& g, const T* x, const T* w, const T* b, T* y,
   const std::int64_t chunk = chunk_images(g, images_per_gemm, sizeof(T));
   auto cols = scratch<T>(g.rows() * chunk * p);
   auto out = scratch<T>(chunk > 1 ? g.m * chunk * p : 0);
-  for (std::int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-    const std::int64_t nb = std::min(chunk, g.n - n0), ld = nb * p;
+  for (std::int64_t n0 = first; n0 < end; n0 += chunk) {
+    const std::int64_t nb = std::min(chunk, end - n0), ld = nb * p;
     for (std::int64_t k = 0; k < nb; ++k) im2col(g, x + (n0 + k) * image, cols.get() + k * p, ld);
     if (nb == 1) {
       T* yn = y + n0 * g.m * p;
@@ -184,6 +212,15 @@ void forward(const Geometry& g, const T* x, const T* w, const T* b, T* y,
   }
 }
 
+// y (N, M, OH, OW) = conv(x (N, C, H, W), w (M, C/group, KH, KW)) + b (M, or null).
+template <typename T>
+void forward(const Geometry& g, const T* x, const T* w, const T* b, T* y,
+             std::int64_t images_per_gemm = 0) {
+  over_images(g, [&](int, std::int64_t first, std::int64_t end) {
+    forward_images(g, x, w, b, y, first, end, images_per_gemm);
+  });
+}
+
 // db (M) = dy summed over images and positions: each row in 16 interleaved partial sums (one
 // running sum is a chain of dependent adds the compiler may not reorder, 8x slower), rows
 // into a double total.
@@ -207,36 +244,33 @@ void bias_backward(const Geometry& g, const T* dy, T* db) {
   }
 }
 
-// dx (N, C, H, W) and/or dw (M, C/group, KH, KW) from dy (N, M, OH, OW); either may be null.
-// The columns are recomputed from x for dw; dw's GEMM runs before dx's so that dx's column
-// gradients can reuse the same buffer.
+// backward() for images [first, end); dw (if asked) is overwritten with their share.
 template <typename T>
-void backward(const Geometry& g, const T* x, const T* w, const T* dy, T* dx, T* dw,
-              std::int64_t images_per_gemm = 0) {
+void backward_images(const Geometry& g, const T* x, const T* w, const T* dy, T* dx, T* dw,
+                     std::int64_t first, std::int64_t end, std::int64_t images_per_gemm) {
   const std::int64_t p = g.p(), mg = g.mg(), kg = g.kg(), image = g.c * g.h * g.w;
-  if (dx == nullptr && dw == nullptr) return;
   if (g.pointwise()) {
-    for (std::int64_t n = 0; n < g.n; ++n) {
+    for (std::int64_t n = first; n < end; ++n) {
       const T* dyn = dy + n * g.m * p;
       for (std::int64_t gi = 0; gi < g.group; ++gi) {
         const T* dyg = dyn + gi * mg * p;
         if (dw)
           blas::gemm<T>(false, true, mg, kg, p, T(1), dyg, p, x + n * image + gi * kg * p, p,
-                        n ? T(1) : T(0), dw + gi * mg * kg, kg);
+                        n > first ? T(1) : T(0), dw + gi * mg * kg, kg);
         if (dx)
           blas::gemm<T>(true, false, kg, p, mg, T(1), w + gi * mg * kg, kg, dyg, p, T(0),
                         dx + n * image + gi * kg * p, p);
       }
     }
-    if (dw && g.n == 0) std::fill(dw, dw + g.m * kg, T(0));
+    if (dw && first == end) std::fill(dw, dw + g.m * kg, T(0));
     return;
   }
   const std::int64_t chunk = chunk_images(g, images_per_gemm, sizeof(T));
   auto cols = scratch<T>(g.rows() * chunk * p);
   auto dyb = scratch<T>(chunk > 1 ? g.m * chunk * p : 0);
-  if (dw && g.n == 0) std::fill(dw, dw + g.m * kg, T(0));
-  for (std::int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-    const std::int64_t nb = std::min(chunk, g.n - n0), ld = nb * p;
+  if (dw && first == end) std::fill(dw, dw + g.m * kg, T(0));
+  for (std::int64_t n0 = first; n0 < end; n0 += chunk) {
+    const std::int64_t nb = std::min(chunk, end - n0), ld = nb * p;
     // dy of the chunk as one (M, images * P) matrix
     const T* dym = dy + n0 * g.m * p;
     if (nb > 1) {
@@ -251,7 +285,8 @@ void backward(const Geometry& g, const T* x, const T* w, const T* dy, T* dx, T* 
         im2col(g, x + (n0 + k) * image, cols.get() + k * p, ld);
       for (std::int64_t gi = 0; gi < g.group; ++gi)
         blas::gemm<T>(false, true, mg, kg, ld, T(1), dym + gi * mg * ld, ld,
-                      cols.get() + gi * kg * ld, ld, n0 ? T(1) : T(0), dw + gi * mg * kg, kg);
+                      cols.get() + gi * kg * ld, ld, n0 > first ? T(1) : T(0), dw + gi * mg * kg,
+                      kg);
     }
     if (dx) {
       for (std::int64_t gi = 0; gi < g.group; ++gi)
@@ -260,6 +295,29 @@ void backward(const Geometry& g, const T* x, const T* w, const T* dy, T* dx, T* 
       for (std::int64_t k = 0; k < nb; ++k)
         col2im(g, cols.get() + k * p, ld, dx + (n0 + k) * image);
     }
+  }
+}
+
+// dx (N, C, H, W) and/or dw (M, C/group, KH, KW) from dy (N, M, OH, OW); either may be null.
+// The columns are recomputed from x for dw; dw's GEMM runs before dx's so that dx's column
+// gradients can reuse the same buffer.
+template <typename T>
+void backward(const Geometry& g, const T* x, const T* w, const T* dy, T* dx, T* dw,
+              std::int64_t images_per_gemm = 0) {
+  if (dx == nullptr && dw == nullptr) return;
+  const std::int64_t size_w = g.m * g.kg();
+  // Thread t > 0 adds its images' dW into partial[t - 1]; thread 0 writes dw itself.
+  std::vector<std::unique_ptr<T[]>> partial(static_cast<std::size_t>(
+      dw ? std::max(0, std::min<int>(omp_get_max_threads(), int(g.n)) - 1) : 0));
+  for (auto& part : partial) part = scratch<T>(size_w);
+  const int ranges = over_images(g, [&](int t, std::int64_t first, std::int64_t end) {
+    T* dw_range = dw == nullptr ? nullptr : t == 0 ? dw : partial[std::size_t(t - 1)].get();
+    if (dw_range && first == end) std::fill(dw_range, dw_range + size_w, T(0));
+    backward_images(g, x, w, dy, dx, dw_range, first, end, images_per_gemm);
+  });
+  for (int t = 1; t < ranges; ++t) {  // in thread order: the same sums for the same threads
+    const T* part = partial[std::size_t(t - 1)].get();
+    for (std::int64_t i = 0; i < size_w; ++i) dw[i] += part[i];
   }
 }
 
