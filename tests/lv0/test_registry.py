@@ -50,8 +50,8 @@ def test_lookup_errors_name_op_domain_and_opset(scratch_registry):
 
 
 def test_backend_preference_falls_back_to_numpy():
-    from ops.reshape import Reshape
     from ops.relu import NativeRelu, Relu
+    from ops.reshape import Reshape
 
     assert lookup("Relu", 17, backends=("native",)) is NativeRelu
     assert lookup("Relu", 17) is Relu

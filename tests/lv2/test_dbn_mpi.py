@@ -12,7 +12,6 @@ the server's weights on every rank and a reconstruction error as low as one proc
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -22,9 +21,10 @@ import pytest
 from meta.lv2 import ArrayDataset
 from meta.lv2.dbn import pretrain_dbn
 from meta.lv2.rbm import RBM
-from meta.lv3 import Communicator, MPICommunicator, SingleProcessCommunicator, replica, world
+from meta.lv3 import Communicator, SingleProcessCommunicator, replica, world
 from meta.recipe import Definitions
 from meta.runner import ASYNC_PRETRAINING, mean_over_ranks, parameter_exchange
+from tests.checks import run_checks
 
 PER_RANK = 8  # rows per rank per update; 96 examples fill whole global batches at 1 to 4 ranks
 
@@ -139,18 +139,8 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
 
 def main() -> int:
     comm = world()
-    tag = f"rank {comm.rank}/{comm.size}"
-    for name, check in CHECKS.items():
-        try:
-            check(comm)
-        except BaseException:
-            traceback.print_exc()
-            print(f"{tag}: FAILED {name}", flush=True)
-            if isinstance(comm, MPICommunicator):
-                comm.abort(1)  # no other rank waits forever in a collective
-            return 1
-    print(f"{tag}: {len(CHECKS)} checks passed on {type(comm).__name__}", flush=True)
-    return 0
+    return run_checks(comm, CHECKS, CHECKS, barrier_after=lambda name: False,
+                      suffix=f" on {type(comm).__name__}")
 
 
 

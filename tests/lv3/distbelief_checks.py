@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from typing import Callable
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import AsyncRMA, Communicator, DistributedSampler, Downpour, MPICommunicator, world
 from meta.lv3.rma import Window
+from tests.checks import run_checks
 from tests.lv3.mpi_checks import _assert_replicas_identical, _grads, _init, _loss, _problem
 
 
@@ -207,21 +207,9 @@ CONVERGENCE_CHECKS: dict[str, Callable[[Communicator], None]] = {
 
 
 def main(argv: list[str]) -> int:
-    comm = world()
-    tag = f"rank {comm.rank}/{comm.size}"
-    for name in argv or list(CHECKS):
-        try:
-            {**CHECKS, **DROPOUT_CHECKS, **CONVERGENCE_CHECKS}[name](comm)
-        except BaseException:
-            traceback.print_exc()
-            print(f"{tag}: FAILED {name}", flush=True)
-            if isinstance(comm, MPICommunicator):
-                comm.comm.Abort(1)
-            return 1
-        if name in CHECKS:
-            comm.barrier()
-    print(f"{tag}: {len(argv or CHECKS)} checks passed", flush=True)
-    return 0
+    # Dropout and convergence checks end with ranks that left: no barrier after them.
+    return run_checks(world(), {**CHECKS, **DROPOUT_CHECKS, **CONVERGENCE_CHECKS},
+                      argv or list(CHECKS), barrier_after=lambda name: name in CHECKS)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import itertools
 import json
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -42,6 +41,7 @@ from meta.lv3 import (
     measure_link,
     world,
 )
+from tests.checks import run_checks
 
 
 def check_allreduce(comm: Communicator) -> None:
@@ -344,20 +344,7 @@ def main(argv: list[str]) -> int:
     use_mpi = "--mpi" in argv
     names = [a for a in argv if a != "--mpi"] or list(CHECKS)
     comm = MPICommunicator() if use_mpi else world()
-    tag = f"rank {comm.rank}/{comm.size}"
-    for name in names:
-        try:
-            CHECKS[name](comm)
-        except BaseException:
-            traceback.print_exc()
-            print(f"{tag}: FAILED {name} on {comm!r}", flush=True)
-            sys.stderr.flush()
-            if isinstance(comm, MPICommunicator):
-                comm.comm.Abort(1)
-            return 1
-        comm.barrier()
-    print(f"{tag}: {len(names)} checks passed on {type(comm).__name__}", flush=True)
-    return 0
+    return run_checks(comm, CHECKS, names, suffix=f" on {type(comm).__name__}")
 
 
 if __name__ == "__main__":

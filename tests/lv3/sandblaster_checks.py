@@ -13,14 +13,14 @@ workers. Each check prints one ``sandblaster:`` line with what it measured.
 from __future__ import annotations
 
 import sys
-import traceback
 from typing import Callable
 
 import numpy as np
 
 from meta.lv2.second_order import LBFGS
-from meta.lv3 import Communicator, MPICommunicator, world
+from meta.lv3 import Communicator, world
 from meta.lv3.sandblaster import Evaluation, Sandblaster
+from tests.checks import run_checks
 
 
 class SoftmaxRows:
@@ -167,20 +167,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
 
 
 def main(argv: list[str]) -> int:
-    comm = world()
-    tag = f"rank {comm.rank}/{comm.size}"
-    for name in argv or list(CHECKS):
-        try:
-            CHECKS[name](comm)
-        except BaseException:
-            traceback.print_exc()
-            print(f"{tag}: FAILED {name}", flush=True)
-            if isinstance(comm, MPICommunicator):
-                comm.comm.Abort(1)
-            return 1
-        comm.barrier()
-    print(f"{tag}: {len(argv or CHECKS)} checks passed", flush=True)
-    return 0
+    return run_checks(world(), CHECKS, argv or list(CHECKS))
 
 
 if __name__ == "__main__":

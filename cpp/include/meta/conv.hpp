@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "meta/blas.hpp"
+#include "meta/window.hpp"
 
 namespace meta::conv {
 
@@ -45,15 +46,6 @@ struct Geometry {
 template <typename T>
 std::unique_ptr<T[]> scratch(std::int64_t n) {
   return std::unique_ptr<T[]>(new T[static_cast<std::size_t>(std::max<std::int64_t>(n, 1))]);
-}
-
-// The valid output range [lo, hi) of a kernel column whose input column is o * stride + off.
-inline void valid_range(std::int64_t off, std::int64_t stride, std::int64_t in, std::int64_t out,
-                        std::int64_t& lo, std::int64_t& hi) {
-  lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
-  hi = in - off <= 0 ? 0 : (in - 1 - off) / stride + 1;
-  lo = std::min(lo, out);
-  hi = std::max(lo, std::min(hi, out));
 }
 
 // Columns of one image: row (c, i, j) of `cols` (leading dimension ld) holds, for every output

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meta/parallel.hpp"
+#include "meta/window.hpp"
 
 namespace meta::pool {
 
@@ -22,15 +23,6 @@ struct Geometry {
   std::int64_t in_plane() const { return h * w; }
   std::int64_t out_plane() const { return oh * ow; }
 };
-
-// The outputs [lo, hi) of a row whose input column o * stride + off lies inside [0, in).
-inline void valid_range(std::int64_t off, std::int64_t stride, std::int64_t in, std::int64_t out,
-                        std::int64_t& lo, std::int64_t& hi) {
-  lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
-  hi = in - off <= 0 ? 0 : (in - 1 - off) / stride + 1;
-  lo = std::min(lo, out);
-  hi = std::max(lo, std::min(hi, out));
-}
 
 // Pools run over whole planes; below this much work (kernel taps times outputs) one thread.
 inline bool parallel(const Geometry& g) {
