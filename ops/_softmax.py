@@ -16,7 +16,6 @@ from meta.lv0 import Operator
 
 from ._axes import normalize_axis
 
-
 # The native kernels win on small inputs (no numpy call overheads: 128x10 about 2x faster) but
 # lose to numpy's AVX-512 exp on large ones (128x1000 about 2.5x slower on this machine), so
 # their twins take only inputs up to this size.

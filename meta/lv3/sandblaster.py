@@ -45,7 +45,7 @@ import numpy as np
 
 from meta.lv2.optimizers import Params
 from meta.lv2.second_order import LBFGS, line_search, two_loop
-from meta.lv3.communicator import Communicator, MPICommunicator, _import_mpi, world
+from meta.lv3.communicator import Communicator, _import_mpi, world
 from meta.lv3.costmodel import Link
 from meta.lv3.downpour import shard_bounds
 from meta.lv3.polling import POLL_S, cancel_all, poll_all
