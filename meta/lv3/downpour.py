@@ -150,7 +150,7 @@ class Downpour(Strategy):
         if self.role != "worker":
             raise RuntimeError(f"Downpour.leave: rank {self.comm.rank} is a server")
         if self.servers and not self.left:
-            self.client.leave(-1 if planned_steps is None else planned_steps)
+            self.lost = self.client.leave(-1 if planned_steps is None else planned_steps)
         self.left = True
 
     def finish(self) -> None:
@@ -334,14 +334,26 @@ class DownpourClient:
         poll_all(self.comm, [self.comm.irecv(self.empty, 0, GO)])
         self.fetch_now()
 
-    def leave(self, planned_steps: int) -> None:
-        """Push what is accrued, drain the pipes, and send every server EXIT (steps, planned)."""
+    def leave(self, planned_steps: int) -> bool:
+        """Push what is accrued, drain the pipes, and send every server EXIT (steps, planned).
+        Returns True, sending nothing more, when the servers had already declared this worker
+        lost: they no longer answer its fetch, so the drain listens for their verdict too (it
+        used to wait for that fetch forever); the fetch is cancelled, the pushes left to MPI."""
         if self.steps % self.owner.n_push:
             self.push()
-        poll_all(self.comm, self.fetches + self.pushes)
+        roster = self.owner.roster
+        if roster.timeout_s is not None and self.verdict is None:
+            self.verdict = self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)
+        while not test_all(self.comm, self.fetches + self.pushes):
+            if self.verdict is not None and test_all(self.comm, [self.verdict]):
+                cancel_all(self.comm, self.fetches[: len(self.owner.servers)])  # the receives
+                return True
+            time.sleep(POLL_S)
         self.fetches, self.pushes = [], []
+        cancel_all(self.comm, [self.verdict])  # no verdict is sent to a worker that left
         note = np.array([self.steps, planned_steps], self.accrued.dtype)
         poll_all(self.comm, [self.comm.isend(note, s, EXIT) for s in self.owner.servers])
+        return False
 
     def finish(self) -> bool:
         """Push what is accrued, tell every server this worker is done, and wait for the

@@ -185,10 +185,34 @@ def check_downpour_silent_worker_is_declared_lost(comm: Communicator) -> None:
     assert dp.report()["workers_lost"] == 1 and dp.staleness.pushes[dropper] > 0
 
 
+def check_downpour_lost_worker_that_leaves_returns(comm: Communicator) -> None:
+    """A worker declared lost, back for one step (its fetch request goes unanswered), then
+    leaving: leave() returns once the verdict says it was lost (it used to wait for that fetch
+    forever)."""
+    timeout = 0.5
+
+    def stall_then_leave(dp: Downpour, step: int) -> None:
+        if step == 10:
+            time.sleep(4 * timeout)
+        if step == 11:
+            dp.leave(planned_steps=40)
+
+    dp, dropper = _dropout_run(comm, stall_then_leave, worker_timeout_s=timeout)
+    if comm.rank == dropper:
+        assert dp.left and dp.lost
+        return
+    _assert_survivors_trained(comm, dp, dropper)
+    if comm.size == 1:
+        return
+    (line,) = dp.departures()
+    assert line.startswith(f"worker {dropper} lost: silent for "), line
+
+
 DROPOUT_CHECKS: dict[str, Callable[[Communicator], None]] = {
     f.__name__.removeprefix("check_"): f for f in (
         check_downpour_worker_leaves_early,
         check_downpour_silent_worker_is_declared_lost,
+        check_downpour_lost_worker_that_leaves_returns,
     )
 }
 
