@@ -8,6 +8,7 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link, gather_bcast
 from meta.lv3.flat import FlatBuffer
+from meta.lv3.polling import poll_all, poll_any
 from meta.lv3.strategy import Strategy
 
 GRADS, PARAMS, DONE = 11, 12, 13  # message tags of the asynchronous server
@@ -54,6 +55,8 @@ class AsyncParameterServer(Strategy):
     server (``serve``) applies each gradient as it arrives with the wrapped optimizer and
     answers that worker alone, until every worker has sent DONE (``finish``); then it sends
     everyone the final parameters. At size 1 there is no server: the rank trains locally.
+    Server and workers wait by polling (``meta.lv3.polling``): MPICH's blocking waits spin,
+    and with more ranks than cores a spinning server takes a core its workers need.
     """
 
     name = "async_parameter_server"
@@ -84,8 +87,8 @@ class AsyncParameterServer(Strategy):
             self.optimizer.step(self.flat_grads.views)
             t.lap("update")
             return
-        comm.waitall([comm.isend(buffer, self.server, GRADS),
-                      comm.irecv(self.flat_params.buffer, self.server, PARAMS)])
+        poll_all(comm, [comm.isend(buffer, self.server, GRADS),
+                        comm.irecv(self.flat_params.buffer, self.server, PARAMS)])
         self.bytes_sent += buffer.nbytes
         t.lap("communicate")
 
@@ -106,7 +109,7 @@ class AsyncParameterServer(Strategy):
         active = len(self.workers)
         while active:
             t.begin()
-            i, tag = comm.waitany(receives)
+            i, tag = poll_any(comm, receives)  # a blocking wait would spin on a worker's core
             t.lap("communicate")
             if tag == DONE:
                 active -= 1
@@ -114,13 +117,13 @@ class AsyncParameterServer(Strategy):
             self.optimizer.step(inboxes[i].views)
             t.lap("update")
             if sends[i] is not None:
-                comm.wait(sends[i])  # the worker got it before sending this gradient
+                poll_all(comm, [sends[i]])  # the worker got it before sending this gradient
             np.copyto(outboxes[i], params)
             sends[i] = comm.isend(outboxes[i], self.workers[i], PARAMS)
             receives[i] = comm.irecv(inboxes[i].buffer, self.workers[i])
             self.bytes_sent += params.nbytes
             t.lap("pack")
-        comm.waitall([s for s in sends if s is not None])
+        poll_all(comm, sends)
         for worker in self.workers:
             comm.send(params, worker, PARAMS)
 
