@@ -43,13 +43,6 @@ def broadcast_shape(op: str, *arrays: np.ndarray) -> tuple[int, ...]:
         raise ValueError(f"{op}: cannot broadcast input shapes {shapes}") from err
 
 
-def native_floats(*arrays: np.ndarray) -> bool:
-    """Whether the arrays share one dtype the native kernels take (float32 or float64), so a
-    native twin can run them as its numpy operator would (no promotion to mimic)."""
-    dtype = arrays[0].dtype
-    return dtype in native.NATIVE_DTYPES and all(a.dtype == dtype for a in arrays[1:])
-
-
 def contiguous(x: np.ndarray) -> np.ndarray:
     """x as the C-contiguous array a native kernel reads: x itself when it already is one (and a
     0-d array stays 0-d, which np.ascontiguousarray would make 1-d)."""
@@ -68,7 +61,7 @@ class NativeUnary(Unary):
         return {}
 
     def forward(self, ctx, x):
-        if not native_floats(x):
+        if not native.supports(x):
             return super().forward(ctx, x)
         x = contiguous(x)
         y = getattr(native.module(), f"{self.kernel}_forward")(x, **self.options())
@@ -77,7 +70,7 @@ class NativeUnary(Unary):
 
     def backward(self, ctx, dy):
         saved = ctx.x if "x" in self.keep else ctx.y
-        if not native_floats(saved, dy):
+        if not native.supports(saved, dy):
             return super().backward(ctx, dy)
         kernel = getattr(native.module(), f"{self.kernel}_backward")
         return (kernel(contiguous(saved), contiguous(dy), **self.options()),)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meta.lv0 import Operator, native, register, unbroadcast
 
-from ._elementwise import broadcast_shape, contiguous, native_floats
+from ._elementwise import broadcast_shape, contiguous
 
 
 @register("Add", since=7)
@@ -26,14 +26,14 @@ class NativeAdd(Add):
     forward, one reducing pass per broadcast input backward (e.g. a bias's gradient)."""
 
     def forward(self, ctx, a, b):
-        if not native_floats(a, b):
+        if not native.supports(a, b):
             return super().forward(ctx, a, b)
         broadcast_shape(self.op_type, a, b)
         ctx.save(a_shape=a.shape, b_shape=b.shape)
         return native.module().add_forward(contiguous(a), contiguous(b))
 
     def backward(self, ctx, dy):
-        if not native_floats(dy):
+        if not native.supports(dy):
             return super().backward(ctx, dy)
         da = reduce_to(dy, ctx.a_shape) if ctx.needs(0) else None
         db = reduce_to(dy, ctx.b_shape) if ctx.needs(1) else None

@@ -56,7 +56,7 @@ class NativeAveragePool(AveragePool):
 
     def forward(self, ctx, x):
         win = self.window(x)
-        if x.ndim != 4 or x.dtype not in native.NATIVE_DTYPES:
+        if x.ndim != 4 or not native.supports(x):
             return super().forward(ctx, x)
         ctx.save(native=True, win=win, x_shape=x.shape)
         return native.module().average_pool_forward(

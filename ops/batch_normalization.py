@@ -14,7 +14,7 @@ import numpy as np
 
 from meta.lv0 import Operator, native, register
 
-from ._elementwise import contiguous, native_floats
+from ._elementwise import contiguous
 
 
 @register("BatchNormalization", since=14)
@@ -88,7 +88,7 @@ class NativeBatchNormalization(BatchNormalization):
     rather than the normalised X (the same size, but forward writes one tensor fewer)."""
 
     def forward(self, ctx, x, scale, b, mean, var):
-        if not (native_floats(x, scale, b, mean, var) and x.ndim >= 2 and x.size):
+        if not (native.supports(x, scale, b, mean, var) and x.ndim >= 2 and x.size):
             return super().forward(ctx, x, scale, b, mean, var)
         self.check(x, scale, b, mean, var)
         x = contiguous(x)

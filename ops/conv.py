@@ -87,9 +87,7 @@ class Conv(Operator):
 def native_arrays(*arrays: np.ndarray | None) -> tuple[np.ndarray | None, ...] | None:
     """The arrays as C-contiguous float32/float64 of one dtype, or None when a kernel cannot
     take them as they are (mixed or other dtypes: the numpy implementation decides)."""
-    given = [a for a in arrays if a is not None]
-    dtype = given[0].dtype
-    if dtype not in native.NATIVE_DTYPES or any(a.dtype != dtype for a in given):
+    if not native.supports(*(a for a in arrays if a is not None)):
         return None
     return tuple(None if a is None else np.ascontiguousarray(a) for a in arrays)
 

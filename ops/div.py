@@ -6,7 +6,7 @@ import numpy as np
 
 from meta.lv0 import Operator, native, register, unbroadcast
 
-from ._elementwise import broadcast_shape, contiguous, native_floats
+from ._elementwise import broadcast_shape, contiguous
 
 
 @register("Div", since=7)
@@ -35,7 +35,7 @@ class NativeDiv(Div):
     stays numpy's): backward divides and sums over the broadcast axes in one pass."""
 
     def forward(self, ctx, a, b):
-        if not native_floats(a, b):
+        if not native.supports(a, b):
             return super().forward(ctx, a, b)
         broadcast_shape(self.op_type, a, b)
         b = contiguous(b)
@@ -44,7 +44,7 @@ class NativeDiv(Div):
         return y
 
     def backward(self, ctx, dy):
-        if not native_floats(dy, ctx.b) or (ctx.y is not None and ctx.y.dtype != dy.dtype):
+        if not native.supports(dy, ctx.b) or (ctx.y is not None and ctx.y.dtype != dy.dtype):
             return super().backward(ctx, dy)
         m, b, dy = native.module(), contiguous(ctx.b), contiguous(dy)
         da = m.unbroadcast_div(dy, b, ctx.a_shape) if ctx.needs(0) else None

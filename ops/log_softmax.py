@@ -6,7 +6,7 @@ import numpy as np
 
 from meta.lv0 import native, register
 
-from ._elementwise import contiguous, native_floats
+from ._elementwise import contiguous
 from ._softmax import NATIVE_MAX_SIZE, Normalizer, log_softmax
 
 
@@ -30,12 +30,12 @@ class NativeLogSoftmax(LogSoftmax):
     """The same operator through cpp/include/meta/softmax.hpp (float32/float64, any axis)."""
 
     def compute(self, x, axis):
-        if not native_floats(x) or x.size > NATIVE_MAX_SIZE:
+        if not native.supports(x) or x.size > NATIVE_MAX_SIZE:
             return super().compute(x, axis)
         return native.module().log_softmax_forward(contiguous(x), axis)
 
     def gradient(self, y, dy, axis):
-        if not native_floats(y, dy) or y.size > NATIVE_MAX_SIZE:
+        if not native.supports(y, dy) or y.size > NATIVE_MAX_SIZE:
             return super().gradient(y, dy, axis)
         return native.module().log_softmax_backward(y, contiguous(dy), axis)
 

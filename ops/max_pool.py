@@ -86,7 +86,7 @@ class NativeMaxPool(MaxPool):
 
     def forward(self, ctx, x):
         win = self.window(x)
-        if x.ndim != 4 or x.dtype not in native.NATIVE_DTYPES:
+        if x.ndim != 4 or not native.supports(x):
             return super().forward(ctx, x)
         x = np.ascontiguousarray(x)
         y, index, indices = native.module().max_pool_forward(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meta.lv0 import Operator, native, register, unbroadcast
 
-from ._elementwise import broadcast_shape, contiguous, native_floats
+from ._elementwise import broadcast_shape, contiguous
 
 
 @register("Mul", since=7)
@@ -28,7 +28,7 @@ class NativeMul(Mul):
     sums over the broadcast axes in one pass, with no full-size temporary."""
 
     def forward(self, ctx, a, b):
-        if not native_floats(a, b):
+        if not native.supports(a, b):
             return super().forward(ctx, a, b)
         broadcast_shape(self.op_type, a, b)
         a, b = contiguous(a), contiguous(b)
@@ -38,7 +38,7 @@ class NativeMul(Mul):
 
     def backward(self, ctx, dy):
         others = [x for x in (ctx.a, ctx.b) if x is not None]
-        if not native_floats(dy, *others):
+        if not native.supports(dy, *others):
             return super().backward(ctx, dy)
         kernel, dy = native.module().unbroadcast_mul, contiguous(dy)
         da = kernel(dy, contiguous(ctx.b), ctx.a_shape) if ctx.needs(0) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meta.lv0 import native, register
 
-from ._elementwise import contiguous, native_floats
+from ._elementwise import contiguous
 from ._softmax import NATIVE_MAX_SIZE, Normalizer, softmax
 
 
@@ -28,12 +28,12 @@ class NativeSoftmax(Softmax):
     """The same operator through cpp/include/meta/softmax.hpp (float32/float64, any axis)."""
 
     def compute(self, x, axis):
-        if not native_floats(x) or x.size > NATIVE_MAX_SIZE:
+        if not native.supports(x) or x.size > NATIVE_MAX_SIZE:
             return super().compute(x, axis)
         return native.module().softmax_forward(contiguous(x), axis)
 
     def gradient(self, y, dy, axis):
-        if not native_floats(y, dy) or y.size > NATIVE_MAX_SIZE:
+        if not native.supports(y, dy) or y.size > NATIVE_MAX_SIZE:
             return super().gradient(y, dy, axis)
         return native.module().softmax_backward(y, contiguous(dy), axis)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from meta.lv0 import Context, Operator, native, register
 
-from ._elementwise import contiguous, native_floats
+from ._elementwise import contiguous
 from ._loss import REDUCTIONS
 from ._softmax import NATIVE_MAX_SIZE, log_softmax
 from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
@@ -56,7 +56,7 @@ class NativeSoftmaxCrossEntropyLoss(SoftmaxCrossEntropyLoss):
 
     def forward(self, ctx, scores, labels, weights=None):
         if (weights is not None or self.ignore_index is not None
-                or self.reduction not in REDUCTIONS or not native_floats(scores)
+                or self.reduction not in REDUCTIONS or not native.supports(scores)
                 or scores.ndim != 2 or scores.size > NATIVE_MAX_SIZE
                 or labels.dtype.kind not in "iu"
                 or labels.shape != scores.shape[:1] + scores.shape[2:]):

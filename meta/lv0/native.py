@@ -137,7 +137,8 @@ def float_dtype(kernel: str, *arrays: np.ndarray) -> np.dtype:
 
 
 def supports(*arrays: np.ndarray) -> bool:
-    """Whether native kernels take these arrays: all float32 or all float64."""
+    """Whether native kernels take these arrays: all float32 or all float64, so a native twin
+    runs them as its numpy operator would (no dtype promotion to mimic)."""
     dtype = arrays[0].dtype
     return dtype in NATIVE_DTYPES and all(a.dtype == dtype for a in arrays)
 
