@@ -7,35 +7,6 @@ namespace meta::bind {
 
 namespace {
 
-template <typename T, typename Kernel>
-py::array unary(const Array<T>& x, Kernel kernel) {
-  Array<T> y(shape_of(x));
-  const T* src = x.data();
-  T* dst = y.mutable_data();
-  const std::int64_t n = x.size();
-  {
-    py::gil_scoped_release release;
-    kernel(src, dst, n);
-  }
-  return y;
-}
-
-// dx from the saved tensor (x or y) and dy, which must have its shape.
-template <typename T, typename Kernel>
-py::array gradient(const char* name, const Array<T>& saved, const Array<T>& dy, Kernel kernel) {
-  require_same_shape(name, saved, dy);
-  Array<T> dx(shape_of(saved));
-  const T* ps = saved.data();
-  const T* pdy = dy.data();
-  T* pdx = dx.mutable_data();
-  const std::int64_t n = saved.size();
-  {
-    py::gil_scoped_release release;
-    kernel(ps, pdy, pdx, n);
-  }
-  return dx;
-}
-
 template <typename T>
 void bind_float(py::module_& m) {
   const auto x = py::arg("x").noconvert(), y = py::arg("y").noconvert(),

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,6 +43,37 @@ inline void require_ndim(const char* kernel, const char* name, const py::array& 
   if (a.ndim() != ndim)
     throw py::value_error(std::string(kernel) + ": " + name + " " + describe(a) + " must have " +
                           std::to_string(ndim) + " dimensions");
+}
+
+// y = kernel(x) elementwise, into a new array, with the GIL released.
+template <typename T, typename Kernel>
+py::array unary(const Array<T>& x, Kernel kernel) {
+  Array<T> y(shape_of(x));
+  const T* src = x.data();
+  T* dst = y.mutable_data();
+  const std::int64_t n = x.size();
+  {
+    py::gil_scoped_release release;
+    kernel(src, dst, n);
+  }
+  return y;
+}
+
+// dx = kernel(saved, dy) elementwise from the saved tensor (x or y) and dy, which must have its
+// shape; the GIL released.
+template <typename T, typename Kernel>
+py::array gradient(const char* name, const Array<T>& saved, const Array<T>& dy, Kernel kernel) {
+  require_same_shape(name, saved, dy);
+  Array<T> dx(shape_of(saved));
+  const T* ps = saved.data();
+  const T* pdy = dy.data();
+  T* pdx = dx.mutable_data();
+  const std::int64_t n = saved.size();
+  {
+    py::gil_scoped_release release;
+    kernel(ps, pdy, pdx, n);
+  }
+  return dx;
 }
 
 // One registration function per kernel family; module.cpp calls them all.
