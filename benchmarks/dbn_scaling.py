@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meta._threads import THREAD_VARIABLES, cores
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 # (accuracy, whether reaching it counts, label): the seed asks > 90 %, the recipe >= 97 %.
@@ -52,13 +54,6 @@ THRESHOLDS = ((0.90, False, "> 90 %"), (0.97, True, ">= 97 %"))
 # Two fine-tuning epochs more than the recipe's 4, so that runs whose larger global batch or
 # staler updates need more iterations still reach 97 % (only the epochs up to it are counted).
 DEFAULT_SETS = ("epochs=6",)
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def load() -> float:
     """The 1-minute load average (NaN where the OS has none)."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
