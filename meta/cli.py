@@ -1,4 +1,5 @@
-"""The ``meta`` command line: ``meta run RECIPE``, ``meta ops``, ``meta check-op OP``."""
+"""The ``meta`` command line: ``meta run RECIPE``, ``meta inspect MODEL.onnx``, ``meta ops``,
+``meta check-op OP``."""
 
 from __future__ import annotations
 
@@ -68,6 +69,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             comm.abort(EXIT_ERROR)
         raise
     return EXIT_PASS if outcome.passed else EXIT_FAIL
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from meta.lv1 import GraphError, from_onnx
+    from meta.lv1.summary import summarize
+
+    try:
+        graph = from_onnx(args.model, check_operators=False, trainable=args.trainable,
+                          frozen=args.frozen)
+    except (GraphError, OSError) as err:
+        print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    print(summarize(graph, limit=0 if args.all else 40))
+    return EXIT_PASS
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
@@ -172,6 +187,15 @@ def make_parser() -> argparse.ArgumentParser:
                      help="run N times; write report.json and plots of step times and losses")
     add_run_options(run)
     run.set_defaults(func=cmd_run)
+    inspect = sub.add_parser("inspect", help="what an ONNX model holds: inputs, outputs, "
+                             "operators and their support, parameters, state and constants")
+    inspect.add_argument("model", help="an .onnx file")
+    inspect.add_argument("--trainable", action="append", default=[], metavar="PATTERN",
+                         help="train only the initializers matching PATTERN (repeatable)")
+    inspect.add_argument("--frozen", action="append", default=[], metavar="PATTERN",
+                         help="freeze the parameters matching PATTERN (repeatable)")
+    inspect.add_argument("--all", action="store_true", help="list every tensor of each role")
+    inspect.set_defaults(func=cmd_inspect)
     ops = sub.add_parser("ops", help="list the registered operators and their backends")
     ops.set_defaults(func=cmd_ops)
     check = sub.add_parser("check-op", help="validate an operator on random inputs: forward "

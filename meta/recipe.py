@@ -72,6 +72,8 @@ class Definitions:
     timeline: bool = False  # write the step phases as a Chrome trace to the output dir
     eval_batch_size: int = 1000
     train_samples: int = 0  # 0: the whole training set; n: its first n examples
+    trainable: tuple[str, ...] = ()  # train only the parameters matching these patterns
+    frozen: tuple[str, ...] = ()  # parameters (patterns, e.g. "conv1.*") that are not trained
 
 
 SECOND_ORDER_OPTIMIZERS = ("lbfgs", "cg")

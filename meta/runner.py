@@ -130,6 +130,18 @@ def build_graph(d: Definitions, train: ArrayDataset, comm: Communicator,
     pre-training may be collective, so it waits for ``RecipeRun.pretrain`` (in ``execute``,
     after the ranks have agreed that every input loaded)."""
     x0, _ = train.batch(np.arange(1))
+    graph, metrics = _network(d, train, x0)
+    try:  # a pattern that matches nothing is a mistake in the recipe, named here
+        if d.trainable:
+            graph.train_only(*d.trainable)
+        if d.frozen:
+            graph.freeze(*d.frozen)
+    except KeyError as err:
+        raise RecipeError(str(err.args[0])) from err
+    return graph, metrics
+
+
+def _network(d: Definitions, train: ArrayDataset, x0: np.ndarray) -> tuple[Graph, dict]:
     if d.model == "dbn":
         lo, hi = float(np.min(train.inputs)), float(np.max(train.inputs))
         if lo < 0 or hi > 1:  # found now, before any rank starts a collective pre-training
@@ -319,9 +331,9 @@ class RecipeRun:
         return {"pretrain_time_s": dbn.time_s}
 
     def distribute(self) -> Strategy:
-        """Wrap the optimizer in the recipe's Level 3 strategy; the network then reads its
-        parameters from the strategy's flat buffer, and metrics are summed over the ranks that
-        train (an asynchronous server does not)."""
+        """Wrap the optimizer in the recipe's Level 3 strategy (which moves the graph's
+        parameters into its flat buffer, through ``graph.parameters``); metrics are then
+        summed over the ranks that train (an asynchronous server does not)."""
         d, trainer = self.recipe.definitions, self.trainer
         if d.distributed == "sandblaster" and self.comm.size > 1:  # L-BFGS with workers
             strategy = make_strategy("sandblaster", trainer.optimizer, self.comm,
@@ -335,7 +347,6 @@ class RecipeRun:
                                      topk_ratio=d.topk_ratio, chunk_bytes=d.chunk_bytes,
                                      servers=d.servers, n_fetch=d.n_fetch, n_push=d.n_push,
                                      warm_start_steps=d.warm_start_steps)
-        trainer.executor.graph.initializers.update(strategy.params)
         trainer.optimizer, group = strategy, strategy.group
         trainer.sum_across = lambda sums: group.allreduce(np.array(sums))
         return strategy
@@ -369,8 +380,11 @@ class RecipeRun:
             if path is not None:
                 print(f"meta: wrote the step timeline to {path}", file=stream, flush=True)
         if comm.is_root and comm.size > 1:
+            state = self.trainer.executor.graph.state
+            synced = (f"; state, {state.nbytes()} bytes, averaged at each evaluation: "
+                      f"{report.get('state_bytes_sent', 0):.0f} bytes in all" if state else "")
             print(f"meta: {strategy.name} step phases on rank 0 "
-                  f"({report['bytes_sent_per_step']:.0f} bytes sent per step)\n"
+                  f"({report['bytes_sent_per_step']:.0f} bytes sent per step{synced})\n"
                   f"{strategy.timeline.format_summary()}\n"
                   f"meta: communication per step: measured "
                   f"{report['comm_measured_ms_per_step']:.3f} ms, predicted "

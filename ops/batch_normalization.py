@@ -3,9 +3,16 @@
 Inputs X (N, C, ...), scale, B, input_mean, input_var (C). Inference normalises with the given
 statistics. ``training_mode=1`` normalises with the batch mean and (biased) variance, backprops
 through them, and also outputs ``running_mean = input_mean * momentum + mean * (1 - momentum)``
-and the same for the variance. The statistics are not learned: ``input_mean``/``input_var``
-get no gradient, and the running outputs feed nothing in a trained graph (their gradient
-into X is still correct, should anything consume them).
+and the same for the variance, as the spec says (their gradient into X is correct, should
+anything consume them).
+
+The executor's mode overrides ``training_mode`` (``ctx.mode``): a network exported for
+inference trains with batch statistics, one exported in training form evaluates with the
+stored ones. ``input_mean``/``input_var`` are *state*: not learned (no gradient), but updated
+in place by the executor after each training-mode forward, through ``update_state``. That update
+follows PyTorch (and cuDNN): the running variance takes the *unbiased* batch variance
+(n / (n - 1)), so a network trained here keeps the statistics it would have in PyTorch; the
+spec's functional outputs above keep the biased one, as onnx.reference computes them.
 """
 
 from __future__ import annotations
@@ -21,6 +28,26 @@ from ._elementwise import contiguous
 class BatchNormalization(Operator):
     attributes = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     no_grad_inputs = (3, 4)
+    state_inputs = (3, 4)
+
+    @classmethod
+    def inference_form(cls, attrs, inputs, outputs):
+        return {k: v for k, v in attrs.items() if k != "training_mode"}, inputs, outputs[:1]
+
+    def update_state(self, ctx, mean, var):
+        if getattr(ctx, "batch_mean", None) is None:
+            return None  # the forward ran in inference mode
+        n = ctx.count
+        unbiased = ctx.batch_var * (n / (n - 1)) if n > 1 else ctx.batch_var
+        return self.running(mean, var, ctx.batch_mean, unbiased, mean.dtype)
+
+    def results(self, ctx, y, mean, var, mean_used, var_used, training):
+        """y, plus what the node's other outputs hold: the spec's running statistics in
+        training, the given ones when the executor's eval mode runs a training-form node."""
+        if training:
+            ctx.save(batch_mean=mean_used, batch_var=var_used, count=y.size // y.shape[1])
+            return (y, *self.running(mean, var, mean_used, var_used, y.dtype))
+        return (y, mean, var) if self.training_mode else y
 
     def check(self, x, scale, b, mean, var) -> None:
         c = x.shape[1] if x.ndim >= 2 else None
@@ -41,17 +68,17 @@ class BatchNormalization(Operator):
         c = x.shape[1]
         axes = (0, *range(2, x.ndim))
         shape = (c, *(1,) * (x.ndim - 2))
-        if self.training_mode:
+        training = ctx.mode(bool(self.training_mode))
+        if training:
             mean_used, var_used = x.mean(axis=axes), x.var(axis=axes)
         else:
             mean_used, var_used = mean, var
         inv_std = 1.0 / np.sqrt(var_used + self.epsilon)
         xhat = (x - mean_used.reshape(shape)) * inv_std.reshape(shape)
         y = (xhat * scale.reshape(shape) + b.reshape(shape)).astype(x.dtype, copy=False)
-        ctx.save(xhat=xhat, inv_std=inv_std, scale=scale, shape=shape, axes=axes)
-        if not self.training_mode:
-            return y
-        return (y, *self.running(mean, var, mean_used, var_used, x.dtype))
+        ctx.save(xhat=xhat, inv_std=inv_std, scale=scale, shape=shape, axes=axes,
+                 training=training)
+        return self.results(ctx, y, mean, var, mean_used, var_used, training)
 
     def backward(self, ctx, dy, drunning_mean=None, drunning_var=None):
         xhat, inv_std, shape, axes = ctx.xhat, ctx.inv_std, ctx.shape, ctx.axes
@@ -61,7 +88,7 @@ class BatchNormalization(Operator):
         sum_dy_xhat = (dy * xhat).sum(axis=axes)
         if ctx.needs(0):
             k = (ctx.scale * inv_std).reshape(shape)
-            if self.training_mode:
+            if ctx.training:
                 count = xhat.size // xhat.shape[1]
                 # Through the batch mean and variance: the usual three-term formula.
                 dx = k * (dy - (sum_dy.reshape(shape) + xhat * sum_dy_xhat.reshape(shape))
@@ -93,13 +120,13 @@ class NativeBatchNormalization(BatchNormalization):
         self.check(x, scale, b, mean, var)
         x = contiguous(x)
         scale = contiguous(scale)
+        training = ctx.mode(bool(self.training_mode))
         y, mean_used, var_used, inv_std = native.module().batchnorm_forward(
             x, scale, contiguous(b), contiguous(mean), contiguous(var),
-            epsilon=float(self.epsilon), training=bool(self.training_mode))
-        ctx.save(native=True, x=x, mean_used=mean_used, inv_std=inv_std, scale=scale)
-        if not self.training_mode:
-            return y
-        return (y, *self.running(mean, var, mean_used, var_used, x.dtype))
+            epsilon=float(self.epsilon), training=training)
+        ctx.save(native=True, x=x, mean_used=mean_used, inv_std=inv_std, scale=scale,
+                 training=training)
+        return self.results(ctx, y, mean, var, mean_used, var_used, training)
 
     def backward(self, ctx, dy, drunning_mean=None, drunning_var=None):
         if not getattr(ctx, "native", False):
@@ -107,7 +134,7 @@ class NativeBatchNormalization(BatchNormalization):
         x, inv_std = ctx.x, ctx.inv_std
         dy = np.zeros_like(x) if dy is None else np.ascontiguousarray(dy, dtype=x.dtype)
         em = ev = None
-        if self.training_mode and ctx.needs(0) and (drunning_mean is not None
+        if ctx.training and ctx.needs(0) and (drunning_mean is not None
                                                      or drunning_var is not None):
             # The running statistics' share of dx: em + ev * xhat per channel, as numpy's.
             w = (1 - self.momentum) / (x.size // x.shape[1])
@@ -116,7 +143,7 @@ class NativeBatchNormalization(BatchNormalization):
             ev = zero if drunning_var is None else (2 * drunning_var * w / inv_std).astype(
                 x.dtype)
         dx, sum_dy, sum_dy_xhat = native.module().batchnorm_backward(
-            x, dy, ctx.mean_used, inv_std, ctx.scale, training=bool(self.training_mode),
+            x, dy, ctx.mean_used, inv_std, ctx.scale, training=ctx.training,
             need_dx=ctx.needs(0), em=em, ev=ev)
         return (dx, sum_dy_xhat if ctx.needs(1) else None, sum_dy if ctx.needs(2) else None,
                 None, None)

@@ -15,6 +15,8 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 @register("Clip", since=11)
 class Clip(Operator):
+    constant_inputs = (1, 2)  # ReLU6's bounds: an initializer here is a constant, not learned
+
     def forward(self, ctx, x, lo=None, hi=None):
         for name, bound in (("min", lo), ("max", hi)):
             if bound is not None and np.size(bound) != 1:

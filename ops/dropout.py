@@ -1,6 +1,7 @@
 """Dropout (ONNX opset 12+; 13 only widened the types): ratio and training_mode are inputs.
 
-Inference (the default) is the identity. In training each element is kept with probability
+Inference (the default) is the identity; the executor's mode (``ctx.mode``) overrides the
+``training_mode`` input, so ``executor.train()`` drops and ``executor.eval()`` does not. In training each element is kept with probability
 ``1 - ratio`` and scaled by ``1 / (1 - ratio)``; the mask is the second output. With the
 ``seed`` attribute every call draws the same mask, exactly as onnx.reference does
 (``RandomState(seed).uniform(0, 1, shape) >= ratio``), so runs and gradient checks are
@@ -17,7 +18,11 @@ from meta.lv0 import Operator, register
 @register("Dropout", since=12)
 class Dropout(Operator):
     attributes = {"seed": None}
-    no_grad_inputs = (1,)  # ratio: a hyperparameter, not learned
+    no_grad_inputs = (1, 2)  # ratio: a hyperparameter, not learned; training_mode: a flag
+
+    @classmethod
+    def inference_form(cls, attrs, inputs, outputs):
+        return attrs, inputs[:2], outputs
 
     def __init__(self, **attrs):
         super().__init__(**attrs)
@@ -30,7 +35,7 @@ class Dropout(Operator):
 
     def forward(self, ctx, x, ratio=None, training_mode=None):
         ratio = 0.5 if ratio is None else float(ratio)
-        training = bool(training_mode) if training_mode is not None else False
+        training = ctx.mode(bool(training_mode) if training_mode is not None else False)
         if not training or ratio == 0:
             ctx.save(mask=None, scale=1.0)
             return x, np.ones(x.shape, dtype=bool)

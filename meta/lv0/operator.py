@@ -14,11 +14,20 @@ class Context:
 
     Forward stores only what backward needs: ``ctx.save(y=y)``, read back as ``ctx.y``.
     ``ctx.needs(i)`` tells backward whether input ``i`` wants a gradient at all (the executor
-    says no for data inputs), so it can skip that work.
+    says no for data inputs), so it can skip that work. ``ctx.training`` is the executor's mode
+    (Chainer's ``config.train``, PyTorch's ``module.train()``): ``True`` or ``False`` overrides
+    what the node itself says (BatchNormalization's ``training_mode``, Dropout's input), ``None``
+    runs the node as written.
     """
 
-    def __init__(self, needs_input_grad: Sequence[bool] | None = None) -> None:
+    def __init__(self, needs_input_grad: Sequence[bool] | None = None,
+                 training: bool | None = None) -> None:
         self.needs_input_grad = needs_input_grad
+        self.training = training
+
+    def mode(self, as_written: bool) -> bool:
+        """Whether the op runs in training mode: the executor's mode, else the node's own."""
+        return as_written if self.training is None else self.training
 
     def save(self, **tensors: Any) -> None:
         self.__dict__.update(tensors)
@@ -47,6 +56,13 @@ class Operator:
       may be returned as trailing ``None``). A grad_output is ``None``
       when nothing downstream needs that output.
 
+    What a graph's initializers are follows from two declarations (see
+    ``meta.lv1.roles``): ``no_grad_inputs`` (no gradient: indices, shapes, Dropout's ratio)
+    and ``constant_inputs`` (differentiable, but settings rather than learned values: Clip's
+    bounds) — an initializer feeding only such inputs is a constant — and ``state_inputs``, the
+    inputs the op updates in training mode (BatchNorm's running statistics) through
+    ``update_state``.
+
     Example::
 
         class Square(Operator):
@@ -63,6 +79,9 @@ class Operator:
     since: ClassVar[int] = 1
     backend: ClassVar[str] = "numpy"
     attributes: ClassVar[dict[str, Any]] = {}
+    no_grad_inputs: ClassVar[tuple[int, ...]] = ()
+    constant_inputs: ClassVar[tuple[int, ...]] = ()
+    state_inputs: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, **attrs: Any) -> None:
         unknown = sorted(set(attrs) - set(self.attributes))
@@ -83,6 +102,18 @@ class Operator:
 
     def backward(self, ctx: Context, *grad_outputs: Array | None) -> Sequence[Array | None]:
         raise NotImplementedError(f"{self.op_type} is not differentiable")
+
+    def update_state(self, ctx: Context, *state: Array) -> tuple[Array, ...] | None:
+        """The new values of the ``state_inputs`` (given their current values, in order) after
+        a forward that ran in training mode; ``None`` when that forward changed nothing."""
+        return None
+
+    @classmethod
+    def inference_form(cls, attrs: dict[str, Any], inputs: list[str],
+                       outputs: list[str]) -> tuple[dict[str, Any], list[str], list[str]]:
+        """How a node of this op is written for inference (ONNX export for deployment): the
+        same by default; BatchNormalization drops ``training_mode`` and its running outputs."""
+        return attrs, inputs, outputs
 
     def apply(self, ctx: Context, *inputs: Array | None) -> tuple[Array, ...]:
         """Run forward and always return a tuple of outputs."""

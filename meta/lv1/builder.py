@@ -49,7 +49,8 @@ class GraphBuilder:
         return name
 
     def initializer(self, name: str, value: np.ndarray) -> str:
-        self.initializers[name] = np.ascontiguousarray(value)
+        value = np.asarray(value)  # (np.ascontiguousarray would make a 0-d array 1-d)
+        self.initializers[name] = value if value.flags.c_contiguous else value.copy(order="C")
         return name
 
     def node(self, op_type: str, inputs: Sequence[str], n_outputs: int = 1,

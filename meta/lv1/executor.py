@@ -74,6 +74,13 @@ class ReferenceExecutor:
     With ``profile=True`` every node's forward and backward wall time is recorded;
     ``profile_table()`` aggregates them per op type.
 
+    Mode, as PyTorch's ``module.train()``/``eval()``: after ``train()`` every node runs in
+    training mode (BatchNormalization normalises with batch statistics and the executor writes
+    the updated running statistics into the graph's state, Dropout drops), after ``eval()`` in
+    inference mode (stored statistics, no dropout), whatever the node's own ``training_mode``
+    says; before either (``training is None``) each node runs as written, which is ONNX's
+    functional meaning (state is never written then).
+
     >>> from meta.lv1.builder import mlp
     >>> ex = ReferenceExecutor(mlp(hidden=[8]))
     >>> x = np.zeros((2, 1, 28, 28), np.float32)
@@ -92,6 +99,17 @@ class ReferenceExecutor:
         self.free_intermediates = free_intermediates
         self.peak_intermediate_bytes = 0
         self.records: list[tuple[str, str, str, int]] = []  # (node, op type, phase, ns)
+        self.training: bool | None = None
+
+    def train(self, mode: bool = True) -> ReferenceExecutor:
+        """Run every node in training mode from now on (``train(False)`` is ``eval()``)."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> ReferenceExecutor:
+        """Run every node in inference mode from now on."""
+        self.training = False
+        return self
 
     def placement(self) -> dict[str, str]:
         """Node name -> the backend of the implementation it runs ("numpy", "native", ...)."""
@@ -151,17 +169,24 @@ class ReferenceExecutor:
         keep = set(outputs) | set(values)
         live = peak = 0
         tape: list[tuple[Node, Context]] = []
-        inference = InferenceContext()
+        training = self.training
+        inference = InferenceContext(training=training)
         timed = self.profile
+        state = set(self.graph.state) - set(feeds) if training else set()
         for node in nodes:
             args = [values[x] if x else None for x in node.inputs]
-            if requires_grad is None:
-                ctx = inference
+            op = self.ops[node.name]
+            updates = [(i, x) for i, x in enumerate(node.inputs) if x in state
+                       and i in op.state_inputs]
+            if requires_grad is not None:
+                ctx = Context([bool(x) and x in requires_grad for x in node.inputs], training)
+            elif updates:
+                ctx = Context([False] * len(node.inputs), training)  # keeps the batch statistics
             else:
-                ctx = Context([bool(x) and x in requires_grad for x in node.inputs])
+                ctx = inference
             try:
                 start = time.perf_counter_ns() if timed else 0
-                results = self.ops[node.name].apply(ctx, *args)
+                results = op.apply(ctx, *args)
                 if timed:
                     self.records.append((node.name, node.op_type, "forward",
                                          time.perf_counter_ns() - start))
@@ -169,6 +194,8 @@ class ReferenceExecutor:
                 shapes = ", ".join(f"{x or '-'}: {_describe(a)}" for x, a in zip(node.inputs, args))
                 raise ExecutionError(f"{node.describe()} failed on inputs ({shapes}): {err}") \
                     from err
+            if updates:
+                self._update_state(node, op, ctx, [x for _, x in updates], values)
             del args
             for name, value in zip(node.outputs, results):
                 if name and name not in feeds:  # a fed tensor wins over its producer
@@ -193,6 +220,20 @@ class ReferenceExecutor:
             raise GraphError(f"outputs {missing} are not produced by graph {self.graph.name!r}")
         return values, tape
 
+    def _update_state(self, node: Node, op: Operator, ctx: Context, names: list[str],
+                      values: Tensors) -> None:
+        """Write ``op.update_state``'s new values into the graph's state arrays, in place (a
+        checkpoint or a strategy holding them sees them change)."""
+        new = op.update_state(ctx, *(values[x] for x in names))
+        if new is None:
+            return
+        for name, value in zip(names, new):
+            target = self.graph.initializers[name]
+            if np.shape(value) != target.shape:
+                raise ExecutionError(f"{node.describe()}: update_state returned shape "
+                                     f"{np.shape(value)} for state {name!r} {target.shape}")
+            target[...] = value
+
     def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
         """Compute ``outputs`` (default: the graph outputs; any tensor name works) from
         ``feeds`` (graph inputs, or any tensor to override); keeps no tape."""
@@ -202,10 +243,15 @@ class ReferenceExecutor:
 
     # -- backward ------------------------------------------------------------------------
     def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
-                  seed: float = 1.0):
+                  seed: float = 1.0, wrt: Sequence[str] = ()):
         params = self.graph.parameters
         names = list(dict.fromkeys([loss, *(outputs or [])]))
-        values, tape = self._forward(feeds, names, set(params) - set(feeds))
+        wrt = list(dict.fromkeys(wrt))
+        unknown = [w for w in wrt if w not in feeds and w not in self.graph.tensor_names()]
+        if unknown:
+            raise GraphError(f"wrt: {unknown} are not inputs or tensors of graph "
+                             f"{self.graph.name!r}")
+        values, tape = self._forward(feeds, names, (set(params) - set(feeds)) | set(wrt))
         if np.size(values[loss]) != 1:
             raise GraphError(f"loss {loss!r} must be a scalar, got shape {np.shape(values[loss])}")
         # d loss / d loss; a micro-batch seeds its weight here, so its gradients come out scaled
@@ -230,12 +276,15 @@ class ReferenceExecutor:
             wanted = ctx.needs_input_grad
             del ctx, grad_outputs
             for name in node.outputs:  # every reader of these ran earlier in the tape
-                if name not in params:
+                if name not in params and name not in wrt:
                     grads.pop(name, None)
             for name, g, want in zip(node.inputs, grad_inputs, wanted):
                 if want and g is not None:
                     grads[name] = grads[name] + g if name in grads else g
         param_grads = {p: grads[p] if p in grads else np.zeros_like(v) for p, v in params.items()}
+        for name in wrt:
+            value = values.get(name, feeds.get(name))
+            param_grads[name] = grads[name] if name in grads else np.zeros_like(value)
         return {n: values[n] for n in names}, param_grads
 
     def _split(self, feeds: Tensors, k: int) -> list[Tensors]:
@@ -257,12 +306,14 @@ class ReferenceExecutor:
 
     def inference_and_backprop(
         self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None,
-        micro_batches: int = 1,
+        micro_batches: int = 1, wrt: Sequence[str] = (),
     ) -> tuple[Tensors, Tensors]:
         """Forward to ``loss`` (plus ``outputs``), then backward; returns (values, gradients).
 
-        Gradients are those of the scalar ``loss`` with respect to every parameter (a fed
-        parameter is a constant and gets zeros). ``micro_batches=k`` runs the batch in ``k``
+        Gradients are those of the scalar ``loss`` with respect to every trainable parameter
+        (``graph.parameters``; a fed parameter is a constant and gets zeros) and to each tensor
+        named in ``wrt`` (graph inputs such as the image, for saliency maps, adversarial
+        examples or a gradient check of the whole network). ``micro_batches=k`` runs the batch in ``k``
         slices along axis 0, one at a time, so activations of only one slice are alive at
         once. It assumes the loss is a mean over the batch axis: each slice's loss and
         gradients are weighted by its size / batch size, which gives the full-batch values
@@ -272,17 +323,20 @@ class ReferenceExecutor:
         (scalars are weighted like the loss).
         """
         if micro_batches == 1:
-            return self._backprop(feeds, loss, outputs)
+            return self._backprop(feeds, loss, outputs, wrt=wrt)
         parts = self._split(feeds, micro_batches)
         batched = next(n for n in parts[0] if parts[0][n] is not feeds[n])
         total = np.shape(feeds[batched])[0]
         gathered: dict[str, list[tuple[float, np.ndarray]]] = defaultdict(list)
+        gathered_grads: dict[str, list[np.ndarray]] = defaultdict(list)
         grads: Tensors = {}
         for part in parts:
             weight = np.shape(part[batched])[0] / total
-            values, part_grads = self._backprop(part, loss, outputs, seed=weight)
+            values, part_grads = self._backprop(part, loss, outputs, seed=weight, wrt=wrt)
             for name, g in part_grads.items():
-                if name in grads:
+                if name in wrt and name in part and part[name] is not feeds[name]:  # sliced
+                    gathered_grads[name].append(g)
+                elif name in grads:
                     grads[name] += g
                 elif any(np.shares_memory(g, other) for other in grads.values()):
                     grads[name] = g.copy()  # accumulated in place below: never share buffers
@@ -298,6 +352,7 @@ class ReferenceExecutor:
                 combined[name] = np.asarray(sum(w * v for w, v in pieces), dtype=first.dtype)
             else:
                 combined[name] = np.concatenate([v for _, v in pieces], axis=0)
+        grads.update({name: np.concatenate(g, axis=0) for name, g in gathered_grads.items()})
         return combined, grads
 
 

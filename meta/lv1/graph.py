@@ -8,6 +8,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from meta.lv0 import Operator, UnknownOperatorError, lookup
+from meta.lv1 import roles as _roles
+from meta.lv1.roles import TensorView
 
 Dim = int | str | None  # a fixed size, a symbolic name ("N"), or unknown
 
@@ -85,9 +87,13 @@ def make_operator(node: Node, opset: dict[str, int],
 class Graph:
     """A network: nodes sorted topologically, graph inputs/outputs, initializers and opsets.
 
-    Parameters are the floating-point initializers; ``graph.parameters`` returns the arrays
-    themselves, so an optimizer that updates them in place updates the network. A graph input
-    that has the name of an initializer is an optional feed defaulting to the initializer.
+    Initializers have one role each (``meta.lv1.roles``): trainable ``parameters``, ``frozen``
+    parameters, ``state`` (BatchNorm's running statistics: updated in training mode, never by
+    an optimizer) and ``constants``; ``roles`` maps every name to its role and ``train_only``,
+    ``freeze`` and ``unfreeze`` override it. ``graph.parameters`` and ``graph.state`` read and
+    write the graph's own arrays (``TensorView``), so an optimizer or a strategy that updates
+    or re-points them updates the network. A graph input that has the name of an initializer
+    is an optional feed defaulting to the initializer.
     ``value_info`` holds what is known of intermediate tensors (from ONNX files). A subgraph
     (an If branch) names the tensors it may read from its enclosing graph in ``outer_scope``.
 
@@ -119,6 +125,8 @@ class Graph:
         self.name = name
         self.value_info = dict(value_info or {})
         self.outer_scope = frozenset(outer_scope)
+        self.role_overrides: dict[str, str] = {}  # by name: what the user chose
+        self._default_roles: dict[str, str] | None = None  # derived; reset by every edit
         nodes = list(nodes)
         seen: set[str] = set()
         for i, node in enumerate(nodes):
@@ -130,11 +138,67 @@ class Graph:
             seen.add(unique)
         self.nodes = self._sorted(nodes)
 
-    # -- reading -------------------------------------------------------------------------
+    # -- roles of the initializers ---------------------------------------------------------
     @property
-    def parameters(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in self.initializers.items() if np.issubdtype(v.dtype, np.floating)}
+    def roles(self) -> dict[str, str]:
+        """Initializer name -> "parameter", "frozen", "state" or "constant"."""
+        if self._default_roles is None or self._default_roles.keys() != self.initializers.keys():
+            self._default_roles = _roles.default_roles(self)
+        return {**self._default_roles,
+                **{k: v for k, v in self.role_overrides.items() if k in self.initializers}}
 
+    def _view(self, role: str) -> TensorView:
+        roles = self.roles
+        return TensorView(self.initializers, [k for k in self.initializers if roles[k] == role],
+                          role)
+
+    @property
+    def parameters(self) -> TensorView:
+        """The trainable parameters: what optimizers, weight decay and strategies see."""
+        return self._view(_roles.PARAMETER)
+
+    @property
+    def state(self) -> TensorView:
+        """Tensors ops update in training mode (running statistics): checkpointed, kept
+        consistent across replicas, never given a gradient."""
+        return self._view(_roles.STATE)
+
+    @property
+    def frozen(self) -> TensorView:
+        return self._view(_roles.FROZEN)
+
+    @property
+    def constants(self) -> TensorView:
+        return self._view(_roles.CONSTANT)
+
+    def freeze(self, *patterns: str) -> list[str]:
+        """Stop training the parameters matching any shell-style pattern; returns their names."""
+        roles = self.roles
+        names = _roles.matching([k for k, r in roles.items() if r in (_roles.PARAMETER,
+                                                                       _roles.FROZEN)],
+                                patterns, f"graph {self.name!r}: freeze")
+        self.role_overrides.update(dict.fromkeys(names, _roles.FROZEN))
+        return names
+
+    def unfreeze(self, *patterns: str) -> list[str]:
+        """Train the float initializers matching any pattern (frozen ones, or constants such
+        as a learned 0-d scale); state stays state."""
+        roles = self.roles
+        candidates = [k for k, r in roles.items() if r != _roles.STATE
+                      and np.issubdtype(self.initializers[k].dtype, np.floating)]
+        names = _roles.matching(candidates, patterns, f"graph {self.name!r}: unfreeze")
+        self.role_overrides.update(dict.fromkeys(names, _roles.PARAMETER))
+        return names
+
+    def train_only(self, *patterns: str) -> list[str]:
+        """Train exactly the parameters matching the patterns; freeze every other one."""
+        roles = self.roles
+        keep = set(self.unfreeze(*patterns))
+        others = [k for k, r in roles.items() if r == _roles.PARAMETER and k not in keep]
+        self.role_overrides.update(dict.fromkeys(others, _roles.FROZEN))
+        return sorted(keep)
+
+    # -- reading -------------------------------------------------------------------------
     def producers(self) -> dict[str, Node]:
         return {out: node for node in self.nodes for out in node.outputs if out}
 
@@ -156,6 +220,7 @@ class Graph:
     def sorted_nodes(self) -> list[Node]:
         """The nodes in a valid execution order (re-sorted, so after editing a node in place)."""
         self.nodes = self._sorted(self.nodes)
+        self._default_roles = None
         return list(self.nodes)
 
     def tensor_names(self) -> set[str]:
@@ -184,6 +249,7 @@ class Graph:
         if duplicates:
             raise GraphError(f"graph {self.name!r}: node name(s) {duplicates} used twice")
         self.nodes = self._sorted(nodes)
+        self._default_roles = None
 
     def _index(self, node: Node | str) -> int:
         name = node.name if isinstance(node, Node) else node
@@ -314,4 +380,4 @@ class Graph:
     def __repr__(self) -> str:
         inputs, outputs = [t.name for t in self.inputs], [t.name for t in self.outputs]
         return (f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.parameters)} "
-                f"parameters, inputs={inputs}, outputs={outputs})")
+                f"parameters, {len(self.state)} state, inputs={inputs}, outputs={outputs})")

@@ -48,16 +48,15 @@ class _Net:
         return self.b.node("Conv", inputs, name=name, kernel_shape=[k] * len(spatial),
                            strides=[stride] * len(spatial), pads=[pad] * (2 * len(spatial)))
 
-    def batch_norm(self, h: str, name: str, training: bool) -> str:
+    def batch_norm(self, h: str, name: str) -> str:
+        """BatchNormalization written for inference, as PyTorch exports an eval-mode model:
+        the executor's mode decides (``executor.train()`` uses batch statistics and updates
+        ``running_mean``/``running_var``, the graph's state)."""
         c = self.shape[0]
         stats = [self.const(f"{name}.{p}", v, c) for p, v in
                  (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0))]
-        # Training mode also yields the updated running statistics; nothing reads them yet.
-        outputs = [name, f"{name}.running_mean_next", f"{name}.running_var_next"] \
-            if training else [name]
-        y = self.b.node("BatchNormalization", [h, *stats], name=name, outputs=outputs,
-                        training_mode=int(training), momentum=0.9, epsilon=1e-5)
-        return y if isinstance(y, str) else y[0]
+        return self.b.node("BatchNormalization", [h, *stats], name=name, momentum=0.9,
+                           epsilon=1e-5)
 
     def relu(self, h: str, name: str) -> str:
         return self.b.node("Relu", [h], name=name)
@@ -110,14 +109,14 @@ def lenet5(input_shape: Sequence[int] = (1, 28, 28), classes: int = 10, seed: in
 
 
 def resnet20(input_shape: Sequence[int] = (3, 32, 32), classes: int = 10, width: int = 16,
-             seed: int = 0, dtype: Any = np.float32, training: bool = True) -> Graph:
+             seed: int = 0, dtype: Any = np.float32) -> Graph:
     """ResNet-20 (He et al. 2016, CIFAR variant): conv3x3 + 3 stages of 3 basic blocks at widths
     ``width``, 2x and 4x (stride 2 entering stages 2 and 3, 1x1 projection shortcuts there),
-    global average pool, fc. BatchNormalization uses batch statistics when ``training`` (the
-    executor has no train/eval switch), the stored ones otherwise."""
+    global average pool, fc. Its 21 BatchNormalizations hold 42 state tensors (running
+    statistics), which the executor's training mode updates; they are not parameters."""
     net = _Net("resnet20", input_shape, seed, dtype)
     h = net.conv(net.x, "conv0", width, 3, pad=1, bias=False)
-    h = net.relu(net.batch_norm(h, "bn0", training), "relu0")
+    h = net.relu(net.batch_norm(h, "bn0"), "relu0")
     for stage in range(3):
         for block in range(3):
             name = f"s{stage + 1}b{block + 1}"
@@ -125,13 +124,13 @@ def resnet20(input_shape: Sequence[int] = (3, 32, 32), classes: int = 10, width:
             out = width * 2 ** stage
             entry, entry_shape = h, net.shape
             y = net.conv(h, f"{name}.conv1", out, 3, stride, pad=1, bias=False)
-            y = net.relu(net.batch_norm(y, f"{name}.bn1", training), f"{name}.relu1")
+            y = net.relu(net.batch_norm(y, f"{name}.bn1"), f"{name}.relu1")
             y = net.conv(y, f"{name}.conv2", out, 3, 1, pad=1, bias=False)
-            y = net.batch_norm(y, f"{name}.bn2", training)
+            y = net.batch_norm(y, f"{name}.bn2")
             if stride != 1 or entry_shape[0] != out:
                 block_shape, net.shape = net.shape, entry_shape
                 entry = net.conv(entry, f"{name}.proj", out, 1, stride, bias=False)
-                entry = net.batch_norm(entry, f"{name}.proj_bn", training)
+                entry = net.batch_norm(entry, f"{name}.proj_bn")
                 assert net.shape == block_shape, (net.shape, block_shape)
             h = net.relu(net.b.node("Add", [y, entry], name=f"{name}.add"), f"{name}.relu2")
     _check_spatial("resnet20", net, input_shape)

@@ -19,14 +19,27 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
-from meta.lv1.graph import Dim, Graph, GraphError, Node, TensorInfo, canonical_domain
+from meta.lv1.graph import (
+    Dim,
+    Graph,
+    GraphError,
+    Node,
+    TensorInfo,
+    canonical_domain,
+    make_operator,
+)
 
 MIN_OPSET = 7  # the oldest default-domain opset we read; the newest is onnx's own
 Source = onnx.ModelProto | bytes | str | os.PathLike
 
 
 class ONNXLoadError(GraphError):
-    """An ONNX file or model that cannot be read into a graph."""
+    """An ONNX file or model that cannot be read into a graph; ``problems`` lists every node
+    that cannot be run, one line each (empty for other errors)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems or [])
 
 
 # -- tensors ------------------------------------------------------------------------------
@@ -196,12 +209,18 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
 
 
 def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
-              check_operators: bool = True) -> Graph:
+              check_operators: bool = True, trainable: Iterable[str] = (),
+              frozen: Iterable[str] = ()) -> Graph:
     """Build a ``Graph`` from an ONNX ModelProto, serialized bytes or file path.
 
     Every node is resolved against the operator registry here, so an unknown op, an opset an
     op does not support, or an unknown attribute fails now, naming the node (pass
     ``check_operators=False`` to inspect such a model anyway).
+
+    Initializers are classified as parameters, state and constants (``meta.lv1.roles``);
+    ``trainable`` (train only the initializers matching these shell-style patterns) and
+    ``frozen`` (do not train these) override that, as ORT-training's ``requires_grad`` and
+    ``frozen_params`` do; a pattern matching nothing is an error.
 
     >>> from meta.lv1.builder import mlp
     >>> from_onnx(to_onnx(mlp(hidden=[4]))).nodes[0].op_type
@@ -223,11 +242,38 @@ def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
         raise ONNXLoadError(f"{origin}: graph {model.graph.name!r} has no outputs")
     try:
         graph = _graph(model.graph, opset)
-        if check_operators:
-            graph.check_operators()
     except GraphError as err:
         raise ONNXLoadError(f"{origin}: {err}") from err
+    if check_operators:
+        problems = operator_problems(graph)
+        if len(problems) == 1:
+            raise ONNXLoadError(f"{origin}: {problems[0]}", problems)
+        if problems:
+            raise ONNXLoadError(f"{origin}: {len(problems)} nodes cannot be run:\n  - "
+                                + "\n  - ".join(problems), problems)
+    try:
+        if trainable:
+            graph.train_only(*trainable)
+        if frozen:
+            graph.freeze(*frozen)
+    except KeyError as err:
+        raise ONNXLoadError(f"{origin}: {err.args[0]}") from err
     return graph
+
+
+def operator_problems(graph: Graph, where: str = "") -> list[str]:
+    """Every node (subgraphs too) that cannot be resolved to an operator, one line each:
+    the node, its op, domain and opset, and why (unknown op, opset, attribute)."""
+    problems = []
+    for node in graph.nodes:
+        try:
+            make_operator(node, graph.opset)
+        except GraphError as err:
+            problems.append(f"{where}{err}")
+        for sub in node.subgraphs():
+            problems += operator_problems(sub, f"{where}{node.describe()}, subgraph "
+                                               f"{sub.name!r}: ")
+    return problems
 
 
 # -- export -------------------------------------------------------------------------------
@@ -267,13 +313,38 @@ def _graph_proto(graph: Graph, nodes: list[Node], inputs: list[TensorInfo],
     )
 
 
-def model_proto(graph: Graph, outputs: Iterable[str] | None = None) -> onnx.ModelProto:
-    """The graph (pruned to ``outputs`` if given) as an ONNX ModelProto, unchecked."""
+def inference_nodes(graph: Graph, nodes: list[Node], keep: Iterable[str]) -> list[Node]:
+    """``nodes`` as written for inference: each op's ``inference_form`` (BatchNormalization
+    without ``training_mode`` and its running outputs, Dropout without its ``training_mode``
+    input), unless a dropped output is read by another node or is in ``keep``."""
+    read = {x for n in nodes for x in n.dependencies()} | set(keep)
+    out = []
+    for node in nodes:
+        try:
+            cls = type(make_operator(node, graph.opset))
+        except GraphError:
+            out.append(node)
+            continue
+        attrs, inputs, outputs = cls.inference_form(dict(node.attrs), list(node.inputs),
+                                                    list(node.outputs))
+        if any(o and o in read for o in node.outputs[len(outputs):]):
+            out.append(node)
+        else:
+            out.append(Node(node.op_type, inputs, outputs, node.name, node.domain, attrs))
+    return out
+
+
+def model_proto(graph: Graph, outputs: Iterable[str] | None = None,
+                training: bool = True) -> onnx.ModelProto:
+    """The graph (pruned to ``outputs`` if given) as an ONNX ModelProto, unchecked; with
+    ``training=False`` written for inference (``inference_nodes``)."""
     wanted = [t for t in graph.outputs if outputs is None or t.name in set(outputs)]
     if outputs is not None and len(wanted) != len(set(outputs)):
         missing = set(outputs) - {t.name for t in wanted}
         raise GraphError(f"to_onnx: {sorted(missing)} are not outputs of graph {graph.name!r}")
     nodes = graph.nodes_for(t.name for t in wanted)
+    if not training:
+        nodes = inference_nodes(graph, nodes, (t.name for t in wanted))
     used = {x for n in nodes for x in n.dependencies()} | {t.name for t in wanted}
     inputs = [t for t in graph.inputs if t.name in used]
     proto = _graph_proto(graph, nodes, inputs, wanted)
@@ -281,18 +352,23 @@ def model_proto(graph: Graph, outputs: Iterable[str] | None = None) -> onnx.Mode
     return helper.make_model(proto, opset_imports=opsets, producer_name="meta")
 
 
-def to_onnx(graph: Graph, outputs: Iterable[str] | None = None) -> onnx.ModelProto:
-    """The graph (pruned to ``outputs`` if given) as a checked ONNX ModelProto."""
-    model = model_proto(graph, outputs)
+def to_onnx(graph: Graph, outputs: Iterable[str] | None = None,
+            training: bool = False) -> onnx.ModelProto:
+    """The graph (pruned to ``outputs`` if given) as a checked ONNX ModelProto, written for
+    inference (BatchNormalization with its trained statistics, no dropout: what onnxruntime
+    or a deployment expects) unless ``training=True`` keeps every node as it is."""
+    model = model_proto(graph, outputs, training)
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
-def save_onnx(graph: Graph, path: str | os.PathLike, outputs: Iterable[str] | None = None) -> Path:
-    """Write the graph to an ONNX file that ``onnx.checker`` accepts; returns the path."""
+def save_onnx(graph: Graph, path: str | os.PathLike, outputs: Iterable[str] | None = None,
+              training: bool = False) -> Path:
+    """Write the graph to an ONNX file that ``onnx.checker`` accepts (for inference unless
+    ``training=True``, as ``to_onnx``); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = to_onnx(graph, outputs)
+    model = to_onnx(graph, outputs, training)
     tmp = path.with_name(path.name + ".tmp")
     onnx.save(model, str(tmp))
     os.replace(tmp, path)  # never leave a half-written model behind

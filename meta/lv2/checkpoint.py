@@ -1,6 +1,7 @@
 """Checkpoints: everything a training run needs to continue bit-identically after a crash.
 
-A checkpoint holds the parameters, the optimizer's state, the trainer's position (epoch, batch
+A checkpoint holds the parameters (trainable and frozen), the network's state (BatchNorm's
+running statistics), the optimizer's state, the trainer's position (epoch, batch
 within the epoch, running metric sums, history) and the random-generator states of operators
 that draw random numbers (any operator with an ``rng`` generator, such as Dropout). The sampler
 needs no state: its order is a function of (seed, epoch). Files are written atomically (a
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from meta.lv2.events import Event, Metrics
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the network's state apart from its parameters
 META_KEY = "__meta__"
 
 
@@ -69,6 +70,7 @@ class Checkpoint:
     position: dict[str, Any]
     rng_states: dict[str, Any]
     info: dict[str, Any]
+    state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
@@ -79,6 +81,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     document = {"format": FORMAT_VERSION, "info": ckpt.info, "position": ckpt.position,
                 "rng_states": ckpt.rng_states,
                 "params": flatten_tree(ckpt.params, arrays, "param"),
+                "state": flatten_tree(ckpt.state, arrays, "state"),
                 "optimizer": flatten_tree(ckpt.optimizer, arrays, "opt")}
     arrays[META_KEY] = np.frombuffer(json.dumps(document).encode(), dtype=np.uint8)
     tmp = path.with_name(path.name + ".tmp")
@@ -102,10 +105,11 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path}: not a readable meta checkpoint ({err})") from err
     if document.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {document.get('format')} is not "
-                              f"{FORMAT_VERSION}")
+                              f"{FORMAT_VERSION} (written by another version of meta)")
     return Checkpoint(unflatten_tree(document["params"], arrays),
                       unflatten_tree(document["optimizer"], arrays), document["position"],
-                      document["rng_states"], document["info"])
+                      document["rng_states"], document["info"],
+                      unflatten_tree(document["state"], arrays))
 
 
 def _random_ops(trainer: Any) -> dict[str, Any]:
@@ -115,8 +119,10 @@ def _random_ops(trainer: Any) -> dict[str, Any]:
 
 def capture(trainer: Any, info: dict[str, Any] | None = None) -> Checkpoint:
     """The trainer's complete state as a Checkpoint (arrays copied)."""
+    graph = trainer.executor.graph
     return Checkpoint(
-        params={k: v.copy() for k, v in trainer.executor.graph.parameters.items()},
+        params={k: v.copy() for k, v in _weights(graph).items()},
+        state={k: v.copy() for k, v in graph.state.items()},
         optimizer=trainer.optimizer.state_dict(),
         position=trainer.position(),
         rng_states={name: op.rng.bit_generator.state for name, op in _random_ops(trainer).items()},
@@ -124,20 +130,36 @@ def capture(trainer: Any, info: dict[str, Any] | None = None) -> Checkpoint:
     )
 
 
-def restore(trainer: Any, ckpt: Checkpoint, source: str = "checkpoint") -> None:
-    """Put ``ckpt`` back into the trainer: parameters in place, optimizer, position, RNGs."""
-    params = trainer.executor.graph.parameters
-    if set(params) != set(ckpt.params):
-        missing = sorted(set(params) - set(ckpt.params))
-        extra = sorted(set(ckpt.params) - set(params))
-        raise CheckpointError(f"{source}: parameters do not match the network "
+def _weights(graph: Any) -> dict[str, np.ndarray]:
+    """The parameters a checkpoint keeps: trainable and frozen (a frozen layer may have been
+    trained before it was frozen)."""
+    return {**graph.parameters, **graph.frozen}
+
+
+def _check_fit(what: str, target: dict[str, np.ndarray], saved: dict[str, np.ndarray],
+               source: str) -> None:
+    """Every name and shape of ``saved`` fits ``target``, else a CheckpointError naming them."""
+    if set(target) != set(saved):
+        missing = sorted(set(target) - set(saved))
+        extra = sorted(set(saved) - set(target))
+        raise CheckpointError(f"{source}: {what} does not match the network "
                               f"(missing {missing}, unexpected {extra})")
-    for name, value in ckpt.params.items():
-        if params[name].shape != value.shape:
-            raise CheckpointError(f"{source}: parameter {name!r} has shape {value.shape}, "
-                                  f"the network has {params[name].shape}")
-    for name, value in ckpt.params.items():
-        params[name][...] = value
+    for name, value in saved.items():
+        if target[name].shape != value.shape:
+            raise CheckpointError(f"{source}: {what} {name!r} has shape {value.shape}, "
+                                  f"the network has {target[name].shape}")
+
+
+def restore(trainer: Any, ckpt: Checkpoint, source: str = "checkpoint") -> None:
+    """Put ``ckpt`` back into the trainer: parameters and state in place, optimizer, position,
+    RNGs."""
+    graph = trainer.executor.graph
+    pairs = [(_weights(graph), ckpt.params), (dict(graph.state), ckpt.state)]
+    for what, (target, saved) in zip(("parameters", "state"), pairs):
+        _check_fit(what, target, saved, source)  # all of it fits before anything changes
+    for target, saved in pairs:
+        for name, value in saved.items():
+            target[name][...] = value
     trainer.optimizer.load_state_dict(ckpt.optimizer)
     trainer.restore_position(ckpt.position)
     for name, op in _random_ops(trainer).items():

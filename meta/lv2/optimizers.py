@@ -150,6 +150,54 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     return _stateless(clip)
 
 
+def masked(inner: GradientTransformation,
+           mask: Callable[[str], bool]) -> GradientTransformation:
+    """``inner`` applied to the parameters whose name ``mask`` accepts; the others' updates
+    pass through unchanged (optax's ``masked``): e.g. weight decay on weights only,
+    ``masked(add_decayed_weights(1e-4), lambda name: name.endswith(".weight"))``."""
+
+    def pick(tree: Params) -> Params:
+        return {k: v for k, v in tree.items() if mask(k)}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        updates, state = inner.update(pick(grads), state, pick(params))
+        return {**grads, **updates}, state
+
+    return GradientTransformation(lambda params: inner.init(pick(params)), update)
+
+
+def partition(transforms: dict[str, GradientTransformation],
+              label: Callable[[str], str]) -> GradientTransformation:
+    """Each parameter updated by the transformation its label names (optax's ``partition``):
+    e.g. another learning rate for the last layer. A label without a transformation is an
+    error naming the parameter."""
+
+    def split(tree: Params) -> dict[str, Params]:
+        groups: dict[str, Params] = {key: {} for key in transforms}
+        for name, value in tree.items():
+            key = label(name)
+            if key not in groups:
+                raise KeyError(f"partition: parameter {name!r} has label {key!r}, which has no "
+                               f"transformation (labels: {sorted(transforms)})")
+            groups[key][name] = value
+        return groups
+
+    def init(params: Params) -> State:
+        return {key: transforms[key].init(group) for key, group in split(params).items()}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        grad_groups, param_groups = split(grads), split(params)
+        updates: Params = {}
+        new_state = {}
+        for key, transform in transforms.items():
+            group_updates, new_state[key] = transform.update(grad_groups[key], state[key],
+                                                            param_groups[key])
+            updates.update(group_updates)
+        return updates, new_state
+
+    return GradientTransformation(init, update)
+
+
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
     """Apply transformations in order, each on the previous one's updates."""
 
@@ -238,7 +286,9 @@ def adamw(lr: LearningRate = 0.001, b1: float = 0.9, b2: float = 0.999, eps: flo
 class Optimizer:
     """Holds a transformation's state and applies its updates to ``params`` in place.
 
-    ``params`` are the network's own arrays, so the executor sees each step's new values.
+    ``params`` are the network's own arrays (``graph.parameters``), so the executor sees each
+    step's new values. An optimizer over some of them (a fine-tuned last layer) takes their
+    gradients from a step's and leaves the rest alone.
     """
 
     def __init__(self, transform: GradientTransformation, params: Params) -> None:
@@ -256,6 +306,7 @@ class Optimizer:
         missing = set(self.params) - set(grads)
         if missing:
             raise KeyError(f"optimizer step: no gradient for parameter(s) {sorted(missing)}")
+        grads = {name: grads[name] for name in self.params}
         updates, self.state = self.transform.update(grads, self.state, self.params)
         for name, u in updates.items():
             self.params[name] += u.astype(self.params[name].dtype, copy=False)

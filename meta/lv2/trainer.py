@@ -13,6 +13,7 @@ from meta.lv2.sampler import ShuffleSampler
 
 
 class Executor(Protocol):
+    def train(self, mode: bool = True) -> Any: ...
     def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict: ...
     def inference_and_backprop(self, feeds: dict, loss: str = "loss",
                                outputs: Iterable[str] | None = None) -> tuple[dict, dict]: ...
@@ -32,6 +33,10 @@ class Trainer:
     ``sum_across`` adds up metric sums over replicas (identity on one process; Level 3 passes an
     allreduce), and ``eval_shard = (rank, size)`` splits evaluation, so every replica reports
     the same metrics without Level 2 knowing about MPI.
+
+    Training steps run the executor in training mode, evaluation in inference mode (PyTorch's
+    ``model.train()`` / ``model.eval()``). Before evaluating, an optimizer that can
+    (``sync_state``: Level 3 strategies) makes the replicas' state (running statistics) agree.
     """
 
     def __init__(
@@ -119,6 +124,7 @@ class Trainer:
         self.sampler.set_epoch(epoch)
         skip = self.batch_in_epoch  # > 0 only when resuming mid-epoch
         start = time.perf_counter() - self.epoch_elapsed
+        self.executor.train(True)
         for index, indices in enumerate(self.sampler):
             if index < skip:
                 continue
@@ -176,6 +182,10 @@ class Trainer:
     def evaluate(self, data: Dataset, prefix: str = "") -> Metrics:
         """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas)."""
         n = self.names
+        sync_state = getattr(self.optimizer, "sync_state", None)
+        if sync_state is not None:
+            sync_state(self.executor.graph.state)
+        self.executor.train(False)
         rank, size = self.eval_shard
         shard = np.array_split(np.arange(len(data)), size)[rank]
         sums = np.zeros(3)

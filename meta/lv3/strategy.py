@@ -17,7 +17,7 @@ collective, not one per tensor. Each step records its phases in ``timeline`` and
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import numpy as np
 
@@ -55,6 +55,7 @@ class Strategy:
         self.param_chunks = self.flat_params.chunks(chunk_bytes)
         self.grad_chunks = self.flat_grads.chunks(chunk_bytes)
         self.bytes_sent = 0
+        self.state_bytes_sent = 0  # by sync_state, apart from the per-step exchange
         # One blocking Allreduce is the fastest exchange of one chunk on dedicated cores (200 KB
         # at -n 2: 0.5 ms with packing, Iallreduce + Wait 3 ms; benchmarks/fusion.py), but with
         # more ranks than cores MPICH's blocking call spins against descheduled peers: 1 MiB
@@ -115,10 +116,33 @@ class Strategy:
         buffer *= 1.0 / self.comm.size
         self.timeline.lap("unpack")
 
+    def sync_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Make the training replicas' state (BatchNorm's running statistics) agree: each
+        becomes its mean over ``group``, in place. The trainer calls this before every
+        evaluation, so all replicas evaluate, checkpoint and export the same network.
+
+        Averaging rather than DDP's broadcast of rank 0's buffers before every forward: each
+        replica's statistics saw only its shard, and their mean estimates the whole data's;
+        once per epoch instead of once per step, so the step's exchange carries gradients only
+        (``state_bytes_sent`` counts these bytes apart). A collective over ``group``.
+        """
+        if self.group.size == 1 or not state:
+            return
+        dtype = np.result_type(*state.values())
+        buffer = np.concatenate([np.asarray(v, dtype).ravel() for v in state.values()])
+        self.group.allreduce(buffer)
+        buffer *= 1.0 / self.group.size
+        self.state_bytes_sent += buffer.nbytes
+        offset = 0
+        for value in state.values():
+            value[...] = buffer[offset : offset + value.size].reshape(value.shape)
+            offset += value.size
+
     def report(self) -> dict[str, float]:
         """Bytes sent per step and, per phase, its share of the time and its ms per step."""
         steps = max(self.timeline.steps, 1)
-        out = {"bytes_sent_per_step": self.bytes_sent / steps}
+        out = {"bytes_sent_per_step": self.bytes_sent / steps,
+               "state_bytes_sent": float(self.state_bytes_sent)}
         for phase, s in self.timeline.summary().items():
             out[f"{phase}_share"] = s["share"]
             out[f"{phase}_ms_per_step"] = s["per_step_s"] * 1e3

@@ -46,11 +46,12 @@ def test_builders_are_seeded():
 
 
 def test_resnet20_has_twenty_weighted_layers_and_inference_mode_batch_norm():
-    graph = resnet20(input_shape=(3, 8, 8), width=4, training=False)
+    graph = resnet20(input_shape=(3, 8, 8), width=4)
     convs = [n for n in graph.nodes if n.op_type == "Conv" and not n.name.endswith(".proj")]
     assert len(convs) + 1 == 20  # 19 convolutions and the classifier
-    assert {n.attrs["training_mode"] for n in graph.nodes
+    assert {n.attrs.get("training_mode", 0) for n in graph.nodes
             if n.op_type == "BatchNormalization"} == {0}
+    assert len(graph.state) == 42 and not any("running" in k for k in graph.parameters)
     to_onnx(graph, outputs=["logits"])
 
 
@@ -64,7 +65,7 @@ def test_a_few_sgd_steps_fit_one_batch(name):
     """Gradients flow through every layer: the loss on a fixed batch falls."""
     shape = SHAPES[name]
     graph = MODELS[name](input_shape=shape, seed=0)
-    ex = ReferenceExecutor(graph)
+    ex = ReferenceExecutor(graph).train()
     rng = np.random.default_rng(0)
     feeds = {"input": rng.standard_normal((8, *shape)).astype(np.float32),
              "labels": rng.integers(0, 10, 8)}
@@ -72,7 +73,7 @@ def test_a_few_sgd_steps_fit_one_batch(name):
     for _ in range(8):
         values, grads = ex.inference_and_backprop(feeds)
         losses.append(float(values["loss"]))
+        assert grads.keys() == graph.parameters.keys()  # running statistics get none
         for k, g in grads.items():
-            if "running" not in k:
-                graph.parameters[k] -= 0.05 * g
+            graph.parameters[k] -= 0.05 * g
     assert losses[-1] < 0.5 * losses[0], losses

@@ -26,9 +26,11 @@ def batch(shape, n=8, seed=0):
 def test_native_executor_matches_the_reference(name):
     build, shape = MODELS[name]
     feeds = batch(shape)
-    ref_values, ref_grads = ReferenceExecutor(build()).inference_and_backprop(feeds,
-                                                                              outputs=["logits"])
-    values, grads = NativeExecutor(build()).inference_and_backprop(feeds, outputs=["logits"])
+    reference, native_ex = ReferenceExecutor(build()).train(), NativeExecutor(build()).train()
+    ref_values, ref_grads = reference.inference_and_backprop(feeds, outputs=["logits"])
+    values, grads = native_ex.inference_and_backprop(feeds, outputs=["logits"])
+    for key, value in native_ex.graph.state.items():  # running statistics updated alike
+        np.testing.assert_allclose(value, reference.graph.state[key], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(values["logits"], ref_values["logits"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(values["loss"], ref_values["loss"], rtol=1e-5)
     assert grads.keys() == ref_grads.keys()
