@@ -57,3 +57,20 @@ def test_stopping_events_are_on_every_rank_and_writers_on_rank_0(tmp_path):
     names = {type(e).__name__ for e in trainer.events}
     assert {"EarlyStopping", "TimeBudget", "CheckpointEvent", "CSVLog", "PlotMetrics"} <= names
     assert trainer.transform is not None
+
+
+def test_a_recipe_freezes_parameters_by_pattern():
+    recipe = make_recipe("t", {"dataset": "synthetic", "hidden": [8], "frozen": ["fc0.*"],
+                               "train_samples": 64}, {}, METRICS)
+    trainer, _ = build_trainer(recipe, SingleProcessCommunicator())
+    graph = trainer.executor.graph
+    assert sorted(graph.frozen) == ["fc0.bias", "fc0.weight"]
+    assert set(trainer.optimizer.params) == set(graph.parameters) == {"fc1.bias", "fc1.weight"}
+    only = make_recipe("t", {"dataset": "synthetic", "hidden": [8], "trainable": ["fc1.w*"],
+                             "train_samples": 64}, {}, METRICS)
+    assert list(build_trainer(only, SingleProcessCommunicator())[0].optimizer.params) == [
+        "fc1.weight"]
+    typo = make_recipe("t", {"dataset": "synthetic", "hidden": [8], "frozen": ["fc9.*"],
+                             "train_samples": 64}, {}, METRICS)
+    with pytest.raises(RecipeError, match="pattern 'fc9.\\*' matches no initializer"):
+        build_trainer(typo, SingleProcessCommunicator())

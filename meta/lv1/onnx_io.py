@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
+from meta.lv1 import roles
 from meta.lv1.graph import (
     Dim,
     Graph,
@@ -31,6 +32,27 @@ from meta.lv1.graph import (
 
 MIN_OPSET = 7  # the oldest default-domain opset we read; the newest is onnx's own
 Source = onnx.ModelProto | bytes | str | os.PathLike
+
+
+# What PyTorch's dynamo exporter writes on each initializer's value_info: PARAMETER, BUFFER.
+EXPORTER_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+
+def exporter_roles(marks: dict[str, str], initializers: dict[str, np.ndarray]) -> dict[str, str]:
+    """Roles the exporter declared: where a file marks its initializers (PyTorch's dynamo
+    exporter does), a PARAMETER is trainable, a BUFFER is left to the ops (state, or a
+    constant), and an unmarked float initializer is one the exporter made (a folded constant,
+    a zero bias for a bias-free convolution): a constant, whatever reads it."""
+    if not any(marks.get(name) == "PARAMETER" for name in initializers):
+        return {}
+    declared = {}
+    for name, value in initializers.items():
+        kind = marks.get(name)
+        if kind == "PARAMETER":
+            declared[name] = roles.PARAMETER
+        elif kind is None and np.issubdtype(value.dtype, np.floating):
+            declared[name] = roles.CONSTANT
+    return declared
 
 
 class ONNXLoadError(GraphError):
@@ -204,8 +226,12 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
     inputs = [tensor_info(v) for v in g.input]
     outputs = [tensor_info(v) for v in g.output]
     value_info = {v.name: tensor_info(v) for v in g.value_info}
-    return Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph", value_info,
-                 outer_scope=outer)
+    graph = Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph", value_info,
+                  outer_scope=outer)
+    marks = {v.name: p.value for v in [*g.value_info, *g.input] for p in v.metadata_props
+             if p.key == EXPORTER_KIND}
+    graph.role_overrides.update(exporter_roles(marks, initializers))
+    return graph
 
 
 def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,

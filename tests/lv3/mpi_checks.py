@@ -315,6 +315,21 @@ def check_timeline_and_cost_model(comm: Communicator) -> None:
     assert link.alpha >= 0 and link.beta >= 0 and opt.predict_comm_s(link) >= 0
 
 
+def check_state_is_averaged_apart_from_the_gradients(comm: Communicator) -> None:
+    """Running statistics that differ per replica become their mean on every replica, counted
+    in ``state_bytes_sent``, never in the per-step ``bytes_sent``."""
+    params = {"w": np.ones(3)}
+    strategy = Allreduce(Optimizer(sgd(0.1), params), comm)
+    state = {"bn.running_mean": np.full(4, float(comm.rank), np.float32),
+             "bn.running_var": np.full((2, 2), 1.0 + comm.rank, np.float32)}
+    strategy.sync_state(state)
+    mean = (comm.size - 1) / 2
+    np.testing.assert_allclose(state["bn.running_mean"], mean)
+    np.testing.assert_allclose(state["bn.running_var"], 1.0 + mean)
+    assert strategy.bytes_sent == 0
+    assert strategy.state_bytes_sent == (32 if comm.size > 1 else 0)
+
+
 CHECKS: dict[str, Callable[[Communicator], None]] = {
     f.__name__: f
     for f in (
@@ -335,6 +350,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_async_parameter_server,
         check_point_to_point,
         check_timeline_and_cost_model,
+        check_state_is_averaged_apart_from_the_gradients,
     )
 }
 
