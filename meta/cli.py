@@ -26,6 +26,7 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
 
 def _prepare(args: argparse.Namespace, comm):
     """(RecipeRun, None) or (None, the input error's message) on this rank."""
+    from meta.component import ComponentError
     from meta.lv1 import GraphError
     from meta.lv2 import CheckpointError, DatasetError
     from meta.recipe import RecipeError, load_recipe
@@ -36,7 +37,7 @@ def _prepare(args: argparse.Namespace, comm):
         return RecipeRun(recipe, comm, output_dir=args.output_dir, progress=not args.quiet,
                          export_onnx=not args.no_export,
                          checkpoint_every=args.checkpoint_every, resume=args.resume), None
-    except (RecipeError, DatasetError, GraphError, CheckpointError) as err:
+    except (RecipeError, ComponentError, DatasetError, GraphError, CheckpointError) as err:
         return None, str(err)
 
 
@@ -54,6 +55,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f" (on rank {', '.join(map(str, failed_on))})"
             print(f"meta: error{where}: {message}", file=sys.stderr)
     if comm.bcast_obj(any(errors) if comm.is_root else None):
+        return EXIT_ERROR
+    from meta.lv3.agreement import AgreementError, agree_on, run_payload
+
+    try:  # the ranks run one recipe, with the same definitions and data, or none starts
+        agree_on(comm, run_payload(run.recipe.name, run.recipe.definitions.as_dict(),
+                                   run.trainer, run.resumed))
+    except AgreementError as err:
+        if comm.is_root:
+            print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
     try:
         if args.repeat:  # a benchmark: N fresh runs, a report with statistics and plots
@@ -155,6 +165,22 @@ def cmd_check_op(args: argparse.Namespace) -> int:
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    """``meta run`` under mpiexec, restarted from its checkpoint when a rank dies."""
+    from meta.launch import Launch, LaunchError
+
+    # The run options are checked here, once, rather than by N ranks after they started.
+    run_args = make_parser().parse_args(["run", args.recipe, *args.run_args])
+    try:
+        job = Launch(args.recipe, args.n, args.max_restarts, args.run_args,
+                     output_dir=run_args.output_dir, mpiexec_args=args.mpiexec_arg)
+        job.command(resume=False)  # finds mpiexec before anything starts
+    except (LaunchError, ValueError) as err:
+        print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    return job.run()
+
+
 def _attr_value(text: str):
     """An --attr value: int, float, a comma list of them, or a string."""
     for parse in (int, float):
@@ -214,6 +240,17 @@ def make_parser() -> argparse.ArgumentParser:
                        "registers custom ops; an ORACLES dict maps op type to an oracle)")
     check.add_argument("--seed", type=int, default=0)
     check.set_defaults(func=cmd_check_op)
+    launch = sub.add_parser("launch", help="meta run under mpiexec -n N; a job whose rank died "
+                            "restarts from its checkpoint (torchrun's --max-restarts)")
+    launch.add_argument("-n", type=int, required=True, metavar="N", help="ranks")
+    launch.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                        help="restart a job whose rank died up to K times (default 0)")
+    launch.add_argument("--mpiexec-arg", action="append", default=[], metavar="ARG",
+                        help="pass ARG to mpiexec (repeatable; --mpiexec-arg=-bind-to=core)")
+    launch.add_argument("recipe", help="recipe file, e.g. recipes/mnist_mlp.py")
+    launch.add_argument("run_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="meta run's options (--set, --output-dir, --checkpoint-every ...)")
+    launch.set_defaults(func=cmd_launch)
     add_bench_commands(sub)  # compare, bench-op
     return parser
 

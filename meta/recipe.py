@@ -1,111 +1,73 @@
 """Recipes: fixed definitions, mutable definitions and acceptable metrics, validated up front.
 
-A recipe is a plain Python file with three dicts::
+A recipe is a plain Python file with three dicts. A definition names a component of a level
+(``model``, ``dataset``, ``optimizer``, ``executor``, ``distributed``, ``events``), built in or
+the user's, and sets its options; a few keys belong to the run itself (``epochs``,
+``batch_size``, ``seed``, ``eval_batch_size``, ``timeline``)::
 
     from meta.recipe import AtLeast, AtMost
 
-    FIXED = {"dataset": "mnist", "model": "mlp", "hidden": [512, 512]}
+    FIXED = {"dataset": "mnist", "model": {"name": "mlp", "hidden": [512, 512]}}
     MUTABLE = {"epochs": 4, "batch_size": 128, "lr": 0.05, "momentum": 0.9, "seed": 0}
     METRICS = {"test_accuracy": AtLeast(0.975), "train_time_s": AtMost(120)}
 
-FIXED keys define the experiment; MUTABLE keys may be changed (``meta run --set lr=0.1``)
-without changing what is measured; METRICS say what a passing run must reach. Unknown keys,
-keys in both sections, wrong types and impossible values are reported together, before any
-training starts.
+An option is written inside its component's dict, dotted (``"optimizer.lr"``) or, where one
+chosen component declares it, plainly (``"lr"``). The schema is the components' own
+declarations (``meta.component``): an unknown component, an unknown or mistyped option, an
+option of a component the recipe did not choose, a value out of bounds and a key in both FIXED
+and MUTABLE are all reported at once, naming the key and the nearest valid name, before any
+data is loaded. ``--set KEY=VALUE`` changes MUTABLE definitions, dotted keys included.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import runpy
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from meta.component import REGISTRIES, Component, ComponentError, Option, Registry, unknown
 
 
 class RecipeError(ValueError):
     """A recipe that cannot be run; the message lists every problem found."""
 
 
-@dataclass(frozen=True)
-class Definitions:
-    """Every key a recipe may define, with its type and default."""
-
-    dataset: str = "mnist"
-    model: str = "mlp"
-    hidden: tuple[int, ...] = (512, 512)
-    epochs: int = 4
-    batch_size: int = 128  # per rank under MPI, as in Horovod and DDP
-    optimizer: str = "sgd"  # a name in meta.lv2.OPTIMIZERS (yours too), or lbfgs / cg
-    lr: float = 0.05
-    momentum: float = 0.9  # sgd only
-    nesterov: bool = False  # sgd only
-    weight_decay: float = 0.0
-    grad_clip: float = 0.0  # clip gradients to this global L2 norm; 0: off
-    lr_schedule: str = "constant"
-    lr_decay_epochs: tuple[int, ...] = ()  # lr_schedule "step": epochs where lr is multiplied
-    lr_decay_factor: float = 0.1  # ... by this factor
-    warmup_epochs: int = 0  # linear learning-rate warm-up
-    augmentation: tuple[str, ...] = ()  # any of crop, flip, cutout (for image datasets)
-    early_stopping_patience: int = 0  # epochs without a better test loss before stopping; 0: off
-    time_budget_s: float = 0.0  # stop training after this many seconds; 0: no limit
-    pretrain_epochs: int = 1  # model "dbn": contrastive-divergence epochs per RBM
-    pretrain_lr: float = 0.1  # model "dbn": RBM learning rate
-    cd_k: int = 1  # model "dbn": Gibbs steps per CD update
-    pretrain_batch_size: int = 100  # model "dbn"
-    persistent_cd: bool = False  # model "dbn": persistent CD instead of CD-k
-    seed: int = 0
-    executor: str = "reference"
-    distributed: str = "allreduce"
-    average_every: int = 1  # model_averaging: steps between averages (H)
-    compression: str = "none"  # of the allreduce strategy's gradient exchange
-    topk_ratio: float = 0.01  # compression "topk": the fraction of gradient values sent
-    servers: int = 1  # downpour: parameter-server shards (the last ranks; they do not train)
-    n_fetch: int = 1  # downpour: steps between parameter fetches
-    n_push: int = 1  # downpour: steps between pushes of the accrued gradients
-    warm_start_steps: int = 0  # downpour: steps worker 0 trains alone before the others join
-    portions: int = 8  # sandblaster: pieces each batch evaluation is cut into for the workers
-    chunk_bytes: int = 4194304  # = meta.lv3.DEFAULT_CHUNK_BYTES (benchmarks/chunk_sweep.py)
-    timeline: bool = False  # write the step phases as a Chrome trace to the output dir
-    eval_batch_size: int = 1000
-    train_samples: int = 0  # 0: the whole training set; n: its first n examples
-    trainable: tuple[str, ...] = ()  # train only the parameters matching these patterns
-    frozen: tuple[str, ...] = ()  # parameters (patterns, e.g. "conv1.*") that are not trained
-
-
-SECOND_ORDER_OPTIMIZERS = ("lbfgs", "cg")
-CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("mnist", "fashion-mnist", "cifar10", "synthetic"),
-    "model": ("mlp", "lenet", "resnet20", "vgg_small", "wide_cnn", "dbn"),
-    "lr_schedule": ("constant", "step", "cosine"),
-    "executor": ("reference", "native"),
-    "distributed": ("allreduce", "parameter_server", "async_parameter_server", "model_averaging",
-                    "ring", "async_rma", "downpour", "sandblaster"),
-    "compression": ("none", "fp16", "topk", "sign"),
+RUN_OPTIONS: dict[str, Option] = {
+    "epochs": Option(4, "passes over the training data", low=1),
+    "batch_size": Option(128, "examples per step (per rank under MPI, as in Horovod and DDP)",
+                         low=1),
+    "seed": Option(0, "seeds the weights, the sampler and the augmentation"),
+    "eval_batch_size": Option(1000, "examples per evaluation batch", low=1),
+    "timeline": Option(False, "write the step phases as a Chrome trace to the output dir"),
 }
-POSITIVE = ("epochs", "batch_size", "lr", "eval_batch_size", "average_every", "topk_ratio",
-            "chunk_bytes", "lr_decay_factor", "pretrain_lr", "cd_k", "pretrain_batch_size",
-            "servers", "n_fetch", "n_push", "portions")
-NON_NEGATIVE = ("momentum", "train_samples", "weight_decay", "grad_clip", "warmup_epochs",
-                "early_stopping_patience", "time_budget_s", "pretrain_epochs", "warm_start_steps")
-AUGMENTATIONS = ("crop", "flip", "cutout")
-METRIC_NAMES = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
-                "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")
+# The component kinds a recipe chooses, each with its default; "events" lists any number.
+DEFAULTS = {"model": "mlp", "dataset": "mnist", "optimizer": "sgd", "executor": "reference",
+            "distributed": "allreduce"}
+LISTS = {"events": "event"}
 SECTIONS = ("FIXED", "MUTABLE", "METRICS")
+RUN_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
+               "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")
 
-_TYPES = typing.get_type_hints(Definitions)
-KEYS = tuple(f.name for f in dataclasses.fields(Definitions))
+
+def registry(kind: str) -> Registry:
+    """The registry of a component kind; importing the levels fills them."""
+    import meta.lv1
+    import meta.lv2
+    import meta.lv3  # noqa: F401  (registers the strategies)
+
+    return REGISTRIES[kind]
 
 
 @dataclass(frozen=True)
 class Threshold:
-    """An acceptable metric: ``value`` must be at least (or at most) ``bound``."""
+    """An acceptable metric: ``value`` must be at least (or at most) ``bound``; ``options``
+    configure a metric component (``AtLeast(0.9, k=5)`` for top-5 accuracy)."""
 
     bound: float
     direction: str = "at least"
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.direction not in ("at least", "at most"):
@@ -121,12 +83,51 @@ class Threshold:
         return f"{'>=' if self.direction == 'at least' else '<='} {self.bound:g}"
 
 
-def AtLeast(bound: float) -> Threshold:  # noqa: N802 - reads as a word in recipe files
-    return Threshold(bound, "at least")
+def AtLeast(bound: float, **options: Any) -> Threshold:  # noqa: N802 - reads as a word
+    return Threshold(bound, "at least", options)
 
 
-def AtMost(bound: float) -> Threshold:  # noqa: N802
-    return Threshold(bound, "at most")
+def AtMost(bound: float, **options: Any) -> Threshold:  # noqa: N802
+    return Threshold(bound, "at most", options)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A chosen component and the options the recipe gave it (defaults come from it)."""
+
+    component: Component
+    options: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.component.name
+
+    def values(self) -> dict[str, Any]:
+        return self.component.resolve(self.options)
+
+
+@dataclass(frozen=True)
+class Definitions:
+    """What a validated recipe defines: the run's own options and the chosen components."""
+
+    run: dict[str, Any]
+    choices: dict[str, Choice]
+    events: list[Choice]
+
+    def __getattr__(self, key: str) -> Any:  # d.epochs, d.seed
+        run = self.__dict__.get("run", {})
+        if key in run:
+            return run[key]
+        raise AttributeError(key)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every definition, defaults included, as flat JSON-able keys (``optimizer.lr``)."""
+        out: dict[str, Any] = dict(self.run)
+        for kind, choice in self.choices.items():
+            out[kind] = choice.name
+            out.update({f"{kind}.{k}": v for k, v in choice.values().items()})
+        out["events"] = [{"name": e.name, **e.values()} for e in self.events]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
 
 @dataclass(frozen=True)
@@ -136,33 +137,125 @@ class Recipe:
     fixed: Mapping[str, Any]
     mutable: Mapping[str, Any]
     metrics: Mapping[str, Threshold]
-    definitions: Definitions = field(default_factory=Definitions)
+    definitions: Definitions
 
     def with_overrides(self, overrides: Mapping[str, str]) -> Recipe:
-        """A copy with MUTABLE keys set from ``key=value`` strings (FIXED keys are refused)."""
+        """A copy with MUTABLE definitions set from ``key=value`` strings (``lr=0.1``,
+        ``optimizer.lr=0.1``, ``distributed=downpour``); FIXED ones are refused."""
         errors, mutable = [], dict(self.mutable)
+        schema = _Schema(self.fixed, self.mutable)
+        written = {schema.canonical(k)[0]: k for k in self.mutable}
+        fixed = {schema.canonical(k)[0] for k in self.fixed}
         for key, text in overrides.items():
-            mutable_keys = ", ".join(sorted(self.mutable)) or "none"
-            if key not in KEYS:
-                errors.append(_unknown(key, KEYS, "key"))
-            elif key not in self.mutable:
-                where = "FIXED" if key in self.fixed else "not MUTABLE"
+            canonical, option, problem = schema.canonical(key)
+            kind = canonical.partition(".")[0]
+            nested = canonical not in written and isinstance(self.mutable.get(kind), Mapping)
+            if problem:
+                errors.append(problem)
+                continue
+            if canonical not in written and not nested:
+                where = "FIXED" if canonical in fixed or kind in self.fixed else "not MUTABLE"
                 errors.append(f"{key!r} is {where} in this recipe; only MUTABLE keys can be set "
-                              f"({mutable_keys})")
-            else:
-                try:
-                    mutable[key] = parse_value(key, text)
-                except RecipeError as err:
-                    errors.append(str(err))
+                              f"({', '.join(sorted(self.mutable)) or 'none'})")
+                continue
+            try:
+                value = option.parse(key, text) if option else text
+            except ComponentError as err:
+                errors.append(str(err))
+                continue
+            if nested:  # an option inside a MUTABLE component dict
+                mutable[kind] = {**mutable[kind], canonical.partition(".")[2]: value}
+            else:  # a component named anew starts from its own defaults
+                mutable[written[canonical]] = value
         if errors:
             raise RecipeError(_report(self.name, errors, "--set"))
         return make_recipe(self.name, self.fixed, mutable, self.metrics, self.path)
 
 
-def _unknown(key: str, known: tuple[str, ...], what: str) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
-    return f"unknown {what} {key!r}{hint}"
+class _Schema:
+    """Reads the two definition sections: which component each kind is, and where each key
+    belongs (``canonical``); problems are collected in ``errors``."""
+
+    def __init__(self, fixed: Mapping[str, Any], mutable: Mapping[str, Any]) -> None:
+        self.errors: list[str] = []
+        self.choices: dict[str, Choice] = {}
+        self.nested: dict[str, dict[str, Any]] = {}  # options written inside a component dict
+        self.events: list[Choice] = []
+        merged = {**fixed, **mutable}
+        for kind, default in DEFAULTS.items():
+            spec = merged.get(kind, default)
+            component, options = self._component(kind, registry(REGISTRY_OF.get(kind, kind)),
+                                                 spec)
+            if component is not None:
+                self.choices[kind] = Choice(component, {})
+                self.nested[kind] = options
+        for spec in merged.get("events", ()) if isinstance(merged.get("events", ()),
+                                                           (list, tuple)) else ():
+            component, options = self._component("events", registry("event"), spec)
+            if component is not None:
+                self.events.append(Choice(component, options))
+
+    def _component(self, kind: str, reg: Registry, spec: Any) -> tuple[Component | None, dict]:
+        options: dict[str, Any] = {}
+        if isinstance(spec, Mapping):
+            options = {k: v for k, v in spec.items() if k != "name"}
+            spec = spec.get("name")
+            if spec is None:
+                self.errors.append(f"{kind!r}: a component dict needs a 'name'")
+                return None, {}
+        try:
+            component = reg[spec] if isinstance(spec, str) else reg.from_object(spec)
+        except ComponentError as err:
+            self.errors.append(f"{kind!r}: {err}")
+            return None, {}
+        return component, options
+
+    def canonical(self, key: str) -> tuple[str, Option | None, str]:
+        """(canonical key, its Option or None for a component choice, problem or "")."""
+        if key in RUN_OPTIONS:
+            return key, RUN_OPTIONS[key], ""
+        if key in DEFAULTS or key in LISTS:
+            return key, None, ""
+        kind, dot, option = key.partition(".")
+        if dot and kind in self.choices:
+            component = self.choices[kind].component
+            if option in component.options:
+                return key, component.options[option], ""
+            return key, None, f"{key!r}: {component.label} has no such option " \
+                f"({unknown(option, component.options, 'option')})"
+        if dot and kind in LISTS:
+            name, _, option = option.partition(".")
+            for event in self.events:
+                if event.name == name and option in event.component.options:
+                    return key, event.component.options[option], ""
+            return key, None, f"{key!r}: no chosen event {name!r} with option {option!r}"
+        if dot:
+            return key, None, unknown(kind, [*DEFAULTS, *LISTS], "component kind")
+        owners = [kind for kind, c in self.choices.items() if key in c.component.options]
+        if len(owners) == 1:
+            kind = owners[0]
+            return f"{kind}.{key}", self.choices[kind].component.options[key], ""
+        if len(owners) > 1:
+            spelled = " or ".join(f"'{k}.{key}'" for k in owners)
+            return key, None, f"{key!r} is an option of several chosen components: write {spelled}"
+        return key, None, self._misplaced(key)
+
+    def _misplaced(self, key: str) -> str:
+        """The message for a key no chosen component takes: another component's option, or
+        unknown (with the nearest valid key)."""
+        for kind in DEFAULTS:
+            holders = [c.name for c in registry(REGISTRY_OF.get(kind, kind)).entries.values()
+                       if key in c.options]
+            if holders:
+                chosen = self.choices.get(kind)
+                return (f"{key!r} is an option of {kind} {', '.join(map(repr, holders[:4]))}, "
+                        f"not of the chosen {kind} {chosen.name if chosen else '?'!r}")
+        valid = [*RUN_OPTIONS, *DEFAULTS, *LISTS,
+                 *(o for c in self.choices.values() for o in c.component.options)]
+        return unknown(key, valid, "key")
+
+
+REGISTRY_OF = {"distributed": "strategy"}
 
 
 def _report(name: str, errors: list[str], where: str = "") -> str:
@@ -170,135 +263,90 @@ def _report(name: str, errors: list[str], where: str = "") -> str:
     return "\n".join([head, *(f"  - {e}" for e in errors)])
 
 
-def _check_type(key: str, value: Any) -> Any:
-    """``value`` converted to the declared type of ``key``, or RecipeError."""
-    expected = _TYPES[key]
-    if expected is bool:
-        ok = isinstance(value, bool)
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif expected is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif expected is str:
-        ok = isinstance(value, str)
-    else:  # tuple[int, ...] or tuple[str, ...]
-        item = typing.get_args(expected)[0]
-        ok = isinstance(value, (list, tuple)) and all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value)
-        value = tuple(value) if ok else value
-    if not ok:
-        raise RecipeError(f"{key!r} must be {_type_name(expected)}, "
-                          f"got {type(value).__name__} {value!r}")
-    return value
-
-
-def _type_name(expected: Any) -> str:
-    if typing.get_origin(expected) is tuple:
-        return f"list of {typing.get_args(expected)[0].__name__}"
-    return expected.__name__
-
-
-def optimizer_names() -> tuple[str, ...]:
-    """Registered optimizers (including any a recipe file registered), then line-search ones."""
-    from meta.lv2.optimizers import OPTIMIZERS
-
-    return (*sorted(OPTIMIZERS), *SECOND_ORDER_OPTIMIZERS)
-
-
-def _check_value(key: str, value: Any) -> None:
-    choices = optimizer_names() if key == "optimizer" else CHOICES.get(key)
-    if choices is not None and value not in choices:
-        raise RecipeError(f"{key!r} must be one of {', '.join(choices)}, got {value!r}")
-    if key == "augmentation" and set(value) - set(AUGMENTATIONS):
-        raise RecipeError(f"'augmentation' may list {', '.join(AUGMENTATIONS)}, got "
-                          f"{sorted(set(value) - set(AUGMENTATIONS))}")
-    if key in POSITIVE and value <= 0:
-        raise RecipeError(f"{key!r} must be positive, got {value!r}")
-    if key in NON_NEGATIVE and value < 0:
-        raise RecipeError(f"{key!r} must not be negative, got {value!r}")
-    if key == "topk_ratio" and value > 1:
-        raise RecipeError(f"'topk_ratio' must be at most 1, got {value!r}")
-    if key == "momentum" and value >= 1:
-        raise RecipeError(f"'momentum' must be below 1, got {value!r}")
-    if key == "hidden" and (not value or min(value) <= 0):
-        raise RecipeError(f"'hidden' must list positive layer widths, got {list(value)!r}")
-
-
-def parse_value(key: str, text: str) -> Any:
-    """Parse a ``--set`` value by the key's declared type."""
-    expected = _TYPES[key]
-    try:
-        if expected is bool:
-            lowered = text.strip().lower()
-            if lowered not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            value: Any = lowered in ("true", "1", "yes")
-        elif expected in (int, float, str):
-            value = expected(text)
-        else:
-            item = typing.get_args(expected)[0]
-            value = tuple(item(v.strip().strip("'\"")) for v in text.strip("[]() ").split(",")
-                          if v.strip())
-    except ValueError as err:
-        raise RecipeError(f"{key!r}: cannot read {text!r} as {_type_name(expected)}") from err
-    _check_value(key, value)
-    return value
-
-
 def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
                 metrics: Mapping[str, Any], path: Path | None = None) -> Recipe:
     """Validate the three sections into a Recipe; every problem is reported at once."""
     errors: list[str] = []
-    values: dict[str, Any] = {}
-    for section, items in (("FIXED", fixed), ("MUTABLE", mutable)):
+    sections = {"FIXED": fixed, "MUTABLE": mutable}
+    for section, items in sections.items():
         if not isinstance(items, Mapping):
             errors.append(f"{section} must be a dict, got {type(items).__name__}")
-            continue
-        for key, value in items.items():
-            if key not in KEYS:
-                errors.append(f"{section}: {_unknown(key, KEYS, 'key')}")
-                continue
-            try:
-                values[key] = _check_type(key, value)
-                _check_value(key, values[key])
-            except RecipeError as err:
-                errors.append(f"{section}: {err}")
-    if values.get("lr_schedule") == "step" and not values.get("lr_decay_epochs"):
-        errors.append("'lr_schedule' 'step' needs 'lr_decay_epochs' (the epochs where the "
-                      "learning rate drops)")
-    if values.get("compression", "none") != "none" and \
-            values.get("distributed", "allreduce") != "allreduce":
-        errors.append(f"'compression' {values['compression']!r} applies to distributed "
-                      f"'allreduce' only, not {values['distributed']!r}")
-    if values.get("distributed") == "sandblaster" and values.get("optimizer", "sgd") != "lbfgs":
-        errors.append(f"'distributed' 'sandblaster' is distributed L-BFGS: it needs 'optimizer' "
-                      f"'lbfgs', not {values.get('optimizer', 'sgd')!r}")
-    if isinstance(fixed, Mapping) and isinstance(mutable, Mapping):
-        for key in sorted(set(fixed) & set(mutable)):
-            errors.append(f"{key!r} is in both FIXED and MUTABLE; a key is one or the other")
-    if not isinstance(metrics, Mapping) or not metrics:
-        errors.append("METRICS must be a non-empty dict of metric name to AtLeast(..)/AtMost(..)")
-    else:
-        for key, threshold in metrics.items():
-            if key not in METRIC_NAMES:
-                errors.append(f"METRICS: {_unknown(key, METRIC_NAMES, 'metric')}")
-            elif not isinstance(threshold, Threshold):
-                errors.append(f"METRICS: {key!r} must be AtLeast(x) or AtMost(x), "
-                              f"got {threshold!r}")
     if errors:
         raise RecipeError(_report(name, errors))
-    return Recipe(name, path, dict(fixed), dict(mutable), dict(metrics), Definitions(**values))
+    schema = _Schema(fixed, mutable)
+    errors += schema.errors
+    run = {k: o.default for k, o in RUN_OPTIONS.items()}
+    options: dict[str, dict[str, Any]] = {kind: dict(o) for kind, o in schema.nested.items()}
+    seen: dict[str, str] = {}
+    for section, items in sections.items():
+        for key, value in items.items():
+            canonical, option, problem = schema.canonical(key)
+            if problem:
+                errors.append(f"{section}: {problem}")
+                continue
+            if canonical in seen:
+                errors.append(f"{key!r} is in both FIXED and MUTABLE; a key is one or the other"
+                              if seen[canonical] != section else
+                              f"{section}: {key!r} is given twice")
+                continue
+            seen[canonical] = section
+            if option is None:
+                continue  # a component choice, read by the schema
+            try:
+                value = option.convert(key, value)
+            except ComponentError as err:
+                errors.append(f"{section}: {err}")
+                continue
+            kind, dot, rest = canonical.partition(".")
+            if not dot:
+                run[canonical] = value
+            elif kind in LISTS:
+                event, _, opt = rest.partition(".")
+                next(e for e in schema.events if e.name == event).options[opt] = value
+            else:
+                options.setdefault(kind, {})[rest] = value
+    choices = {kind: Choice(c.component, options.get(kind, {}))
+               for kind, c in schema.choices.items()}
+    for choice in [*choices.values(), *schema.events]:
+        errors += choice.component.check(choice.options)
+    for kind, choice in choices.items():
+        for other, allowed in choice.component.meta.get("requires", {}).items():
+            if other in choices and choices[other].name not in allowed:
+                errors.append(f"{kind} {choice.name!r} needs {other} "
+                              f"{' or '.join(map(repr, allowed))}, not {choices[other].name!r}")
+    errors += _metric_problems(metrics)
+    if errors:
+        raise RecipeError(_report(name, errors))
+    return Recipe(name, path, dict(fixed), dict(mutable), dict(metrics),
+                  Definitions(run, choices, schema.events))
+
+
+def _metric_problems(metrics: Any) -> list[str]:
+    if not isinstance(metrics, Mapping) or not metrics:
+        return ["METRICS must be a non-empty dict of metric name to AtLeast(..)/AtMost(..)"]
+    problems = []
+    measured = registry("metric")
+    for key, threshold in metrics.items():
+        if not isinstance(threshold, Threshold):
+            problems.append(f"METRICS: {key!r} must be AtLeast(x) or AtMost(x), got "
+                            f"{threshold!r}")
+        elif key in measured:
+            problems += [f"METRICS: {p}" for p in measured[key].check(threshold.options)]
+        elif key not in RUN_METRICS:
+            problems.append(f"METRICS: {unknown(key, [*RUN_METRICS, *measured], 'metric')}")
+        elif threshold.options:
+            problems.append(f"METRICS: {key!r} takes no options, got {dict(threshold.options)}")
+    return problems
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and validate a recipe file."""
+    """Read and validate a recipe file (which may register its own components first)."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
     try:
         namespace = runpy.run_path(str(path))
-    except RecipeError:
+    except (RecipeError, ComponentError):
         raise
     except Exception as err:
         raise RecipeError(f"recipe {str(path)!r} failed to load: {type(err).__name__}: {err}") \
@@ -308,7 +356,7 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     upper = [k for k in namespace if k.isupper() and not k.startswith("_")]
     for key in upper:
         if key not in SECTIONS:
-            errors.append(_unknown(key, SECTIONS, "section"))
+            errors.append(unknown(key, SECTIONS, "section"))
     for section in SECTIONS:
         if section not in namespace:
             errors.append(f"missing section {section} (a recipe defines {', '.join(SECTIONS)})")

@@ -12,10 +12,8 @@ from meta.recipe import AtLeast, AtMost
 
 FIXED = {
     "dataset": "mnist",
-    "model": "mlp",
-    "hidden": [256, 128],
+    "model": {"name": "mlp", "hidden": [256, 128]},
     "optimizer": "sgd",
-    "distributed": "allreduce",
 }
 
 MUTABLE = {
@@ -25,9 +23,8 @@ MUTABLE = {
     "momentum": 0.9,
     "seed": 0,
     "train_samples": 0,  # 0: all 60000; CI trains on fewer
-    "compression": "none",
-    "topk_ratio": 0.01,
-    "chunk_bytes": 4194304,
+    "distributed": {"name": "allreduce", "compression": "none", "topk_ratio": 0.01,
+                    "chunk_bytes": 4194304},
     "timeline": False,
 }
 

@@ -3,8 +3,8 @@ RBMs (seed 000, Algorithms 1 and 2), then supervised fine-tuning by SGD (Algorit
 
 Run:  meta run recipes/mnist_dbn.py
 
-The DBN keys (pretrain_epochs, pretrain_lr, cd_k, pretrain_batch_size, persistent_cd) are in
-``meta.recipe.Definitions``; ``hidden`` gives the RBM widths. The input stays in [0, 1] (binary
+The DBN's options (hidden: the RBM widths, pretrain_epochs, pretrain_lr, cd_k,
+pretrain_batch_size, persistent_cd) are declared by the ``dbn`` model (``meta components model``). The input stays in [0, 1] (binary
 visible units), so the exported model.onnx expects unstandardized pixels. Under MPI,
 pre-training is distributed as the strategy says, and fine-tuning follows the strategy:
 
@@ -22,9 +22,8 @@ pre-training is distributed as the strategy says, and fine-tuning follows the st
 from meta.recipe import AtLeast, AtMost
 
 FIXED = {
-    "dataset": "mnist",
-    "model": "dbn",
-    "hidden": [500, 500],
+    "dataset": {"name": "mnist", "normalize": False},  # binary visible units: pixels in [0, 1]
+    "model": {"name": "dbn", "hidden": [500, 500]},
     "optimizer": "sgd",
 }
 

@@ -13,17 +13,13 @@ from meta.recipe import AtLeast, AtMost
 
 FIXED = {
     "dataset": "mnist",
-    "model": "mlp",
-    "hidden": [256, 128],
+    "model": {"name": "mlp", "hidden": [256, 128]},
     "optimizer": "adagrad",
 }
 
 MUTABLE = {
-    "distributed": "downpour",
-    "servers": 1,
-    "n_fetch": 1,
-    "n_push": 1,
-    "warm_start_steps": 50,
+    "distributed": {"name": "downpour", "servers": 1, "n_fetch": 1, "n_push": 1,
+                    "warm_start_steps": 50},
     "epochs": 6,
     "batch_size": 64,  # per worker
     "lr": 0.01,  # Adagrad: its first step moves every weight by lr

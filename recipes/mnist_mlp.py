@@ -8,8 +8,7 @@ from meta.recipe import AtLeast, AtMost
 
 FIXED = {
     "dataset": "mnist",
-    "model": "mlp",
-    "hidden": [512, 512],
+    "model": {"name": "mlp", "hidden": [512, 512]},
     "optimizer": "sgd",
 }
 

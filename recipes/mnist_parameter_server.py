@@ -12,8 +12,7 @@ from meta.recipe import AtLeast, AtMost
 
 FIXED = {
     "dataset": "mnist",
-    "model": "mlp",
-    "hidden": [256, 128],
+    "model": {"name": "mlp", "hidden": [256, 128]},
     "optimizer": "sgd",
 }
 

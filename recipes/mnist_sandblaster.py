@@ -13,18 +13,14 @@ are printed and written to metrics.json. On one process it runs Level 2's L-BFGS
 from meta.recipe import AtLeast, AtMost
 
 FIXED = {
-    "dataset": "mnist",
-    "model": "mlp",
-    "hidden": [64],
+    "dataset": {"name": "mnist", "train_samples": 10000},
+    "model": {"name": "mlp", "hidden": [64]},
     "optimizer": "lbfgs",
-    "train_samples": 10000,
     "batch_size": 10000,  # the full batch: one L-BFGS iteration per epoch
 }
 
 MUTABLE = {
-    "distributed": "sandblaster",
-    "servers": 1,
-    "portions": 8,
+    "distributed": {"name": "sandblaster", "servers": 1, "portions": 8},
     "epochs": 40,  # L-BFGS iterations
     "seed": 0,
 }

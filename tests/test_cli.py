@@ -48,7 +48,7 @@ def test_set_overrides_mutable(tmp_path, mnist_dir, capsys):
                  "executor=native", "--output-dir", str(tmp_path), "--quiet"])
     assert code == EXIT_PASS
     report = json.loads((tmp_path / "metrics.json").read_text())
-    assert report["definitions"]["train_samples"] == 500
+    assert report["definitions"]["dataset.train_samples"] == 500
     assert report["definitions"]["executor"] == "native"
 
 

@@ -15,13 +15,13 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def test_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.setenv("META_CACHE_DIR", str(tmp_path))  # the C++ example compiles here
-    saved = dict(OPTIMIZERS)
+    saved = dict(OPTIMIZERS.entries)
     try:  # the examples register "Swish" and "signum": keep the real registries clean
         with registry.scratch():
             run_examples()
     finally:
-        OPTIMIZERS.clear()
-        OPTIMIZERS.update(saved)
+        OPTIMIZERS.entries.clear()
+        OPTIMIZERS.entries.update(saved)
 
 
 def run_examples():

@@ -17,16 +17,31 @@ def write(tmp_path, body):
     return path
 
 
+def values(recipe, kind):
+    return recipe.definitions.choices[kind].values()
+
+
 def test_the_shipped_recipe_is_valid():
     r = load_recipe("recipes/mnist_mlp.py")
-    assert r.definitions.hidden == (512, 512) and r.definitions.dataset == "mnist"
+    assert values(r, "model")["hidden"] == (512, 512)
+    assert r.definitions.choices["dataset"].name == "mnist"
     assert r.metrics["test_accuracy"].bound == 0.975
 
 
 def test_types_are_converted_and_defaults_filled():
     r = make_recipe("t", GOOD, {"lr": 1, "epochs": 3}, METRICS)
-    assert r.definitions.lr == 1.0 and isinstance(r.definitions.lr, float)
-    assert r.definitions.hidden == (64,) and r.definitions.batch_size == 128
+    lr = values(r, "optimizer")["lr"]
+    assert lr == 1.0 and isinstance(lr, float)
+    assert values(r, "model")["hidden"] == (64,) and r.definitions.batch_size == 128
+    assert r.definitions.as_dict()["optimizer.lr"] == 1.0
+
+
+def test_a_component_and_its_options_spelled_three_ways():
+    nested = make_recipe("t", {"optimizer": {"name": "adam", "b1": 0.8}}, {}, METRICS)
+    dotted = make_recipe("t", {"optimizer": "adam", "optimizer.b1": 0.8}, {}, METRICS)
+    plain = make_recipe("t", {"optimizer": "adam", "b1": 0.8}, {}, METRICS)
+    assert values(nested, "optimizer") == values(dotted, "optimizer") == values(
+        plain, "optimizer")
 
 
 def test_all_problems_are_reported_together():
@@ -37,13 +52,35 @@ def test_all_problems_are_reported_together():
     msg = str(info.value)
     assert "8 problem(s)" in msg
     assert "unknown key 'lrr' (did you mean 'lr'?)" in msg
-    assert "'hidden' must be list of int" in msg
-    assert "'epochs' must be int, got float 2.5" in msg
-    assert "'momentum' must be below 1" in msg
-    assert "'executor' must be one of reference, native, got 'gpu'" in msg
+    assert "option 'hidden' must be list of int" in msg
+    assert "option 'epochs' must be int, got float 2.5" in msg
+    assert "option 'momentum' must be below 1" in msg
+    assert "unknown executor 'gpu' (known: reference, native)" in msg
     assert "'dataset' is in both FIXED and MUTABLE" in msg
     assert "unknown metric 'test_acuracy' (did you mean 'test_accuracy'?)" in msg
     assert "'train_loss' must be AtLeast(x) or AtMost(x), got 0.1" in msg
+
+
+def test_three_mistakes_in_three_components_give_one_error():
+    with pytest.raises(RecipeError) as info:
+        make_recipe("t", {"model": {"name": "mlp", "hiden": [8]},
+                          "dataset": {"name": "synthetic", "train_examples": 0},
+                          "distributed": {"name": "downpour", "n_fetch": "2"}}, {}, METRICS)
+    msg = str(info.value)
+    assert "3 problem(s)" in msg
+    assert "model 'mlp': unknown option 'hiden' (did you mean 'hidden'?)" in msg
+    assert "dataset 'synthetic': option 'train_examples' must be at least 1, got 0" in msg
+    assert "strategy 'downpour': option 'n_fetch' must be int, got str '2'" in msg
+
+
+def test_an_option_of_another_component_is_refused():
+    with pytest.raises(RecipeError, match="'momentum' is an option of optimizer 'sgd', not of "
+                                          "the chosen optimizer 'adam'"):
+        make_recipe("t", {"optimizer": "adam"}, {"momentum": 0.9}, METRICS)
+    with pytest.raises(RecipeError, match="'n_fetch' is an option of distributed 'downpour'"):
+        make_recipe("t", {}, {"n_fetch": 2}, METRICS)
+    with pytest.raises(RecipeError, match="sandblaster' needs optimizer 'lbfgs', not 'sgd'"):
+        make_recipe("t", {"distributed": "sandblaster"}, {}, METRICS)
 
 
 def test_bool_is_not_an_int():
@@ -53,7 +90,8 @@ def test_bool_is_not_an_int():
 
 def test_overrides_only_touch_mutable_keys():
     r = make_recipe("t", GOOD, MUTABLE, METRICS)
-    assert r.with_overrides({"lr": "0.2", "epochs": "4"}).definitions.lr == 0.2
+    assert values(r.with_overrides({"lr": "0.2", "epochs": "4"}), "optimizer")["lr"] == 0.2
+    assert values(r.with_overrides({"optimizer.lr": "0.3"}), "optimizer")["lr"] == 0.3
     with pytest.raises(RecipeError, match="'hidden' is FIXED in this recipe"):
         r.with_overrides({"hidden": "32"})
     with pytest.raises(RecipeError, match="'momentum' is not MUTABLE in this recipe"):
@@ -62,16 +100,24 @@ def test_overrides_only_touch_mutable_keys():
         r.with_overrides({"ephocs": "3"})
     with pytest.raises(RecipeError, match="'epochs': cannot read 'many' as int"):
         r.with_overrides({"epochs": "many"})
-    with pytest.raises(RecipeError, match="'lr' must be positive"):
+    with pytest.raises(RecipeError, match="'lr' must be above 0"):
         r.with_overrides({"lr": "-1"})
+    with pytest.raises(RecipeError, match="'lr' must be a number"):
+        r.with_overrides({"lr": "nan"})
 
 
 def test_override_parsing_by_type():
     r = make_recipe("t", {}, {"hidden": [8], "nesterov": False, "executor": "reference"},
                     METRICS)
     d = r.with_overrides({"hidden": "[32, 16]", "nesterov": "yes", "executor": "native"})
-    assert d.definitions.hidden == (32, 16) and d.definitions.nesterov is True
-    assert d.definitions.executor == "native"
+    assert values(d, "model")["hidden"] == (32, 16) and values(d, "optimizer")["nesterov"]
+    assert d.definitions.choices["executor"].name == "native"
+
+
+def test_switching_a_component_rechecks_its_options():
+    r = make_recipe("t", {}, {"distributed": "downpour", "n_fetch": 2}, METRICS)
+    with pytest.raises(RecipeError, match="'n_fetch' is an option of distributed 'downpour'"):
+        r.with_overrides({"distributed": "allreduce"})
 
 
 def test_recipe_files(tmp_path):
@@ -108,25 +154,37 @@ def test_thresholds_and_verdict():
 
 def test_training_keys_are_validated():
     with pytest.raises(RecipeError) as info:
-        make_recipe("t", {}, {"optimizer": "adamm", "augmentation": ["crop", "rotate"],
-                              "lr_schedule": "step", "weight_decay": -1.0}, METRICS)
+        make_recipe("t", {}, {"optimizer": "adamm", "augmentation": ["crop", "rotate"]},
+                    METRICS)
     msg = str(info.value)
-    assert "'optimizer' must be one of adadelta, adagrad, adam, adamw, rmsprop, sgd" in msg
-    assert "lbfgs, cg" in msg
-    assert "'augmentation' may list crop, flip, cutout, got ['rotate']" in msg
-    assert "'lr_schedule' 'step' needs 'lr_decay_epochs'" in msg
-    assert "'weight_decay' must not be negative" in msg
+    assert "unknown optimizer 'adamm' (did you mean 'adam'?)" in msg
+    assert "option 'augmentation' may list crop, flip, cutout, got ['rotate']" in msg
+    with pytest.raises(RecipeError) as info:
+        make_recipe("t", {}, {"lr_schedule": "step", "weight_decay": -1.0}, METRICS)
+    assert "option 'weight_decay' must be at least 0" in str(info.value)
+    with pytest.raises(RecipeError, match="lr_schedule 'step' needs 'lr_decay_epochs'"):
+        make_recipe("t", {}, {"lr_schedule": "step"}, METRICS)
+
+
+def test_metric_components_take_their_options_on_the_bound():
+    r = make_recipe("t", {}, {}, {"top_k_accuracy": AtLeast(0.9, k=3)})
+    assert r.metrics["top_k_accuracy"].options == {"k": 3}
+    with pytest.raises(RecipeError, match="metric 'top_k_accuracy': unknown option 'kk'"):
+        make_recipe("t", {}, {}, {"top_k_accuracy": AtLeast(0.9, kk=3)})
+    with pytest.raises(RecipeError, match="'test_accuracy' takes no options"):
+        make_recipe("t", {}, {}, {"test_accuracy": AtLeast(0.9, k=3)})
 
 
 def test_registered_optimizers_become_choices():
     from meta.lv2.optimizers import OPTIMIZERS, register_optimizer, sgd
 
-    register_optimizer("plain_for_test")(lambda lr: sgd(lr))
+    register_optimizer("plain_for_test")(lambda lr, damping=0.5: sgd(lr))
     try:
-        r = make_recipe("t", {"optimizer": "plain_for_test"}, {"augmentation": ["flip"]},
-                        METRICS)
-        assert r.definitions.optimizer == "plain_for_test"
-        assert r.with_overrides({"augmentation": "crop,cutout"}).definitions.augmentation \
-            == ("crop", "cutout")
+        r = make_recipe("t", {"optimizer": "plain_for_test"}, {"augmentation": ["flip"],
+                                                               "damping": 0.25}, METRICS)
+        assert r.definitions.choices["optimizer"].name == "plain_for_test"
+        assert values(r, "optimizer")["damping"] == 0.25  # read from its signature
+        assert values(r.with_overrides({"augmentation": "crop,cutout"}), "dataset")[
+            "augmentation"] == ("crop", "cutout")
     finally:
         del OPTIMIZERS["plain_for_test"]

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
-REPORT, STEP_PLOT, LOSS_PLOT, OP_PLOT = ("report.json", "step_times.png", "loss_curves.png",
-                                         "op_times.png")
+REPORT, STEP_PLOT, LOSS_PLOT, OP_PLOT, ACCURACY_PLOT = (
+    "report.json", "step_times.png", "loss_curves.png", "op_times.png", "accuracy_vs_time.png")
 
 
 def _sets(pairs: Sequence[str], flag: str) -> dict[str, str]:
@@ -36,8 +36,9 @@ def _shape(text: str) -> tuple[int, ...]:
 def add_commands(sub: Any) -> None:
     """Add ``compare`` and ``bench-op`` to the ``meta`` subcommands."""
     cmp = sub.add_parser(
-        "compare", help="run two recipes (or one with two --set variants) alternately; report "
-                        "step times with confidence intervals, their ratio, box plots")
+        "compare", help="run two recipes, or one recipe's --variant's (any number), taking "
+                        "turns; report step times, throughput, time to each bound and final "
+                        "metrics with confidence intervals, ratios and plots")
     cmp.add_argument("recipe_a", metavar="A", help="recipe file")
     cmp.add_argument("recipe_b", metavar="B", nargs="?",
                      help="second recipe file (default: A again, told apart by --a/--b)")
@@ -45,8 +46,11 @@ def add_commands(sub: Any) -> None:
                      help="MUTABLE override of variant A only (repeatable)")
     cmp.add_argument("--b", action="append", default=[], metavar="KEY=VALUE",
                      help="MUTABLE override of variant B only (repeatable)")
+    cmp.add_argument("--variant", action="append", default=[], metavar="K=V[,K=V...]",
+                     help="one variant of recipe A, its MUTABLE overrides comma-separated "
+                          "(repeat for each variant: an N-way comparison)")
     cmp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="MUTABLE override of both variants (repeatable)")
+                     help="MUTABLE override of every variant (repeatable)")
     add_run_options(cmp, default_repeat=3)
     cmp.add_argument("--output-dir", metavar="DIR",
                      help="where report.json and the plots go (default: runs/compare/A-vs-B)")
@@ -107,6 +111,11 @@ def _finish(report: dict, results: list, out: Path, args: argparse.Namespace, ti
         written.append(plots.loss_curves(
             {v["name"]: v["runs"] for v in report["variants"]}, out / LOSS_PLOT,
             f"{title}: loss"))
+        bound = results[0].variant.recipe.metrics.get("test_accuracy")
+        written.append(plots.accuracy_vs_time(
+            {v["name"]: v["runs"] for v in report["variants"]}, out / ACCURACY_PLOT,
+            f"{title}: test accuracy against time",
+            bound=bound.bound if bound is not None else None))
     say(reports.recipe_table(report))
     say(f"meta: wrote {', '.join(str(p) for p in written)}")
 
@@ -146,6 +155,19 @@ def _variants(args: argparse.Namespace) -> list[Any]:
     from meta.recipe import load_recipe
 
     common = _sets(args.set, "--set")
+    if args.variant:
+        if args.recipe_b is not None or args.a or args.b:
+            raise ValueError("compare: give --variant's of one recipe, or two recipes / --a and "
+                             "--b, not both")
+        if len(args.variant) < 2:
+            raise ValueError("compare needs at least two --variant's")
+        variants = []
+        for text in args.variant:
+            overrides = _sets([p for p in text.split(",") if p.strip()], "--variant")
+            recipe = load_recipe(args.recipe_a).with_overrides({**common, **overrides})
+            variants.append(RecipeVariant(text, recipe, Path(args.recipe_a),
+                                          {**common, **overrides}))
+        return variants
     sides = {"a": _sets(args.a, "--a"), "b": _sets(args.b, "--b")}
     paths = {"a": Path(args.recipe_a), "b": Path(args.recipe_b or args.recipe_a)}
     if args.recipe_b is None and sides["a"] == sides["b"]:
@@ -181,7 +203,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         variants = _variants(args)
         out = Path(args.output_dir) if args.output_dir else Path("runs") / "compare" / \
-            dir_name(f"{variants[0].name}-vs-{variants[1].name}")
+            dir_name("-vs-".join(v.name for v in variants))
         bench = RecipeBench(variants, default_factory(comm, None), out, args.repeat,
                             args.warmup, say)
     except (ValueError, RecipeError) as err:
@@ -193,8 +215,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       comm.size, {"bootstrap": args.bootstrap_seed,
                                   **{f"recipe {v.name}": v.recipe.definitions.seed
                                      for v in variants}}) if comm.is_root else {}
-    say(f"meta: comparing {variants[0].name} (A) with {variants[1].name} (B): "
-        f"{args.repeat} run(s) each after {args.warmup} warm-up run(s), taking turns")
+    say(f"meta: comparing {', '.join(v.name for v in variants)}: {args.repeat} run(s) each "
+        f"after {args.warmup} warm-up run(s), taking turns")
     try:
         results = bench.run()
     except (RecipeError, DatasetError, GraphError) as err:

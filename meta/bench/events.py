@@ -8,7 +8,7 @@ from typing import Any
 
 from meta.lv2.events import Event, Metrics
 
-CURVE_KEYS = ("train_loss", "test_loss", "train_accuracy", "test_accuracy")
+CURVE_KEYS = ("train_loss", "test_loss", "train_accuracy", "test_accuracy", "samples_per_s")
 
 
 class StepTimer(Event):
@@ -26,7 +26,10 @@ class StepTimer(Event):
         self.step_ns: list[int] = []
         self.step_loss: list[float] = []
         self.epochs: list[dict[str, Any]] = []
-        self._last = 0
+        self._last = self._start = 0
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self._start = time.perf_counter_ns()
 
     def on_epoch_begin(self, trainer: Any, epoch: int) -> None:
         self._last = time.perf_counter_ns()
@@ -38,7 +41,9 @@ class StepTimer(Event):
         self._last = now
 
     def on_epoch_end(self, trainer: Any, metrics: Metrics) -> None:
+        # elapsed_s: wall time since training began, evaluation included (time to accuracy)
         self.epochs.append({"epoch": int(metrics.get("epoch", len(self.epochs) + 1)),
+                            "elapsed_s": (time.perf_counter_ns() - self._start) * 1e-9,
                             **{k: float(metrics[k]) for k in CURVE_KEYS if k in metrics}})
 
     def attach(self, trainer: Any) -> StepTimer:

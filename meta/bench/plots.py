@@ -77,3 +77,27 @@ def loss_curves(variants: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def accuracy_vs_time(variants: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
+                     title: str, metric: str = "test_accuracy",
+                     bound: float | None = None) -> Path:
+    """``metric`` at each epoch's end against the wall time since training began: one line per
+    run, one colour per variant; the recipe's bound as a dashed line."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for (name, runs), color in zip(variants.items(), [f"C{i}" for i in range(10)]):
+        for i, run in enumerate(runs):
+            points = [(e["elapsed_s"], e[metric]) for e in run["epochs"]
+                      if metric in e and "elapsed_s" in e]
+            if points:
+                ax.plot(*zip(*points), "o-", color=color, alpha=0.8, lw=1.2, markersize=4,
+                        label=name if i == 0 else None)
+    if bound is not None:
+        ax.axhline(bound, color="black", ls="--", lw=0.8, label=f"bound {bound:g}")
+    ax.set_xlabel("wall time since training began (s)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -71,6 +71,11 @@ class VariantRuns:
         """Every run's step times after its first ``skip``, pooled."""
         return np.concatenate([r.step_seconds(skip) for r in self.runs])
 
+    def metric_values(self) -> dict[str, list[float]]:
+        """Each final metric's value in every run (for its interval across runs)."""
+        keys = dict.fromkeys(k for r in self.runs for k in r.metrics)
+        return {k: [r.metrics[k] for r in self.runs if k in r.metrics] for k in keys}
+
     def final_metrics(self) -> dict[str, float]:
         """Median over runs of each final metric (equal in every run when training is
         deterministic; train time is not)."""

@@ -8,8 +8,11 @@ bootstrap intervals), so that a reader can recompute every figure from the file 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from meta.bench.recipes import SKIP_STEPS, VariantRuns
 from meta.bench.stats import (
@@ -48,22 +51,57 @@ def recipe_report(kind: str, results: Sequence[VariantRuns], environment: Mappin
         v = result.variant
         variants.append({
             "name": v.name, "recipe": v.recipe.name,
-            "definitions": {k: list(x) if isinstance(x, tuple) else x
-                            for k, x in vars(v.recipe.definitions).items()},
+            "definitions": v.recipe.definitions.as_dict(),
             "step_time_s": summarize(result.step_seconds(skip)).to_dict(),
             "run_time_s": summarize([r.wall_s for r in result.runs]).to_dict(),
             "final_metrics": result.final_metrics(),
+            "final_metrics_ci": {k: summarize(vals).to_dict()
+                                 for k, vals in result.metric_values().items()},
+            "time_to": {k: reach_summary(t) for k, t in time_to(result).items()},
+            "samples_per_s": throughput(result),
             "passed": all(r.passed for r in result.runs),
             "runs": [r.to_dict(skip) for r in result.runs]})
     comparisons = []
-    if len(results) == 2:
-        a, b = results
+    for other in results[1:]:  # every variant against the first
+        a = results[0]
         ratio = ratio_of_medians_by_run([r.step_seconds(skip) for r in a.runs],
-                                        [r.step_seconds(skip) for r in b.runs],
+                                        [r.step_seconds(skip) for r in other.runs],
                                         run_settings["resamples"], seed=run_settings["seed"])
-        comparisons.append(comparison(a.variant.name, b.variant.name, "step_time_s", ratio))
+        comparisons.append(comparison(a.variant.name, other.variant.name, "step_time_s", ratio))
     return {"schema": SCHEMA, "kind": kind, "environment": dict(environment),
             "settings": dict(run_settings), "variants": variants, "comparisons": comparisons}
+
+
+def time_to(result: VariantRuns) -> dict[str, list[float]]:
+    """Per bounded epoch metric of the recipe (test_accuracy >= 0.97, ...), each run's wall
+    time until an epoch first met the bound (inf: never)."""
+    out: dict[str, list[float]] = {}
+    for key, threshold in result.variant.recipe.metrics.items():
+        if not any(key in e for r in result.runs for e in r.epochs):
+            continue
+        out[key] = [next((e["elapsed_s"] for e in r.epochs
+                          if key in e and threshold.accepts(e[key])), math.inf)
+                    for r in result.runs]
+    return out
+
+
+def reach_summary(times: Sequence[float]) -> dict[str, Any]:
+    """Times to a bound over runs: each run's (None: never reached), how many reached it, the
+    median (inf when most never did) and, over the runs that did, the usual summary."""
+    finite = [t for t in times if math.isfinite(t)]
+    out: dict[str, Any] = {"runs_s": [t if math.isfinite(t) else None for t in times],
+                           "reached": len(finite), "of": len(times),
+                           "median": float(np.median(times))}
+    if finite:
+        out["of_reached"] = summarize(finite).to_dict()
+    return out
+
+
+def throughput(result: VariantRuns) -> dict[str, Any]:
+    """Training samples per second (each run's mean over its epochs), summarized over runs."""
+    rates = [float(np.mean(r)) for r in ([e["samples_per_s"] for e in run.epochs
+                                          if "samples_per_s" in e] for run in result.runs) if r]
+    return summarize(rates).to_dict() if rates else {}
 
 
 def write_json(report: Mapping[str, Any], path: Path) -> Path:
@@ -98,14 +136,19 @@ def format_ratio(c: Mapping[str, Any], what: str) -> str:
 def recipe_table(report: Mapping[str, Any]) -> str:
     """Median step time per variant with its interval, run time, final metrics, the ratio."""
     ci = f"{report['settings']['confidence']:.0%} CI"
+    reached = list(dict.fromkeys(k for v in report["variants"] for k in v.get("time_to", {})))
     rows = [["variant", "runs", "steps", "median step ms", ci, "cv", "outliers",
-             "run time s", *TABLE_METRICS]]
+             "run time s", "samples/s", *(f"time to {k} s" for k in reached), *TABLE_METRICS]]
     for v in report["variants"]:
         step, run = v["step_time_s"], v["run_time_s"]
         metrics = [f"{v['final_metrics'][k]:.4f}" if k in v["final_metrics"] else "-"
                    for k in TABLE_METRICS]
+        times = [f"{v['time_to'][k]['median']:.1f}" if k in v.get("time_to", {}) else "-"
+                 for k in reached]
+        throughput = v.get("samples_per_s", {}).get("median", math.nan)
         rows.append([v["name"], str(run["n"]), str(step["n"]), *_ms(step), f"{step['cv']:.2f}",
-                     str(len(step["outliers"])), f"{run['median']:.2f}", *metrics])
+                     str(len(step["outliers"])), f"{run['median']:.2f}", f"{throughput:.0f}",
+                     *times, *metrics])
     lines = [format_table(rows)]
     lines += [format_ratio(c, "median step time") for c in report["comparisons"]]
     lines += coverage_notes([v["step_time_s"] for v in report["variants"]],

@@ -50,16 +50,25 @@ def register(
     def decorate(cls: OpClass) -> OpClass:
         if not (isinstance(cls, type) and issubclass(cls, Operator)):
             raise TypeError(f"@register({op_type!r}) needs an Operator subclass, got {cls!r}")
-        versions = _REGISTRY.setdefault((domain, op_type), {})
-        backends = versions.setdefault(since, {})
-        if backend in backends and backends[backend] is not cls:
-            old = backends[backend]
+        key = (_default_domain(domain), op_type)
+        if not _is_builtin(cls):
+            # Load the library first, so that a user's op clashing with a built-in is refused
+            # here, not later in the middle of importing ``ops`` (which left half of it missing).
+            _load_builtins()
+            builtin = _builtin_of(key)
+            if builtin is not None:
+                raise ValueError(
+                    f"operator {op_type!r} (domain {domain or 'ai.onnx'!r}) is built in "
+                    f"({builtin.__module__}.{builtin.__qualname__}); register yours under a "
+                    f"domain of your own, e.g. @register({op_type!r}, domain='my.ops')")
+        old = _REGISTRY.get(key, {}).get(since, {}).get(backend)
+        if old is not None and old is not cls:
             raise ValueError(
                 f"operator {op_type!r} (domain {domain!r}, since opset {since}, backend "
                 f"{backend!r}) is already registered by {old.__module__}.{old.__qualname__}"
             )
-        cls.op_type, cls.domain, cls.since, cls.backend = op_type, domain, since, backend
-        backends[backend] = cls
+        cls.op_type, cls.domain, cls.since, cls.backend = op_type, key[0], since, backend
+        _REGISTRY.setdefault(key, {}).setdefault(since, {})[backend] = cls
         return cls
 
     return decorate
@@ -81,6 +90,7 @@ def scratch() -> Iterator[None]:
 
 def unregister(op_type: str, since: int = 1, domain: str = "", backend: str = "numpy") -> None:
     """Remove one registration (tests and notebooks that redefine an operator)."""
+    domain = _default_domain(domain)
     versions = _REGISTRY.get((domain, op_type), {})
     impls = versions.get(since, {})
     if backend not in impls:
@@ -91,6 +101,25 @@ def unregister(op_type: str, since: int = 1, domain: str = "", backend: str = "n
         del versions[since]
     if not versions:
         del _REGISTRY[(domain, op_type)]
+
+
+def _default_domain(domain: str) -> str:
+    """ONNX spells the default domain both "" and "ai.onnx"; the registry keys it as ""."""
+    return "" if domain == "ai.onnx" else domain
+
+
+def _is_builtin(cls: type) -> bool:
+    """Whether ``cls`` belongs to the operator library (the ``ops`` package)."""
+    return cls.__module__ == "ops" or cls.__module__.startswith("ops.")
+
+
+def _builtin_of(key: tuple[str, str]) -> type[Operator] | None:
+    """A built-in implementation registered under ``key``, if there is one."""
+    for impls in _REGISTRY.get(key, {}).values():
+        for cls in impls.values():
+            if _is_builtin(cls):
+                return cls
+    return None
 
 
 def _load_builtins() -> None:
@@ -110,6 +139,7 @@ def lookup(
     has it, then numpy.
     """
     _load_builtins()
+    domain = _default_domain(domain)
     versions = _REGISTRY.get((domain, op_type))
     where = f"op {op_type!r} (domain {domain or 'ai.onnx'!r}, opset {opset})"
     if not versions:

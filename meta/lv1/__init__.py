@@ -10,11 +10,15 @@ from meta.lv1.executor import (
     ReferenceExecutor,
 )
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
-from meta.lv1.models import lenet5, resnet20, vgg_small, wide_cnn
+from meta.lv1.models import MODELS, build_model, lenet5, resnet20, vgg_small, wide_cnn
 from meta.lv1.onnx_io import ONNXLoadError, from_onnx, read_model, save_onnx, to_onnx
+from meta.lv1.onnx_model import onnx_model
 
 __all__ = [
     "EXECUTORS",
+    "MODELS",
+    "build_model",
+    "onnx_model",
     "NativeExecutor",
     "ExecutionError",
     "Graph",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from meta.component import Option, Registry
 from meta.lv0 import Context, InferenceContext, Operator, native
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
 
@@ -89,6 +90,10 @@ class ReferenceExecutor:
     """
 
     backends: tuple[str, ...] = ("numpy",)
+    options: ClassVar[dict[str, Option]] = {
+        "profile": Option(False, "record every node's forward and backward time"),
+        "free_intermediates": Option(True, "drop each activation once nothing needs it"),
+    }
 
     def __init__(self, graph: Graph, backends: Sequence[str] | None = None,
                  profile: bool = False, free_intermediates: bool = True) -> None:
@@ -376,5 +381,7 @@ class NativeExecutor(ReferenceExecutor):
         super().__init__(graph, backends, profile, free_intermediates)
 
 
-EXECUTORS: dict[str, type[ReferenceExecutor]] = {"reference": ReferenceExecutor,
-                                                 "native": NativeExecutor}
+# Executors as recipes name them (``executor: native``): ``build(graph, **options)``.
+EXECUTORS = Registry("executor", context=("graph",))
+EXECUTORS.add("reference", ReferenceExecutor)
+EXECUTORS.add("native", NativeExecutor)

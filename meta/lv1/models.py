@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from meta.lv1.builder import GraphBuilder
+from meta.component import Component, ComponentError, Option, Registry
+from meta.lv1.builder import GraphBuilder, mlp
 from meta.lv1.graph import Graph
 
 
@@ -167,4 +168,37 @@ def wide_cnn(input_shape: Sequence[int] = (1, 28, 28), classes: int = 10, seed: 
     return net.finish(h, classes)
 
 
-MODELS = {"lenet": lenet5, "resnet20": resnet20, "vgg_small": vgg_small, "wide_cnn": wide_cnn}
+# Model builders as recipes name them: ``build(input_shape, classes, seed, dtype, **options)``
+# returns a Graph with inputs ``input``/``labels`` and outputs ``logits``/``loss`` (or, for a
+# model needing more than building, an object with ``graph`` and ``prepare(run)``).
+MODELS = Registry("model", context=("input_shape", "classes", "seed", "dtype"), common={
+    "trainable": Option((), "train only the parameters matching these patterns (conv1.*)",
+                        type=tuple[str, ...]),
+    "frozen": Option((), "do not train the parameters matching these patterns",
+                     type=tuple[str, ...]),
+})
+
+
+def build_model(component: Component, options: dict[str, Any], input_shape: Sequence[int],
+                classes: int, seed: int, dtype: Any) -> Any:
+    """The model a recipe names, its ``trainable``/``frozen`` selection applied (a pattern
+    that matches nothing is an error naming it)."""
+    values = component.resolve(options)
+    trainable, frozen = values.pop("trainable"), values.pop("frozen")
+    built = component.factory(input_shape=tuple(input_shape), classes=classes, seed=seed,
+                              dtype=dtype, **values)
+    graph = getattr(built, "graph", built)
+    try:
+        if trainable:
+            graph.train_only(*trainable)
+        if frozen:
+            graph.freeze(*frozen)
+    except KeyError as err:
+        raise ComponentError(f"model {component.name!r}: {err.args[0]}") from err
+    return built
+MODELS.add("mlp", mlp, {"hidden": Option((512, 512), "hidden layer widths", type=tuple[int, ...],
+                                         low=1)})
+MODELS.add("lenet", lenet5)
+MODELS.add("resnet20", resnet20, {"width": Option(16, "channels of the first stage", low=1)})
+MODELS.add("vgg_small", vgg_small)
+MODELS.add("wide_cnn", wide_cnn)

@@ -44,8 +44,24 @@ from meta.lv2.optimizers import (
 from meta.lv2.sampler import SequentialSampler, ShuffleSampler
 from meta.lv2.second_order import LBFGS, ConjugateGradient
 from meta.lv2.trainer import Trainer
+from meta.lv2.dataset_registry import DATASETS, build_dataset, register_dataset  # isort: skip
+from meta.lv2 import array_files, dbn_model, image_folder  # noqa: F401,E402  (register)
+from meta.lv2.events import EVENTS, register_event  # noqa: E402
+from meta.lv2.metrics import METRICS, Metric, register_metric  # noqa: E402
+from meta.lv2.optimizers import OPTIMIZERS, build_optimizer, register_optimizer  # noqa: E402
 
 __all__ = [
+    "DATASETS",
+    "EVENTS",
+    "METRICS",
+    "OPTIMIZERS",
+    "Metric",
+    "build_dataset",
+    "build_optimizer",
+    "register_dataset",
+    "register_event",
+    "register_metric",
+    "register_optimizer",
     "CSVLog",
     "CheckpointError",
     "CheckpointEvent",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from meta.lv2.idx import read_idx
+from meta.lv2.idx import IDXError, read_idx
 
 __all__ = [
     "FASHION_MNIST_SOURCE", "MNIST_SOURCE", "ArrayDataset", "Dataset", "DatasetError", "IDXSource",
@@ -84,7 +84,7 @@ class IDXSource:
     ``files`` maps a split to its (images, labels) file names, ``md5`` each ``.gz`` file name to its
     md5, ``mirrors`` are base URLs tried in order, ``env_var`` names the variable that points to a
     local folder holding the files; ``mean``/``std`` are the train-set pixel statistics (in [0, 1])
-    used to standardise.
+    used to standardise; every label must be one of the ``classes`` classes ``0..classes-1``.
     """
 
     name: str
@@ -94,6 +94,7 @@ class IDXSource:
     env_var: str
     mean: float = 0.0
     std: float = 1.0
+    classes: int = 10
 
     def __post_init__(self) -> None:
         unchecked = [f for pair in self.files.values() for f in pair if f not in self.md5]
@@ -214,18 +215,38 @@ class _Request:
 def _load_arrays(req: _Request) -> tuple[np.ndarray, np.ndarray]:
     paths = [_resolve(req.source, req.folder, req.chosen, f, req.download, req.progress)
              for f in req.source.files[req.split]]
-    images, labels = read_idx(paths[0]), read_idx(paths[1])
+    try:
+        images, labels = read_idx(paths[0]), read_idx(paths[1])
+    except IDXError as err:  # a raw file is checked by its structure only: its message names it
+        raise DatasetError(f"{err}; replace the file (the {req.name} {req.split} split)") from err
+    except OSError as err:
+        raise DatasetError(f"{err.filename or paths[0]}: cannot read it "
+                           f"({err.strerror or err})") from err
     if images.ndim != 3 or images.dtype != np.uint8:
         raise DatasetError(f"{paths[0]}: expected uint8 images of shape (N, H, W), "
                            f"got {images.dtype} of shape {images.shape}")
     if labels.ndim != 1 or len(labels) != len(images):
         raise DatasetError(f"{paths[0]} holds {len(images)} images but {paths[1]} holds labels "
                            f"of shape {labels.shape}")
+    _check_labels(labels, paths[1], req.source)
     x = _scale(images, req.source, req.normalize)
     y = labels.astype(np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
+
+
+def _check_labels(labels: np.ndarray, path: Path, source: IDXSource) -> None:
+    """Every label is an integer class ``0..classes-1``: a label out of range would otherwise
+    fail deep inside the loss, or index another row, many steps later."""
+    if labels.dtype.kind not in "iu":
+        raise DatasetError(f"{path}: labels must be integers, the file holds {labels.dtype}")
+    bad = np.flatnonzero((labels < 0) | (labels >= source.classes))
+    if bad.size:
+        first = int(bad[0])
+        raise DatasetError(f"{path}: label {int(labels[first])} at index {first} is outside the "
+                           f"{source.classes} classes 0..{source.classes - 1} of {source.name} "
+                           f"({bad.size} such label(s)); a wrong or corrupt labels file")
 
 
 def _scale(images: np.ndarray, source: IDXSource, normalize: bool) -> np.ndarray:

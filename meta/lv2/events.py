@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from meta.component import Option, Registry
+
 if TYPE_CHECKING:
     from meta.lv2.trainer import Trainer
 
@@ -202,3 +204,21 @@ class PlotMetrics(Event):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(self.path, dpi=100)
         plt.close(fig)
+
+
+# Events as recipes name them (``"events": [{"name": "early_stopping", "patience": 2}]``), or a
+# user's Event subclass given as itself; a class states its options in ``options``.
+EVENTS = Registry("event")
+EVENTS.add("early_stopping", EarlyStopping, {
+    "metric": Option("test_loss", "the epoch metric watched"),
+    "patience": Option(3, "epochs without improvement before stopping", low=1),
+    "mode": Option("min", "min: lower is better; max: higher", choices=("min", "max")),
+    "min_delta": Option(0.0, "the least change that counts as better", low=0.0)})
+EVENTS.add("time_budget", TimeBudget, {
+    "seconds": Option(doc="stop training after this many seconds", type=float, above=0.0),
+    "check_every": Option(10, "steps between checks (an allreduce each under MPI)", low=1)})
+
+
+def register_event(name: str | None = None, **options: Option):
+    """Make an Event subclass selectable by name in a recipe's ``events`` list."""
+    return EVENTS.register(name, **options)

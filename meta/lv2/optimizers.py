@@ -12,10 +12,13 @@ States hold only arrays and integers, so a checkpoint can store them as they are
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
+
+from meta.component import Component, ComponentError, Option, Registry
 
 Params = dict[str, np.ndarray]
 State = Any
@@ -315,19 +318,47 @@ class Optimizer:
 # -- the registry recipes choose from ---------------------------------------------------------
 
 OptimizerFactory = Callable[..., GradientTransformation]
-OPTIMIZERS: dict[str, OptimizerFactory] = {
-    "sgd": sgd, "adagrad": adagrad, "rmsprop": rmsprop, "adadelta": adadelta, "adam": adam,
-    "adamw": adamw,
-}
+SCHEDULES = ("constant", "step", "cosine")
+def _schedule_problems(values: dict[str, Any]) -> list[str]:
+    if values["lr_schedule"] == "step" and not values["lr_decay_epochs"]:
+        return ["lr_schedule 'step' needs 'lr_decay_epochs' (the epochs where the learning "
+                "rate drops)"]
+    return []
 
 
-def _origin(fn: Callable) -> tuple[str, str]:
-    return getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn))
+OPTIMIZERS = Registry("optimizer", context=("lr",), validate=_schedule_problems, common={
+    "lr": Option(0.05, "learning rate", above=0.0),
+    "weight_decay": Option(0.0, "L2 penalty added to the gradients", low=0.0),
+    "grad_clip": Option(0.0, "clip the gradients' global L2 norm to this (0: off)", low=0.0),
+    "lr_schedule": Option("constant", "constant, step or cosine", choices=SCHEDULES),
+    "lr_decay_epochs": Option((), "lr_schedule step: epochs where lr is multiplied ...",
+                              type=tuple[int, ...], low=1),
+    "lr_decay_factor": Option(0.1, "... by this factor", above=0.0),
+    "warmup_epochs": Option(0, "linear learning-rate warm-up", low=0),
+})
+_MOMENTUM = Option(0.9, "momentum", low=0.0, below=1.0)
+OPTIMIZERS.add("sgd", sgd, {"momentum": _MOMENTUM, "nesterov": Option(False, "Nesterov momentum")})
+OPTIMIZERS.add("adagrad", adagrad, {"eps": Option(1e-8, "added to the denominator", above=0)})
+OPTIMIZERS.add("rmsprop", rmsprop, {"decay": Option(0.9, "of the squared-gradient average",
+                                                    low=0.0, below=1.0),
+                                    "eps": Option(1e-8, "added to the denominator", above=0)})
+OPTIMIZERS.add("adadelta", adadelta, {"rho": Option(0.9, "decay of the averages", low=0.0,
+                                                    below=1.0),
+                                      "eps": Option(1e-6, "added inside the roots", above=0)})
+_ADAM = {"b1": Option(0.9, "decay of the first moment", low=0.0, below=1.0),
+         "b2": Option(0.999, "decay of the second moment", low=0.0, below=1.0),
+         "eps": Option(1e-8, "added to the denominator", above=0)}
+OPTIMIZERS.add("adam", adam, _ADAM)
+OPTIMIZERS.add("adamw", adamw, {**_ADAM, "weight_decay": Option(0.01, "decoupled weight decay",
+                                                                low=0.0)})
 
 
-def register_optimizer(name: str) -> Callable[[OptimizerFactory], OptimizerFactory]:
+def register_optimizer(name: str, **options: Option) -> Callable[[OptimizerFactory],
+                                                                 OptimizerFactory]:
     """Make ``factory(lr, **hyperparameters) -> GradientTransformation`` selectable by name
-    (``"optimizer": name`` in a recipe).
+    (``"optimizer": name`` in a recipe); its hyperparameters are options (declared here, or
+    read from the factory's defaults), beside the learning rate, schedule, weight decay and
+    clipping every optimizer takes.
 
     >>> @register_optimizer("sign_sgd")
     ... def sign_sgd(lr):
@@ -338,15 +369,42 @@ def register_optimizer(name: str) -> Callable[[OptimizerFactory], OptimizerFacto
     >>> "sign_sgd" in OPTIMIZERS
     True
     """
+    return OPTIMIZERS.register(name, **options)
 
-    def decorate(factory: OptimizerFactory) -> OptimizerFactory:
-        existing = OPTIMIZERS.get(name)
-        # The same definition run again (a recipe loaded twice, a notebook cell) replaces
-        # itself; another function under a taken name is a mistake.
-        if existing is not None and _origin(existing) != _origin(factory):
-            raise ValueError(f"optimizer {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}")
-        OPTIMIZERS[name] = factory
-        return factory
 
-    return decorate
+def learning_rate(values: dict[str, Any], steps_per_epoch: int, epochs: int) -> LearningRate:
+    """The learning rate the common options describe: a number, or a schedule over steps."""
+    lr: LearningRate = values["lr"]
+    if values["lr_schedule"] == "step":
+        if not values["lr_decay_epochs"]:
+            raise ComponentError("optimizer: lr_schedule 'step' needs 'lr_decay_epochs' (the "
+                                 "epochs where the learning rate drops)")
+        lr = step_table(values["lr"], list(values["lr_decay_epochs"]), values["lr_decay_factor"],
+                        steps_per_epoch)
+    elif values["lr_schedule"] == "cosine":
+        lr = cosine_decay(values["lr"], epochs * steps_per_epoch)
+    if values["warmup_epochs"]:
+        lr = warmup(lr, values["warmup_epochs"] * steps_per_epoch)
+    return lr
+
+
+def build_optimizer(component: Component, options: dict[str, Any], params: Params,
+                    steps_per_epoch: int, epochs: int) -> Any:
+    """The optimizer a recipe names, over ``params``: an update rule with its schedule, weight
+    decay and clipping wrapped in ``Optimizer``, or (``meta['line_search']``) an optimizer
+    class that takes the parameters itself (L-BFGS, CG)."""
+    values = component.resolve(options)
+    if component.meta.get("line_search"):
+        return component.factory(params, **values)
+    common = {k: values.pop(k) for k in list(values) if k in OPTIMIZERS.common}
+    accepted = inspect.signature(component.factory).parameters
+    decay = common["weight_decay"]
+    if "weight_decay" in accepted:
+        values["weight_decay"] = decay
+        decay = 0.0
+    transform = component.factory(learning_rate(common, steps_per_epoch, epochs), **values)
+    if decay:
+        transform = chain(add_decayed_weights(decay), transform)
+    if common["grad_clip"]:
+        transform = chain(clip_by_global_norm(common["grad_clip"]), transform)
+    return Optimizer(transform, params)

@@ -15,7 +15,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from meta.lv2.optimizers import Params
+from meta.component import Option
+from meta.lv2.optimizers import OPTIMIZERS, Params
 
 Closure = Callable[[], tuple[float, Params]]
 
@@ -311,3 +312,13 @@ class ConjugateGradient(_LineSearchOptimizer):
         alpha = self._search(closure, direction, step, c2=0.1)
         self.direction, self.g_prev, self.slope_step = direction, g, alpha * slope
         return loss
+
+
+LBFGS.options = {"history": Option(10, "(s, y) pairs kept", low=1),
+                 "max_line_search": Option(25, "evaluations per line search", low=1)}
+ConjugateGradient.options = {
+    "method": Option("PR+", "beta: Fletcher-Reeves, Polak-Ribiere+ or Hestenes-Stiefel",
+                     choices=tuple(BETAS)),
+    "max_line_search": Option(25, "evaluations per line search", low=1)}
+OPTIMIZERS.add("lbfgs", LBFGS, inherit=False, line_search=True)
+OPTIMIZERS.add("cg", ConjugateGradient, inherit=False, line_search=True)

@@ -181,19 +181,37 @@ class Trainer:
 
     def evaluate(self, data: Dataset, prefix: str = "") -> Metrics:
         """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas)."""
+        def sums(logits: np.ndarray, labels: np.ndarray, loss: float) -> list[float]:
+            return [loss * len(labels), float(np.count_nonzero(logits.argmax(1) == labels)),
+                    float(len(labels))]
+
+        loss_sum, correct, count = self.evaluate_with(sums, data, with_loss=True)
+        return {f"{prefix}loss": loss_sum / count, f"{prefix}accuracy": correct / count}
+
+    def evaluate_with(self, sums: Callable[..., Any], data: Dataset | None = None,
+                      with_loss: bool = False) -> np.ndarray:
+        """``sums(logits, labels[, loss])`` added up over every eval batch of ``data`` (the
+        test data by default) on this replica's shard, then across replicas: one pass in
+        evaluation mode for metrics such as top-k accuracy or a class's recall."""
         n = self.names
+        data = self.test_data if data is None else data
         sync_state = getattr(self.optimizer, "sync_state", None)
         if sync_state is not None:
             sync_state(self.executor.graph.state)
         self.executor.train(False)
         rank, size = self.eval_shard
         shard = np.array_split(np.arange(len(data)), size)[rank]
-        sums = np.zeros(3)
+        wanted = [n["logits"], n["loss"]] if with_loss else [n["logits"]]
+        total: np.ndarray | None = None
         for start in range(0, len(shard), self.eval_batch_size):
             x, y = data.batch(shard[start : start + self.eval_batch_size])
-            out = self.executor.inference({n["input"]: x, n["labels"]: y},
-                                          [n["logits"], n["loss"]])
-            sums += (float(out[n["loss"]]) * len(y),
-                     np.count_nonzero(out[n["logits"]].argmax(1) == y), len(y))
-        loss_sum, correct, count = self.sum_across(sums)
-        return {f"{prefix}loss": loss_sum / count, f"{prefix}accuracy": correct / count}
+            out = self.executor.inference({n["input"]: x, n["labels"]: y}, wanted)
+            extra = (float(out[n["loss"]]),) if with_loss else ()
+            part = np.asarray(sums(out[n["logits"]], y, *extra), dtype=np.float64)
+            total = part if total is None else total + part
+        if total is None:  # an empty shard still joins the sum across replicas: zeros
+            x, y = data.batch(np.arange(1))
+            logits = self.executor.inference({n["input"]: x, n["labels"]: y}, wanted)[
+                n["logits"]]
+            total = np.zeros(len(sums(logits[:0], y[:0], *((0.0,) if with_loss else ()))))
+        return self.sum_across(total)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from meta.component import Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.communicator import Communicator
-from meta.lv3.compression import Compressor
+from meta.lv3.compression import Compressor, make_compressor
 from meta.lv3.costmodel import Link, allgather, ring_allreduce
 from meta.lv3.strategy import Strategy
 
@@ -26,6 +29,22 @@ class Allreduce(Strategy):
     """
 
     name = "allreduce"
+    options = {**Strategy.options,
+               "compression": Option("none", "of the gradient exchange: fp16, topk or sign "
+                                     "(topk and sign with error feedback)",
+                                     choices=("none", "fp16", "topk", "sign")),
+               "topk_ratio": Option(0.01, "compression topk: the share of values sent",
+                                    above=0.0, high=1.0)}
+    pretraining = "average"
+
+    @classmethod
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+                    compression: str = "none", topk_ratio: float = 0.01,
+                    **options: Any) -> Allreduce:
+        n = sum(int(np.prod(np.shape(p))) for p in optimizer.params.values())
+        dtypes = {np.asarray(p).dtype for p in optimizer.params.values()} or {np.dtype(float)}
+        compressor = make_compressor(compression, n, dtypes.pop(), topk_ratio)
+        return cls(optimizer, comm, compressor=compressor, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
                  compressor: Compressor | None = None, **options) -> None:
@@ -37,6 +56,9 @@ class Allreduce(Strategy):
 
     def step(self, grads: Params) -> None:
         """Average ``grads`` over ranks and apply the inner optimizer's update."""
+        if callable(grads):  # a line-search optimizer's closure, on one process (``check``)
+            self.optimizer.step(grads)
+            return
         t = self.timeline
         t.begin()
         buffer = self.flat_grads.pack(grads)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from meta.component import Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.communicator import Communicator
 from meta.lv3.costmodel import Link, ring_allreduce
@@ -19,6 +22,13 @@ class ModelAveraging(Strategy):
     """
 
     name = "model_averaging"
+    options = {**Strategy.options,
+               "average_every": Option(1, "steps between averages (H)", low=1)}
+
+    @classmethod
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+                    average_every: int = 1, **options: Any) -> ModelAveraging:
+        return cls(optimizer, comm, every=average_every, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, every: int = 1,
                  **options) -> None:

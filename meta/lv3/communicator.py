@@ -363,14 +363,41 @@ def launched_size(environ: os._Environ | dict = os.environ) -> int | None:
     return None
 
 
+# The exit status of a job that a rank's uncaught exception ended: meta's "error" status (as
+# ``meta run`` aborts with when training raises), not 1, which says that a metric missed.
+UNCAUGHT_EXIT = 2
+
+
+def abort_on_uncaught_exception(comm: MPICommunicator, code: int = UNCAUGHT_EXIT) -> None:
+    """An uncaught exception on this rank ends the whole job (``MPI_Abort``) once Python has
+    printed it. Without this the rank's exit runs ``MPI_Finalize``, which waits for the other
+    ranks, while they wait in their next collective for this one: the job hangs forever (what
+    ``python -m mpi4py`` also prevents)."""
+    previous = sys.excepthook
+
+    def abort(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        try:
+            previous(kind, value, tb)
+            print(f"meta: rank {comm.rank} of {comm.size} stopped on an uncaught "
+                  f"{kind.__name__}; ending all {comm.size} ranks", file=sys.stderr, flush=True)
+        finally:
+            comm.abort(code)
+
+    sys.excepthook = abort
+
+
 @functools.cache
 def world() -> Communicator:
     """All ranks of this job: MPI's world when launched with >1 rank, else a size-1 communicator.
 
     Outside a launcher mpi4py is never imported, so single-process runs need no MPI at all.
+    Under MPI, a rank's uncaught exception ends every rank (``abort_on_uncaught_exception``).
     """
     size = launched_size()
     if size is None or size == 1:
         return SingleProcessCommunicator()
     comm = MPICommunicator()
-    return comm if comm.size > 1 else SingleProcessCommunicator()
+    if comm.size == 1:
+        return SingleProcessCommunicator()
+    abort_on_uncaught_exception(comm)
+    return comm

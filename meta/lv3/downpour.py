@@ -45,9 +45,11 @@ ends the job. A lost worker's unanswered messages are left pending: they are sma
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
+from meta.component import Option
 from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link
@@ -84,6 +86,14 @@ class Downpour(Strategy):
 
     name = "downpour"
     consistent = False
+    pretraining = "exchange"
+    options = {**Strategy.options,
+               "servers": Option(1, "parameter-server shards (the last ranks; they do not "
+                                 "train)", low=1),
+               "n_fetch": Option(1, "steps between parameter fetches", low=1),
+               "n_push": Option(1, "steps between pushes of the accrued gradients", low=1),
+               "warm_start_steps": Option(0, "steps worker 0 trains alone before the others "
+                                          "join", low=0)}
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, *,
                  servers: int = 1, n_fetch: int = 1, n_push: int = 1,
@@ -128,7 +138,7 @@ class Downpour(Strategy):
         return 0
 
     @classmethod
-    def replica(cls, rank: int, size: int, servers: int = 1) -> tuple[int, int]:
+    def replica(cls, rank: int, size: int, servers: int = 1, **options: Any) -> tuple[int, int]:
         """Workers are ranks 0..size-servers-1 and take the data shards; servers train none."""
         workers = size - servers if size > 1 else 1
         return (rank, workers) if 0 <= rank < workers else (0, 1)

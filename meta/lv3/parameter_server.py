@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from meta.lv2.optimizers import Optimizer, Params
@@ -60,6 +62,7 @@ class AsyncParameterServer(Strategy):
     """
 
     name = "async_parameter_server"
+    pretraining = "exchange"
     consistent = False
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, **options) -> None:
@@ -75,7 +78,7 @@ class AsyncParameterServer(Strategy):
         return self.comm.size - 1
 
     @classmethod
-    def replica(cls, rank: int, size: int) -> tuple[int, int]:
+    def replica(cls, rank: int, size: int, **options: Any) -> tuple[int, int]:
         return (rank, size - 1) if 0 <= rank < size - 1 else (0, 1)
 
     def step(self, grads: Params) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
+from meta.component import ComponentError, Option
 from meta.lv2.optimizers import Params
 from meta.lv2.second_order import LBFGS, line_search, two_loop
 from meta.lv3.communicator import Communicator, _import_mpi, world
@@ -529,6 +530,30 @@ class Sandblaster(Strategy):
     name = "sandblaster"
     consistent = False
     evaluates_rows = True
+    takes_line_search = True
+    options = {**Strategy.options,
+               "servers": Option(1, "shards of the parameters and L-BFGS history (shard 0 on "
+                                 "the coordinator)", low=1),
+               "portions": Option(8, "pieces each batch evaluation is cut into for the "
+                                  "workers", low=1)}
+
+    @classmethod
+    def check(cls, trainer: Any, comm: Communicator) -> None:
+        if comm.size > 1 and trainer.transform is not None:
+            raise ComponentError("distributed 'sandblaster' cannot use 'augmentation': its "
+                                 "workers evaluate the stored rows of the batch")
+
+    @classmethod
+    def from_recipe(cls, optimizer: Any, comm: Communicator, trainer: Any,
+                    **options: Any) -> Strategy:
+        """Sandblaster over the trainer's rows; a recipe on one process runs plain L-BFGS (its
+        line search evaluates the whole batch through the trainer's closure)."""
+        if comm.size == 1 and trainer is not None:
+            from meta.lv3.allreduce import Allreduce
+
+            return Allreduce(optimizer, comm, chunk_bytes=options["chunk_bytes"])
+        rows = TrainerRows(trainer) if trainer is not None else None
+        return cls(optimizer, comm, evaluate=rows, **options)
 
     def __init__(self, optimizer: LBFGS, comm: Communicator | None = None, *,
                  evaluate: RowsEvaluator | None = None, servers: int = 1, portions: int = 8,
@@ -683,13 +708,16 @@ class Sandblaster(Strategy):
         return alpha, f, g
 
     def _evaluate(self, point: int, grad: int, rows: int) -> tuple[float, int]:
-        """Loss and count correct at ``point``; its mean gradient goes to slot ``grad``."""
+        """Loss and count correct at ``point``; its mean gradient goes to slot ``grad``.
+        A batch of fewer rows than ``portions`` is cut into one portion per row: an empty
+        portion's mean loss is NaN (0 / 0), which summed into the batch's loss made it NaN."""
         self.evaluation += 1
         self.lbfgs.evaluations += 1
-        self.vectors.command(BEGIN, point, grad, self.portions, value=self.evaluation)
+        portions = min(self.portions, rows)
+        self.vectors.command(BEGIN, point, grad, portions, value=self.evaluation)
         self.vectors.flush()
         self.timeline.lap("communicate")
-        loss_sum, correct = self.dispatcher.run(self.evaluation, rows, self.portions)
+        loss_sum, correct = self.dispatcher.run(self.evaluation, rows, portions)
         self.timeline.lap("portions")  # waiting for the workers' results
         self.vectors.command(SEAL, rows)
         return loss_sum / rows, correct

@@ -1,4 +1,8 @@
-"""Strategies by name, as recipes select them (``distributed: ...``).
+"""Strategies by name, as recipes select them (``distributed: ...``): the ``strategy`` registry.
+
+Each strategy class declares its options (``Strategy.options``) and builds itself from a
+recipe (``from_recipe``); a user's strategy is a Strategy subclass registered with
+``register_strategy`` or given as itself in the recipe file.
 
 >>> from meta.lv2.optimizers import Optimizer, sgd
 >>> make_strategy("model_averaging", Optimizer(sgd(0.1), {"w": np.zeros(2)}), average_every=4)
@@ -7,72 +11,57 @@ ModelAveraging(1 tensors, 16 bytes, SingleProcessCommunicator(rank=0, size=1))
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from meta.component import Option, Registry
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.allreduce import Allreduce
 from meta.lv3.averaging import ModelAveraging, RingAveraging
-from meta.lv3.communicator import Communicator
-from meta.lv3.compression import make_compressor
+from meta.lv3.communicator import Communicator, world
 from meta.lv3.downpour import Downpour
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
 from meta.lv3.rma import AsyncRMA
-from meta.lv3.sandblaster import RowsEvaluator, Sandblaster
-from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
-from meta.lv3.timeline import Timeline
+from meta.lv3.sandblaster import Sandblaster
+from meta.lv3.strategy import Strategy
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
-                AsyncRMA, Downpour, Sandblaster)
-}
+STRATEGIES = Registry("strategy", context=("optimizer", "comm", "trainer"))
+for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
+             AsyncRMA, Downpour):
+    STRATEGIES.add(_cls.name, _cls.from_recipe, _cls.options,
+                   doc=(_cls.__doc__ or "").split("\n")[0], cls=_cls)
+STRATEGIES.add("sandblaster", Sandblaster.from_recipe, Sandblaster.options,
+               doc=(Sandblaster.__doc__ or "").split("\n")[0], cls=Sandblaster,
+               requires={"optimizer": ("lbfgs",)})
+
+
+def register_strategy(name: str | None = None, **options: Option):
+    """Make a Strategy subclass selectable by name (``distributed: name``); its ``options``
+    and ``from_recipe`` say what a recipe may set and how it is built."""
+
+    def decorate(cls: type[Strategy]) -> type[Strategy]:
+        STRATEGIES.add(name or cls.name or cls.__name__, cls.from_recipe,
+                       {**cls.options, **options}, doc=(cls.__doc__ or "").split("\n")[0],
+                       cls=cls)
+        return cls
+
+    return decorate
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown distributed strategy {name!r}; expected one of "
-                         f"{', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+    return STRATEGIES[name].meta["cls"]
 
 
-def replica(name: str, rank: int, size: int, *, servers: int = 1) -> tuple[int, int]:
-    """(index among the training ranks, their number) for ``rank`` under strategy ``name``;
-    ``servers`` is the number of Downpour shard servers (which train nothing)."""
-    cls = strategy_class(name)
-    if cls is Downpour:
-        return Downpour.replica(rank, size, servers)
-    return cls.replica(rank, size)
+def replica(name: str, rank: int, size: int, **options: Any) -> tuple[int, int]:
+    """(index among the training ranks, their number) for ``rank`` under strategy ``name``
+    with its recipe ``options`` (Downpour's ``servers`` train nothing)."""
+    return strategy_class(name).replica(rank, size, **options)
 
 
-def make_strategy(name: str, optimizer: Optimizer, comm: Communicator | None = None, *,
-                  average_every: int = 1, compression: str = "none", topk_ratio: float = 0.01,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, servers: int = 1, n_fetch: int = 1,
-                  n_push: int = 1, warm_start_steps: int = 0, portions: int = 8,
-                  evaluate: RowsEvaluator | None = None,
-                  timeline: Timeline | None = None) -> Strategy:
-    """Wrap ``optimizer`` in the strategy called ``name`` (a collective: every rank calls it).
-
-    ``compression`` (none, fp16, topk, sign) applies to the gradient exchange of "allreduce";
-    ``average_every`` is the H of "model_averaging"; ``servers``, ``n_fetch``, ``n_push`` and
-    ``warm_start_steps`` configure "downpour"; "sandblaster" wraps an ``LBFGS`` and takes
-    ``servers``, ``portions`` and ``evaluate`` (its workers' ``RowsEvaluator``).
-    """
-    cls = strategy_class(name)
-    options = {"chunk_bytes": chunk_bytes, "timeline": timeline}
-    if compression != "none" and cls is not Allreduce:
-        raise ValueError(f"compression {compression!r} applies to distributed='allreduce' only, "
-                         f"not {name!r}")
-    if cls is Allreduce:
-        n = sum(int(np.prod(np.shape(p))) for p in optimizer.params.values())
-        dtypes = {np.asarray(p).dtype for p in optimizer.params.values()} or {np.dtype(float)}
-        compressor = make_compressor(compression, n, dtypes.pop(), topk_ratio)
-        return Allreduce(optimizer, comm, compressor=compressor, **options)
-    if cls is ModelAveraging:
-        return ModelAveraging(optimizer, comm, every=average_every, **options)
-    if cls is Sandblaster:
-        return Sandblaster(optimizer, comm, evaluate=evaluate, servers=servers,  # type: ignore
-                           portions=portions, **options)
-    if cls is Downpour:
-        return Downpour(optimizer, comm, servers=servers, n_fetch=n_fetch, n_push=n_push,
-                        warm_start_steps=warm_start_steps, **options)
-    return cls(optimizer, comm, **options)
+def make_strategy(name: str, optimizer: Optimizer, comm: Communicator | None = None,
+                  trainer: Any = None, **options: Any) -> Strategy:
+    """Wrap ``optimizer`` in the strategy called ``name`` with its recipe ``options``
+    (a collective: every rank calls it)."""
+    component = STRATEGIES[name]
+    return component.build(optimizer, world() if comm is None else comm, trainer, **options)

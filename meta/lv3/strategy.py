@@ -17,11 +17,12 @@ collective, not one per tensor. Each step records its phases in ``timeline`` and
 
 from __future__ import annotations
 
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
 from meta import _threads
+from meta.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params, State
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link
@@ -43,6 +44,48 @@ class Strategy:
     name: ClassVar[str] = ""
     consistent: bool = True
     role: str = "worker"
+    # What a recipe may set (``distributed: {"name": ..., option: value}``), declared here.
+    options: ClassVar[dict[str, Option]] = {
+        "chunk_bytes": Option(DEFAULT_CHUNK_BYTES, "bytes per allreduce chunk "
+                              "(benchmarks/chunk_sweep.py)", low=1)}
+    # How a deep belief network pre-trains under this strategy (meta.lv3.pretraining):
+    # "average" (synchronous, statistics averaged), "exchange" (asynchronous, through the
+    # strategy's servers) or "replicate" (every rank the same stack from the same seed).
+    pretraining: ClassVar[str] = "replicate"
+    takes_line_search: ClassVar[bool] = False  # wraps L-BFGS/CG on several ranks
+
+    @classmethod
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+                    **options: Any) -> Strategy:
+        """The strategy a recipe names, around ``trainer``'s optimizer (a collective)."""
+        return cls(optimizer, comm, **options)
+
+    @classmethod
+    def check(cls, trainer: Any, comm: Communicator) -> None:
+        """Refuse, before any collective, what this strategy cannot run with ``trainer``."""
+        if getattr(trainer.optimizer, "needs_closure", False) and comm.size > 1 \
+                and not cls.takes_line_search:
+            raise ComponentError(f"distributed {cls.name!r} cannot run a line-search optimizer "
+                                 f"on {comm.size} ranks: L-BFGS and CG need every evaluation "
+                                 f"of the whole batch (use distributed 'sandblaster' for "
+                                 f"L-BFGS, or one process)")
+
+    @property
+    def needs_closure(self) -> bool:
+        """On one process a line-search optimizer steps through the strategy unchanged."""
+        return getattr(self.optimizer, "needs_closure", False)
+
+    def train(self, trainer: Any, epochs: int) -> list[dict[str, Any]]:
+        """This rank's part of training: workers fit (then agree on one model through
+        ``finish``), servers serve. Returns the history this rank saw (servers: none)."""
+        if self.role == "server":
+            self.serve()
+            return []
+        history = trainer.fit(epochs)
+        self.finish()
+        if not self.consistent and trainer.test_data is not None:  # replicas now agree
+            history[-1].update(trainer.evaluate(trainer.test_data, prefix="test_"))
+        return history
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeline: Timeline | None = None) -> None:
@@ -69,7 +112,7 @@ class Strategy:
         return 0
 
     @classmethod
-    def replica(cls, rank: int, size: int) -> tuple[int, int]:
+    def replica(cls, rank: int, size: int, **options: Any) -> tuple[int, int]:
         """(index among the training ranks, their number) for ``rank`` of ``size``: the data
         shard to take. Pure arithmetic, so it can be asked before any collective."""
         return rank, size

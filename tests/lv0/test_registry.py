@@ -138,3 +138,66 @@ def test_unregister(scratch_registry):
         lookup("Temp", 5, "test")
     with pytest.raises(KeyError, match="'Temp'.*not registered"):
         unregister("Temp", since=3, domain="test")
+
+
+def _registrations() -> list:
+    from meta.lv0 import entries
+
+    return [(e.domain, e.op_type, e.since, e.backend, e.cls) for e in entries()]
+
+
+@pytest.mark.parametrize("domain, since, backend", [
+    ("", 6, "numpy"),       # the built-in's own slot
+    ("", 14, "numpy"),      # a newer opset would shadow the built-in from there on
+    ("ai.onnx", 6, "numpy"),  # ONNX's other spelling of the default domain
+    ("", 6, "mine"),        # a backend of its own under the built-in's name
+])
+def test_a_builtin_name_is_refused_before_anything_changes(domain, since, backend):
+    from ops.relu import Relu
+
+    before = _registrations()
+    with pytest.raises(ValueError, match=r"^operator 'Relu' \(domain 'ai.onnx'\) is built in "
+                                         r"\(ops.relu.Relu\); register yours under a domain"):
+        @register("Relu", since=since, domain=domain, backend=backend)
+        class MyRelu(Operator):
+            pass
+
+    assert _registrations() == before
+    assert lookup("Relu", 21) is Relu and lookup("Relu", 6, "ai.onnx") is Relu
+
+
+def test_the_same_name_in_a_domain_of_ones_own_is_fine(scratch_registry):
+    @register("Relu", domain="my.ops")
+    class MyRelu(Operator):
+        pass
+
+    assert lookup("Relu", 1, "my.ops") is MyRelu
+    from ops.relu import Relu
+
+    assert lookup("Relu", 21) is Relu
+
+
+def test_a_builtin_name_is_refused_before_the_library_is_loaded(tmp_path):
+    # In a fresh process the library loads lazily: a user's op registered first used to be
+    # accepted, and loading the library later failed halfway, leaving every op after 'relu'
+    # (in file order) unregistered for the rest of the process.
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_relu.py"
+    script.write_text(
+        "from meta.lv0 import Operator, lookup, register\n"
+        "try:\n"
+        "    @register('Relu', since=6)\n"
+        "    class MyRelu(Operator):\n"
+        "        pass\n"
+        "except ValueError as err:\n"
+        "    print('refused:', err)\n"
+        "for op in ('Relu', 'Sigmoid', 'Softmax', 'Tanh', 'Gemm'):\n"
+        "    print(op, lookup(op, 17).__module__)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert "refused: operator 'Relu' (domain 'ai.onnx') is built in" in out
+    for op, module in [("Relu", "ops.relu"), ("Sigmoid", "ops.sigmoid"), ("Tanh", "ops.tanh"),
+                       ("Softmax", "ops.softmax"), ("Gemm", "ops.gemm")]:
+        assert f"{op} {module}" in out

@@ -15,7 +15,7 @@ SHAPES = {"lenet": (1, 28, 28), "resnet20": (3, 16, 16), "vgg_small": (3, 16, 16
           "wide_cnn": (1, 12, 12)}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(SHAPES))
 def test_exports_and_onnx_reference_gives_the_same_logits(name, tmp_path):
     shape = SHAPES[name]
     graph = MODELS[name](input_shape=shape, classes=7, seed=3)

@@ -49,7 +49,9 @@ def test_placement_says_which_nodes_run_native():
 
 
 def test_executors_are_named_for_recipes():
-    assert EXECUTORS == {"reference": ReferenceExecutor, "native": NativeExecutor}
+    assert EXECUTORS["reference"].factory is ReferenceExecutor
+    assert EXECUTORS["native"].factory is NativeExecutor
+    assert list(EXECUTORS["native"].options) == ["profile", "free_intermediates"]
 
 
 def test_missing_extension_is_a_clear_error(monkeypatch):

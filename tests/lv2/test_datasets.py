@@ -239,6 +239,53 @@ def test_image_and_label_counts_must_agree(user_folder: Path, blobs: dict[str, b
     assert str(user_folder / "te-lab.gz") in str(info.value)
 
 
+@pytest.mark.parametrize("damage, problem", [
+    (lambda data: data[:-3], "truncated payload"),
+    (lambda data: data[:6], "truncated header"),
+    (lambda data: b"\x1f\x8b" + data[2:], "bad magic"),
+])
+def test_corrupt_raw_file_is_a_dataset_error_naming_it(user_folder: Path, blobs: dict[str, bytes],
+                                                       damage, problem) -> None:
+    # Raw (uncompressed) files have no published md5: only their structure can be checked.
+    (user_folder / "tr-img.gz").unlink()
+    raw = user_folder / "tr-img"
+    write_idx(raw, ARRAYS["tr-img.gz"])
+    raw.write_bytes(damage(raw.read_bytes()))
+    with pytest.raises(DatasetError, match=problem) as info:
+        load_idx_dataset(_source(blobs), "train")
+    message = str(info.value)
+    assert str(raw) in message and "\n" not in message
+    assert load_idx_dataset(_source(blobs), "test").labels.tolist() == [2, 0, 1]  # still usable
+
+
+@pytest.mark.parametrize("labels, bad", [
+    (np.array([0, 1, 12, 3, 4], np.uint8), "label 12 at index 2"),
+    (np.array([0, 1, 2, -1, 4], np.int32), "label -1 at index 3"),
+])
+def test_labels_outside_the_classes_are_refused(user_folder: Path, blobs: dict[str, bytes],
+                                                labels: np.ndarray, bad: str) -> None:
+    (user_folder / "tr-lab.gz").unlink()
+    write_idx(user_folder / "tr-lab", labels)
+    with pytest.raises(DatasetError, match=bad) as info:
+        load_idx_dataset(_source(blobs), "train")
+    message = str(info.value)
+    assert str(user_folder / "tr-lab") in message and "0..9" in message and "\n" not in message
+
+
+def test_float_labels_are_refused(user_folder: Path, blobs: dict[str, bytes]) -> None:
+    (user_folder / "tr-lab.gz").unlink()
+    write_idx(user_folder / "tr-lab", np.arange(5, dtype=np.float32))
+    with pytest.raises(DatasetError, match="labels must be integers"):
+        load_idx_dataset(_source(blobs), "train")
+
+
+def test_the_number_of_classes_is_the_source_s(user_folder: Path,
+                                               blobs: dict[str, bytes]) -> None:
+    source = dataclasses.replace(_source(blobs), classes=4)  # the train labels are 0..4
+    with pytest.raises(DatasetError, match="label 4 at index 4 is outside the 4 classes 0..3"):
+        load_idx_dataset(source, "train")
+
+
 def test_in_process_cache_is_shared_and_read_only(user_folder: Path,
                                                   blobs: dict[str, bytes]) -> None:
     source = _source(blobs)

@@ -22,8 +22,8 @@ from meta.lv2 import ArrayDataset
 from meta.lv2.dbn import pretrain_dbn
 from meta.lv2.rbm import RBM
 from meta.lv3 import Communicator, SingleProcessCommunicator, replica, world
-from meta.recipe import Definitions
-from meta.runner import ASYNC_PRETRAINING, mean_over_ranks, parameter_exchange
+from meta.lv3.pretraining import mean_over_ranks, plan
+from meta.lv3.strategies import STRATEGIES
 from tests.checks import run_checks
 
 PER_RANK = 8  # rows per rank per update; 96 examples fill whole global batches at 1 to 4 ranks
@@ -90,9 +90,9 @@ def _async_pretraining(comm: Communicator, strategy: str) -> None:
     options = {"layers": (16, 8), "epochs": 3, "lr": 0.1, "momentum": 0.5, "batch_size": 10,
                "seed": 3}
     index, workers = replica(strategy, comm.rank, comm.size)
-    dbn = pretrain_dbn(data, replica=(index, workers),
-                       connect=parameter_exchange(Definitions(distributed=strategy), comm),
-                       **options)
+    arrangement = plan(STRATEGIES[strategy], STRATEGIES[strategy].resolve({}), comm)
+    assert arrangement.shard == ((index, workers) if comm.size > 1 else (0, 1))
+    dbn = pretrain_dbn(data, replica=(index, workers), connect=arrangement.connect, **options)
     alone = pretrain_dbn(data, **options)  # one process on all the data
     weights = [a for rbm in dbn.rbms for a in (rbm.W, rbm.b, rbm.c)]
     _assert_identical_across_ranks(comm, weights)  # the server's, on every rank
@@ -150,14 +150,17 @@ def test_check_at_size_one(name: str) -> None:
 
 
 def test_every_parameter_server_strategy_is_checked() -> None:
-    assert {f"check_{name}_pretraining" for name in ASYNC_PRETRAINING} <= set(CHECKS)
+    exchanging = [name for name in STRATEGIES
+                  if STRATEGIES[name].meta["cls"].pretraining == "exchange"]
+    assert exchanging == ["async_parameter_server", "async_rma", "downpour"]
+    assert {f"check_{name}_pretraining" for name in exchanging} <= set(CHECKS)
 
 
 def test_average_and_connect_exclude_each_other() -> None:
     comm = SingleProcessCommunicator()
     with pytest.raises(ValueError, match="average .* or connect .* not both"):
         pretrain_dbn(_binary_data(), (4,), batch_size=PER_RANK, average=mean_over_ranks(comm),
-                     connect=parameter_exchange(Definitions(distributed="async_rma"), comm))
+                     connect=lambda params: None)
 
 
 @pytest.mark.mpi

@@ -296,8 +296,7 @@ def check_point_to_point(comm: Communicator) -> None:
 
 
 def check_timeline_and_cost_model(comm: Communicator) -> None:
-    opt = make_strategy("parameter_server", Optimizer(sgd(0.1), _init(seed=1)), comm,
-                        timeline=Timeline())
+    opt = ParameterServer(Optimizer(sgd(0.1), _init(seed=1)), comm, timeline=Timeline())
     _train_side_by_side(comm, opt, Allreduce(Optimizer(sgd(0.1), _init(1)), comm), steps=5)
     report = opt.report()
     assert opt.timeline.steps == 5 and 0.99 < sum(v for k, v in report.items()

@@ -158,10 +158,49 @@ def check_straggler_takes_fewer_portions(comm: Communicator) -> None:
     assert issued > 0 and won > 0, (issued, won)
 
 
+class MeanRows(SoftmaxRows):
+    """As the trainer's ``TrainerRows``: a mean loss times the rows, NaN for no rows."""
+
+    def __call__(self, rows: np.ndarray) -> Evaluation:
+        count = len(rows)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            total = super().__call__(rows)
+            mean = np.float64(total.loss_sum) / count  # NaN for an empty portion
+            grads = {k: g / count * count for k, g in total.grads.items()}
+        return Evaluation(float(mean * count), grads, total.correct)
+
+
+def check_more_portions_than_rows(comm: Communicator) -> None:
+    """A batch of 5 rows cut into 16 portions: one portion per row, no empty ones (their
+    NaN loss made the whole batch's loss NaN), the same loss as single-process L-BFGS."""
+    x, y = problem(5, 4, 3)
+    iterations = 3
+    reference = single_process_lbfgs(x, y, iterations)
+    params = init(4, 3)
+    evaluate = MeanRows(x, y, params)
+    opt = Sandblaster(LBFGS(params), comm, evaluate=evaluate, portions=16)
+    if opt.role == "server":
+        opt.serve()
+    else:
+        for _ in range(iterations):
+            loss, _ = opt.step_rows(np.arange(len(x)))
+            assert np.isfinite(loss), loss
+        opt.finish()
+    final = evaluate.loss()
+    assert np.isfinite(final) and abs(final / reference - 1) < 1e-6, (final, reference)
+    if comm.size > 1:
+        report = opt.report()
+        assert report["shard_slices_added"] == 5 * report["evaluations"], report
+    if comm.rank == 0:
+        print(f"sandblaster: 5 rows in 16 portions, loss {final:.6f} (single-process "
+              f"{reference:.6f})", flush=True)
+
+
 CHECKS: dict[str, Callable[[Communicator], None]] = {
     f.__name__.removeprefix("check_"): f for f in (
         check_agrees_with_single_process_lbfgs,
         check_straggler_takes_fewer_portions,
+        check_more_portions_than_rows,
     )
 }
 

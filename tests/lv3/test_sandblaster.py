@@ -123,3 +123,12 @@ def test_every_rank_holds_the_whole_data() -> None:
     opt = make_strategy("sandblaster", LBFGS({"w": np.zeros(2)}), portions=4, servers=2)
     assert (opt.name, opt.portions, opt.part, opt.role) == ("sandblaster", 4, "coordinator",
                                                            "worker")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_more_portions_than_rows_under_mpiexec(mpirun: Callable[..., str]) -> None:
+    out = mpirun(3, [sys.executable, SCRIPT, "more_portions_than_rows"], timeout=120)
+    assert "5 rows in 16 portions" in out and "nan" not in out, out
+    for rank in range(3):
+        assert f"rank {rank}/3: 1 checks passed" in out, out

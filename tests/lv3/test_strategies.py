@@ -25,7 +25,6 @@ from meta.lv3 import (
     make_strategy,
 )
 from meta.lv3.costmodel import gather_bcast, ring_allreduce
-from meta.recipe import Definitions
 
 
 def params() -> dict[str, np.ndarray]:
@@ -66,11 +65,11 @@ def test_params_become_views_of_one_flat_buffer() -> None:
 
 def test_make_strategy_errors_name_the_thing() -> None:
     opt = Optimizer(sgd(0.1), params())
-    with pytest.raises(ValueError, match="unknown distributed strategy 'star'"):
+    with pytest.raises(ValueError, match="unknown strategy 'star'"):
         make_strategy("star", opt)
-    with pytest.raises(ValueError, match="compression 'topk' applies to distributed='allreduce'"):
+    with pytest.raises(ValueError, match="strategy 'ring': unknown option 'compression'"):
         make_strategy("ring", opt, compression="topk")
-    with pytest.raises(ValueError, match="'every' .* got 0"):
+    with pytest.raises(ValueError, match="'average_every' must be at least 1, got 0"):
         make_strategy("model_averaging", opt, average_every=0)
     with pytest.raises(ValueError, match="unknown compression 'zip'"):
         make_compressor("zip", 4, np.float32)
@@ -79,7 +78,7 @@ def test_make_strategy_errors_name_the_thing() -> None:
 
 
 def test_recipe_default_chunk_is_the_measured_one() -> None:
-    assert Definitions().chunk_bytes == DEFAULT_CHUNK_BYTES
+    assert STRATEGIES["allreduce"].options["chunk_bytes"].default == DEFAULT_CHUNK_BYTES
 
 
 @pytest.mark.parametrize("name", ["topk", "sign"])
@@ -143,14 +142,17 @@ def test_recipe_keys_of_level_3_are_validated() -> None:
     from meta.recipe import AtLeast, RecipeError, make_recipe
 
     metrics = {"test_accuracy": AtLeast(0.5)}
-    ok = make_recipe("r", {"distributed": "ring", "average_every": 4, "timeline": True}, {},
-                     metrics)
-    assert ok.definitions.distributed == "ring" and ok.definitions.timeline is True
+    ok = make_recipe("r", {"distributed": "model_averaging", "average_every": 4,
+                           "timeline": True}, {}, metrics)
+    assert ok.definitions.choices["distributed"].values()["average_every"] == 4
+    assert ok.definitions.timeline is True
     with pytest.raises(RecipeError) as err:
-        make_recipe("r", {"distributed": "ring", "compression": "topk", "topk_ratio": 1.5,
-                          "average_every": 0, "chunk_bytes": -1}, {}, metrics)
+        make_recipe("r", {"distributed": "ring", "compression": "topk", "chunk_bytes": -1}, {},
+                    metrics)
     message = str(err.value)
-    for expected in ("'compression' 'topk' applies to distributed 'allreduce' only, not 'ring'",
-                     "'topk_ratio' must be at most 1", "'average_every' must be positive",
-                     "'chunk_bytes' must be positive"):
+    for expected in ("'compression' is an option of distributed 'allreduce', not of the "
+                     "chosen distributed 'ring'", "option 'chunk_bytes' must be at least 1"):
         assert expected in message, message
+    with pytest.raises(RecipeError) as err:
+        make_recipe("r", {"compression": "topk", "topk_ratio": 1.5}, {}, metrics)
+    assert "option 'topk_ratio' must be at most 1" in str(err.value)

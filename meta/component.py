@@ -1,0 +1,310 @@
+"""Components that declare their own options: one registry mechanism for every level.
+
+A model builder, dataset, optimizer, executor, distributed strategy, event or metric is a
+*component*: a callable registered under a name, with the options it takes declared where it is
+defined, as operators declare their ``attributes``. Recipes name components and set their
+options; the recipe schema is derived from these declarations (``meta.recipe``), so a mistyped
+option, an option of another component or a value out of bounds is found before anything runs.
+
+>>> models = Registry("example")
+>>> @models.register("wide", width=Option(16, "channels of the first layer", low=1))
+... def wide(width):
+...     return f"a net {width} wide"
+>>> models["wide"].build(width=32)
+'a net 32 wide'
+>>> models["wide"].check({"width": 0})
+["example 'wide': option 'width' must be at least 1, got 0"]
+
+A class declares its options in a class attribute ``options`` (``Strategy``, ``Event``,
+``Metric`` subclasses do); a plain function without declarations offers the parameters that
+have defaults (their type is the default's). ``context`` names what the caller passes besides
+the options (a model builder gets the input shape, a strategy the optimizer): never options.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
+
+
+class ComponentError(ValueError):
+    """An unknown component, or options it does not take (the message names them)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its default (``REQUIRED`` for none), a one-line doc, its type (from the
+    default unless given: bool, int, float, str, tuple[int, ...], tuple[float, ...],
+    tuple[str, ...], or ``Any``), inclusive bounds, an exclusive upper bound, or choices."""
+
+    default: Any = REQUIRED
+    doc: str = ""
+    type: Any = None
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    below: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def kind(self) -> Any:
+        if self.type is not None:
+            return self.type
+        default = self.default
+        if isinstance(default, (list, tuple)):
+            items = {type(v) for v in default}
+            item = items.pop() if len(items) == 1 else (float if items <= {int, float} and items
+                                                         else str)
+            return tuple[item, ...]  # type: ignore[valid-type]
+        if default is REQUIRED or default is None:
+            return Any
+        return type(default)
+
+    def type_name(self) -> str:
+        kind = self.kind
+        if typing.get_origin(kind) is tuple:
+            return f"list of {typing.get_args(kind)[0].__name__}"
+        return "any value" if kind is Any else kind.__name__
+
+    def convert(self, name: str, value: Any) -> Any:
+        """``value`` checked against the type, bounds and choices; returns it normalised
+        (lists become tuples, ints floats where a float is declared). Raises ComponentError."""
+        kind = self.kind
+        ok = True
+        if kind is Any or (value is None and self.default is None):
+            pass
+        elif kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif typing.get_origin(kind) is tuple:
+            item = typing.get_args(kind)[0]
+            numbers = (int, float) if item is float else (item,)
+            ok = isinstance(value, (list, tuple)) and all(
+                isinstance(v, numbers) and not isinstance(v, bool) for v in value)
+            value = tuple(item(v) for v in value) if ok else value
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            raise ComponentError(f"option {name!r} must be {self.type_name()}, got "
+                                 f"{type(value).__name__} {value!r}")
+        if self.choices is not None and isinstance(value, tuple):
+            wrong = [v for v in value if v not in self.choices]
+            if wrong:
+                raise ComponentError(f"option {name!r} may list "
+                                     f"{', '.join(map(str, self.choices))}, got {wrong}")
+        elif self.choices is not None and value not in self.choices:
+            raise ComponentError(f"option {name!r} must be one of "
+                                 f"{', '.join(map(str, self.choices))}, got {value!r}")
+        for item in (value if isinstance(value, tuple) else (value,)):
+            if not isinstance(item, (int, float)) or isinstance(item, bool):
+                continue
+            if item != item:  # NaN passes no bound
+                raise ComponentError(f"option {name!r} must be a number, got {item!r}")
+            if self.low is not None and item < self.low:
+                raise ComponentError(f"option {name!r} must be at least {self.low:g}, got {item!r}")
+            if self.high is not None and item > self.high:
+                raise ComponentError(f"option {name!r} must be at most {self.high:g}, got {item!r}")
+            if self.above is not None and item <= self.above:
+                raise ComponentError(f"option {name!r} must be above {self.above:g}, got {item!r}")
+            if self.below is not None and item >= self.below:
+                raise ComponentError(f"option {name!r} must be below {self.below:g}, got {item!r}")
+        return value
+
+    def parse(self, name: str, text: str) -> Any:
+        """A command-line string (``--set``) read by the declared type, then checked."""
+        kind = self.kind
+        try:
+            if kind is bool:
+                lowered = text.strip().lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(text)
+                value: Any = lowered in ("true", "1", "yes")
+            elif kind in (int, float, str):
+                value = kind(text)
+            elif typing.get_origin(kind) is tuple:
+                item = typing.get_args(kind)[0]
+                value = tuple(item(v.strip().strip("'\"")) for v in
+                              text.strip("[]() ").split(",") if v.strip())
+            else:
+                value = text
+        except ValueError as err:
+            raise ComponentError(f"option {name!r}: cannot read {text!r} as "
+                                 f"{self.type_name()}") from err
+        return self.convert(name, value)
+
+
+def _origin(obj: Any) -> tuple[str, str]:
+    return getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
+
+
+@dataclass
+class Component:
+    """A registered callable and its declared options."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    options: dict[str, Option]
+    doc: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)  # what a registry keeps beside
+
+    def check(self, given: Mapping[str, Any]) -> list[str]:
+        """Every problem with ``given`` options, one line each (empty: fine)."""
+        problems = []
+        for key, value in given.items():
+            if key not in self.options:
+                problems.append(f"{self.label}: {unknown(key, self.options, 'option')}")
+                continue
+            try:
+                self.options[key].convert(key, value)
+            except ComponentError as err:
+                problems.append(f"{self.label}: {err}")
+        missing = [k for k, o in self.options.items() if o.default is REQUIRED and k not in given]
+        problems += [f"{self.label}: option {k!r} is required ({self.options[k].doc})"
+                     for k in missing]
+        validate = self.meta.get("validate")
+        if validate is not None and not problems:
+            values = {k: o.default for k, o in self.options.items()}
+            values.update({k: self.options[k].convert(k, v) for k, v in given.items()})
+            problems += [f"{self.label}: {p}" for p in validate(values)]
+        return problems
+
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The full options: defaults, overridden by ``given`` (checked first)."""
+        problems = self.check(given)
+        if problems:
+            raise ComponentError("; ".join(problems))
+        values = {k: o.default for k, o in self.options.items()}
+        values.update({k: self.options[k].convert(k, v) for k, v in given.items()})
+        return values
+
+    def build(self, *context: Any, **given: Any) -> Any:
+        """Call the factory with ``context`` and the resolved options."""
+        return self.factory(*context, **self.resolve(given))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.factory(*args, **kwargs)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name!r}"
+
+    def describe(self) -> str:
+        """The options as a table, for ``meta components``."""
+        lines = [f"{self.kind} {self.name}: {self.doc}".rstrip(": ")]
+        for key, option in self.options.items():
+            default = "required" if option.default is REQUIRED else f"default {option.default!r}"
+            lines.append(f"  {key:<22} {option.type_name():<16} {default:<24} {option.doc}")
+        return "\n".join(lines)
+
+
+def declared_options(factory: Callable[..., Any], context: Iterable[str] = ()) -> dict[str, Option]:
+    """A class's ``options``, or a function's parameters with defaults (not ``context``)."""
+    declared = getattr(factory, "options", None)
+    if isinstance(declared, Mapping):
+        return dict(declared)
+    skip = set(context)
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: Option(p.default if p.default is not p.empty else REQUIRED)
+            for p in parameters if p.name not in skip
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+REGISTRIES: dict[str, Registry] = {}
+
+
+class Registry:
+    """Components of one kind by name. ``common`` options are offered by every component of
+    the kind (an optimizer's learning rate and schedule); ``context`` names the arguments the
+    caller passes itself."""
+
+    def __init__(self, kind: str, common: Mapping[str, Option] | None = None,
+                 context: Iterable[str] = (),
+                 validate: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
+        self.kind = kind
+        self.common = dict(common or {})
+        self.validate = validate  # problems with a component's options taken together
+        self.context = tuple(context)
+        self.entries: dict[str, Component] = {}
+        REGISTRIES[kind] = self
+
+    def add(self, name: str, factory: Callable[..., Any], options: Mapping[str, Option] | None
+            = None, doc: str | None = None, inherit: bool = True, **meta: Any) -> Component:
+        """Register ``factory`` as ``name``; the same definition registered again (a recipe
+        loaded twice) replaces itself, another one under a taken name is refused.
+        ``inherit=False``: this one does not take the kind's common options."""
+        existing = self.entries.get(name)
+        if existing is not None and _origin(existing.factory) != _origin(factory):
+            module, qualname = _origin(existing.factory)
+            raise ComponentError(f"{self.kind} {name!r} is already registered by "
+                                 f"{module}.{qualname}")
+        found = declared_options(factory, self.context)
+        explicit = isinstance(getattr(factory, "options", None), Mapping)
+        # A class's own declarations win over the kind's common options; a function's
+        # inferred parameters (no doc, maybe no default) do not.
+        common = self.common if inherit else {}
+        declared = {**common, **found} if explicit else {**found, **common}
+        declared.update(options or {})
+        text = doc if doc is not None else (inspect.getdoc(factory) or "").split("\n")[0]
+        if inherit and self.validate is not None:
+            meta.setdefault("validate", self.validate)
+        component = Component(self.kind, name, factory, declared, text, dict(meta))
+        self.entries[name] = component
+        return component
+
+    def register(self, name: str | None = None, **options: Option) -> Callable[[Any], Any]:
+        """Decorator: ``@registry.register("name", option=Option(...))``."""
+
+        def decorate(factory: Any) -> Any:
+            self.add(name or getattr(factory, "name", "") or factory.__name__, factory, options)
+            return factory
+
+        return decorate
+
+    def from_object(self, obj: Any) -> Component:
+        """A class or function given directly in a recipe, registered under its own name."""
+        name = getattr(obj, "name", "") or getattr(obj, "__name__", "")
+        if not name or not callable(obj):
+            raise ComponentError(f"a {self.kind} must be a name or a class/function, got {obj!r}")
+        return self.add(name, obj)
+
+    def __getitem__(self, name: str) -> Component:
+        if name not in self.entries:
+            raise ComponentError(unknown(name, self.entries, self.kind))
+        return self.entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __delitem__(self, name: str) -> None:
+        del self.entries[name]
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+
+def unknown(key: str, known: Iterable[str], what: str) -> str:
+    """``unknown option 'lrr' (did you mean 'lr'?)``: the message for a name not found."""
+    known = list(known)
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else \
+        f" (known: {', '.join(known) or 'none'})"
+    return f"unknown {what} {key!r}{hint}"

