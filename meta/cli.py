@@ -95,6 +95,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def cmd_components(args: argparse.Namespace) -> int:
+    """The components a recipe can name, with their options (``meta components optimizer``)."""
+    from meta.component import unknown
+    from meta.recipe import registry
+
+    kinds = {"model": "model", "dataset": "dataset", "optimizer": "optimizer",
+             "executor": "executor", "distributed": "strategy", "events": "event",
+             "metrics": "metric"}
+    chosen = [args.kind] if args.kind else list(kinds)
+    wrong = [k for k in chosen if k not in kinds]
+    if wrong:
+        print(f"meta: error: {unknown(wrong[0], kinds, 'component kind')}", file=sys.stderr)
+        return EXIT_ERROR
+    for key in chosen:
+        print(f"== {key}")
+        for component in registry(kinds[key]).entries.values():
+            print(component.describe())
+    return EXIT_PASS
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from meta.lv0 import entries
 
@@ -222,6 +242,12 @@ def make_parser() -> argparse.ArgumentParser:
                          help="freeze the parameters matching PATTERN (repeatable)")
     inspect.add_argument("--all", action="store_true", help="list every tensor of each role")
     inspect.set_defaults(func=cmd_inspect)
+    components = sub.add_parser("components", help="the models, datasets, optimizers, "
+                                "executors, strategies, events and metrics a recipe can name, "
+                                "with their options")
+    components.add_argument("kind", nargs="?", help="model, dataset, optimizer, executor, "
+                            "distributed, events or metrics (default: all)")
+    components.set_defaults(func=cmd_components)
     ops = sub.add_parser("ops", help="list the registered operators and their backends")
     ops.set_defaults(func=cmd_ops)
     check = sub.add_parser("check-op", help="validate an operator on random inputs: forward "

@@ -257,7 +257,7 @@ class Registry:
         common = self.common if inherit else {}
         declared = {**common, **found} if explicit else {**found, **common}
         declared.update(options or {})
-        text = doc if doc is not None else (inspect.getdoc(factory) or "").split("\n")[0]
+        text = doc if doc is not None else first_sentence(inspect.getdoc(factory) or "")
         if inherit and self.validate is not None:
             meta.setdefault("validate", self.validate)
         component = Component(self.kind, name, factory, declared, text, dict(meta))
@@ -299,6 +299,13 @@ class Registry:
 
     def names(self) -> list[str]:
         return list(self.entries)
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, on one line (its first paragraph up to a full stop)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[:end + 1]
 
 
 def unknown(key: str, known: Iterable[str], what: str) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -344,6 +345,8 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
+    folder = str(path.resolve().parent)  # the recipe may import its neighbours, as a script can
+    sys.path.insert(0, folder)
     try:
         namespace = runpy.run_path(str(path))
     except (RecipeError, ComponentError):
@@ -351,6 +354,8 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     except Exception as err:
         raise RecipeError(f"recipe {str(path)!r} failed to load: {type(err).__name__}: {err}") \
             from err
+    finally:
+        sys.path.remove(folder)
     name = path.stem
     errors = []
     upper = [k for k in namespace if k.isupper() and not k.startswith("_")]

@@ -61,8 +61,7 @@ class RecipeRun:
                  resume: bool = False) -> None:
         self.recipe, self.comm, self.stream = recipe, comm or world(), stream or sys.stdout
         self.output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
-        self.export_onnx, self.resumed = export_onnx, resume
-        self.build_metrics: dict[str, float] = {}
+        self.export_onnx, self.resumed, self.build_metrics = export_onnx, resume, {}
         try:
             self.trainer = self._build(progress, checkpoint_every)
         except ComponentError as err:
@@ -95,7 +94,8 @@ class RecipeRun:
                           train, sampler, test, self._events(checkpoint_every, progress),
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
-                          eval_shard=(index, replicas), transform=augment)
+                          eval_shard=(index, replicas), transform=augment,
+                          output_dir=self.output_dir)
         self.strategy_cls.check(trainer, comm)
         return trainer
 

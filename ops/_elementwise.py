@@ -10,6 +10,12 @@ import numpy as np
 from meta.lv0 import Operator, native
 
 
+def f32(value: float) -> float:
+    """An ONNX float attribute as the float32 a model file stores, so a graph built in code
+    computes what the same graph loaded from a file computes."""
+    return float(np.float32(value))
+
+
 class Unary(Operator):
     """y = f(x) elementwise; backward multiplies by f'(x), written from x or from y.
 
@@ -31,6 +37,8 @@ class Unary(Operator):
         return y
 
     def backward(self, ctx, dy):
+        if dy is None:  # an integer or bool output: nothing flows back
+            return (None,)
         return ((dy * self.derivative(ctx.x, ctx.y)).astype(dy.dtype, copy=False),)
 
 

@@ -1,10 +1,12 @@
-"""Add: a + b with numpy broadcasting (ONNX opset 7+)."""
+"""Add: a + b with numpy broadcasting (ONNX opset 7+; opset 6's
+``broadcast``/``axis`` form through ops/_legacy.py)."""
 
 from __future__ import annotations
 
 from meta.lv0 import Operator, native, register, unbroadcast
 
 from ._elementwise import broadcast_shape, contiguous
+from ._legacy import LegacyBroadcast
 
 
 @register("Add", since=7)
@@ -45,3 +47,8 @@ def reduce_to(dy, shape):
     if dy.shape == tuple(shape):
         return dy
     return native.module().unbroadcast_sum(contiguous(dy), tuple(shape))
+
+
+@register("Add", since=6)
+class Add6(LegacyBroadcast, Add):
+    """Opset 6: B broadcasts only with ``broadcast=1``, aligned at ``axis`` (ops/_legacy.py)."""

@@ -147,3 +147,129 @@ class NativeBatchNormalization(BatchNormalization):
             need_dx=ctx.needs(0), em=em, ev=ev)
         return (dx, sum_dy_xhat if ctx.needs(1) else None, sum_dy if ctx.needs(2) else None,
                 None, None)
+
+
+# -- opsets 6-13 ------------------------------------------------------------------------------
+class _LegacyBatchNormalization:
+    """Opsets 6-13 (mix in before the opset-14 class): no ``training_mode``; exporters list up
+    to five outputs, Y, running mean, running variance, and the batch mean and variance used
+    ("saved"). As written the node runs for inference (the executor's ``train()`` makes it
+    train, updating its state as opset 14 does). The outputs a node lists are all produced: in
+    training the spec's values, in inference the given statistics. ``spatial=0`` (opsets 6-8)
+    keeps statistics per element of X's non-batch dimensions instead of per channel: scale,
+    B, mean and var have X's shape without N, and the batch axis is the only one reduced."""
+
+    attributes = {"epsilon": 1e-5, "momentum": 0.9}
+    training_mode = 0
+    n_outputs = 1  # set from the node by make_operator
+
+    @classmethod
+    def inference_form(cls, attrs, inputs, outputs):
+        return attrs, inputs, outputs[:1]
+
+    def results(self, ctx, y, mean, var, mean_used, var_used, training):
+        if training:
+            out = super().results(ctx, y, mean, var, mean_used, var_used, training)
+            out = (*out, mean_used.astype(y.dtype, copy=False), var_used.astype(y.dtype, copy=False))
+        else:
+            out = (y, mean, var, mean, var)
+        return out[:max(self.n_outputs, 1)]
+
+    def per_element(self, x) -> bool:
+        return not getattr(self, "spatial", 1) and x.ndim > 2
+
+    def forward(self, ctx, x, scale, b, mean, var):
+        if not self.per_element(x):
+            return super().forward(ctx, x, scale, b, mean, var)
+        # Each element of X[n] is a channel of its own: X as (N, C * D1 * ...), params flat.
+        for name, v in (("scale", scale), ("B", b), ("input_mean", mean), ("input_var", var)):
+            if v.shape != x.shape[1:]:
+                raise ValueError(f"BatchNormalization: {name} {list(v.shape)} must be "
+                                 f"{list(x.shape[1:])} for X {list(x.shape)} with spatial=0")
+        flat = [v.reshape(-1) for v in (scale, b, mean, var)]
+        out = super().forward(ctx, x.reshape(len(x), -1), *flat)
+        ctx.save(element_shape=x.shape)
+        out = out if isinstance(out, tuple) else (out,)
+        return tuple(v.reshape(x.shape if i == 0 else x.shape[1:]) for i, v in enumerate(out))
+
+    def update_state(self, ctx, mean, var):
+        new = super().update_state(ctx, mean.reshape(-1), var.reshape(-1))
+        return None if new is None else tuple(v.reshape(mean.shape) for v in new)
+
+    def backward(self, ctx, dy, drunning_mean=None, drunning_var=None, dsaved_mean=None,
+                 dsaved_var=None):
+        shape = getattr(ctx, "element_shape", None)
+        if shape is not None:
+            flat = [None if g is None else g.reshape(len(g), -1) if i == 0 else g.reshape(-1)
+                    for i, g in enumerate((dy, drunning_mean, drunning_var, dsaved_mean,
+                                           dsaved_var))]
+            grads = self.backward_flat(ctx, *flat)
+            return tuple(None if g is None else g.reshape(shape if i == 0 else shape[1:])
+                         for i, g in enumerate(grads))
+        return self.backward_flat(ctx, dy, drunning_mean, drunning_var, dsaved_mean, dsaved_var)
+
+    def backward_flat(self, ctx, dy, drunning_mean, drunning_var, dsaved_mean, dsaved_var):
+        grads = list(super().backward(ctx, dy, drunning_mean, drunning_var))
+        if ctx.training and ctx.needs(0) and (dsaved_mean is not None or dsaved_var is not None):
+            # The batch statistics as outputs: d mean / dx = 1 / n, d var / dx = 2 (x - mean) / n.
+            x_hat = ctx.xhat if hasattr(ctx, "xhat") else \
+                (ctx.x - ctx.mean_used.reshape(-1, *(1,) * (ctx.x.ndim - 2))) \
+                * ctx.inv_std.reshape(-1, *(1,) * (ctx.x.ndim - 2))
+            shape = (-1, *(1,) * (x_hat.ndim - 2))
+            count = x_hat.size // x_hat.shape[1]
+            extra = 0.0
+            if dsaved_mean is not None:
+                extra = extra + (dsaved_mean / count).reshape(shape)
+            if dsaved_var is not None:
+                extra = extra + (2 * dsaved_var / (count * ctx.inv_std)).reshape(shape) * x_hat
+            grads[0] = (grads[0] + extra).astype(x_hat.dtype, copy=False)
+        return tuple(grads)
+
+
+class _BatchNormalization6:
+    """Opset 6: ``is_test`` (default 0: the node trains as written), ``spatial``; the
+    ``consumed_inputs`` of opset 1 is accepted and ignored."""
+
+    attributes = {"epsilon": 1e-5, "momentum": 0.9, "is_test": 0, "spatial": 1,
+                  "consumed_inputs": None}
+
+    @property
+    def training_mode(self) -> int:
+        return int(not self.is_test)
+
+    @classmethod
+    def inference_form(cls, attrs, inputs, outputs):
+        return {**attrs, "is_test": 1}, inputs, outputs[:1]
+
+
+@register("BatchNormalization", since=9)
+class BatchNormalization9(_LegacyBatchNormalization, BatchNormalization):
+    """Opsets 9-13: opset 14 without ``training_mode``."""
+
+
+@register("BatchNormalization", since=7)
+class BatchNormalization7(_LegacyBatchNormalization, BatchNormalization):
+    """Opsets 7-8: opset 9 plus ``spatial``."""
+
+    attributes = {"epsilon": 1e-5, "momentum": 0.9, "spatial": 1}
+
+
+@register("BatchNormalization", since=6)
+class BatchNormalization6(_BatchNormalization6, _LegacyBatchNormalization, BatchNormalization):
+    """Opset 6: opset 7 plus ``is_test``."""
+
+
+@register("BatchNormalization", since=9, backend="native")
+class NativeBatchNormalization9(_LegacyBatchNormalization, NativeBatchNormalization):
+    pass
+
+
+@register("BatchNormalization", since=7, backend="native")
+class NativeBatchNormalization7(_LegacyBatchNormalization, NativeBatchNormalization):
+    attributes = BatchNormalization7.attributes
+
+
+@register("BatchNormalization", since=6, backend="native")
+class NativeBatchNormalization6(_BatchNormalization6, _LegacyBatchNormalization,
+                                NativeBatchNormalization):
+    pass

@@ -7,6 +7,7 @@ import numpy as np
 from meta.lv0 import Operator, native, register, unbroadcast
 
 from ._elementwise import broadcast_shape, contiguous
+from ._legacy import LegacyBroadcast
 
 
 @register("Div", since=7)
@@ -50,3 +51,8 @@ class NativeDiv(Div):
         da = m.unbroadcast_div(dy, b, ctx.a_shape) if ctx.needs(0) else None
         db = m.unbroadcast_div_denominator(dy, b, ctx.y, b.shape) if ctx.needs(1) else None
         return (da, db)
+
+
+@register("Div", since=6)
+class Div6(LegacyBroadcast, Div):
+    """Opset 6: B broadcasts only with ``broadcast=1``, aligned at ``axis`` (ops/_legacy.py)."""

@@ -53,3 +53,52 @@ class Dropout(Operator):
         if ctx.mask is None:
             return (dy, None, None)
         return ((dy * ctx.mask * ctx.scale).astype(dy.dtype, copy=False), None, None)
+
+
+# -- opsets 6-11 ------------------------------------------------------------------------------
+@register("Dropout", since=10)
+class Dropout10(Dropout):
+    """Opsets 10-11: ``ratio`` is an attribute and there is no ``training_mode`` input: as
+    written the node is the identity (inference), the executor's ``train()`` makes it drop.
+    The optional mask output is bool."""
+
+    attributes = {"ratio": 0.5}
+    no_grad_inputs = ()
+    seed = None
+
+    @classmethod
+    def inference_form(cls, attrs, inputs, outputs):
+        return attrs, inputs, outputs
+
+    def as_written(self) -> bool:
+        return False
+
+    def forward(self, ctx, x):
+        return super().forward(ctx, x, np.float32(self.ratio), np.bool_(self.as_written()))
+
+    def backward(self, ctx, dy, dmask=None):
+        return super().backward(ctx, dy, dmask)[:1]
+
+
+@register("Dropout", since=7)
+class Dropout7(Dropout10):
+    """Opsets 7-9: opset 10 with the mask in X's type."""
+
+    def forward(self, ctx, x):
+        y, mask = super().forward(ctx, x)
+        return y, mask.astype(x.dtype)
+
+
+@register("Dropout", since=6)
+class Dropout6(Dropout7):
+    """Opset 6: opset 7 plus ``is_test``; with the default ``is_test=0`` the node drops as
+    written (the executor's mode overrides it either way)."""
+
+    attributes = {"ratio": 0.5, "is_test": 0}
+
+    @classmethod
+    def inference_form(cls, attrs, inputs, outputs):
+        return {**attrs, "is_test": 1}, inputs, outputs
+
+    def as_written(self) -> bool:
+        return not self.is_test

@@ -1,4 +1,5 @@
-"""Gemm: Y = alpha * A' B' + beta * C, A' and B' optionally transposed (ONNX opset 11+)."""
+"""Gemm: Y = alpha * A' B' + beta * C, A' and B' optionally transposed (ONNX opset 11+; opsets
+7-10, where C is required, are registered too)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,37 @@ class NativeGemm(Gemm):
         if ctx.c_shape is not None and ctx.needs(2):
             dc = unbroadcast(dy * self.beta if self.beta != 1.0 else dy, ctx.c_shape)
         return (da, db, dc)
+
+
+@register("Gemm", since=7)
+class Gemm7(Gemm):
+    """Opsets 7-10: C is required and broadcasts one way to (M, N) (no ``broadcast``
+    attribute since 7); computing it as 11 does is the same, a missing C is refused."""
+
+    def forward(self, ctx, a, b, c=None):
+        if c is None:
+            raise ValueError("Gemm: input C is required before opset 11")
+        return super().forward(ctx, a, b, c)
+
+
+@register("Gemm", since=7, backend="native")
+class NativeGemm7(NativeGemm):
+    def forward(self, ctx, a, b, c=None):
+        if c is None:
+            raise ValueError("Gemm: input C is required before opset 11")
+        return super().forward(ctx, a, b, c)
+
+
+@register("Gemm", since=6)
+class Gemm6(Gemm7):
+    """Opset 6: C broadcasts only with ``broadcast=1``; otherwise it must be (M, N)."""
+
+    attributes = {**Gemm.attributes, "broadcast": 0}
+
+    def forward(self, ctx, a, b, c=None):
+        m = a.shape[1] if self.transA else a.shape[0]
+        n = b.shape[0] if self.transB else b.shape[1]
+        if c is not None and not self.broadcast and c.shape != (m, n):
+            raise ValueError(f"Gemm: C {list(c.shape)} must be [{m}, {n}] without broadcast=1 "
+                             f"(opset < 7)")
+        return super().forward(ctx, a, b, c)

@@ -1,10 +1,12 @@
-"""Mul: a * b with numpy broadcasting (ONNX opset 7+)."""
+"""Mul: a * b with numpy broadcasting (ONNX opset 7+; opset 6's
+``broadcast``/``axis`` form through ops/_legacy.py)."""
 
 from __future__ import annotations
 
 from meta.lv0 import Operator, native, register, unbroadcast
 
 from ._elementwise import broadcast_shape, contiguous
+from ._legacy import LegacyBroadcast
 
 
 @register("Mul", since=7)
@@ -44,3 +46,8 @@ class NativeMul(Mul):
         da = kernel(dy, contiguous(ctx.b), ctx.a_shape) if ctx.needs(0) else None
         db = kernel(dy, contiguous(ctx.a), ctx.b_shape) if ctx.needs(1) else None
         return (da, db)
+
+
+@register("Mul", since=6)
+class Mul6(LegacyBroadcast, Mul):
+    """Opset 6: B broadcasts only with ``broadcast=1``, aligned at ``axis`` (ops/_legacy.py)."""

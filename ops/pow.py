@@ -7,6 +7,7 @@ import numpy as np
 from meta.lv0 import Operator, register, unbroadcast
 
 from ._elementwise import broadcast_shape
+from ._legacy import LegacyBroadcast
 
 
 @register("Pow", since=7)
@@ -28,3 +29,9 @@ class Pow(Operator):
                 log_a = np.log(np.where(a == 0, 1, a))
             db = unbroadcast(dy * y * log_a, b.shape).astype(b.dtype, copy=False)
         return (da, db)
+
+
+@register("Pow", since=1)
+class Pow1(LegacyBroadcast, Pow):
+    """Opsets 1-6: the exponent broadcasts only with ``broadcast=1``, aligned at ``axis``
+    (ops/_legacy.py)."""

@@ -1,10 +1,12 @@
-"""Sub: a - b with numpy broadcasting (ONNX opset 7+)."""
+"""Sub: a - b with numpy broadcasting (ONNX opset 7+; opset 6's
+``broadcast``/``axis`` form through ops/_legacy.py)."""
 
 from __future__ import annotations
 
 from meta.lv0 import Operator, native, register, unbroadcast
 
 from ._elementwise import broadcast_shape, contiguous
+from ._legacy import LegacyBroadcast
 from .add import reduce_to
 
 
@@ -38,3 +40,8 @@ class NativeSub(Sub):
         da = reduce_to(dy, ctx.a_shape) if ctx.needs(0) else None
         db = -reduce_to(dy, ctx.b_shape) if ctx.needs(1) else None
         return (da, db)
+
+
+@register("Sub", since=6)
+class Sub6(LegacyBroadcast, Sub):
+    """Opset 6: B broadcasts only with ``broadcast=1``, aligned at ``axis`` (ops/_legacy.py)."""

@@ -226,7 +226,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if comm.is_root:
         report = reports.recipe_report("compare", results, env, reports.settings(
             args.repeat, args.warmup, args.bootstrap_seed, skip_steps=args.skip_steps))
-        _finish(report, results, out, args, " vs ".join(v.name for v in variants), say)
+        title = " vs ".join(v.name for v in variants) if len(variants) == 2 else \
+            f"{variants[0].recipe.name}: {len(variants)} variants"
+        _finish(report, results, out, args, title, say)
     return EXIT_OK
 
 

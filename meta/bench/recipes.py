@@ -141,10 +141,12 @@ class RecipeBench:
                 record = run_once(prepared)
                 label = f"warm-up {index + self.warmup + 1}/{self.warmup}" if index < 0 \
                     else f"run {index + 1}/{self.repeat}"
-                self.progress(f"meta: {variant.name} {label}: {record.wall_s:.2f} s, median "
-                              f"step {np.median(record.step_seconds()) * 1e3:.3f} ms"
-                              + "".join(f", {k} {v:.4f}" for k, v in record.metrics.items()
-                                        if k.startswith("test_")))
+                steps = record.step_seconds()  # none on a server rank, which does not print
+                if steps.size:
+                    self.progress(f"meta: {variant.name} {label}: {record.wall_s:.2f} s, median "
+                                  f"step {np.median(steps) * 1e3:.3f} ms"
+                                  + "".join(f", {k} {v:.4f}" for k, v in record.metrics.items()
+                                            if k.startswith("test_")))
                 if index >= 0:
                     result.runs.append(record)
         return results

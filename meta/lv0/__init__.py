@@ -4,7 +4,14 @@ from meta.lv0 import native
 from meta.lv0.broadcast import unbroadcast
 from meta.lv0.gradcheck import GradCheckReport, check_gradients
 from meta.lv0.operator import Context, InferenceContext, Operator
-from meta.lv0.registry import UnknownOperatorError, entries, lookup, register, unregister
+from meta.lv0.registry import (
+    UnknownOperatorError,
+    entries,
+    load_library,
+    lookup,
+    register,
+    unregister,
+)
 from meta.lv0.validate import ValidationReport, validate_operator
 
 __all__ = [
@@ -15,6 +22,7 @@ __all__ = [
     "UnknownOperatorError",
     "check_gradients",
     "entries",
+    "load_library",
     "lookup",
     "native",
     "register",

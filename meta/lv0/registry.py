@@ -39,7 +39,7 @@ class Entry:
 
 
 _REGISTRY: dict[tuple[str, str], dict[int, dict[str, type[Operator]]]] = {}
-_builtins_loaded = False
+_LIBRARIES: set[str] = set()  # operator libraries imported by load_library
 
 
 def register(
@@ -52,9 +52,8 @@ def register(
             raise TypeError(f"@register({op_type!r}) needs an Operator subclass, got {cls!r}")
         key = (_default_domain(domain), op_type)
         if not _is_builtin(cls):
-            # Load the library first, so that a user's op clashing with a built-in is refused
-            # here, not later in the middle of importing ``ops`` (which left half of it missing).
-            _load_builtins()
+            # ``import meta`` loaded the library (load_library), so a user's op clashing with a
+            # built-in is refused here, before anything changes.
             builtin = _builtin_of(key)
             if builtin is not None:
                 raise ValueError(
@@ -78,7 +77,6 @@ def register(
 def scratch() -> Iterator[None]:
     """Registrations made inside are forgotten on exit (tests, notebooks trying an op out)."""
     global _REGISTRY
-    _load_builtins()
     saved = _REGISTRY
     _REGISTRY = {key: {since: dict(impls) for since, impls in versions.items()}
                  for key, versions in saved.items()}
@@ -122,12 +120,17 @@ def _builtin_of(key: tuple[str, str]) -> type[Operator] | None:
     return None
 
 
-def _load_builtins() -> None:
-    """Import the operator library (``ops``) the first time the registry is read."""
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        importlib.import_module("ops")
+def load_library(package: str = "ops") -> None:
+    """Import an operator library: a package whose modules ``@register`` operators. meta's own
+    (``ops``) is loaded by ``import meta``, in plain sight in ``meta/__init__.py``; a library
+    of yours is loaded the same way (once; a second call does nothing)."""
+    if package not in _LIBRARIES:
+        _LIBRARIES.add(package)
+        try:
+            importlib.import_module(package)
+        except BaseException:
+            _LIBRARIES.discard(package)
+            raise
 
 
 def lookup(
@@ -138,7 +141,6 @@ def lookup(
     Picks the newest registration with ``since <= opset``, then the first of ``backends`` that
     has it, then numpy.
     """
-    _load_builtins()
     domain = _default_domain(domain)
     versions = _REGISTRY.get((domain, op_type))
     where = f"op {op_type!r} (domain {domain or 'ai.onnx'!r}, opset {opset})"
@@ -157,7 +159,6 @@ def lookup(
 
 def entries() -> Iterator[Entry]:
     """Every registered implementation, sorted by op type, version and backend."""
-    _load_builtins()
     for (domain, op_type), versions in sorted(_REGISTRY.items()):
         for since, impls in sorted(versions.items()):
             for backend, cls in sorted(impls.items()):

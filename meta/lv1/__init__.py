@@ -11,7 +11,14 @@ from meta.lv1.executor import (
 )
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
 from meta.lv1.models import MODELS, build_model, lenet5, resnet20, vgg_small, wide_cnn
-from meta.lv1.onnx_io import ONNXLoadError, from_onnx, read_model, save_onnx, to_onnx
+from meta.lv1.onnx_io import (
+    ONNXLoadError,
+    from_onnx,
+    read_model,
+    save_onnx,
+    shape_inference,
+    to_onnx,
+)
 from meta.lv1.onnx_model import onnx_model
 
 __all__ = [
@@ -39,5 +46,6 @@ __all__ = [
     "mlp",
     "read_model",
     "save_onnx",
+    "shape_inference",
     "to_onnx",
 ]

@@ -62,6 +62,61 @@ class Profile:
         return "\n".join(lines)
 
 
+class SubgraphScope:
+    """What an operator holding subgraphs (If, Loop, Scan) finds as ``ctx.subgraphs``.
+
+    Operators receive only their inputs; a branch or loop body also reads tensors of the
+    enclosing graph (its free names). The executor hands such a node this scope, holding those
+    values, and the op runs its graphs through it: ``run(graph, inputs)`` executes ``graph``
+    with ``inputs`` bound to its graph inputs, in the executor's mode and with its backends,
+    and returns the graph outputs and a record of the run. When the node is on the tape
+    (``recording``), ``backward(record, grad_outputs)`` backpropagates through that run and
+    returns the gradients of the graph inputs; those of the enclosing tensors it read are
+    summed in ``outer_grads``, which the executor adds to their gradients.
+    """
+
+    def __init__(self, executor: ReferenceExecutor, outer: Tensors, wanted: set[str],
+                 recording: bool) -> None:
+        self.executor = executor
+        self.outer = outer  # enclosing tensors the subgraphs read
+        self.wanted = wanted  # those that need a gradient
+        self.recording = recording
+        self.outer_grads: Tensors = {}
+
+    def run(self, graph: Graph, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], object]:
+        names = [t.name for t in graph.inputs]
+        if len(inputs) != len(names):
+            raise GraphError(f"subgraph {graph.name!r} takes {len(names)} inputs {names}, "
+                             f"got {len(inputs)}")
+        sub = self.executor.subexecutor(graph)
+        free = sub.outer_names
+        feeds = {n: v for n, v in self.outer.items() if n in free}
+        feeds.update(zip(names, inputs))
+        outputs = [t.name for t in graph.outputs]
+        if not self.recording:
+            values, _ = sub._forward(feeds, outputs, None)
+            return [values[o] for o in outputs], None
+        wanted = self.wanted & free
+        values, tape = sub._forward(feeds, outputs, set(names) | wanted)
+        return [values[o] for o in outputs], (graph, tape, wanted)
+
+    def backward(self, record: object, grad_outputs: Sequence[np.ndarray | None]
+                 ) -> list[np.ndarray | None]:
+        if record is None:
+            raise GraphError("a subgraph run without recording (its node is not on the tape) "
+                             "has no backward")
+        graph, tape, wanted = record
+        grads = {t.name: g for t, g in zip(graph.outputs, grad_outputs) if g is not None}
+        names = {t.name for t in graph.inputs}
+        grads = self.executor.subexecutor(graph)._run_tape(tape, grads, names | wanted)
+        for name in wanted:
+            if name in grads:
+                g = grads[name]
+                self.outer_grads[name] = self.outer_grads[name] + g \
+                    if name in self.outer_grads else g
+        return [grads.get(t.name) for t in graph.inputs]
+
+
 class ReferenceExecutor:
     """Runs a graph with numpy operators (or the first of ``backends`` that implements each op).
 
@@ -105,6 +160,21 @@ class ReferenceExecutor:
         self.peak_intermediate_bytes = 0
         self.records: list[tuple[str, str, str, int]] = []  # (node, op type, phase, ns)
         self.training: bool | None = None
+        self._subexecutors: dict[int, ReferenceExecutor] = {}
+
+    def subexecutor(self, graph: Graph) -> ReferenceExecutor:
+        """The executor of a subgraph (an If branch, a Loop body): same class, backends and
+        mode, its profile records kept with ours; built once per graph."""
+        sub = self._subexecutors.get(id(graph))
+        if sub is None:
+            sub = type(self).__new__(type(self))
+            ReferenceExecutor.__init__(sub, graph, self.backends, self.profile,
+                                       self.free_intermediates)
+            sub.records = self.records
+            sub.outer_names = graph.free_names()  # what it reads from enclosing graphs
+            self._subexecutors[id(graph)] = sub
+        sub.training = self.training
+        return sub
 
     def train(self, mode: bool = True) -> ReferenceExecutor:
         """Run every node in training mode from now on (``train(False)`` is ``eval()``)."""
@@ -143,7 +213,8 @@ class ReferenceExecutor:
         graph = self.graph
         declared = {t.name: t for t in graph.inputs}
         produced = graph.producers()
-        unknown = sorted(set(feeds) - set(declared) - set(graph.initializers) - set(produced))
+        unknown = sorted(set(feeds) - set(declared) - set(graph.initializers) - set(produced)
+                         - graph.outer_scope)
         if unknown:
             raise GraphError(f"feeds {unknown} are not inputs, initializers or tensors of graph "
                              f"{graph.name!r} (inputs: {sorted(declared)})")
@@ -189,6 +260,10 @@ class ReferenceExecutor:
                 ctx = Context([False] * len(node.inputs), training)  # keeps the batch statistics
             else:
                 ctx = inference
+            scope = self._scope(node, values, requires_grad)
+            if scope is not None:
+                ctx = ctx if ctx is not inference else InferenceContext(training=training)
+                ctx.subgraphs = scope
             try:
                 start = time.perf_counter_ns() if timed else 0
                 results = op.apply(ctx, *args)
@@ -207,7 +282,8 @@ class ReferenceExecutor:
                     values[name] = value
                     live += getattr(value, "nbytes", 0)
             peak = max(peak, live)
-            if requires_grad is not None and any(ctx.needs_input_grad):
+            if requires_grad is not None and (any(ctx.needs_input_grad)
+                                              or (scope is not None and scope.recording)):
                 requires_grad.update(o for o in node.outputs if o)
                 tape.append((node, ctx))
             if self.free_intermediates:
@@ -224,6 +300,21 @@ class ReferenceExecutor:
         if missing:
             raise GraphError(f"outputs {missing} are not produced by graph {self.graph.name!r}")
         return values, tape
+
+    def _scope(self, node: Node, values: Tensors, requires_grad: set[str] | None
+               ) -> SubgraphScope | None:
+        """The SubgraphScope of a node with subgraphs (None for other nodes)."""
+        subgraphs = list(node.subgraphs())
+        if not subgraphs:
+            return None
+        free: set[str] = set()
+        for sub in subgraphs:
+            free |= self.subexecutor(sub).outer_names
+        outer = {n: values[n] for n in free if n in values}
+        wanted = free & requires_grad if requires_grad is not None else set()
+        recording = requires_grad is not None and (
+            bool(wanted) or any(x in requires_grad for x in node.inputs if x))
+        return SubgraphScope(self, outer, wanted, recording)
 
     def _update_state(self, node: Node, op: Operator, ctx: Context, names: list[str],
                       values: Tensors) -> None:
@@ -261,6 +352,17 @@ class ReferenceExecutor:
             raise GraphError(f"loss {loss!r} must be a scalar, got shape {np.shape(values[loss])}")
         # d loss / d loss; a micro-batch seeds its weight here, so its gradients come out scaled
         grads: dict[str, np.ndarray] = {loss: np.full_like(values[loss], seed)}
+        grads = self._run_tape(tape, grads, set(params) | set(wrt))
+        param_grads = {p: grads[p] if p in grads else np.zeros_like(v) for p, v in params.items()}
+        for name in wrt:
+            value = values.get(name, feeds.get(name))
+            param_grads[name] = grads[name] if name in grads else np.zeros_like(value)
+        return {n: values[n] for n in names}, param_grads
+
+    def _run_tape(self, tape: list[tuple[Node, Context]], grads: Tensors, keep: set[str]
+                  ) -> Tensors:
+        """Backpropagate ``grads`` (tensor name -> gradient) through ``tape``, consuming it;
+        returns the gradients of the tensors in ``keep`` (others are dropped once used)."""
         timed = self.profile
         while tape:
             node, ctx = tape.pop()  # popping lets the saved context go once it is used
@@ -279,18 +381,18 @@ class ReferenceExecutor:
                 self.records.append((node.name, node.op_type, "backward",
                                      time.perf_counter_ns() - start))
             wanted = ctx.needs_input_grad
+            scope = getattr(ctx, "subgraphs", None)
+            outer = scope.outer_grads if scope is not None else {}
             del ctx, grad_outputs
             for name in node.outputs:  # every reader of these ran earlier in the tape
-                if name not in params and name not in wrt:
+                if name not in keep:
                     grads.pop(name, None)
             for name, g, want in zip(node.inputs, grad_inputs, wanted):
                 if want and g is not None:
                     grads[name] = grads[name] + g if name in grads else g
-        param_grads = {p: grads[p] if p in grads else np.zeros_like(v) for p, v in params.items()}
-        for name in wrt:
-            value = values.get(name, feeds.get(name))
-            param_grads[name] = grads[name] if name in grads else np.zeros_like(value)
-        return {n: values[n] for n in names}, param_grads
+            for name, g in outer.items():  # what a subgraph read from this graph
+                grads[name] = grads[name] + g if name in grads else g
+        return grads
 
     def _split(self, feeds: Tensors, k: int) -> list[Tensors]:
         """``feeds`` cut into ``k`` parts along axis 0 (batched graph inputs only)."""

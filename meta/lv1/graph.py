@@ -345,38 +345,6 @@ class Graph:
                 stack.extend(x for x in node.dependencies() if x not in given)
         return [n for n in self.nodes if n.name in needed]
 
-    # -- shapes --------------------------------------------------------------------------
-    def shape_inference(self) -> dict[str, tuple[np.dtype | None, tuple[Dim, ...] | None]]:
-        """Tensor name -> (dtype, shape) for every tensor ONNX shape inference can type.
-
-        Runs ``onnx.shape_inference`` on the exported model (with our ``value_info``), so it
-        knows what ONNX knows: a custom-domain op's outputs stay unknown unless ``value_info``
-        says. Initializers report their actual arrays.
-        """
-        import onnx
-
-        from meta.lv1.onnx_io import model_proto, tensor_info
-
-        model = model_proto(self)
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception as err:  # onnx raises InferenceError and friends
-            raise GraphError(f"graph {self.name!r}: shape inference failed: {err}") from err
-        g = inferred.graph
-        found: dict[str, tuple[np.dtype | None, tuple[Dim, ...] | None]] = {}
-        for info in self.value_info.values():
-            found[info.name] = (info.dtype, info.shape)
-        for value in [*g.input, *g.value_info, *g.output]:
-            info = tensor_info(value)
-            known = found.get(info.name)
-            if info.dtype is None and known is not None:
-                continue
-            found[info.name] = (info.dtype, info.shape if info.shape is not None
-                                else (known[1] if known else None))
-        for name, value in self.initializers.items():
-            found[name] = (value.dtype, tuple(value.shape))
-        return found
-
     def __repr__(self) -> str:
         inputs, outputs = [t.name for t in self.inputs], [t.name for t in self.outputs]
         return (f"Graph({self.name!r}, {len(self.nodes)} nodes, {len(self.parameters)} "

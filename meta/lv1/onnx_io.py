@@ -4,7 +4,7 @@
 bfloat16 and the other narrow float types become float32 parameters, since numpy cannot compute
 in bfloat16 and float16 training loses too much; int4 types widen to int8), tensor data kept in
 external files, graph inputs that shadow initializers (optional feeds with the initializer as
-default), default-domain opsets 7 and up (``""`` and ``"ai.onnx"`` alike), subgraphs and
+default), default-domain opsets 6 and up (``""`` and ``"ai.onnx"`` alike), subgraphs and
 Constant nodes, and ``value_info``. Anything it cannot run fails here, at load time, with one
 message naming the file and the node, op, domain, opset or tensor at fault.
 """
@@ -30,7 +30,7 @@ from meta.lv1.graph import (
     make_operator,
 )
 
-MIN_OPSET = 7  # the oldest default-domain opset we read; the newest is onnx's own
+MIN_OPSET = 6  # the oldest default-domain opset we read (ONNX's model suites use 6)
 Source = onnx.ModelProto | bytes | str | os.PathLike
 
 
@@ -399,3 +399,32 @@ def save_onnx(graph: Graph, path: str | os.PathLike, outputs: Iterable[str] | No
     onnx.save(model, str(tmp))
     os.replace(tmp, path)  # never leave a half-written model behind
     return path
+
+
+# -- shapes -------------------------------------------------------------------------------
+def shape_inference(graph: Graph) -> dict[str, tuple[np.dtype | None, tuple[Dim, ...] | None]]:
+    """Tensor name -> (dtype, shape) for every tensor ONNX shape inference can type.
+
+    Runs ``onnx.shape_inference`` on the exported model (with our ``value_info``), so it
+    knows what ONNX knows: a custom-domain op's outputs stay unknown unless ``value_info``
+    says. Initializers report their actual arrays.
+    """
+    model = model_proto(graph)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as err:  # onnx raises InferenceError and friends
+        raise GraphError(f"graph {graph.name!r}: shape inference failed: {err}") from err
+    g = inferred.graph
+    found: dict[str, tuple[np.dtype | None, tuple[Dim, ...] | None]] = {}
+    for info in graph.value_info.values():
+        found[info.name] = (info.dtype, info.shape)
+    for value in [*g.input, *g.value_info, *g.output]:
+        info = tensor_info(value)
+        known = found.get(info.name)
+        if info.dtype is None and known is not None:
+            continue
+        found[info.name] = (info.dtype, info.shape if info.shape is not None
+                            else (known[1] if known else None))
+    for name, value in graph.initializers.items():
+        found[name] = (value.dtype, tuple(value.shape))
+    return found

@@ -52,6 +52,7 @@ class Trainer:
         eval_shard: tuple[int, int] = (0, 1),
         names: dict[str, str] | None = None,
         transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+        output_dir: Any = None,
     ) -> None:
         self.executor = executor
         self.optimizer = optimizer
@@ -63,6 +64,7 @@ class Trainer:
         self.sum_across = sum_across
         self.eval_shard = eval_shard
         self.transform = transform  # training augmentation, drawing from the sampler's RNG
+        self.output_dir = output_dir  # where the run writes its files (events may too)
         self.names = {"input": "input", "labels": "labels", "logits": "logits", "loss": "loss",
                       **(names or {})}
         self.history: list[Metrics] = []

@@ -24,7 +24,13 @@ from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
 from meta.lv3.rma import AsyncRMA
 from meta.lv3.sampler import DistributedSampler
 from meta.lv3.sandblaster import Sandblaster
-from meta.lv3.strategies import STRATEGIES, make_strategy, replica, strategy_class
+from meta.lv3.strategies import (
+    STRATEGIES,
+    make_strategy,
+    register_strategy,
+    replica,
+    strategy_class,
+)
 from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
 from meta.lv3.timeline import Timeline, chrome_trace
 
@@ -57,6 +63,7 @@ __all__ = [
     "launched_size",
     "make_compressor",
     "make_strategy",
+    "register_strategy",
     "measure_link",
     "replica",
     "strategy_class",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.component import Option, Registry
+from meta.component import Option, Registry, first_sentence
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.allreduce import Allreduce
 from meta.lv3.averaging import ModelAveraging, RingAveraging
@@ -30,9 +30,9 @@ STRATEGIES = Registry("strategy", context=("optimizer", "comm", "trainer"))
 for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
              AsyncRMA, Downpour):
     STRATEGIES.add(_cls.name, _cls.from_recipe, _cls.options,
-                   doc=(_cls.__doc__ or "").split("\n")[0], cls=_cls)
+                   doc=first_sentence(_cls.__doc__ or ""), cls=_cls)
 STRATEGIES.add("sandblaster", Sandblaster.from_recipe, Sandblaster.options,
-               doc=(Sandblaster.__doc__ or "").split("\n")[0], cls=Sandblaster,
+               doc=first_sentence(Sandblaster.__doc__ or ""), cls=Sandblaster,
                requires={"optimizer": ("lbfgs",)})
 
 
@@ -42,7 +42,7 @@ def register_strategy(name: str | None = None, **options: Option):
 
     def decorate(cls: type[Strategy]) -> type[Strategy]:
         STRATEGIES.add(name or cls.name or cls.__name__, cls.from_recipe,
-                       {**cls.options, **options}, doc=(cls.__doc__ or "").split("\n")[0],
+                       {**cls.options, **options}, doc=first_sentence(cls.__doc__ or ""),
                        cls=cls)
         return cls
 

@@ -29,9 +29,14 @@ def gemm(rng: np.random.Generator) -> list[Case]:
             attrs = {"transA": trans_a, "transB": trans_b, "alpha": 0.5, "beta": 1.25}
             cases.append((attrs, [a, b, rng.standard_normal(5)]))
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
-    cases += [({}, [a, b]), ({}, [a, b, rng.standard_normal((3, 1))]),
+    cases += [({}, [a, b], range(11, 100)),  # C optional from opset 11
+              ({}, [a, b, rng.standard_normal((3, 1))]),
               ({}, [a, b, rng.standard_normal((3, 5))]), ({}, [a, b, rng.standard_normal(1)])]
-    return cases
+    # opset 6: C broadcasts only with broadcast=1
+    new = [c if len(c) == 3 else (*c, range(7, 100)) for c in cases]
+    return new + [({}, [a, b, rng.standard_normal((3, 5))], range(6, 7)),
+                  ({"broadcast": 1, "transB": 1},
+                   [a, rng.standard_normal((5, 4)), rng.standard_normal(5)], range(6, 7))]
 
 
 def relu(rng: np.random.Generator) -> list[Case]:
@@ -80,10 +85,17 @@ def cases_for(op_type: str, seed: int = 0, opset: int | None = None) -> list[Cas
 
 # Cases of the wider operator library live beside this file, one module per family, and join
 # the table here so every registry-driven test sees them.
+from .cases_control import CASES as _CONTROL_CASES  # noqa: E402
+from .cases_index import CASES as _INDEX_CASES  # noqa: E402
+from .cases_math import CASES as _MATH_CASES  # noqa: E402
 from .cases_nn import CASES as _NN_CASES  # noqa: E402
+from .cases_nn_extra import CASES as _NN_EXTRA_CASES  # noqa: E402
+from .cases_recurrent import CASES as _RECURRENT_CASES  # noqa: E402
+from .cases_resample import CASES as _RESAMPLE_CASES  # noqa: E402
 from .cases_tensor import CASES as _TENSOR_CASES  # noqa: E402
 
-for _family in (_NN_CASES, _TENSOR_CASES):
+for _family in (_NN_CASES, _TENSOR_CASES, _MATH_CASES, _INDEX_CASES,
+                _NN_EXTRA_CASES, _RECURRENT_CASES, _RESAMPLE_CASES, _CONTROL_CASES):
     _overlap = set(_family) & set(CASES)
     assert not _overlap, f"operator cases defined twice: {sorted(_overlap)}"
     CASES.update(_family)

@@ -125,24 +125,48 @@ def global_average_pool(rng: np.random.Generator) -> list:
 
 def batch_normalization(rng: np.random.Generator) -> list:
     cases = []
+    new = range(14, 100)  # training_mode is an attribute from opset 14
     for shape in ((4, 3), (3, 2, 4), (2, 3, 2, 3)):
         c = shape[1]
         stats = [rng.standard_normal(c), rng.standard_normal(c), rng.standard_normal(c),
                  rng.uniform(0.5, 2.0, c)]
         x = rng.standard_normal(shape)
-        cases.append(({}, [x, *stats]))
-        cases.append(({"epsilon": 2.0**-10, "training_mode": 0}, [x, *stats]))
+        cases.append(({}, [x, *stats], new))
+        cases.append(({"epsilon": 2.0**-10, "training_mode": 0}, [x, *stats], new))
         # ONNX float attributes are float32 (the reference's default momentum is
         # float32(0.9)), so training cases use values float32 holds exactly.
-        cases.append(({"training_mode": 1, "momentum": 0.875}, [x, *stats]))
-        cases.append(({"training_mode": 1, "momentum": 0.5, "epsilon": 2.0**-7}, [x, *stats]))
+        cases.append(({"training_mode": 1, "momentum": 0.875}, [x, *stats], new))
+        cases.append(({"training_mode": 1, "momentum": 0.5, "epsilon": 2.0**-7}, [x, *stats],
+                      new))
+        # Opsets 6-13: no training_mode. onnx.reference is wrong here: its opset 9-13 node
+        # normalises with momentum-blended statistics whenever momentum is set (it always is,
+        # by default), its opset 6-8 node trains unless is_test and returns a tuple as one
+        # output, and it ignores spatial. tests/lv0/test_legacy_opsets.py checks these cases
+        # against the opset-14 operator and formulas instead.
+        blended = "onnx.reference's BatchNormalization-9 blends in the batch statistics"
+        wrong = "onnx.reference's BatchNormalization-6 trains unless is_test, returning a tuple"
+        cases.append((OracleLimit({}, 0, blended), [x, *stats], range(9, 14)))
+        cases.append((OracleLimit({"epsilon": 2.0**-10}, 0, blended), [x, *stats],
+                      range(9, 14)))
+        cases.append((OracleLimit({"spatial": 1}, 0, wrong), [x, *stats], range(7, 9)))
+        cases.append(({"is_test": 1, "epsilon": 2.0**-10}, [x, *stats], range(6, 7)))
+        cases.append((OracleLimit({"momentum": 0.5}, 0, wrong), [x, *stats], range(6, 7)))
+    x = rng.standard_normal((4, 3, 2))
+    element = [rng.standard_normal((3, 2)), rng.standard_normal((3, 2)),
+               rng.standard_normal((3, 2)), rng.uniform(0.5, 2.0, (3, 2))]
+    ignored = "onnx.reference ignores spatial=0 (per-element statistics)"
+    cases.append((OracleLimit({"spatial": 0}, 0, ignored), [x, *element], range(7, 9)))
+    cases.append((OracleLimit({"spatial": 0, "is_test": 1}, 0, ignored), [x, *element],
+                  range(6, 7)))
+    cases.append((OracleLimit({"spatial": 0}, 0, ignored), [x, *element], range(6, 7)))
     return cases
 
 
 def dropout(rng: np.random.Generator) -> list:
     x = rng.standard_normal((3, 4, 5))
     on, off = np.array(True), np.array(False)
-    return [
+    new = range(12, 100)  # ratio and training_mode are inputs from opset 12
+    cases = [
         ({}, [x]),  # inference: identity
         ({}, [x, np.array(0.3)]),
         ({}, [x, np.array(0.3), off]),
@@ -153,6 +177,12 @@ def dropout(rng: np.random.Generator) -> list:
         (OracleLimit({"seed": 3}, 0, "onnx.reference cannot omit ratio before training_mode"),
          [x, None, on]),  # default ratio 0.5
     ]
+    cases = [(*c, new) for c in cases]
+    # Opsets 6-11: ratio is an attribute; inference (as written below 12) is the identity
+    no_six = "onnx.reference has no Dropout before opset 7"
+    return cases + [({}, [x], range(7, 12)), ({"ratio": 0.3}, [x], range(7, 12)),
+                    (OracleLimit({"is_test": 1}, 0, no_six), [x], range(6, 7)),
+                    (OracleLimit({"is_test": 0, "ratio": 0.0}, 0, no_six), [x], range(6, 7))]
 
 
 def lrn(rng: np.random.Generator) -> list:

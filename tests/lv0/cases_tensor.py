@@ -48,8 +48,19 @@ BROADCAST_SHAPES = [((3, 4), (3, 4)), ((3, 4), (4,)), ((4,), (3, 4)), ((2, 1, 4)
 
 def _binary(make_b: Callable | None = None):
     def cases(rng):
+        from .cases_nn import OracleLimit
+
         make = make_b or (lambda r, s: r.standard_normal(s))
-        return [({}, [rng.standard_normal(a), make(rng, b)]) for a, b in BROADCAST_SHAPES]
+        r = rng.standard_normal
+        legacy = "onnx.reference broadcasts numpy-style, ignoring opset 6's axis attribute"
+        return [({}, [r(a), make(rng, b)], since(7)) for a, b in BROADCAST_SHAPES] + [
+            ({}, [r((3, 4)), make(rng, (3, 4))], before(7)),  # opset 6: same shapes, or
+            ({"broadcast": 1}, [r((2, 3, 4)), make(rng, (4,))], before(7)),  # B at the end
+            ({"broadcast": 1}, [r((2, 3, 4)), make(rng, (3, 4))], before(7)),
+            (OracleLimit({"broadcast": 1, "axis": 1}, 0, legacy),  # B at axis 1
+             [r((2, 3, 4)), make(rng, (3,))], before(7)),
+            (OracleLimit({"broadcast": 1, "axis": 0}, 0, legacy),
+             [r((2, 3)), make(rng, (2,))], before(7))]
     return cases
 
 
@@ -61,12 +72,16 @@ def mat_mul(rng):
 
 
 def pow_(rng):
+    from .cases_nn import OracleLimit
+
     base = rng.uniform(0.5, 2.0, (3, 4))
     return [({}, [base, rng.uniform(-2, 2, (3, 4))]),
-            ({}, [base, rng.uniform(-2, 2, (4,))]),
-            ({}, [rng.uniform(0.5, 2.0, (4,)), rng.uniform(-2, 2, (3, 1))]),
-            ({}, [base, np.array(2.0)]),
-            ({}, [_nonzero(rng, (2, 3)), ints(2, 3, -1)])]  # any sign with int exponents
+            ({}, [base, rng.uniform(-2, 2, (4,))], since(7)),
+            ({}, [rng.uniform(0.5, 2.0, (4,)), rng.uniform(-2, 2, (3, 1))], since(7)),
+            ({}, [base, np.array(2.0)], since(7)),
+            ({}, [_nonzero(rng, (2, 3)), ints(2, 3, -1)], since(7)),  # any sign, int exponents
+            (OracleLimit({"broadcast": 1}, 0, "onnx.reference's Pow-1 has no broadcast attribute"),
+             [base, rng.uniform(-2, 2, (4,))], before(7))]
 
 
 def sum_(rng):

@@ -13,7 +13,9 @@ from onnx.reference import ReferenceEvaluator
 
 from meta.lv0 import Context, check_gradients, entries, native
 
+from . import control_harness
 from .cases import CASES, cases_for
+from .cases_control import Scoped
 from .cases_tensor import mean_squared_error
 
 ENTRIES = list(entries())
@@ -27,7 +29,7 @@ def _serving_opset(entry) -> int:
     """The newest opset this implementation serves (the next version's ``since`` - 1)."""
     later = [e.since for e in ENTRIES
              if (e.domain, e.op_type) == (entry.domain, entry.op_type) and e.since > entry.since]
-    return min(later) - 1 if later else NEWEST_OPSET
+    return min(later) - 1 if later else max(NEWEST_OPSET, entry.since)
 
 
 def _attribute(value):
@@ -62,6 +64,11 @@ def test_gradients(entry):
     cases = cases_for(entry.op_type, opset=_serving_opset(entry))
     assert cases, f"{entry.name}: no test case is valid at opset {_serving_opset(entry)}"
     for attrs, inputs in cases:
+        if isinstance(attrs, Scoped):  # control flow: needs the executor's scope
+            problems = control_harness.check_gradients(entry.op_type, attrs, inputs,
+                                                       _serving_opset(entry))
+            assert not problems, "\n".join(problems)
+            continue
         report = check_gradients(entry.cls(**attrs), inputs)
         assert report.passed, f"{attrs}\n{report}"
 
@@ -74,6 +81,12 @@ def test_forward_matches_onnx_reference(entry):
     """ONNX-domain operators against onnx.reference at the newest opset they serve."""
     opset = _serving_opset(entry)
     for attrs, inputs in cases_for(entry.op_type, seed=1, opset=opset):
+        if isinstance(attrs, Scoped):  # control flow, as a one-node model with its scope
+            ours, theirs = control_harness.forward(entry.op_type, attrs, inputs, opset)
+            for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12,
+                                           err_msg=f"{entry.op_type} {attrs} output {i}")
+            continue
         ours = entry.cls(**attrs).apply(Context(), *inputs)
         # Where onnx.reference is wrong, a case's attrs say how many outputs to trust
         # (cases_nn.OracleLimit, with the reason).
@@ -126,7 +139,8 @@ def assert_close(got, expected, dtype, what):
 @pytest.mark.parametrize("key,impls", _twins(), ids=[k[1] for k, _ in _twins()])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_native_matches_numpy(key, impls, dtype):
-    cases = cases_for(key[1], seed=2)
+    entry = next(e for e in ENTRIES if (e.domain, e.op_type, e.since) == key)
+    cases = cases_for(key[1], seed=2, opset=_serving_opset(entry))
     assert cases, f"{key[1]} has a native twin but no test case"
     for attrs, inputs in cases:
         xs = [x.astype(dtype) if x is not None and x.dtype.kind == "f" else x for x in inputs]

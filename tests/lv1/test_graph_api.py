@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meta.lv1 import GraphError, Node, ReferenceExecutor, mlp
+from meta.lv1 import GraphError, Node, ReferenceExecutor, mlp, shape_inference
 
 
 def tiny():
@@ -66,7 +66,7 @@ def test_edits_that_break_the_graph_are_refused_and_leave_it_unchanged():
 
 
 def test_shape_inference_names_every_tensor():
-    shapes = tiny().shape_inference()
+    shapes = shape_inference(tiny())
     assert shapes["fc0"] == (np.dtype(np.float64), ("N", 5))
     assert shapes["logits"] == (np.dtype(np.float64), ("N", 3))
     assert shapes["fc0.weight"] == (np.dtype(np.float64), (5, 6))

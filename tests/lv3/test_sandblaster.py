@@ -13,7 +13,9 @@ import pytest
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv2.second_order import LBFGS, two_loop
 from meta.lv3 import SingleProcessCommunicator, make_strategy, replica
-from meta.lv3.sandblaster import (
+from meta.lv3.sandblaster import Sandblaster
+from meta.lv3.sandblaster_portions import PortionStats
+from meta.lv3.sandblaster_shards import (
     AXPY,
     COPY,
     DOT,
@@ -21,8 +23,6 @@ from meta.lv3.sandblaster import (
     SCALE,
     SUB,
     X_SLOT,
-    PortionStats,
-    Sandblaster,
     ShardVectors,
     VectorShard,
 )

@@ -1,0 +1,12 @@
+"""ArgMax: see ops/_arg.py (ONNX opset 1+)."""
+
+from __future__ import annotations
+
+from meta.lv0 import register
+
+from ._arg import ArgExtreme
+
+
+@register("ArgMax", since=1)
+class ArgMax(ArgExtreme):
+    largest = True

@@ -1,0 +1,15 @@
+"""BitwiseOr: bitwise or of integer tensors (ONNX opset 18+), with broadcasting; not
+differentiable."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import register
+
+from ._logic import Predicate
+
+
+@register("BitwiseOr", since=18)
+class BitwiseOr(Predicate):
+    fn = np.bitwise_or

@@ -1,0 +1,14 @@
+"""Equal: a == b as bool (ONNX opset 7+), with broadcasting; not differentiable."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import register
+
+from ._logic import Predicate
+
+
+@register("Equal", since=7)
+class Equal(Predicate):
+    fn = np.equal

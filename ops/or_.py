@@ -1,0 +1,14 @@
+"""Or: logical or of bool tensors (ONNX opset 7+), with broadcasting; not differentiable."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import register
+
+from ._logic import Predicate
+
+
+@register("Or", since=7)
+class Or(Predicate):
+    fn = np.logical_or

@@ -1,0 +1,20 @@
+"""ReduceMin: the minimum (+inf over an empty set)
+over axes (ONNX opsets 1-17 take axes as an attribute, 18+ as an optional int64 input with
+``noop_with_empty_axes``)."""
+
+from __future__ import annotations
+
+from meta.lv0 import register
+
+from ._reductions import Extreme
+
+
+@register("ReduceMin", since=18)
+class ReduceMin(Extreme):
+    largest = False
+
+
+@register("ReduceMin", since=1)
+class ReduceMin1(ReduceMin):
+    attributes = {"axes": None, "keepdims": 1}
+    axes_from = "attribute"

@@ -1,0 +1,18 @@
+"""Size: the number of elements, an int64 scalar (ONNX opset 1+); no gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import Operator, register
+
+
+@register("Size", since=1)
+class Size(Operator):
+    no_grad_inputs = (0,)
+
+    def forward(self, ctx, x):
+        return np.array(x.size, dtype=np.int64)
+
+    def backward(self, ctx, dy):
+        return (None,)
