@@ -171,7 +171,7 @@ class Sandblaster(Strategy):
             self.worker = PortionWorker(self)
 
     @classmethod
-    def replica(cls, rank: int, size: int) -> tuple[int, int]:
+    def replica(cls, rank: int, size: int, **options: Any) -> tuple[int, int]:
         """Every rank holds the whole data set: portions of any batch go to any worker."""
         return 0, 1
 
