@@ -190,6 +190,14 @@ class Graph:
         self.role_overrides.update(dict.fromkeys(names, _roles.PARAMETER))
         return names
 
+    def select(self, trainable: Iterable[str] = (), frozen: Iterable[str] = ()) -> None:
+        """``train_only(*trainable)`` (if any), then ``freeze(*frozen)``: the selection a
+        loader or a recipe passes as two lists of patterns."""
+        if trainable:
+            self.train_only(*trainable)
+        if frozen:
+            self.freeze(*frozen)
+
     def train_only(self, *patterns: str) -> list[str]:
         """Train exactly the parameters matching the patterns; freeze every other one."""
         roles = self.roles

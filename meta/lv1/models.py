@@ -189,10 +189,7 @@ def build_model(component: Component, options: dict[str, Any], input_shape: Sequ
                               dtype=dtype, **values)
     graph = getattr(built, "graph", built)
     try:
-        if trainable:
-            graph.train_only(*trainable)
-        if frozen:
-            graph.freeze(*frozen)
+        graph.select(trainable, frozen)
     except KeyError as err:
         raise ComponentError(f"model {component.name!r}: {err.args[0]}") from err
     return built

@@ -278,10 +278,7 @@ def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
             raise ONNXLoadError(f"{origin}: {len(problems)} nodes cannot be run:\n  - "
                                 + "\n  - ".join(problems), problems)
     try:
-        if trainable:
-            graph.train_only(*trainable)
-        if frozen:
-            graph.freeze(*frozen)
+        graph.select(trainable, frozen)
     except KeyError as err:
         raise ONNXLoadError(f"{origin}: {err.args[0]}") from err
     return graph
