@@ -190,8 +190,12 @@ class _Schema:
             if component is not None:
                 self.choices[kind] = Choice(component, {})
                 self.nested[kind] = options
-        for spec in merged.get("events", ()) if isinstance(merged.get("events", ()),
-                                                           (list, tuple)) else ():
+        events = merged.get("events", ())
+        if not isinstance(events, (list, tuple)):
+            self.errors.append(f"'events' must be a list of event names, dicts or classes, "
+                               f"got {type(events).__name__}")
+            events = ()
+        for spec in events:
             component, options = self._component("events", registry("event"), spec)
             if component is not None:
                 self.events.append(Choice(component, options))

@@ -83,6 +83,17 @@ def test_an_option_of_another_component_is_refused():
         make_recipe("t", {"distributed": "sandblaster"}, {}, METRICS)
 
 
+def test_events_are_a_list_of_components():
+    r = make_recipe("t", {"events": ["early_stopping", {"name": "time_budget", "seconds": 5.0}]},
+                    {"events.early_stopping.patience": 2}, METRICS)
+    assert [(e.name, e.values().get("patience")) for e in r.definitions.events] == [
+        ("early_stopping", 2), ("time_budget", None)]
+    with pytest.raises(RecipeError, match="'events' must be a list"):
+        make_recipe("t", {"events": "early_stopping"}, {}, METRICS)
+    with pytest.raises(RecipeError, match="event 'time_budget': option 'seconds' is required"):
+        make_recipe("t", {"events": ["time_budget"]}, {}, METRICS)
+
+
 def test_bool_is_not_an_int():
     with pytest.raises(RecipeError, match="'epochs' must be int, got bool"):
         make_recipe("t", {}, {"epochs": True}, METRICS)
