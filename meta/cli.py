@@ -24,28 +24,43 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def _prepare(args: argparse.Namespace, comm):
-    """(RecipeRun, None) or (None, the input error's message) on this rank."""
+def _prepare(args: argparse.Namespace, comm, locks: list):
+    """(RecipeRun, None) or (None, the input error's message) on this rank. Rank 0 first
+    takes the output folder's lock (appended to ``locks``): one run per folder."""
     from meta.component import ComponentError
     from meta.lv1 import GraphError
     from meta.lv2 import CheckpointError, DatasetError
     from meta.recipe import RecipeError, load_recipe
+    from meta.run_dir import RunDirError, RunLock, output_folder
     from meta.runner import RecipeRun
 
     try:
         recipe = load_recipe(args.recipe).with_overrides(_parse_sets(args.set))
+        if comm.is_root:
+            locks.append(RunLock(output_folder(recipe.name, args.output_dir)))
         return RecipeRun(recipe, comm, output_dir=args.output_dir, progress=not args.quiet,
                          export_onnx=not args.no_export,
                          checkpoint_every=args.checkpoint_every, resume=args.resume), None
-    except (RecipeError, ComponentError, DatasetError, GraphError, CheckpointError) as err:
+    except (RecipeError, ComponentError, DatasetError, GraphError, CheckpointError,
+            RunDirError) as err:
         return None, str(err)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from meta.lv3 import world
 
-    comm = world()
-    run, error = _prepare(args, comm)
+    comm, locks = world(), []
+    try:
+        return _run(args, comm, locks)
+    finally:  # also on exit 2 and Ctrl-C; a killed run leaves a lock the next run takes over
+        for lock in locks:
+            lock.release()
+
+
+def _run(args: argparse.Namespace, comm, locks: list) -> int:
+    from meta.run_dir import training_error
+
+    run, error = _prepare(args, comm, locks)
     # Ranks agree on whether any failed before anyone enters a collective; rank 0 reports.
     errors = comm.gather_obj(error)
     if comm.is_root:
@@ -71,13 +86,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             return run_repeated(run, args, comm)
         outcome = run.execute()
-    except Exception:
+    except Exception as err:
+        message = training_error(run, err)  # a NaN loss, a bad backward, a full disk: one line
+        if message is not None:
+            where = f" (on rank {comm.rank})" if comm.size > 1 else ""
+            print(f"meta: error{where}: {message}", file=sys.stderr, flush=True)
         if comm.size > 1:  # the other ranks may be waiting in a collective: end them all
-            traceback.print_exc()
-            print(f"meta: rank {comm.rank} failed; aborting all {comm.size} ranks",
-                  file=sys.stderr, flush=True)
+            if message is None:
+                traceback.print_exc()
+                print(f"meta: rank {comm.rank} failed; aborting all {comm.size} ranks",
+                      file=sys.stderr, flush=True)
+            for lock in locks:
+                lock.release()
             comm.abort(EXIT_ERROR)
-        raise
+        if message is None:
+            raise
+        return EXIT_ERROR
     return EXIT_PASS if outcome.passed else EXIT_FAIL
 
 
@@ -201,6 +225,29 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return job.run()
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Recompute an asynchronous run on one process in its recorded update order."""
+    from meta.replay import ReplayError, replay
+
+    try:
+        done = replay(args.run_dir)
+    except ReplayError as err:
+        print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.save:
+        import numpy as np
+
+        from meta.files import atomic_write
+
+        with atomic_write(args.save, "wb") as f:
+            np.savez(f, **done.params)
+    verdict = "bit-identical to the run's" if done.identical else \
+        f"DIFFERENT from the run's in {', '.join(done.differing)}"
+    print(f"meta replay: {done.updates} updates replayed in {done.seconds:.1f} s; final "
+          f"weights {verdict} ({len(done.params)} tensors, sha256)")
+    return EXIT_PASS if done.identical else EXIT_FAIL
+
+
 def _attr_value(text: str):
     """An --attr value: int, float, a comma list of them, or a string."""
     for parse in (int, float):
@@ -277,6 +324,12 @@ def make_parser() -> argparse.ArgumentParser:
     launch.add_argument("run_args", nargs=argparse.REMAINDER, metavar="...",
                         help="meta run's options (--set, --output-dir, --checkpoint-every ...)")
     launch.set_defaults(func=cmd_launch)
+    replay = sub.add_parser("replay", help="recompute an asynchronous run on one process in "
+                            "the order its server applied the updates; exit 1 unless the final "
+                            "weights are bit-identical to the run's")
+    replay.add_argument("run_dir", help="the run's output folder (with replay.json)")
+    replay.add_argument("--save", metavar="FILE.npz", help="write the replayed weights")
+    replay.set_defaults(func=cmd_replay)
     add_bench_commands(sub)  # compare, bench-op
     return parser
 

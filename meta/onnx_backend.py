@@ -28,6 +28,21 @@ from meta.lv1 import GraphError, ONNXLoadError, ReferenceExecutor, from_onnx
 __all__ = ["MetaBackend", "MetaRep", "prepare", "run_model", "run_node", "supports_device"]
 
 
+def _value(value: Any) -> Any:
+    """An array, or a sequence (list) or empty optional (None) as it is."""
+    return value if isinstance(value, list) or value is None else np.asarray(value)
+
+
+def _value_info(name: str, value: Any) -> onnx.ValueInfoProto:
+    """The graph input declaring ``value``: a tensor, or a sequence of its first item's type."""
+    if isinstance(value, list):
+        elem = helper.np_dtype_to_tensor_dtype(np.asarray(value[0]).dtype) if value \
+            else onnx.TensorProto.FLOAT
+        return helper.make_tensor_sequence_value_info(name, elem, None)
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
+                                         None)
+
+
 class MetaRep(BackendRep):
     """A prepared model: ``run(inputs)`` takes a list (in graph-input order, initializers
     left out) or a dict of arrays and returns the graph outputs as a named tuple."""
@@ -51,7 +66,7 @@ class MetaRep(BackendRep):
             feeds = dict(zip(self.input_names, inputs))
         outputs = self.executor.inference(feeds, self.output_names)
         return namedtupledict("Outputs", self.output_names)(
-            *(np.asarray(outputs[n]) for n in self.output_names))
+            *(_value(outputs[n]) for n in self.output_names))
 
 
 class MetaBackend(Backend):
@@ -90,11 +105,10 @@ class MetaBackend(Backend):
             given = dict(inputs)
         else:
             given = {name: value for name, value in zip(node.input, inputs) if name}
-        given = {k: np.asarray(v) for k, v in given.items()}
+        given = {k: _value(v) for k, v in given.items()}
         graph = helper.make_graph(
             [node], "run_node",
-            [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), None)
-             for k, v in given.items()],
+            [_value_info(k, v) for k, v in given.items()],
             [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
              for o in node.output if o])
         version = kwargs.get("opset_version", onnx.defs.onnx_opset_version())

@@ -264,8 +264,11 @@ REGISTRY_OF = {"distributed": "strategy"}
 
 
 def _report(name: str, errors: list[str], where: str = "") -> str:
-    head = f"recipe {name!r}{' ' + where if where else ''}: {len(errors)} problem(s)"
-    return "\n".join([head, *(f"  - {e}" for e in errors)])
+    """One line for one problem; a head line and one line each for several."""
+    head = f"recipe {name!r}{' ' + where if where else ''}"
+    if len(errors) == 1:
+        return f"{head}: {errors[0]}"
+    return "\n".join([f"{head}: {len(errors)} problem(s)", *(f"  - {e}" for e in errors)])
 
 
 def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],

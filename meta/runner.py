@@ -8,7 +8,6 @@ own interfaces (``prepare``, ``Strategy.train``, ``Strategy.from_recipe``), not 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from meta.component import ComponentError
-from meta.lv1 import Graph, build_model, save_onnx
+from meta.lv1 import Graph, build_model
 from meta.lv2 import (
     METRICS,
     CheckpointEvent,
@@ -38,6 +37,7 @@ from meta.lv3 import Communicator, DistributedSampler, Strategy, world
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
 from meta.recipe import Outcome, Recipe, RecipeError, judge
+from meta.run_dir import output_folder, write_outputs
 
 CHECKPOINT = "checkpoint.npz"
 
@@ -60,7 +60,7 @@ class RecipeRun:
                  progress: bool = True, export_onnx: bool = True, checkpoint_every: int = 0,
                  resume: bool = False) -> None:
         self.recipe, self.comm, self.stream = recipe, comm or world(), stream or sys.stdout
-        self.output_dir = Path(output_dir) if output_dir is not None else Path("runs") / recipe.name
+        self.output_dir = output_folder(recipe.name, output_dir)
         self.export_onnx, self.resumed, self.build_metrics = export_onnx, resume, {}
         try:
             self.trainer = self._build(progress, checkpoint_every)
@@ -159,7 +159,7 @@ class RecipeRun:
         metrics.update(self.measured(strategy, history))
         outcome = judge(recipe, metrics, history, trainer.executor.graph.parameters)
         if comm.is_root:
-            self.write_outputs(outcome)
+            write_outputs(self, outcome)  # model.onnx, then metrics.json, each atomically
             print(outcome.table(), file=stream, flush=True)
         return outcome
 
@@ -171,6 +171,8 @@ class RecipeRun:
                                            **strategy.options)
         self.trainer.optimizer, group = wrapped, wrapped.group
         self.trainer.sum_across = lambda sums: group.allreduce(np.array(sums))
+        if hasattr(self.trainer.executor, "timeline"):  # the PyTorch executor's copies
+            self.trainer.executor.timeline = wrapped.timeline
         return wrapped
 
     def measured(self, strategy: Strategy, history: list[dict[str, Any]]) -> dict[str, float]:
@@ -180,18 +182,6 @@ class RecipeRun:
         values = {k: float(METRICS[k].build(**t.options).compute(self.trainer, history))
                   for k, t in wanted.items()} if strategy.role == "worker" else {}
         return self.comm.bcast_obj(values, root=0) if wanted else {}
-
-    def write_outputs(self, outcome: Outcome) -> None:
-        out = self.output_dir
-        out.mkdir(parents=True, exist_ok=True)
-        report = {"recipe": self.recipe.name, "passed": outcome.passed,
-                  "metrics": outcome.metrics, "definitions": self.recipe.definitions.as_dict(),
-                  "history": outcome.history}
-        (out / "metrics.json").write_text(json.dumps(report, indent=2, default=list) + "\n")
-        if self.export_onnx:
-            path = save_onnx(self.trainer.executor.graph, out / "model.onnx",
-                             outputs=[self.trainer.names["logits"]])
-            print(f"meta: saved {path} and {out / 'metrics.json'}", file=self.stream, flush=True)
 
 
 def run_recipe(recipe: Recipe, comm: Communicator | None = None, **options: Any) -> Outcome:

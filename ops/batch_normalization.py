@@ -1,4 +1,5 @@
-"""BatchNormalization (ONNX opset 14+, ``training_mode``; 15 only widened the types).
+"""BatchNormalization (ONNX opset 14+, ``training_mode``; 15 only widened the types; opsets
+6-13 are registered below).
 
 Inputs X (N, C, ...), scale, B, input_mean, input_var (C). Inference normalises with the given
 statistics. ``training_mode=1`` normalises with the batch mean and (biased) variance, backprops
@@ -170,7 +171,8 @@ class _LegacyBatchNormalization:
     def results(self, ctx, y, mean, var, mean_used, var_used, training):
         if training:
             out = super().results(ctx, y, mean, var, mean_used, var_used, training)
-            out = (*out, mean_used.astype(y.dtype, copy=False), var_used.astype(y.dtype, copy=False))
+            out = (*out, mean_used.astype(y.dtype, copy=False),
+                   var_used.astype(y.dtype, copy=False))
         else:
             out = (y, mean, var, mean, var)
         return out[:max(self.n_outputs, 1)]

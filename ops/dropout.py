@@ -1,8 +1,10 @@
 """Dropout (ONNX opset 12+; 13 only widened the types): ratio and training_mode are inputs.
+Opsets 6-11 (``ratio`` an attribute, 6 with ``is_test``) are registered below.
 
 Inference (the default) is the identity; the executor's mode (``ctx.mode``) overrides the
-``training_mode`` input, so ``executor.train()`` drops and ``executor.eval()`` does not. In training each element is kept with probability
-``1 - ratio`` and scaled by ``1 / (1 - ratio)``; the mask is the second output. With the
+``training_mode`` input, so ``executor.train()`` drops and ``executor.eval()`` does not. In
+training each element is kept with probability ``1 - ratio`` and scaled by
+``1 / (1 - ratio)``; the mask is the second output. With the
 ``seed`` attribute every call draws the same mask, exactly as onnx.reference does
 (``RandomState(seed).uniform(0, 1, shape) >= ratio``), so runs and gradient checks are
 reproducible; without it each instance keeps its own generator and draws a fresh mask per call.

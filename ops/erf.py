@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from meta.lv0 import register
 from ops import _special
+
 from ._elementwise import Unary
 
 

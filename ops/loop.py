@@ -47,8 +47,7 @@ class Loop(Operator):
             i += 1
         stacked = [np.stack(s) if s else self.empty(body.outputs[1 + n_carried + k])
                    for k, s in enumerate(scans)]
-        ctx.save(records=records, n_carried=n_carried,
-                 carried_like=[np.asarray(v) for v in initial])
+        ctx.save(records=records, n_carried=n_carried, carried_like=list(initial))
         return (*carried, *stacked)
 
     @staticmethod
@@ -67,7 +66,8 @@ class Loop(Operator):
                 break
             grads = ctx.subgraphs.backward(ctx.records[i], douts)
             dcarried = list(grads[2:2 + n])
-        dinitial = [None if g is None or not np.issubdtype(np.asarray(like).dtype, np.floating)
+        dinitial = [None if g is None or not isinstance(like, np.ndarray)
+                    or not np.issubdtype(like.dtype, np.floating)
                     else np.broadcast_to(g, like.shape).astype(like.dtype, copy=False)
                     for g, like in zip(dcarried, ctx.carried_like)]
         return (None, None, *dinitial)

@@ -4,8 +4,9 @@ RBMs (seed 000, Algorithms 1 and 2), then supervised fine-tuning by SGD (Algorit
 Run:  meta run recipes/mnist_dbn.py
 
 The DBN's options (hidden: the RBM widths, pretrain_epochs, pretrain_lr, cd_k,
-pretrain_batch_size, persistent_cd) are declared by the ``dbn`` model (``meta components model``). The input stays in [0, 1] (binary
-visible units), so the exported model.onnx expects unstandardized pixels. Under MPI,
+pretrain_batch_size, persistent_cd) are declared by the ``dbn`` model (``meta components
+model``). The input stays in [0, 1] (binary visible units), so the exported model.onnx expects
+unstandardized pixels. Under MPI,
 pre-training is distributed as the strategy says, and fine-tuning follows the strategy:
 
 - ``distributed: allreduce``: synchronous data parallelism (each rank a shard of every batch of

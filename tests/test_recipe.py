@@ -55,7 +55,7 @@ def test_all_problems_are_reported_together():
     assert "option 'hidden' must be list of int" in msg
     assert "option 'epochs' must be int, got float 2.5" in msg
     assert "option 'momentum' must be below 1" in msg
-    assert "unknown executor 'gpu' (known: reference, native)" in msg
+    assert "unknown executor 'gpu' (known: reference, native" in msg
     assert "'dataset' is in both FIXED and MUTABLE" in msg
     assert "unknown metric 'test_acuracy' (did you mean 'test_accuracy'?)" in msg
     assert "'train_loss' must be AtLeast(x) or AtMost(x), got 0.1" in msg
@@ -74,8 +74,8 @@ def test_three_mistakes_in_three_components_give_one_error():
 
 
 def test_an_option_of_another_component_is_refused():
-    with pytest.raises(RecipeError, match="'momentum' is an option of optimizer 'sgd', not of "
-                                          "the chosen optimizer 'adam'"):
+    with pytest.raises(RecipeError, match="'momentum' is an option of optimizer 'sgd'.*, not "
+                                          "of the chosen optimizer 'adam'"):
         make_recipe("t", {"optimizer": "adam"}, {"momentum": 0.9}, METRICS)
     with pytest.raises(RecipeError, match="'n_fetch' is an option of distributed 'downpour'"):
         make_recipe("t", {}, {"n_fetch": 2}, METRICS)

@@ -187,8 +187,18 @@ def _narrow_types(graph: onnx.GraphProto) -> list[str]:
 
 # -- running ------------------------------------------------------------------------------
 def _compare(name: str, ours: np.ndarray, expected: np.ndarray, case: Case) -> str:
-    """An empty string when ``ours`` matches, else what differs."""
-    ours = np.asarray(ours)
+    """An empty string when ``ours`` matches, else what differs (sequences item by item)."""
+    if isinstance(expected, list) or isinstance(ours, list):
+        if not (isinstance(expected, list) and isinstance(ours, list)):
+            return f"output {name!r}: {type(ours).__name__}, expected {type(expected).__name__}"
+        if len(ours) != len(expected):
+            return f"output {name!r}: {len(ours)} items, expected {len(expected)}"
+        for i, (a, b) in enumerate(zip(ours, expected)):
+            problem = _compare(f"{name}[{i}]", a, b, case)
+            if problem:
+                return problem
+        return ""
+    ours, expected = np.asarray(ours), np.asarray(expected)
     if ours.shape != expected.shape:
         return f"output {name!r}: shape {list(ours.shape)}, expected {list(expected.shape)}"
     if ours.dtype != expected.dtype:
@@ -224,7 +234,7 @@ def run_case(case: Case) -> str:
         except Exception as err:
             return f"run: {type(err).__name__}: {str(err)[:300]}"
         for name, want in zip(outputs, expected):
-            problem = _compare(name, got[name], np.asarray(want), case)
+            problem = _compare(name, got[name], want, case)
             if problem:
                 return problem
     return ""

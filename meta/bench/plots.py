@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from meta.bench.stats import median_ci
+from meta.files import atomic_write
 
 WIDTH_IN, DPI = 6.4, 100
 
@@ -28,8 +29,8 @@ def _figure(width: float = WIDTH_IN, height: float = 3.6) -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format=path.suffix[1:] or "png")
     return path
 
 

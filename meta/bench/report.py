@@ -23,6 +23,7 @@ from meta.bench.stats import (
     ratio_of_medians_by_run,
     summarize,
 )
+from meta.files import write_text
 
 SCHEMA = "meta.bench/1"
 TABLE_METRICS = ("test_accuracy", "test_loss")
@@ -105,9 +106,7 @@ def throughput(result: VariantRuns) -> dict[str, Any]:
 
 
 def write_json(report: Mapping[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    return path
+    return write_text(path, json.dumps(report, indent=1) + "\n")
 
 
 def _ms(s: Summary | Mapping[str, Any]) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 from meta.lv0 import native
 from meta.lv0.broadcast import unbroadcast
 from meta.lv0.gradcheck import GradCheckReport, check_gradients
-from meta.lv0.operator import Context, InferenceContext, Operator
+from meta.lv0.operator import BackwardError, Context, InferenceContext, Operator, check_backward
 from meta.lv0.registry import (
     UnknownOperatorError,
     entries,
@@ -15,11 +15,13 @@ from meta.lv0.registry import (
 from meta.lv0.validate import ValidationReport, validate_operator
 
 __all__ = [
+    "BackwardError",
     "Context",
     "GradCheckReport",
     "InferenceContext",
     "Operator",
     "UnknownOperatorError",
+    "check_backward",
     "check_gradients",
     "entries",
     "load_library",

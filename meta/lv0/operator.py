@@ -117,9 +117,67 @@ class Operator:
 
     def apply(self, ctx: Context, *inputs: Array | None) -> tuple[Array, ...]:
         """Run forward and always return a tuple of outputs."""
+        if not isinstance(ctx, InferenceContext):  # what check_backward compares against
+            ctx.input_shapes = tuple(getattr(x, "shape", None) for x in inputs)  # arrays
         out = self.forward(ctx, *inputs)
         return out if isinstance(out, tuple) else (out,)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
         return f"{type(self).__name__}({args})"
+
+
+class BackwardError(TypeError):
+    """An operator's backward returned something other than one gradient (or None) per
+    input, each of its input's shape (names the node, the operator and what it returned)."""
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join("None" if g is None else f"shape {getattr(g, 'shape', '?')}"
+                          for g in value)
+        return f"{len(value)} value(s) ({inner})" if value else repr(value)
+    return f"a {type(value).__name__}"
+
+
+def check_backward(grads: Any, ctx: Context, node: Any) -> Sequence[Array | None]:
+    """``grads``, an operator's backward result for ``node`` (anything with ``inputs``,
+    ``op_type`` and ``describe()``), if it is one gradient or None per input (trailing
+    entries past the inputs may be None; inputs that need no gradient may be left out), each
+    of its input's shape; else a BackwardError naming the node and what backward returned.
+
+    >>> ctx = Context([True]); ctx.input_shapes = ((2,),)
+    >>> class Node: inputs, op_type = ["x"], "Square"; describe = lambda self: "node 'sq'"
+    >>> check_backward(None, ctx, Node())
+    Traceback (most recent call last):
+    ...
+    meta.lv0.operator.BackwardError: node 'sq': the backward of operator Square returned None; \
+it must return a sequence with one gradient (or None) per input: 1 input(s) here ('x')
+    """
+    inputs = list(node.inputs)
+    problem = ""
+    if not isinstance(grads, (tuple, list)):
+        problem = "a sequence with one gradient (or None) per input"
+    elif any(g is not None for g in grads[len(inputs):]):
+        problem = "no more gradients than inputs (trailing None allowed)"
+    elif any(ctx.needs(i) for i in range(len(grads), len(inputs))):
+        problem = "a gradient (or None) for every input that needs one"
+    if problem:
+        names = ", ".join(repr(x) for x in inputs)
+        raise BackwardError(f"{node.describe()}: the backward of operator {node.op_type} "
+                            f"returned {_shown(grads)}; it must return {problem}: "
+                            f"{len(inputs)} input(s) here ({names})")
+    shapes = getattr(ctx, "input_shapes", None)
+    if shapes is not None:
+        for i, (g, shape) in enumerate(zip(grads, shapes)):
+            got = getattr(g, "shape", () if np.isscalar(g) else None)
+            if got is not None and shape is not None and ctx.needs(i) and got != shape:
+                raise BackwardError(f"{node.describe()}: the backward of operator "
+                                    f"{node.op_type} returned a gradient of shape {got} for "
+                                    f"input {i} ({inputs[i]!r}) of shape {shape}; each "
+                                    f"gradient must have its input's shape")
+    return grads

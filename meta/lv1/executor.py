@@ -10,7 +10,7 @@ from typing import ClassVar, Iterable, Sequence
 import numpy as np
 
 from meta.component import Option, Registry
-from meta.lv0 import Context, InferenceContext, Operator, native
+from meta.lv0 import Context, InferenceContext, Operator, check_backward, native
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
 
 Tensors = dict[str, np.ndarray]
@@ -200,6 +200,8 @@ class ReferenceExecutor:
 
     # -- feeds ---------------------------------------------------------------------------
     def _check_value(self, name: str, value: np.ndarray, info: TensorInfo, kind: str) -> None:
+        if not isinstance(value, np.ndarray):
+            return  # a sequence or an optional: not a tensor to check
         if info.dtype is not None and value.dtype != info.dtype:
             raise GraphError(f"{kind} {name!r}: expected {info.dtype}, got {value.dtype}")
         if info.shape is not None:
@@ -218,7 +220,9 @@ class ReferenceExecutor:
         if unknown:
             raise GraphError(f"feeds {unknown} are not inputs, initializers or tensors of graph "
                              f"{graph.name!r} (inputs: {sorted(declared)})")
-        feeds = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in feeds.items()}
+        # sequences (lists) and empty optionals (None) stay as they are
+        feeds = {k: v if isinstance(v, (np.ndarray, list)) or v is None else np.asarray(v)
+                 for k, v in feeds.items()}
         needed = {x for n in nodes for x in n.dependencies()}
         for name, info in declared.items():
             if name in feeds:
@@ -377,6 +381,7 @@ class ReferenceExecutor:
                                    for o, g in zip(node.outputs, grad_outputs))
                 raise ExecutionError(f"{node.describe()} backward failed on output gradients "
                                      f"({shapes}): {err}") from err
+            grad_inputs = check_backward(grad_inputs, ctx, node)  # a user op's mistakes
             if timed:
                 self.records.append((node.name, node.op_type, "backward",
                                      time.perf_counter_ns() - start))
@@ -420,9 +425,9 @@ class ReferenceExecutor:
         Gradients are those of the scalar ``loss`` with respect to every trainable parameter
         (``graph.parameters``; a fed parameter is a constant and gets zeros) and to each tensor
         named in ``wrt`` (graph inputs such as the image, for saliency maps, adversarial
-        examples or a gradient check of the whole network). ``micro_batches=k`` runs the batch in ``k``
-        slices along axis 0, one at a time, so activations of only one slice are alive at
-        once. It assumes the loss is a mean over the batch axis: each slice's loss and
+        examples or a gradient check of the whole network). ``micro_batches=k`` runs the
+        batch in ``k`` slices along axis 0, one at a time, so activations of only one slice are
+        alive at once. It assumes the loss is a mean over the batch axis: each slice's loss and
         gradients are weighted by its size / batch size, which gives the full-batch values
         exactly (a loss that is a sum, or a weighted mean like ignore_index, is not matched,
         and neither is an op that mixes samples, such as BatchNormalization in training).

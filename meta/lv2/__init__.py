@@ -1,7 +1,9 @@
 """Level 2: datasets, samplers, optimizers and the trainer with its events."""
 
+from meta.lv2 import array_files, dbn_model, image_folder  # noqa: F401  (register components)
 from meta.lv2.checkpoint import CheckpointError, CheckpointEvent, load_checkpoint, save_checkpoint
 from meta.lv2.cifar import cifar10
+from meta.lv2.dataset_registry import DATASETS, build_dataset, register_dataset
 from meta.lv2.datasets import (
     ArrayDataset,
     Dataset,
@@ -11,6 +13,7 @@ from meta.lv2.datasets import (
     synthetic,
 )
 from meta.lv2.events import (
+    EVENTS,
     CSVLog,
     EarlyStopping,
     EpochLog,
@@ -19,9 +22,12 @@ from meta.lv2.events import (
     PlotMetrics,
     ProgressBar,
     TimeBudget,
+    register_event,
 )
 from meta.lv2.idx import IDXError, read_idx, write_idx
+from meta.lv2.metrics import METRICS, Metric, register_metric
 from meta.lv2.optimizers import (
+    OPTIMIZERS,
     GradientTransformation,
     Optimizer,
     adadelta,
@@ -29,11 +35,13 @@ from meta.lv2.optimizers import (
     adam,
     adamw,
     add_decayed_weights,
+    build_optimizer,
     chain,
     clip_by_global_norm,
     cosine_decay,
     masked,
     partition,
+    register_optimizer,
     rmsprop,
     scale,
     sgd,
@@ -43,18 +51,15 @@ from meta.lv2.optimizers import (
 )
 from meta.lv2.sampler import SequentialSampler, ShuffleSampler
 from meta.lv2.second_order import LBFGS, ConjugateGradient
+from meta.lv2.torch_optimizers import TorchOptimizer  # registers torch_*; imports no torch
 from meta.lv2.trainer import Trainer
-from meta.lv2.dataset_registry import DATASETS, build_dataset, register_dataset  # isort: skip
-from meta.lv2 import array_files, dbn_model, image_folder  # noqa: F401,E402  (register)
-from meta.lv2.events import EVENTS, register_event  # noqa: E402
-from meta.lv2.metrics import METRICS, Metric, register_metric  # noqa: E402
-from meta.lv2.optimizers import OPTIMIZERS, build_optimizer, register_optimizer  # noqa: E402
 
 __all__ = [
     "DATASETS",
     "EVENTS",
     "METRICS",
     "OPTIMIZERS",
+    "TorchOptimizer",
     "Metric",
     "build_dataset",
     "build_optimizer",

@@ -22,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from meta.files import atomic_write
 from meta.lv2.events import Event, Metrics
 
 FORMAT_VERSION = 2  # 2: the network's state apart from its parameters
 META_KEY = "__meta__"
+FIELDS = ("info", "position", "rng_states", "params", "state", "optimizer")
+POSITION = ("epoch", "step", "batch_in_epoch", "epoch_sums", "epoch_elapsed", "history")
 
 
 class CheckpointError(ValueError):
@@ -76,7 +79,6 @@ class Checkpoint:
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` atomically to ``path``; returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
     document = {"format": FORMAT_VERSION, "info": ckpt.info, "position": ckpt.position,
                 "rng_states": ckpt.rng_states,
@@ -84,12 +86,8 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
                 "state": flatten_tree(ckpt.state, arrays, "state"),
                 "optimizer": flatten_tree(ckpt.optimizer, arrays, "opt")}
     arrays[META_KEY] = np.frombuffer(json.dumps(document).encode(), dtype=np.uint8)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path, "wb") as f:  # synced, renamed; on a full disk no .tmp is left
         np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 
@@ -106,10 +104,19 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if document.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {document.get('format')} is not "
                               f"{FORMAT_VERSION} (written by another version of meta)")
-    return Checkpoint(unflatten_tree(document["params"], arrays),
-                      unflatten_tree(document["optimizer"], arrays), document["position"],
-                      document["rng_states"], document["info"],
-                      unflatten_tree(document["state"], arrays))
+    missing = [k for k in FIELDS if k not in document] + [
+        f"position.{k}" for k in POSITION if k not in document.get("position", POSITION)]
+    try:
+        if not missing:
+            return Checkpoint(unflatten_tree(document["params"], arrays),
+                              unflatten_tree(document["optimizer"], arrays),
+                              document["position"], document["rng_states"], document["info"],
+                              unflatten_tree(document["state"], arrays))
+    except KeyError as err:  # an array the description names is not in the file
+        missing = [f"array {err.args[0]}"]
+    raise CheckpointError(f"{path}: the checkpoint has no {', '.join(missing)} (a damaged or "
+                          f"edited file); resume from another checkpoint, or start again "
+                          f"without --resume")
 
 
 def _random_ops(trainer: Any) -> dict[str, Any]:
@@ -160,7 +167,11 @@ def restore(trainer: Any, ckpt: Checkpoint, source: str = "checkpoint") -> None:
     for target, saved in pairs:
         for name, value in saved.items():
             target[name][...] = value
-    trainer.optimizer.load_state_dict(ckpt.optimizer)
+    try:
+        trainer.optimizer.load_state_dict(ckpt.optimizer)
+    except KeyError as err:
+        raise CheckpointError(f"{source}: the optimizer state has no {err.args[0]!r} (saved "
+                              f"by another optimizer or strategy, or a damaged file)") from err
     trainer.restore_position(ckpt.position)
     for name, op in _random_ops(trainer).items():
         if name in ckpt.rng_states:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meta.component import Option, Registry
+from meta.files import atomic_write
 
 if TYPE_CHECKING:
     from meta.lv2.trainer import Trainer
@@ -141,35 +142,41 @@ class TimeBudget(Event):
 
 
 class _FileLog(Event):
-    """Appends one record per epoch to a file, flushed at once (a crash loses nothing)."""
+    """One record per epoch in a file, rewritten whole (atomically) after every epoch from the
+    trainer's history: a crash or a full disk leaves the previous version, never half a line,
+    and a resumed run's file holds exactly the epochs of its checkpoint and after."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not trainer.history:  # a fresh run starts a fresh file; a resumed one appends
-            self.path.write_text("")
+        if not trainer.history:  # a fresh run starts a fresh file
+            with atomic_write(self.path, newline=""):
+                pass
+
+    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
+        with atomic_write(self.path, newline="") as f:
+            self.write(f, [{k: float(v) for k, v in m.items()} for m in trainer.history])
+
+    def write(self, f: Any, records: list[dict[str, float]]) -> None:
+        raise NotImplementedError
 
 
 class CSVLog(_FileLog):
     """Per-epoch metrics as CSV, with the columns of the first epoch."""
 
-    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
-        new = self.path.stat().st_size == 0 if self.path.exists() else True
-        with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(metrics), extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow({k: float(v) for k, v in metrics.items()})
+    def write(self, f: Any, records: list[dict[str, float]]) -> None:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else [],
+                                extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
 
 
 class JSONLinesLog(_FileLog):
     """Per-epoch metrics as JSON lines (one object per epoch)."""
 
-    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({k: float(v) for k, v in metrics.items()}) + "\n")
+    def write(self, f: Any, records: list[dict[str, float]]) -> None:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 class PlotMetrics(Event):
@@ -201,9 +208,11 @@ class PlotMetrics(Event):
         if self.title:
             fig.suptitle(self.title)
         fig.tight_layout()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(self.path, dpi=100)
-        plt.close(fig)
+        try:
+            with atomic_write(self.path, "wb") as f:
+                fig.savefig(f, dpi=100, format=self.path.suffix[1:] or "png")
+        finally:
+            plt.close(fig)
 
 
 # Events as recipes name them (``"events": [{"name": "early_stopping", "patience": 2}]``), or a

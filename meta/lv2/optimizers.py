@@ -392,11 +392,17 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
                     steps_per_epoch: int, epochs: int) -> Any:
     """The optimizer a recipe names, over ``params``: an update rule with its schedule, weight
     decay and clipping wrapped in ``Optimizer``, or (``meta['line_search']``) an optimizer
-    class that takes the parameters itself (L-BFGS, CG)."""
+    class that takes the parameters itself (L-BFGS, CG), or (``meta['framework']``) another
+    framework's optimizer over them (``torch_adam``: the learning rate or its schedule,
+    weight decay and clipping are handed to it)."""
     values = component.resolve(options)
     if component.meta.get("line_search"):
         return component.factory(params, **values)
     common = {k: values.pop(k) for k in list(values) if k in OPTIMIZERS.common}
+    if component.meta.get("framework"):  # another framework's optimizer: it steps the arrays
+        return component.factory(params, learning_rate(common, steps_per_epoch, epochs),
+                                 weight_decay=common["weight_decay"],
+                                 grad_clip=common["grad_clip"], **values)
     accepted = inspect.signature(component.factory).parameters
     decay = common["weight_decay"]
     if "weight_decay" in accepted:

@@ -13,7 +13,7 @@ from meta.lv3.flat import FlatBuffer
 from meta.lv3.polling import poll_all, poll_any
 from meta.lv3.strategy import Strategy
 
-GRADS, PARAMS, DONE = 11, 12, 13  # message tags of the asynchronous server
+GRADS, PARAMS, DONE, ORDER = 11, 12, 13, 14  # message tags of the asynchronous server
 
 
 class ParameterServer(Strategy):
@@ -57,6 +57,9 @@ class AsyncParameterServer(Strategy):
     server (``serve``) applies each gradient as it arrives with the wrapped optimizer and
     answers that worker alone, until every worker has sent DONE (``finish``); then it sends
     everyone the final parameters. At size 1 there is no server: the rank trains locally.
+    The server records the order in which it applied the workers' gradients and sends it to
+    rank 0 at the end (``update_order``: the worker rank of each update), so the run can be
+    replayed on one process, bit for bit (``meta replay``).
     Server and workers wait by polling (``meta.lv3.polling``): MPICH's blocking waits spin,
     and with more ranks than cores a spinning server takes a core its workers need.
     """
@@ -72,6 +75,7 @@ class AsyncParameterServer(Strategy):
         self.role = "server" if comm.rank == self.server else "worker"
         self.group = comm.split(int(self.role == "server"))
         self.workers = [r for r in range(comm.size) if r != self.server]
+        self.update_order: list[int] | None = None  # on the server and rank 0, once finished
 
     @property
     def source(self) -> int:
@@ -99,6 +103,12 @@ class AsyncParameterServer(Strategy):
         if self.role == "worker" and self.server is not None:
             self.comm.send(np.empty(0, self.flat_grads.dtype), self.server, DONE)
             self.comm.recv(self.flat_params.buffer, self.server, PARAMS)
+            if self.comm.rank == 0:
+                count = np.empty(1, np.int64)
+                self.comm.recv(count, self.server, ORDER)
+                order = np.empty(int(count[0]), np.int64)
+                self.comm.recv(order, self.server, ORDER)
+                self.update_order = order.tolist()
 
     def serve(self) -> None:
         """Apply gradients as they come until every worker is done (the server rank only)."""
@@ -109,7 +119,7 @@ class AsyncParameterServer(Strategy):
         outboxes = [np.empty_like(params) for _ in self.workers]
         receives = [comm.irecv(box.buffer, w) for box, w in zip(inboxes, self.workers)]
         sends: list = [None] * len(self.workers)
-        active = len(self.workers)
+        active, order = len(self.workers), []
         while active:
             t.begin()
             i, tag = poll_any(comm, receives)  # a blocking wait would spin on a worker's core
@@ -118,6 +128,7 @@ class AsyncParameterServer(Strategy):
                 active -= 1
                 continue
             self.optimizer.step(inboxes[i].views)
+            order.append(self.workers[i])
             t.lap("update")
             if sends[i] is not None:
                 poll_all(comm, [sends[i]])  # the worker got it before sending this gradient
@@ -129,6 +140,9 @@ class AsyncParameterServer(Strategy):
         poll_all(comm, sends)
         for worker in self.workers:
             comm.send(params, worker, PARAMS)
+        self.update_order = order
+        comm.send(np.array([len(order)], np.int64), 0, ORDER)
+        comm.send(np.array(order, np.int64), 0, ORDER)
 
     def predict_comm_s(self, link: Link) -> float:
         """A worker's round trip, ignoring the queue at the server."""

@@ -4,6 +4,7 @@ Each strategy class declares its options (``Strategy.options``) and builds itsel
 recipe (``from_recipe``); a user's strategy is a Strategy subclass registered with
 ``register_strategy`` or given as itself in the recipe file.
 
+>>> import numpy as np
 >>> from meta.lv2.optimizers import Optimizer, sgd
 >>> make_strategy("model_averaging", Optimizer(sgd(0.1), {"w": np.zeros(2)}), average_every=4)
 ModelAveraging(1 tensors, 16 bytes, SingleProcessCommunicator(rank=0, size=1))
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from meta.component import Option, Registry, first_sentence
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.allreduce import Allreduce
@@ -22,13 +21,14 @@ from meta.lv3.averaging import ModelAveraging, RingAveraging
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.downpour import Downpour
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
+from meta.lv3.pipeline import Pipeline
 from meta.lv3.rma import AsyncRMA
 from meta.lv3.sandblaster import Sandblaster
 from meta.lv3.strategy import Strategy
 
 STRATEGIES = Registry("strategy", context=("optimizer", "comm", "trainer"))
 for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
-             AsyncRMA, Downpour):
+             AsyncRMA, Downpour, Pipeline):
     STRATEGIES.add(_cls.name, _cls.from_recipe, _cls.options,
                    doc=first_sentence(_cls.__doc__ or ""), cls=_cls)
 STRATEGIES.add("sandblaster", Sandblaster.from_recipe, Sandblaster.options,

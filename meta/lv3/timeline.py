@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meta.files import write_text
+
 if TYPE_CHECKING:
     from meta.lv3.communicator import Communicator
 
@@ -92,7 +94,4 @@ def chrome_trace(timeline: Timeline, comm: Communicator, path: str | Path,
         shifted = Timeline()
         shifted.events = rank_events
         events.extend(shifted.trace_events(rank, origin))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    return path
+    return write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -91,3 +91,38 @@ def test_ranks_started_with_different_sets_refuse_to_start(tmp_path: Path) -> No
     assert lines[0].endswith("lr' (0.1 on rank 0; 0.2 on rank 1); start every rank with the same "
                              "recipe, --set values and data"), out  # 'lr' or 'optimizer.lr'
     assert "Traceback" not in out and not (tmp_path / "out" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("n,strategy", [(2, "allreduce"), (3, "async_parameter_server")])
+def test_a_loss_that_becomes_nan_ends_every_rank_with_exit_2(tmp_path: Path, n: int,
+                                                             strategy: str) -> None:
+    text = SYNTHETIC.replace('"lr": 0.1}', '"lr": 1e30, "distributed": "allreduce"}')
+    recipe, out_dir = _recipe(tmp_path, text), tmp_path / "out"
+    args = _meta(recipe, "--quiet", "--output-dir", str(out_dir), "--set",
+                 f"distributed={strategy}")
+    out, seconds = _timed([str(find_mpiexec()), "-n", str(n), *args], expect_rc=2)
+    assert seconds < 10, out
+    lines = [line for line in out.splitlines() if line.startswith("meta: error")]
+    assert lines and "Traceback" not in out, out
+    for line in lines:  # each rank that saw it says so (they may see it at the same step)
+        assert "): loss became nan at epoch 1, step " in line, out
+        assert "learning rate 1e+30 (optimizer.lr); no checkpoint was written" in line, out
+    assert not (out_dir / "metrics.json").exists() and not list(out_dir.glob("*.tmp"))
+
+
+def test_a_busy_output_folder_stops_every_rank_before_training(tmp_path: Path) -> None:
+    from meta.run_dir import LOCK, RunLock
+
+    recipe, out_dir = _recipe(tmp_path, SYNTHETIC), tmp_path / "out"
+    holder = RunLock(out_dir)
+    try:
+        out, seconds = _timed([str(find_mpiexec()), "-n", "2",
+                               *_meta(recipe, "--quiet", "--output-dir", str(out_dir))],
+                              expect_rc=2)
+    finally:
+        holder.release()
+    lines = [line for line in out.splitlines() if line.startswith("meta: error")]
+    assert len(lines) == 1 and "Traceback" not in out, out
+    assert lines[0].startswith(f"meta: error (on rank 0): output folder {out_dir} is in use by "
+                               "another run"), out
+    assert "epoch" not in out and not (out_dir / LOCK).exists()

@@ -85,17 +85,22 @@ def cases_for(op_type: str, seed: int = 0, opset: int | None = None) -> list[Cas
 
 # Cases of the wider operator library live beside this file, one module per family, and join
 # the table here so every registry-driven test sees them.
+from .cases_attention import CASES as _ATTENTION_CASES  # noqa: E402
 from .cases_control import CASES as _CONTROL_CASES  # noqa: E402
 from .cases_index import CASES as _INDEX_CASES  # noqa: E402
 from .cases_math import CASES as _MATH_CASES  # noqa: E402
 from .cases_nn import CASES as _NN_CASES  # noqa: E402
 from .cases_nn_extra import CASES as _NN_EXTRA_CASES  # noqa: E402
+from .cases_quant import CASES as _QUANT_CASES  # noqa: E402
 from .cases_recurrent import CASES as _RECURRENT_CASES  # noqa: E402
 from .cases_resample import CASES as _RESAMPLE_CASES  # noqa: E402
+from .cases_sequence import CASES as _SEQUENCE_CASES  # noqa: E402
 from .cases_tensor import CASES as _TENSOR_CASES  # noqa: E402
+from .cases_training import CASES as _TRAINING_CASES  # noqa: E402
 
 for _family in (_NN_CASES, _TENSOR_CASES, _MATH_CASES, _INDEX_CASES,
-                _NN_EXTRA_CASES, _RECURRENT_CASES, _RESAMPLE_CASES, _CONTROL_CASES):
+                _NN_EXTRA_CASES, _RECURRENT_CASES, _RESAMPLE_CASES, _CONTROL_CASES,
+                _ATTENTION_CASES, _QUANT_CASES, _TRAINING_CASES, _SEQUENCE_CASES):
     _overlap = set(_family) & set(CASES)
     assert not _overlap, f"operator cases defined twice: {sorted(_overlap)}"
     CASES.update(_family)

@@ -86,7 +86,88 @@ def upsample(rng):
              range(7, 9))]
 
 
+GRID_F32 = "onnx.reference computes GridSample coordinates in float32"
+
+
+def grid_sample(rng):
+    """onnx.reference keeps coordinates in float32: tests/lv0/test_resample.py compares with
+    it at float32 tolerance."""
+    x = rng.standard_normal((2, 2, 3, 4))
+    grid = rng.uniform(-1.3, 1.3, (2, 3, 2, 2))
+    x3, grid3 = rng.standard_normal((1, 2, 3, 2, 4)), rng.uniform(-1.2, 1.2, (1, 2, 2, 3, 3))
+    cases = []
+    for mode in ("linear", "nearest", "cubic"):
+        for padding in ("zeros", "border", "reflection"):
+            for align in (0, 1):
+                attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
+                cases.append((OracleLimit(attrs, 0, GRID_F32), [x, grid], range(20, 100)))
+    cases += [(OracleLimit({"mode": "linear", "padding_mode": p}, 0, GRID_F32), [x3, grid3],
+               range(20, 100)) for p in ("zeros", "reflection")]
+    cases += [(OracleLimit({"mode": m}, 0, GRID_F32), [x, grid], range(16, 20))
+              for m in ("bilinear", "bicubic", "nearest")]
+    return cases
+
+
+def col2im(rng):
+    image, block = np.array([4, 5], np.int64), np.array([2, 2], np.int64)
+    return [({}, [rng.standard_normal((1, 2 * 4, 12)), image, block]),
+            ({"strides": [2, 1], "pads": [1, 0, 1, 1], "dilations": [1, 2]},
+             [rng.standard_normal((2, 4, 12)), image, block]),
+            ({}, [rng.standard_normal((1, 3, 4)), np.array([6], np.int64),
+                  np.array([3], np.int64)])]
+
+
+def dft(rng):
+    real, cplx = rng.standard_normal((2, 8, 1)), rng.standard_normal((2, 7, 2))
+    new, old = range(20, 100), range(17, 20)
+    i64 = np.int64
+    return [({}, [real], new), ({}, [cplx], new), ({"onesided": 1}, [real], new),
+            ({}, [real, np.array(10, i64)], new),  # zero-padded
+            ({"onesided": 1}, [cplx, np.array(5, i64)], new),  # truncated
+            ({"inverse": 1}, [cplx], new),
+            ({"inverse": 1, "onesided": 1}, [rng.standard_normal((2, 5, 2))], new),
+            ({"inverse": 1, "onesided": 1}, [rng.standard_normal((2, 5, 2)), np.array(9, i64)],
+             new),
+            ({}, [rng.standard_normal((4, 3, 2)), None, np.array(0, i64)], new),
+            ({"axis": 1}, [real], old), ({"axis": 0, "inverse": 1}, [cplx], old)]
+
+
+def stft(rng):
+    real, cplx = rng.standard_normal((2, 16, 1)), rng.standard_normal((1, 12, 2))
+    window = rng.uniform(0.5, 1, 6)
+    i64 = np.int64
+    return [({}, [real, np.array(4, i64), window]),
+            ({"onesided": 0}, [real, np.array(3, i64), window, np.array(6, i64)]),
+            ({"onesided": 0}, [cplx, np.array(2, i64), None, np.array(5, i64)]),
+            ({}, [real, np.array(5, i64), None, np.array(8, i64)])]
+
+
+def roi_align(rng):
+    x = rng.standard_normal((2, 2, 6, 5))
+    rois = np.array([[0.5, 1.0, 4.0, 5.5], [-1.5, 0.2, 2.0, 2.5], [1.0, 1.0, 1.6, 1.4],
+                     [2.0, 3.0, 9.0, 8.0]])
+    batch = np.array([0, 1, 1, 0], np.int64)
+    new, old = range(16, 100), range(10, 16)
+    return [({"output_height": 2, "output_width": 3}, [x, rois, batch], new),
+            ({"output_height": 3, "output_width": 2, "sampling_ratio": 2,
+              "spatial_scale": 0.5}, [x, rois, batch], new),
+            ({"coordinate_transformation_mode": "output_half_pixel", "output_height": 2,
+              "output_width": 2}, [x, rois, batch], new),
+            ({"mode": "max", "output_height": 2, "output_width": 2, "sampling_ratio": 2},
+             [x, rois, batch], new),
+            # opset 10 does not shift rois by half a pixel (16's "output_half_pixel", as
+            # onnxruntime); onnx.reference applies 16's default half_pixel to it
+            (OracleLimit({"output_height": 2, "output_width": 2}, 0,
+                         "onnx.reference shifts opset-10 rois by half a pixel"),
+             [x, rois, batch], old)]
+
+
 CASES: dict[str, Callable[[np.random.Generator], list]] = {
+    "DFT": dft,
+    "RoiAlign": roi_align,
+    "STFT": stft,
     "Resize": resize,
     "Upsample": upsample,
+    "GridSample": grid_sample,
+    "Col2Im": col2im,
 }

@@ -12,6 +12,15 @@ from onnx.reference import ReferenceEvaluator
 from meta.lv1 import ReferenceExecutor, from_onnx
 
 
+def value_info(name: str, x) -> object:
+    """A graph input for ``x``: a tensor, or a sequence (list) of its first item's type."""
+    if isinstance(x, list):
+        elem = helper.np_dtype_to_tensor_dtype(x[0].dtype) if x else TensorProto.DOUBLE
+        return helper.make_tensor_sequence_value_info(name, elem, None)
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(
+        np.asarray(x).dtype), None)
+
+
 def _n_outputs(op_type: str, attrs: dict) -> int:
     if op_type == "If":
         return len(attrs["then_branch"].output)
@@ -25,7 +34,7 @@ def node_model(op_type, attrs, inputs, opset, loss_weights=None):
     computes ``loss = sum_k sum(w_k * y_k)``."""
     names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
     outs = [f"out{i}" for i in range(_n_outputs(op_type, attrs))]
-    feeds = {n: np.asarray(x) for n, x in zip(names, inputs) if n}
+    feeds = {n: x if isinstance(x, list) else np.asarray(x) for n, x in zip(names, inputs) if n}
     feeds.update(attrs.outer)
     nodes = [helper.make_node(op_type, names, outs, **dict(attrs))]
     graph_outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs]
@@ -44,7 +53,8 @@ def node_model(op_type, attrs, inputs, opset, loss_weights=None):
     graph = helper.make_graph(
         nodes, "case",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-         for n, v in feeds.items()], graph_outputs, initializers)
+         if isinstance(v, np.ndarray) else value_info(n, v) for n, v in feeds.items()],
+        graph_outputs, initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     return model, feeds
 

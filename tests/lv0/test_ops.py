@@ -11,12 +11,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from meta.lv0 import Context, check_gradients, entries, native
+from meta.lv0 import Context, InferenceContext, Operator, check_gradients, entries, native
 
 from . import control_harness
 from .cases import CASES, cases_for
 from .cases_control import Scoped
+from .cases_sequence import SEQUENCE_OPS
 from .cases_tensor import mean_squared_error
+from .cases_training import ORACLES as TRAINING_ORACLES
+from .control_harness import value_info
 
 ENTRIES = list(entries())
 ENTRY_IDS = [e.name for e in ENTRIES]
@@ -36,6 +39,17 @@ def _attribute(value):
     return numpy_helper.from_array(value) if isinstance(value, np.ndarray) else value
 
 
+def assert_same(a, b, msg: str) -> None:
+    """Arrays to 1e-10, sequences item by item."""
+    if isinstance(a, list) or isinstance(b, list):
+        assert isinstance(a, list) and isinstance(b, list) and len(a) == len(b), msg
+        for x, y in zip(a, b):
+            assert_same(x, y, msg)
+        return
+    assert np.shape(a) == np.shape(b), f"{msg}: shapes {np.shape(a)} vs {np.shape(b)}"
+    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=msg)
+
+
 def _oracle(op_type: str, attrs: dict, inputs: list, opset: int, n_outputs: int) -> list:
     """Run one node through onnx.reference; ``None`` inputs become omitted optional inputs."""
     names = [f"x{i}" if x is not None else "" for i, x in enumerate(inputs)]
@@ -45,8 +59,7 @@ def _oracle(op_type: str, attrs: dict, inputs: list, opset: int, n_outputs: int)
     given = [(n, x) for n, x in zip(names, inputs) if x is not None]
     graph = helper.make_graph(
         [node], "oracle",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(x).dtype),
-                                       None) for n, x in given],
+        [value_info(n, x) for n, x in given],
         [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     return ReferenceEvaluator(model).run(None, dict(given))
@@ -63,6 +76,9 @@ def test_gradients(entry):
         pytest.fail("the native extension is not built", pytrace=False)
     cases = cases_for(entry.op_type, opset=_serving_opset(entry))
     assert cases, f"{entry.name}: no test case is valid at opset {_serving_opset(entry)}"
+    if entry.op_type in SEQUENCE_OPS:  # forward only: no gradient flows through a sequence
+        assert entry.cls.backward is Operator.backward, f"{entry.name} has a backward"
+        return
     for attrs, inputs in cases:
         if isinstance(attrs, Scoped):  # control flow: needs the executor's scope
             problems = control_harness.check_gradients(entry.op_type, attrs, inputs,
@@ -84,10 +100,11 @@ def test_forward_matches_onnx_reference(entry):
         if isinstance(attrs, Scoped):  # control flow, as a one-node model with its scope
             ours, theirs = control_harness.forward(entry.op_type, attrs, inputs, opset)
             for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12,
-                                           err_msg=f"{entry.op_type} {attrs} output {i}")
+                assert_same(a, b, f"{entry.op_type} {attrs} output {i}")
             continue
-        ours = entry.cls(**attrs).apply(Context(), *inputs)
+        # (an InferenceContext for sequences: Context.apply records np.shape of each input)
+        ctx = InferenceContext() if entry.op_type in SEQUENCE_OPS else Context()
+        ours = entry.cls(**attrs).apply(ctx, *inputs)
         # Where onnx.reference is wrong, a case's attrs say how many outputs to trust
         # (cases_nn.OracleLimit, with the reason).
         checked = getattr(attrs, "oracle_outputs", len(ours))
@@ -95,13 +112,12 @@ def test_forward_matches_onnx_reference(entry):
             continue
         theirs = _oracle(entry.op_type, dict(attrs), inputs, opset, len(ours))
         for i, (a, b) in enumerate(zip(ours[:checked], theirs)):
-            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12,
-                                       err_msg=f"{entry.op_type} {attrs} output {i}")
+            assert_same(a, b, f"{entry.op_type} {attrs} output {i}")
 
 
 # onnx.reference knows only the ONNX domain: other domains' operators are checked against a
 # numpy function of (*inputs, **attrs) returning the output(s).
-ORACLES = {("ai.meta", "MeanSquaredError"): mean_squared_error}
+ORACLES = {("ai.meta", "MeanSquaredError"): mean_squared_error, **TRAINING_ORACLES}
 CUSTOM_ENTRIES = [e for e in ENTRIES if e.backend == "numpy" and e.domain != ""]
 
 

@@ -29,6 +29,23 @@ def test_float32_weight_cases_match_onnx_reference_to_float32(cls, opset):
     assert checked >= 2
 
 
+@pytest.mark.parametrize("opset", [16, 21])
+def test_grid_sample_matches_onnx_reference_to_float32(opset):
+    from ops.grid_sample import GridSample, GridSample16
+
+    cls = GridSample if opset >= 20 else GridSample16
+    cases = cases_for("GridSample", seed=1, opset=opset)
+    assert cases
+    for attrs, inputs in cases:
+        x, grid = (v.astype(np.float32) for v in inputs)
+        (ours,) = cls(**attrs).apply(Context(), x, grid)
+        # onnx.reference knows the opset-20 mode names only
+        named = {**attrs, "mode": {"bilinear": "linear", "bicubic": "cubic"}.get(
+            attrs["mode"], attrs["mode"])}
+        (theirs,) = _oracle("GridSample", named, [x, grid], opset, 1)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5, err_msg=str(attrs))
+
+
 def test_opset_10_resize_is_upsample():
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 4))
     for mode in ("nearest", "linear"):
@@ -69,3 +86,15 @@ def test_integer_and_empty_inputs():
     np.testing.assert_array_equal(y, [[0, 25, 75, 100], [200, 214, 241, 255]])
     (y,) = Resize().apply(Context(), np.zeros((0, 3)), None, None, np.array([0, 6]))
     assert y.shape == (0, 6)
+
+
+def test_opset_10_roi_align_is_output_half_pixel():
+    from ops.roi_align import RoiAlign, RoiAlign10
+
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 5))
+    rois, batch = np.array([[0.5, 1.0, 3.0, 4.5]]), np.array([0])
+    attrs = {"output_height": 2, "output_width": 2}
+    (old,) = RoiAlign10(**attrs).apply(Context(), x, rois, batch)
+    (new,) = RoiAlign(coordinate_transformation_mode="output_half_pixel", **attrs).apply(
+        Context(), x, rois, batch)
+    np.testing.assert_array_equal(old, new)

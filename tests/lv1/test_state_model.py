@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from meta.lv1 import GraphBuilder, ReferenceExecutor, from_onnx, mlp, resnet20, to_onnx
-from meta.lv1.roles import CONSTANT, FROZEN, PARAMETER, STATE
+from meta.lv1.roles import CONSTANT, PARAMETER, STATE
 
 
 def _bn_net(dtype=np.float64, training_form: bool = False):

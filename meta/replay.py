@@ -1,0 +1,199 @@
+"""Deterministic replay of an asynchronous run: ``meta replay RUN_DIR``.
+
+An asynchronous parameter server applies the workers' gradients in whatever order they
+arrive, so two runs of one recipe end with different weights, and a divergence cannot be
+re-run. Everything else in a worker's step is deterministic: its batches follow from
+(seed, epoch, its shard), and it computes each gradient at the parameters the server sent
+back after applying its previous one. So the server records the order in which it applied the
+updates (the worker of each), rank 0 writes it to ``RUN_DIR/replay.json`` with the recipe, its
+MUTABLE values and a sha256 digest of every final weight, and ``replay`` recomputes the run on
+one process in that order: worker by worker, gradient by gradient, on the same optimizer. It
+ends with bit-identical weights (the same BLAS thread count as the run's ranks is set, since a
+different count may sum in another order); ``on_update`` sees every update, to find where a
+run went wrong.
+
+Replayed: ``async_parameter_server`` runs of models without pre-training, not resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+REPLAY_JSON = "replay.json"
+FORMAT = 1
+
+
+class ReplayError(Exception):
+    """A run folder that cannot be replayed (names the file and the reason)."""
+
+
+def digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def record(run: Any) -> dict[str, Any] | None:
+    """What ``replay`` needs from a finished run (rank 0's RecipeRun), or None when its
+    strategy recorded no update order (a synchronous run, or one process)."""
+    strategy = run.trainer.optimizer
+    order = getattr(strategy, "update_order", None)
+    if order is None:
+        return None
+    recipe = run.recipe
+    threads = _blas_threads()
+    return {"format": FORMAT, "strategy": strategy.name, "recipe": recipe.name,
+            "recipe_file": str(Path(recipe.path).resolve()) if recipe.path else None,
+            # --set values are plain data; what the file itself holds (a class) is read again
+            "mutable": {k: v if _jsonable(v) else {"__recipe_file__": True}
+                        for k, v in recipe.mutable.items()},
+            "definitions": recipe.definitions.as_dict(), "resumed": run.resumed,
+            "ranks": strategy.comm.size, "workers": list(strategy.workers),
+            "threads": threads, "order": [int(w) for w in order],
+            "final_sha256": {k: digest(v) for k, v in
+                             run.trainer.executor.graph.parameters.items()}}
+
+
+def _blas_threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    return max(counts, default=1)
+
+
+@dataclass
+class Replayed:
+    """A replayed run: the final parameters, and whether they equal the run's bit for bit."""
+
+    params: dict[str, np.ndarray]
+    updates: int
+    seconds: float
+    differing: list[str]  # parameters whose digest differs from the run's
+
+    @property
+    def identical(self) -> bool:
+        return not self.differing
+
+
+def _recipe(rec: dict[str, Any], where: Path) -> Any:
+    from meta.recipe import RecipeError, load_recipe, make_recipe
+
+    if not rec.get("recipe_file"):
+        raise ReplayError(f"{where}: the run's recipe was not read from a file")
+    try:
+        loaded = load_recipe(rec["recipe_file"])
+        mutable = {k: loaded.mutable[k] if isinstance(v, dict) and v.get("__recipe_file__")
+                   else v for k, v in rec["mutable"].items()}
+        recipe = make_recipe(loaded.name, loaded.fixed, mutable, loaded.metrics, loaded.path)
+    except (RecipeError, KeyError) as err:
+        raise ReplayError(f"{where}: cannot rebuild the run's recipe: {err}") from err
+    now = json.loads(json.dumps(recipe.definitions.as_dict()))
+    changed = sorted(k for k in set(now) | set(rec["definitions"])
+                     if now.get(k) != rec["definitions"].get(k))
+    if changed:
+        raise ReplayError(f"{where}: {rec['recipe_file']} now defines another run than the one "
+                          f"recorded ({', '.join(changed)}); replay needs the recipe as it was")
+    return recipe
+
+
+def _batches(run: Any, index: int, replicas: int) -> Iterator[dict[str, np.ndarray]]:
+    """A worker's feeds in the order its trainer took them (the runner's sampler choice)."""
+    from meta.lv2 import ShuffleSampler
+    from meta.lv3 import DistributedSampler
+
+    d, trainer, n = run.recipe.definitions, run.trainer, run.trainer.names
+    train = trainer.train_data
+    sampler = DistributedSampler(len(train), d.batch_size, index, replicas, d.seed) \
+        if replicas > 1 else ShuffleSampler(len(train), d.batch_size, d.seed)
+    for epoch in range(d.epochs):
+        sampler.set_epoch(epoch)
+        for i, indices in enumerate(sampler):
+            x, y = train.batch(indices)
+            if trainer.transform is not None:
+                x = trainer.transform(x, sampler.batch_rng(i))
+            yield {n["input"]: x, n["labels"]: y}
+
+
+def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | None = None,
+           set_threads: bool = True) -> Replayed:
+    """Recompute the asynchronous run recorded in ``run_dir`` on this process, applying the
+    workers' gradients in the recorded order; ``on_update(i, worker, server_params)`` is
+    called after every update. ``set_threads`` gives BLAS the run's thread count."""
+    from meta._threads import set_threads as set_blas_threads
+    from meta.lv2.optimizers import Optimizer
+    from meta.lv3 import SingleProcessCommunicator
+    from meta.lv3.flat import FlatBuffer
+    from meta.runner import RecipeRun
+
+    where = Path(run_dir) / REPLAY_JSON
+    try:
+        rec = json.loads(where.read_text())
+    except FileNotFoundError:
+        raise ReplayError(f"{where} not found: only an asynchronous run (distributed "
+                          f"async_parameter_server under mpiexec) records its update order") \
+            from None
+    except (OSError, ValueError) as err:
+        raise ReplayError(f"{where}: not readable ({err})") from err
+    if rec.get("format") != FORMAT or rec.get("strategy") != "async_parameter_server":
+        raise ReplayError(f"{where}: format {rec.get('format')} of strategy "
+                          f"{rec.get('strategy')!r} cannot be replayed by this version")
+    if rec["resumed"]:
+        raise ReplayError(f"{where}: a resumed run cannot be replayed (its first part ran "
+                          f"before the order was recorded)")
+    recipe = _recipe(rec, where)
+    if set_threads:
+        set_blas_threads(int(rec["threads"]))
+    run = RecipeRun(recipe, SingleProcessCommunicator(), stream=io.StringIO(),
+                    output_dir=Path(run_dir), progress=False, export_onnx=False)
+    if getattr(run.model, "prepare", None) is not None:
+        raise ReplayError(f"{where}: model {recipe.definitions.choices['model'].name!r} "
+                          f"pre-trains; replay covers the server's training updates only")
+    strategy = recipe.definitions.choices["distributed"]
+    ranks, workers = int(rec["ranks"]), list(rec["workers"])
+    executor, optimizer, n = run.trainer.executor, run.trainer.optimizer, run.trainer.names
+    # The server's optimizer: built as the server rank built it (its sampler is the whole
+    # data's, as RecipeRun's at size 1), over its own copy of the initial parameters.
+    server = Optimizer(optimizer.transform, {k: v.copy() for k, v in optimizer.params.items()})
+    server_flat = FlatBuffer.adopt(server.params)
+    local = FlatBuffer.adopt(optimizer.params)  # the executor computes with a worker's copy
+    grads_flat = FlatBuffer(server_flat.shapes, server_flat.dtype)
+    held = {w: server_flat.buffer.copy() for w in workers}  # what each worker last received
+    streams = {w: _batches(run, *run.strategy_cls.replica(w, ranks, **strategy.values()))
+               for w in workers}
+    random_ops = {k: op for k, op in executor.ops.items() if hasattr(op, "rng")}
+    start_rng = {k: op.rng.bit_generator.state for k, op in random_ops.items()}
+    rngs = {w: dict(start_rng) for w in workers}  # each rank's Dropout draws its own numbers
+    executor.train(True)
+    start = time.perf_counter()
+    for i, w in enumerate(rec["order"]):
+        feeds = next(streams[w], None)
+        if feeds is None:
+            raise ReplayError(f"{where}: update {i} is worker {w}'s, which has no batch left")
+        np.copyto(local.buffer, held[w])
+        for k, op in random_ops.items():
+            op.rng.bit_generator.state = rngs[w][k]
+        _, grads = executor.inference_and_backprop(feeds, loss=n["loss"], outputs=[n["logits"]])
+        rngs[w] = {k: op.rng.bit_generator.state for k, op in random_ops.items()}
+        grads_flat.pack(grads)
+        server.step(grads_flat.views)
+        np.copyto(held[w], server_flat.buffer)
+        if on_update is not None:
+            on_update(i, w, server.params)
+    seconds = time.perf_counter() - start
+    final = {k: np.array(v) for k, v in server.params.items()}
+    differing = [k for k, v in final.items() if rec["final_sha256"].get(k) != digest(v)]
+    return Replayed(final, len(rec["order"]), seconds, differing)

@@ -1,0 +1,16 @@
+"""OptionalHasElement (ONNX opset 15+; 18 takes tensors and an absent input): whether the
+optional holds a value, bool scalar."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meta.lv0 import Operator, register
+
+
+@register("OptionalHasElement", since=15)
+class OptionalHasElement(Operator):
+    no_grad_inputs = (0,)
+
+    def forward(self, ctx, value=None):
+        return np.array(value is not None)
