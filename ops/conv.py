@@ -58,7 +58,8 @@ class Conv(Operator):
         n, m, rank = x.shape[0], w.shape[0], len(win.kernel)
         # im2col: (N, C, *k, *out) windows copied to (N, G, Cg*K, P), one GEMM per image and
         # group whose result is already laid out as (N, M, *out).
-        cols = _window.windows(_window.pad(x, win), win).reshape(n, g, -1, math.prod(
+        rows = x.shape[1] // g * math.prod(win.kernel)  # explicit: -1 is ambiguous when N = 0
+        cols = _window.windows(_window.pad(x, win), win).reshape(n, g, rows, math.prod(
             win.out_shape))
         y = np.matmul(w.reshape(g, m // g, -1), cols).reshape(n, m, *win.out_shape)
         if b is not None:
@@ -70,7 +71,7 @@ class Conv(Operator):
         win, g, w = ctx.win, self.group, ctx.w
         n, c = ctx.x_shape[:2]
         m = w.shape[0]
-        dyg = dy.reshape(n, g, m // g, -1)  # (N, G, M/G, P)
+        dyg = dy.reshape(n, g, m // g, math.prod(win.out_shape))  # (N, G, M/G, P)
         dx = dw = db = None
         if ctx.needs(0):
             wg = w.reshape(g, m // g, -1)

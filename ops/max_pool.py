@@ -59,7 +59,7 @@ class MaxPool(Operator):
         planes = (np.arange(n * c, dtype=np.int64) * math.prod(win.in_shape)).reshape(
             n, c, *(1,) * len(win.kernel))
         index = spatial_index(win, arg, "C")
-        ctx.save(index=planes + index, valid=None if index.min() >= 0 else index >= 0,
+        ctx.save(index=planes + index, valid=None if index.min(initial=0) >= 0 else index >= 0,
                  x_shape=x.shape)
         if self.storage_order:
             index = spatial_index(win, arg, "F")

@@ -24,9 +24,13 @@ class NativeRelu(Relu):
     """The same operator through the OpenMP kernel in cpp/include/meta/relu.hpp."""
 
     def forward(self, ctx, x):
+        if not native.supports(x):  # integers, zero-size: the numpy operator's
+            return super().forward(ctx, x)
         y = native.call("relu_forward", x)
         ctx.save(y=y)
         return y
 
     def backward(self, ctx, dy):
+        if not native.supports(ctx.y, dy):
+            return super().backward(ctx, dy)
         return (native.call("relu_backward", ctx.y, dy),)

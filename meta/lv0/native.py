@@ -138,9 +138,10 @@ def float_dtype(kernel: str, *arrays: np.ndarray) -> np.dtype:
 
 def supports(*arrays: np.ndarray) -> bool:
     """Whether native kernels take these arrays: all float32 or all float64, so a native twin
-    runs them as its numpy operator would (no dtype promotion to mimic)."""
+    runs them as its numpy operator would (no dtype promotion to mimic), and none empty (a
+    zero-size tensor goes to numpy: a kernel's empty loop bounds once divided by zero)."""
     dtype = arrays[0].dtype
-    return dtype in NATIVE_DTYPES and all(a.dtype == dtype for a in arrays)
+    return dtype in NATIVE_DTYPES and all(a.dtype == dtype and a.size for a in arrays)
 
 
 def call_into(kernel: str, *arrays: np.ndarray, out: np.ndarray, **options) -> np.ndarray:
