@@ -183,8 +183,11 @@ def test_native_relu_large_noncontiguous_and_nan():
                                   Relu().apply(Context(), x)[0])
 
 
-def test_native_rejects_unsupported_dtype():
+def test_native_twin_hands_other_dtypes_to_numpy_and_the_kernel_refuses_them():
+    from meta.lv0 import native
     from ops.relu import NativeRelu
 
+    (y,) = NativeRelu().apply(Context(), np.arange(-2, 2))
+    assert y.dtype == np.int64 and y.tolist() == [0, 0, 0, 1]
     with pytest.raises(TypeError, match="int64"):
-        NativeRelu().apply(Context(), np.arange(4))
+        native.call("relu_forward", np.arange(4))
