@@ -77,3 +77,23 @@ def test_a_few_sgd_steps_fit_one_batch(name):
         for k, g in grads.items():
             graph.parameters[k] -= 0.05 * g
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_the_lstm_reads_rows_and_learns_one_batch():
+    from meta.lv1 import lstm
+
+    graph = lstm(input_shape=(1, 6, 5), classes=3, hidden=8, seed=1)
+    assert {k: v.shape for k, v in graph.parameters.items()} == {
+        "lstm.W": (1, 32, 5), "lstm.R": (1, 32, 8), "lstm.B": (1, 64), "fc.weight": (3, 8),
+        "fc.bias": (3,)}
+    ex = ReferenceExecutor(graph).train()
+    rng = np.random.default_rng(0)
+    feeds = {"input": rng.standard_normal((12, 1, 6, 5)).astype(np.float32),
+             "labels": rng.integers(0, 3, 12)}
+    losses = []
+    for _ in range(30):
+        values, grads = ex.inference_and_backprop(feeds)
+        losses.append(float(values["loss"]))
+        for k, g in grads.items():
+            graph.parameters[k] -= 0.5 * g
+    assert losses[-1] < 0.5 * losses[0], losses
