@@ -144,29 +144,43 @@ class Recipe:
         """A copy with MUTABLE definitions set from ``key=value`` strings (``lr=0.1``,
         ``optimizer.lr=0.1``, ``distributed=downpour``); FIXED ones are refused."""
         errors, mutable = [], dict(self.mutable)
-        schema = _Schema(self.fixed, self.mutable)
-        written = {schema.canonical(k)[0]: k for k in self.mutable}
-        fixed = {schema.canonical(k)[0] for k in self.fixed}
+        fixed = {_Schema(self.fixed, self.mutable).canonical(k)[0] for k in self.fixed}
+
+        def refuse(key: str, canonical: str) -> None:
+            where = "FIXED" if canonical in fixed or canonical.partition(".")[0] in self.fixed \
+                else "not MUTABLE"
+            errors.append(f"{key!r} is {where} in this recipe; only MUTABLE keys can be set "
+                          f"({', '.join(sorted(self.mutable)) or 'none'})")
+
+        # Components first (one named anew starts from its own defaults), then the options,
+        # read against the components as they are now.
         for key, text in overrides.items():
-            canonical, option, problem = schema.canonical(key)
-            kind = canonical.partition(".")[0]
-            nested = canonical not in written and isinstance(self.mutable.get(kind), Mapping)
-            if problem:
-                errors.append(problem)
+            if key in DEFAULTS:
+                if key in self.mutable:
+                    mutable[key] = text
+                else:
+                    refuse(key, key)
+        schema = _Schema(self.fixed, mutable)
+        written = {schema.canonical(k)[0]: k for k in mutable}
+        for key, text in overrides.items():
+            if key in DEFAULTS:
                 continue
-            if canonical not in written and not nested:
-                where = "FIXED" if canonical in fixed or kind in self.fixed else "not MUTABLE"
-                errors.append(f"{key!r} is {where} in this recipe; only MUTABLE keys can be set "
-                              f"({', '.join(sorted(self.mutable)) or 'none'})")
+            canonical, option, problem = schema.canonical(key)
+            kind, _, name = canonical.partition(".")
+            inside = canonical not in written and kind in DEFAULTS and kind in mutable
+            if problem or (canonical not in written and not inside):
+                errors.append(problem) if problem else refuse(key, canonical)
                 continue
             try:
                 value = option.parse(key, text) if option else text
             except ComponentError as err:
                 errors.append(str(err))
                 continue
-            if nested:  # an option inside a MUTABLE component dict
-                mutable[kind] = {**mutable[kind], canonical.partition(".")[2]: value}
-            else:  # a component named anew starts from its own defaults
+            if inside:  # an option of a MUTABLE component: set inside its definition
+                spec = mutable[kind]
+                mutable[kind] = {**(spec if isinstance(spec, Mapping) else {"name": spec}),
+                                 name: value}
+            else:
                 mutable[written[canonical]] = value
         if errors:
             raise RecipeError(_report(self.name, errors, "--set"))

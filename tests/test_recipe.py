@@ -199,3 +199,13 @@ def test_registered_optimizers_become_choices():
             "augmentation"] == ("crop", "cutout")
     finally:
         del OPTIMIZERS["plain_for_test"]
+
+
+def test_a_component_and_its_option_set_together():
+    r = make_recipe("t", {}, {"optimizer": "sgd", "lr": 0.1}, METRICS)
+    d = r.with_overrides({"optimizer": "adam", "optimizer.b1": "0.8"})
+    assert d.definitions.choices["optimizer"].name == "adam"
+    assert values(d, "optimizer")["b1"] == 0.8 and values(d, "optimizer")["lr"] == 0.1
+    with_momentum = make_recipe("t", {}, {"optimizer": "sgd", "momentum": 0.9}, METRICS)
+    with pytest.raises(RecipeError, match="'momentum' is an option of optimizer 'sgd'"):
+        with_momentum.with_overrides({"optimizer": "adam"})  # its momentum no longer applies

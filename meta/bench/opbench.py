@@ -16,7 +16,7 @@ import numpy as np
 
 from meta.bench.measure import Sample, Variant, measure_many
 from meta.bench.stats import CONFIDENCE, RESAMPLES, Ratio, ratio_of_medians
-from meta.lv0 import Context, Operator, entries
+from meta.lv0 import Context, Operator, entries, native
 
 BACKENDS = ("numpy", "native")
 PASSES = ("forward", "backward")
@@ -92,6 +92,9 @@ def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repea
     except TypeError as err:
         raise OpBenchError(f"--dtype: {dtype!r} is not a numpy dtype") from err
     numpy_cls, native_cls = twins(op_type)
+    if np_dtype not in native.NATIVE_DTYPES:  # the twin would hand them to numpy: no contest
+        raise OpBenchError(f"dtype {np_dtype} is not supported by the native kernels "
+                           f"({', '.join(np.dtype(d).name for d in native.NATIVE_DTYPES)})")
     ops = {"numpy": numpy_cls(), "native": native_cls()}
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(shape).astype(np_dtype) for _ in range(input_count(numpy_cls))]

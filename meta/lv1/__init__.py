@@ -20,8 +20,8 @@ from meta.lv1.onnx_io import (
     to_onnx,
 )
 from meta.lv1.onnx_model import onnx_model
-from meta.lv1.sequence_models import lstm
 from meta.lv1.ort_executor import OnnxRuntimeExecutor  # registers "onnxruntime", lazily
+from meta.lv1.sequence_models import lstm
 from meta.lv1.torch_executor import TorchExecutor  # registers "pytorch"; imports no torch
 
 __all__ = [

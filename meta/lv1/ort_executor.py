@@ -61,7 +61,7 @@ class OnnxRuntimeExecutor:
                  providers: Sequence[str] = ("CPUExecutionProvider",)) -> None:
         reason = onnxruntime_missing()
         if reason is not None:
-            raise ComponentError(f"executor 'onnxruntime' needs {reason}")
+            raise ComponentError(f"executor 'onnxruntime': {reason}")
         import onnxruntime
 
         self.ort = onnxruntime

@@ -76,7 +76,7 @@ def torch_missing() -> str | None:
 def _import_torch() -> Any:
     reason = torch_missing()
     if reason is not None:
-        raise ComponentError(f"executor 'pytorch' needs {reason}")
+        raise ComponentError(f"executor 'pytorch': {reason}")
     import torch
 
     return torch

@@ -108,7 +108,7 @@ def unary(c, x):
 
 @kernel("LeakyRelu")
 def leaky_relu(c, x):
-    return F.leaky_relu(x, float(c.op.alpha))
+    return F.leaky_relu(x, c.op.slope)  # alpha as the float32 a file stores, as meta's op
 
 
 @kernel("Elu")
@@ -155,6 +155,8 @@ def log_softmax(c, x):
 
 
 def _nll(c, logp, labels, weights):
+    if weights is not None and weights.requires_grad:
+        return NotImplemented  # torch's loss has no gradient for class weights; meta's has
     ignore = -100 if c.op.ignore_index is None else int(c.op.ignore_index)
     return F.nll_loss(logp, labels.long(), weight=weights, ignore_index=ignore,
                       reduction=str(c.op.reduction))
@@ -163,7 +165,8 @@ def _nll(c, logp, labels, weights):
 @kernel("SoftmaxCrossEntropyLoss", since=12)
 def softmax_cross_entropy(c, scores, labels, weights=None):
     logp = F.log_softmax(scores, dim=1)
-    return _nll(c, logp, labels, weights), logp
+    loss = _nll(c, logp, labels, weights)
+    return NotImplemented if loss is NotImplemented else (loss, logp)
 
 
 @kernel("NegativeLogLikelihoodLoss", since=12)
@@ -320,7 +323,7 @@ def dropout(c, x, ratio=None, training_mode=None):
         ratio = 0.5 if ratio is None else float(ratio)
         as_written = bool(training_mode) if training_mode is not None else False
     else:
-        ratio = float(op.ratio)
+        ratio = float(np.float32(op.ratio))  # an attribute: float32, as meta's operator
         as_written = op.as_written()
     training = c.mode(as_written)
     mask_dtype = x.dtype if op.since < 10 else torch.bool
@@ -373,7 +376,7 @@ def gather(c, x, indices):
     idx = indices.long()
     idx = torch.where(idx < 0, idx + x.shape[axis], idx)
     picked = torch.index_select(x, axis, idx.reshape(-1))
-    return picked.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1:])
+    return picked.reshape((*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))
 
 
 @kernel("Shape")

@@ -24,6 +24,7 @@ array([0.9, 1.9])
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Any, Callable
 
@@ -155,9 +156,15 @@ def _register(name: str, torch_name: str, options: dict[str, Option], doc: str) 
         return TorchOptimizer(torch_name, params, lr, grad_clip, label=name,
                               weight_decay=weight_decay, **values)
 
+    def problems(values: dict[str, Any]) -> list[str]:  # told before any data is loaded
+        found = list(OPTIMIZERS.validate(values)) if OPTIMIZERS.validate else []
+        if importlib.util.find_spec("torch") is None:
+            found.append(f"PyTorch is not installed ({INSTALL})")
+        return found
+
     factory.__qualname__ = factory.__name__ = name
     factory.options = options  # type: ignore[attr-defined]  # declared, not inferred
-    OPTIMIZERS.add(name, factory, options, doc=doc, framework="pytorch")
+    OPTIMIZERS.add(name, factory, options, doc=doc, framework="pytorch", validate=problems)
 
 
 _BETAS = Option((0.9, 0.999), "decay of the first and second moments", type=tuple[float, ...],

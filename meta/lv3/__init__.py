@@ -4,7 +4,7 @@ Everything runs at size 1 without MPI; ``world()`` switches to MPI only under ``
 Strategies (``make_strategy``) wrap any Level 2 optimizer: ``Allreduce`` (with optional
 gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAveraging`` and
 ``RingAveraging``, ``AsyncRMA`` (one-sided windows), ``Downpour`` and ``Sandblaster``
-(DistBelief's two).
+(DistBelief's two); ``Pipeline`` cuts the network into stages, one per rank.
 """
 
 from meta.lv3.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
@@ -21,6 +21,7 @@ from meta.lv3.costmodel import Link, measure_link
 from meta.lv3.downpour import Downpour
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
+from meta.lv3.pipeline import Pipeline
 from meta.lv3.rma import AsyncRMA
 from meta.lv3.sampler import DistributedSampler
 from meta.lv3.sandblaster import Sandblaster
@@ -51,6 +52,7 @@ __all__ = [
     "MPICommunicator",
     "ModelAveraging",
     "ParameterServer",
+    "Pipeline",
     "RingAveraging",
     "Sandblaster",
     "Sign",

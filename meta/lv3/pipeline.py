@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from meta import _threads
 from meta.component import ComponentError, Option
 from meta.lv1.executor import ReferenceExecutor
 from meta.lv1.graph import Graph
@@ -50,7 +51,7 @@ from meta.lv3.pipeline_schedule import (
     schedule,
     simulate,
 )
-from meta.lv3.polling import poll_barrier
+from meta.lv3.polling import POLL_S, poll_barrier
 from meta.lv3.strategy import Strategy
 
 
@@ -189,7 +190,7 @@ class Pipeline(Strategy):
     def finish(self) -> None:
         """The whole model on every rank; every stage's measurements on every rank."""
         self.gather_model()
-        self.gathered = self.comm.allgather(self.pipe.stats.as_array())
+        self.gathered = self.comm.allgather(self.pipe.summary().as_array())
         self.link = measure_link(self.comm)
         self.figures = self._figures()
 
@@ -210,16 +211,25 @@ class Pipeline(Strategy):
         forward = [st.forward_s / max(st.forwards, 1) for st in stats]
         backward = [st.backward_s / max(st.backwards, 1) for st in stats]
         rows = self.pipe.stats.rows / max(self.pipe.stats.forwards, 1)  # per micro-batch
+        # a rank that sleeps between tests of its receives notices a message half a poll late
+        late = POLL_S / 2 if self.pipe.oversubscribed else 0.0
         act, grad = [], []
         for stage in self.partition.stages[:-1]:
             sizes = [rows * int(np.prod(self.pipe.shapes[t][0]))
                      * self.pipe.shapes[t][1].itemsize for t in stage.sends]
-            act.append(sum(link.message(b) for b in sizes))
+            act.append(sum(link.message(b) for b in sizes) + late)
             differentiable = [b for t, b in zip(stage.sends, sizes)
                               if np.issubdtype(self.pipe.shapes[t][1], np.floating)]
-            grad.append(sum(link.message(b) for b in differentiable))
+            grad.append(sum(link.message(b) for b in differentiable) + late)
         plans = [schedule(self.pipe.schedule_name, s, p, m) for s in range(p)]
-        return simulate(plans, forward, backward, act, grad)
+        return simulate(plans, forward, backward, act, grad, self.cores)
+
+    @property
+    def cores(self) -> int | None:
+        """The cores the stages share when the ranks oversubscribe this machine, else None
+        (the model then gives every stage its own)."""
+        cores = _threads.cores()
+        return cores if _threads.local_ranks() > cores else None
 
     def _figures(self) -> dict[str, float]:
         p, pipe = self.pipe.stages, self.pipe
@@ -232,8 +242,9 @@ class Pipeline(Strategy):
                 for st in stats]
         model = self.simulated(self.link)
         out.update(bubble_measured=float(np.mean(idle)), bubble_predicted=bubble_estimate(p, m),
-                   bubble_modelled=model.bubble, step_measured_ms=stats[0].span_s
-                   / stats[0].steps * 1e3, step_predicted_ms=model.step_s * 1e3)
+                   bubble_modelled=model.bubble, step_predicted_ms=model.step_s * 1e3,
+                   step_measured_ms=max(st.span_s / st.steps for st in stats) * 1e3,
+                   step_median_ms=max(st.span_median_s for st in stats) * 1e3)
         roles = pipe.graph.roles
         for s, (stage, st) in enumerate(zip(self.partition.stages, stats)):
             params = [pipe.graph.initializers[k] for k in stage.initializers
@@ -287,7 +298,9 @@ class Pipeline(Strategy):
             f"meta: bubble {f['bubble_measured']:.1%} measured (the stages' mean idle share of "
             f"a step), (p-1)/(m+p-1) = {f['bubble_predicted']:.1%}, "
             f"{f['bubble_modelled']:.1%} modelled from the stages' measured times",
-            f"meta: pipelined step (forward and backward of all micro-batches): measured "
-            f"{f['step_measured_ms']:.2f} ms, predicted {f['step_predicted_ms']:.2f} ms "
-            f"(stage times per micro-batch measured, messages by α-β: {self.link})"]
+            f"meta: pipelined step (forward and backward of all micro-batches, the slowest "
+            f"stage's): measured {f['step_measured_ms']:.2f} ms (median "
+            f"{f['step_median_ms']:.2f} ms), predicted {f['step_predicted_ms']:.2f} ms "
+            f"(stage times per micro-batch measured, messages by α-β: {self.link}"
+            + (f"; {self.cores} cores shared by {p} stages)" if self.cores else ")")]
         return "\n".join(lines)

@@ -70,18 +70,40 @@ def _arrays(value: Any) -> Iterable[np.ndarray]:
             yield from _arrays(v)
 
 
+def _byte_range(a: np.ndarray) -> tuple[int, int]:
+    """The addresses ``a`` spans, [first byte, past its last byte) (numpy's byte_bounds)."""
+    low = high = a.__array_interface__["data"][0]
+    for size, stride in zip(a.shape, a.strides):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    return low, high + a.itemsize
+
+
 def tape_bytes(tape: Sequence[tuple[Any, Any]], exclude: set[int]) -> int:
-    """Bytes of the arrays a tape's saved contexts hold (each memory block once), leaving out
-    blocks whose id is in ``exclude`` (the parameters and constants)."""
-    seen: set[int] = set()
-    total = 0
+    """Bytes of the arrays a tape's saved contexts hold: per buffer, the union of the byte
+    ranges its saved views cover (a strided view counts as its span), leaving out buffers
+    whose id is in ``exclude`` (the parameters, constants and the batch: held whatever the
+    schedule)."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
     for _node, ctx in tape:
         for value in vars(ctx).values():
             for a in _arrays(value):
                 base = _base(a)
-                if id(base) not in seen and id(base) not in exclude:
-                    seen.add(id(base))
-                    total += base.nbytes
+                if id(base) not in exclude and a.size:
+                    low, high = _byte_range(a)
+                    ranges.setdefault(id(base), []).append((low, high))
+    total = 0
+    for spans in ranges.values():
+        end = None
+        for low, high in sorted(spans):
+            if end is None or low >= end:
+                total += high - low
+                end = high
+            elif high > end:
+                total += high - end
+                end = high
     return total
 
 
@@ -100,6 +122,7 @@ class StageStats:
     peak_in_flight: int = 0  # the most micro-batches with a live tape
     bytes_sent: int = 0
     rows: int = 0  # examples through those steps
+    span_median_s: float = 0.0  # the typical step, without a loaded machine's stalls (summary)
 
     def as_array(self) -> np.ndarray:
         """The fields in order, as floats (to gather them over ranks)."""
@@ -148,6 +171,7 @@ class PipelineExecutor:
         self.grad_receives = [t for t in self.stage.sends if t in diff and t in floats]
         self._train_steps = 0
         self.bytes_sent = 0  # by training steps, the warm-up included
+        self.spans: list[float] = []  # of every measured step
 
     # -- the executor interface the trainer uses ----------------------------------------------
     @property
@@ -179,6 +203,12 @@ class PipelineExecutor:
                              f"each rank holds one stage")
         names = list(dict.fromkeys([loss, *(outputs or [])]))
         return self._run(feeds, names, loss)
+
+    def summary(self) -> StageStats:
+        """This rank's measurements so far (the median step made exact)."""
+        if self.spans:
+            self.stats.span_median_s = float(np.median(self.spans))
+        return self.stats
 
     # -- agreeing on shapes ----------------------------------------------------------------
     def _agree_shapes(self, sample: Tensors) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -300,7 +330,8 @@ class PipelineExecutor:
         parts: dict[int, Tensors] = {}
         grads = {p: np.zeros_like(v) for p, v in self.stage_graph.parameters.items()} \
             if training else {}
-        exclude = {id(_base(v)) for v in self.stage_graph.initializers.values()}
+        exclude = {id(_base(v)) for v in self.stage_graph.initializers.values()} | {
+            id(_base(feeds[t])) for t in self.stage.feeds if isinstance(feeds[t], np.ndarray)}
         wanted = set(self.params) | set(self.grad_sends)
         forward_s = backward_s = wait_s = 0.0
         peak = live = peak_flight = sent = 0
@@ -419,6 +450,7 @@ class PipelineExecutor:
         s = self.stats
         s.steps += 1
         s.span_s += span
+        self.spans.append(span)
         s.rows += n
         s.forward_s += forward_s
         s.backward_s += backward_s

@@ -109,26 +109,34 @@ def _cost_total(costs: Sequence[float], bounds: Sequence[int]) -> list[float]:
 
 def balanced_bounds(costs: Sequence[float], stages: int) -> list[int]:
     """Bounds ``[0, b1, ..., n]`` of ``stages`` non-empty consecutive runs of ``costs`` whose
-    largest sum is the smallest possible (ties: the earliest cuts of an optimal split).
+    largest sum is the smallest possible; among those, the most even (smallest sum of squared
+    stage costs), so free nodes do not make a stage of their own.
 
     >>> balanced_bounds([4, 1, 1, 1, 1], 2)
     [0, 1, 5]
+    >>> balanced_bounds([0, 2, 0, 1, 0, 1], 3)
+    [0, 2, 4, 6]
     """
     n = len(costs)
     if not 1 <= stages <= n:
         raise PartitionError(f"cannot cut {n} nodes into {stages} non-empty stages")
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
-    # best[k][j]: the smallest largest stage sum when the first j nodes form k stages
-    best = np.full((stages + 1, n + 1), np.inf)
+    slack = 1e-9 * max(float(prefix[-1]), 1e-300)  # sums equal up to rounding are ties
+    # worst[k][j], squares[k][j]: the best (largest stage, sum of squares) when the first j
+    # nodes form k stages; choice[k][j]: where the k-th stage starts then
+    worst = np.full((stages + 1, n + 1), np.inf)
+    squares = np.full((stages + 1, n + 1), np.inf)
     choice = np.zeros((stages + 1, n + 1), dtype=np.int64)
-    best[0][0] = 0.0
+    worst[0][0] = squares[0][0] = 0.0
     for k in range(1, stages + 1):
         for j in range(k, n - (stages - k) + 1):
-            i = np.arange(k - 1, j)  # the previous stage ends after node i - 1
-            worst = np.maximum(best[k - 1][i], prefix[j] - prefix[i])
-            # the earliest optimum, within rounding of the sums
-            pick = int(np.flatnonzero(worst <= worst.min() * (1 + 1e-12) + 1e-300)[0])
-            best[k][j], choice[k][j] = worst[pick], i[pick]
+            i = np.arange(k - 1, j)
+            last = prefix[j] - prefix[i]
+            big = np.maximum(worst[k - 1][i], last)
+            even = squares[k - 1][i] + last ** 2
+            ties = np.flatnonzero(big <= big.min() + slack)
+            pick = int(ties[np.argmin(even[ties])])
+            worst[k][j], squares[k][j], choice[k][j] = big[pick], even[pick], i[pick]
     bounds = [n]
     for k in range(stages, 0, -1):
         bounds.append(int(choice[k][bounds[-1]]))

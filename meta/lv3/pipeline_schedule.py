@@ -91,42 +91,48 @@ class Simulated:
 
 def simulate(schedules: Sequence[Sequence[Op]], forward_s: Sequence[float],
              backward_s: Sequence[float], activation_s: Sequence[float] = (),
-             gradient_s: Sequence[float] = ()) -> Simulated:
-    """Play ``schedules`` (one per stage) as soon as each operation's inputs have arrived.
+             gradient_s: Sequence[float] = (), cores: int | None = None) -> Simulated:
+    """Play ``schedules`` (one per stage), each operation as soon as its inputs have arrived.
 
     ``forward_s[s]``/``backward_s[s]``: stage ``s``'s time for one micro-batch;
     ``activation_s[s]``: the message from stage ``s`` to ``s + 1`` (default free),
     ``gradient_s[s]``: the message back from ``s + 1`` to ``s``. A forward waits for the
     previous stage's forward of its micro-batch, a backward for the next stage's backward (the
-    last stage: for its own forward); a stage does its operations in order. Raises ValueError
-    when the schedules wait on each other forever.
+    last stage: for its own forward); a stage does its operations in order. With ``cores``
+    (fewer than the stages: ranks oversubscribing a machine) at most that many operations run
+    at once, the one that can start first taking the next free core. Raises ValueError when
+    the schedules wait on each other forever.
     """
     p = len(schedules)
     act = list(activation_s) or [0.0] * max(p - 1, 0)
     grad = list(gradient_s) or [0.0] * max(p - 1, 0)
     done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * p
-    busy = [0.0] * p
-    pos = [0] * p
+    free, busy, pos = [0.0] * p, [0.0] * p, [0] * p
+    core_free = [0.0] * cores if cores else []
     while any(pos[s] < len(schedules[s]) for s in range(p)):
-        progressed = False
+        ready = []  # (earliest start, stage, cost) of every stage whose next op can run
         for s in range(p):
-            while pos[s] < len(schedules[s]):
-                kind, i = schedules[s][pos[s]]
-                if kind == "F":
-                    dep, delay = (("F", s - 1, i), act[s - 1]) if s > 0 else (None, 0.0)
-                    cost = forward_s[s]
-                else:
-                    dep, delay = (("B", s + 1, i), grad[s]) if s < p - 1 else (("F", s, i), 0.0)
-                    cost = backward_s[s]
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[s], done[dep] + delay if dep is not None else 0.0)
-                done[kind, s, i] = free[s] = start + cost
-                busy[s] += cost
-                pos[s] += 1
-                progressed = True
-        if not progressed:
+            if pos[s] == len(schedules[s]):
+                continue
+            kind, i = schedules[s][pos[s]]
+            if kind == "F":
+                dep, delay = (("F", s - 1, i), act[s - 1]) if s > 0 else (None, 0.0)
+            else:
+                dep, delay = (("B", s + 1, i), grad[s]) if s < p - 1 else (("F", s, i), 0.0)
+            if dep is None or dep in done:
+                arrival = done[dep] + delay if dep is not None else 0.0
+                cost = forward_s[s] if kind == "F" else backward_s[s]
+                ready.append((max(free[s], arrival), s, cost))
+        if not ready:
             stuck = {s: schedules[s][pos[s]] for s in range(p) if pos[s] < len(schedules[s])}
             raise ValueError(f"pipeline schedules deadlock: stages wait at {stuck}")
+        start, s, cost = min(ready)
+        if core_free:
+            core = min(range(len(core_free)), key=core_free.__getitem__)
+            start = max(start, core_free[core])
+            core_free[core] = start + cost
+        kind, i = schedules[s][pos[s]]
+        done[kind, s, i] = free[s] = start + cost
+        busy[s] += cost
+        pos[s] += 1
     return Simulated(max(free, default=0.0), busy, free)

@@ -14,21 +14,27 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
 
 from meta.component import ComponentError  # noqa: E402
-from meta.lv0 import Operator, register, registry, unbroadcast  # noqa: E402
+from meta.lv0 import Context, Operator, entries, register, registry, unbroadcast  # noqa: E402
 from meta.lv0.cpp_ops import build, register_cpp_op  # noqa: E402
 from meta.lv1 import (  # noqa: E402
     EXECUTORS,
+    Graph,
     GraphBuilder,
     GraphError,
+    Node,
     ReferenceExecutor,
+    TensorInfo,
     TorchExecutor,
     from_onnx,
     lenet5,
     mlp,
     resnet20,
+    torch_ops,
 )
 from meta.lv2 import Optimizer, sgd  # noqa: E402
 from meta.lv3.flat import FlatBuffer  # noqa: E402
+from tests.lv0.cases import cases_for  # noqa: E402
+from tests.lv0.test_ops import _serving_opset  # noqa: E402
 from tests.lv1.test_control_flow import loop_model  # noqa: E402
 from tests.lv1.test_state_model import _bn_net  # noqa: E402
 
@@ -161,6 +167,13 @@ def test_input_gradients_micro_batches_and_intermediates():
     assert not any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1:])
 
 
+def test_profile_records_nodes_and_the_backward_pass():
+    ex = TorchExecutor(mlp(hidden=[8]), profile=True).train()
+    ex.inference_and_backprop(_batch((1, 28, 28), 4))
+    rows = {(r.op_type, r.phase) for r in ex.profile_table().rows}
+    assert {("Gemm", "forward"), ("Relu", "forward"), ("(autograd)", "backward")} <= rows
+
+
 def test_graph_arrays_stay_the_source_of_truth():
     """An optimizer's in-place step and a strategy's flat buffer are seen at the next call."""
     graph = mlp(hidden=[16], seed=0)
@@ -174,6 +187,115 @@ def test_graph_arrays_stay_the_source_of_truth():
     expected = ReferenceExecutor(graph).train().inference(batch)["loss"]
     assert after != before
     _assert_close(after, expected, "loss after the buffer changed")
+
+
+# -- every kernel of the table against meta's own operator ----------------------------------
+
+def _loss_graph(op_type, attrs, inputs, opset, n_outputs, weights):
+    """One node, its float outputs folded into loss = sum_i <w_i, y_i>; inputs are fed."""
+    names = [f"x{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    nodes = [Node(op_type, names, [f"y{i}" for i in range(n_outputs)], "op", attrs=dict(attrs))]
+    total = None
+    for i in weights:
+        nodes += [Node("Mul", [f"y{i}", f"w{i}"], [f"m{i}"], f"mul{i}"),
+                  Node("ReduceSum", [f"m{i}"], [f"s{i}"], f"sum{i}", attrs={"keepdims": 0})]
+        if total is not None:
+            nodes.append(Node("Add", [total, f"s{i}"], [f"t{i}"], f"add{i}"))
+        total = f"t{i}" if total is not None else f"s{i}"
+    nodes.append(Node("Identity", [total], ["loss"], "loss"))
+    return Graph(nodes, [TensorInfo(n, x.dtype, x.shape) for n, x in zip(names, inputs) if n],
+                 [TensorInfo(f"y{i}", None) for i in range(n_outputs)]
+                 + [TensorInfo("loss", None, ())],
+                 {f"w{i}": w for i, w in weights.items()}, {"": opset})
+
+
+KERNEL_ENTRIES = [e for e in entries() if e.backend == "numpy" and e.domain == ""
+                  and e.op_type in torch_ops.KERNELS
+                  and e.since >= torch_ops.KERNELS[e.op_type].since]
+
+
+@pytest.mark.parametrize("entry", KERNEL_ENTRIES, ids=[e.name for e in KERNEL_ENTRIES])
+def test_every_torch_kernel_matches_meta_operator(entry):
+    """Every registered version of every operator in the torch table, on every case of the
+    operator library's tests (tests/lv0/cases*.py): outputs and input gradients equal meta's
+    own operator's as written, in eval and in train mode (1e-9 in float64, 1e-6 / 1e-5 in
+    float32; Dropout's training mask is random, so not compared)."""
+    opset = _serving_opset(entry)
+    rng = np.random.default_rng(0)
+    for attrs, inputs in cases_for(entry.op_type, seed=3, opset=opset):
+        op = entry.cls(**attrs)
+        try:
+            outputs = op.apply(Context(), *inputs)
+        except Exception:  # a case that checks meta's error
+            continue
+        floats = {i: rng.standard_normal(np.shape(y)).astype(y.dtype)
+                  for i, y in enumerate(outputs) if np.issubdtype(np.asarray(y).dtype, np.floating)}
+        graph = _loss_graph(entry.op_type, attrs, inputs, opset, len(outputs), floats)
+        feeds = {f"x{i}": x for i, x in enumerate(inputs) if x is not None}
+        wrt = [f"x{i}" for i, x in enumerate(inputs) if x is not None and i not in
+               op.no_grad_inputs and np.issubdtype(np.asarray(x).dtype, np.floating)]
+        ref, ours = ReferenceExecutor(graph), TorchExecutor(graph)
+        takes = torch_ops.KERNELS[entry.op_type].takes
+        if takes is None or takes(op, graph.node("op")):  # else meta's op, on the host
+            assert ours.placement()["op"] == "pytorch"
+        for mode in (None, False, True):
+            if mode is not None:
+                ref.train(mode), ours.train(mode)
+            if mode and entry.op_type == "Dropout":
+                continue
+            where = f"{entry.name} {attrs} train={mode}"
+            if floats and wrt:
+                v_ref, g_ref = ref.inference_and_backprop(feeds, wrt=wrt)
+                v_ours, g_ours = ours.inference_and_backprop(feeds, wrt=wrt)
+                for name in wrt:
+                    tol = 1e-9 if g_ref[name].dtype == np.float64 else 1e-5
+                    np.testing.assert_allclose(g_ours[name], g_ref[name], rtol=tol,
+                                               atol=tol * 1e-2, err_msg=f"{where} d/d{name}")
+            a = ref.inference(feeds, [f"y{i}" for i in range(len(outputs))])
+            b = ours.inference(feeds, list(a))
+            for name in a:
+                assert np.asarray(b[name]).dtype == np.asarray(a[name]).dtype, where
+                tol = 1e-9 if np.asarray(a[name]).dtype == np.float64 else 1e-6
+                np.testing.assert_allclose(b[name], a[name], rtol=tol, atol=tol * 1e-3,
+                                           err_msg=f"{where} {name}")
+
+
+FIXTURES = sorted((REPO / "tests" / "fixtures" / "pytorch").glob("*.onnx"))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_pytorch_exported_networks_match_the_reference(path):
+    """Networks PyTorch exported (ResNet/MobileNet-style with BatchNorm, attention, GRU,
+    LSTM, a transformer layer; TorchScript and dynamo exporters): outputs and the gradients
+    of a weighted sum of the first output, in every mode."""
+    graphs = from_onnx(path), from_onnx(path)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for t in graphs[0].inputs:
+        shape = [d if isinstance(d, int) else 2 for d in t.shape]
+        feeds[t.name] = (rng.standard_normal(shape).astype(t.dtype)
+                         if np.issubdtype(t.dtype, np.floating)
+                         else rng.integers(0, 3, shape).astype(t.dtype))
+    first = graphs[0].outputs[0].name
+    y = ReferenceExecutor(graphs[0]).inference(feeds, [first])[first]
+    weights = rng.standard_normal(y.shape).astype(y.dtype)
+    for graph in graphs:
+        graph.initializers["loss.w"] = weights.copy()
+        graph.insert(Node("Mul", [first, "loss.w"], ["loss.m"], "loss.mul"))
+        graph.insert(Node("ReduceSum", ["loss.m"], ["loss"], "loss.sum", attrs={"keepdims": 0}))
+    wrt = [n for n, v in feeds.items() if np.issubdtype(v.dtype, np.floating)]
+    ref, ours = ReferenceExecutor(graphs[0]), TorchExecutor(graphs[1])
+    for mode in (None, True, False):
+        if mode is not None:
+            ref.train(mode), ours.train(mode)
+        v_ref, g_ref = ref.inference_and_backprop(feeds, outputs=[first], wrt=wrt)
+        v_ours, g_ours = ours.inference_and_backprop(feeds, outputs=[first], wrt=wrt)
+        assert list(g_ours) == list(g_ref)
+        _assert_close(v_ours[first], v_ref[first], f"{first} (train={mode})")
+        for name in g_ref:
+            _assert_close(g_ours[name], g_ref[name], f"d/d{name} (train={mode})")
+        for name in graphs[0].state:
+            _assert_close(graphs[1].state[name], graphs[0].state[name], name)
 
 
 # -- user operators inside the PyTorch executor ---------------------------------------------
