@@ -234,11 +234,12 @@ def training_error(run: Any, err: BaseException) -> str | None:
     """The one-line message for a mistake that shows up only while training (a loss that
     became NaN or infinite, an operator's bad backward, an output that cannot be written);
     None for other errors, which are bugs and keep their traceback."""
+    from meta.component import ComponentError
     from meta.lv0 import BackwardError
 
     if isinstance(err, FloatingPointError) and run is not None:
         return (f"{err}; {_learning_rate_note(run)}; {_checkpoint_note(run)}; try a smaller "
                 f"learning rate, gradient clipping (optimizer.grad_clip) or check the data")
-    if isinstance(err, (BackwardError, OutputError, FloatingPointError)):
-        return str(err)
+    if isinstance(err, (BackwardError, OutputError, FloatingPointError, ComponentError)):
+        return str(err)  # ComponentError: a component's option refused where it is used
     return None

@@ -30,7 +30,7 @@ import numpy as np
 
 from meta import _threads
 from meta.component import ComponentError, Option
-from meta.lv1.executor import ReferenceExecutor
+from meta.lv1.executor import NativeExecutor, ReferenceExecutor
 from meta.lv1.graph import Graph
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.communicator import Communicator, SingleProcessCommunicator
@@ -110,7 +110,9 @@ class Pipeline(Strategy):
             raise ComponentError(f"distributed 'pipeline' updates each stage with a Level 2 "
                                  f"gradient transformation (sgd, adam, ...), not "
                                  f"{type(optimizer).__name__}")
-        if not isinstance(trainer.executor, ReferenceExecutor):
+        # exactly these: a subclass (pytorch) computes its own way, not through the tape the
+        # pipeline drives
+        if type(trainer.executor) not in (ReferenceExecutor, NativeExecutor):
             raise ComponentError(f"distributed 'pipeline' runs its stages with the reference "
                                  f"or native executor, not {type(trainer.executor).__name__}")
 

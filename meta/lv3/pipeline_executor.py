@@ -137,7 +137,9 @@ class PipelineExecutor:
     """This rank's stage of ``partition`` over ``comm`` (rank ``s`` runs stage ``s``), built
     collectively: the shapes of what crosses the cuts are agreed on ``sample`` (graph inputs
     with at least three examples). ``make_executor(graph)`` runs a stage's sub-graph (it must
-    be a ``ReferenceExecutor``: the pipeline drives its forward tape and backward directly).
+    be a ``ReferenceExecutor``: the pipeline drives its tape directly, ``_forward`` recording
+    and ``_run_tape`` from the received output gradients, as ``SubgraphScope`` does for the
+    bodies of If and Loop; ``inference_and_backprop`` only seeds a scalar loss).
     """
 
     def __init__(self, graph: Graph, partition: Partition, comm: Communicator,

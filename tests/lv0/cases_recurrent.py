@@ -11,7 +11,7 @@ import numpy as np
 
 from .cases_nn import OracleLimit
 
-T, B, I, H = 3, 2, 2, 2
+T, B, IN, H = 3, 2, 2, 2
 IGNORED = "onnx.reference ignores sequence_lens, clip, activations and input_forget"
 
 
@@ -22,7 +22,7 @@ def _recurrent(gates: int, extra_attrs: tuple = (), peepholes: bool = False,
             return rng.standard_normal(shape) * scale
 
         def weights(dirs):
-            return [r(dirs, gates * H, I), r(dirs, gates * H, H), r(dirs, 2 * gates * H)]
+            return [r(dirs, gates * H, IN), r(dirs, gates * H, H), r(dirs, 2 * gates * H)]
 
         def states(dirs, layout=0):
             shape = (B, dirs, H) if layout else (dirs, B, H)
@@ -35,7 +35,7 @@ def _recurrent(gates: int, extra_attrs: tuple = (), peepholes: bool = False,
             return extra
 
         lens = np.array([3, 1], np.int32)
-        x = r(T, B, I, scale=1.0)
+        x = r(T, B, IN, scale=1.0)
         out = [({"hidden_size": H}, [x, *weights(1)[:2]]),  # no bias, no initial state
                ({"hidden_size": H}, [x, *weights(1), None, *tail(1)[1:]]),
                ({"hidden_size": H, "direction": "reverse"}, [x, *weights(1), None, *tail(1)[1:]]),
@@ -44,7 +44,7 @@ def _recurrent(gates: int, extra_attrs: tuple = (), peepholes: bool = False,
                ({"hidden_size": H, "layout": 1},
                 [np.swapaxes(x, 0, 1).copy(), *weights(1), None, *tail(1, layout=1)[1:]]),
                (OracleLimit({"hidden_size": H}, 0, "onnx.reference cannot run 0 time steps"),
-                [np.zeros((0, B, I)), *weights(1)]),
+                [np.zeros((0, B, IN)), *weights(1)]),
                ({"hidden_size": H}, [x[:, :0], *weights(1)])]  # empty batch
         for attrs in extra_attrs:
             out.append(({"hidden_size": H, **attrs}, [x, *weights(1), None, *tail(1)[1:]]))

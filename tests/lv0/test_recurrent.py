@@ -13,7 +13,7 @@ from ops.lstm import LSTM
 from ops.rnn import RNN
 
 rng = np.random.default_rng(5)
-T, B, I, H = 4, 3, 2, 3
+T, B, IN, H = 4, 3, 2, 3
 
 
 def sig(z):
@@ -44,7 +44,7 @@ def lstm_loop(x, w, rr, b, h, c, p, clip=None, input_forget=0):
 @pytest.mark.parametrize("attrs", [{"clip": 0.4}, {"input_forget": 1},
                                    {"clip": 0.5, "input_forget": 1}])
 def test_lstm_clip_and_input_forget_follow_the_spec(attrs):
-    x, w, rr, b = r(T, B, I), r(1, 4 * H, I), r(1, 4 * H, H), r(1, 8 * H)
+    x, w, rr, b = r(T, B, IN), r(1, 4 * H, IN), r(1, 4 * H, H), r(1, 8 * H)
     h0, c0, p = r(1, B, H), r(1, B, H), r(1, 3 * H)
     y, yh, yc = LSTM(hidden_size=H, **attrs).apply(Context(), x, w, rr, b, None, h0, c0, p)
     ey, eh, ec = lstm_loop(x, w[0], rr[0], b[0], h0[0], c0[0], p[0], attrs.get("clip"),
@@ -55,7 +55,7 @@ def test_lstm_clip_and_input_forget_follow_the_spec(attrs):
 
 
 def test_rnn_activation_and_clip_follow_the_spec():
-    x, w, rr, b, h = r(T, B, I), r(1, H, I), r(1, H, H), r(1, 2 * H), r(1, B, H)
+    x, w, rr, b, h = r(T, B, IN), r(1, H, IN), r(1, H, H), r(1, 2 * H), r(1, B, H)
     y, yh = RNN(hidden_size=H, activations=["Relu"], clip=0.5).apply(Context(), x, w, rr, b,
                                                                       None, h)
     state, expected = h[0], []
@@ -68,7 +68,7 @@ def test_rnn_activation_and_clip_follow_the_spec():
 
 
 def test_gru_activations_with_alpha_follow_the_spec():
-    x, w, rr, b, h = r(T, B, I), r(1, 3 * H, I), r(1, 3 * H, H), r(1, 6 * H), r(1, B, H)
+    x, w, rr, b, h = r(T, B, IN), r(1, 3 * H, IN), r(1, 3 * H, H), r(1, 6 * H), r(1, B, H)
     op = GRU(hidden_size=H, activations=["HardSigmoid", "LeakyRelu"], activation_alpha=[0.3, 0.1],
              activation_beta=[0.4])
     y, _ = op.apply(Context(), x, w, rr, b, None, h)
@@ -91,7 +91,7 @@ def test_gru_activations_with_alpha_follow_the_spec():
 @pytest.mark.parametrize("layout", [0, 1])
 def test_sequence_lens_equals_running_each_sequence_alone(op, gates, direction, layout):
     dirs = 2 if direction == "bidirectional" else 1
-    x, w, rr, b = r(T, B, I), r(dirs, gates * H, I), r(dirs, gates * H, H), r(dirs, 2 * gates * H)
+    x, w, rr, b = r(T, B, IN), r(dirs, gates * H, IN), r(dirs, gates * H, H), r(dirs, 2 * gates * H)
     states = [r(dirs, B, H)] + ([r(dirs, B, H), r(dirs, 3 * H)] if op is LSTM else [])
     lens = np.array([4, 1, 0], np.int32)
     node = op(hidden_size=H, direction=direction, layout=layout)

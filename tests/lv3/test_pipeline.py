@@ -8,6 +8,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -17,6 +18,7 @@ from meta.component import ComponentError
 from meta.lv0 import Context
 from meta.lv1 import ReferenceExecutor
 from meta.lv1.builder import GraphBuilder, mlp
+from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator
 from meta.lv3.pipeline import Pipeline
 from meta.lv3.pipeline_executor import tape_bytes
@@ -258,6 +260,19 @@ def test_a_recipe_trains_through_the_pipeline_on_one_process(tmp_path: Path) -> 
     classes = metrics["stage0_parameters"] - (784 * 16 + 16 + 16 * 8 + 8)
     assert classes % 9 == 0 and classes > 0  # the logits layer: 8 weights + a bias per class
     assert (tmp_path / "model.onnx").exists()
+
+
+def test_executors_that_compute_their_own_way_are_refused() -> None:
+    class Elsewhere(ReferenceExecutor):  # as the pytorch executor: its own backward
+        pass
+
+    graph = mlp(input_shape=(1, 4, 4), hidden=[8], classes=3)
+    trainer = SimpleNamespace(optimizer=Optimizer(sgd(0.1), graph.parameters),
+                              executor=Elsewhere(graph))
+    with pytest.raises(ComponentError, match="reference or native executor, not Elsewhere"):
+        Pipeline.check(trainer, SingleProcessCommunicator())
+    trainer.executor = ReferenceExecutor(graph)
+    Pipeline.check(trainer, SingleProcessCommunicator())
 
 
 def test_a_line_search_optimizer_is_refused_before_training() -> None:
