@@ -1,29 +1,13 @@
-"""BlackmanWindow: the Blackman window 0.42 - 0.5 cos(a) + 0.08 cos(2a),
-of ``size`` points, periodic (default) or symmetric, in ``output_datatype`` (ONNX opset 17+);
-no gradient."""
+"""BlackmanWindow: the Blackman window 0.42 - 0.5 cos(2 pi k / N) + 0.08 cos(4 pi k / N)
+(ONNX opset 17+; see _cosine_window)."""
 
 from __future__ import annotations
 
-import numpy as np
+from meta.lv0 import register
 
-from meta.lv0 import Operator, register
-
-from .cast import DTYPES
+from ._cosine_window import CosineWindow
 
 
 @register("BlackmanWindow", since=17)
-class BlackmanWindow(Operator):
-    attributes = {"output_datatype": 1, "periodic": 1}
-    no_grad_inputs = (0,)
-
-    def forward(self, ctx, size):
-        n = int(np.asarray(size).reshape(-1)[0])
-        denominator = n if self.periodic else n - 1
-        k = np.arange(n, dtype=np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            a = 2 * np.pi * k / denominator
-            y = 0.42 - 0.5 * np.cos(a) + 0.08 * np.cos(2 * a)
-        return np.asarray(y).astype(DTYPES[self.output_datatype])
-
-    def backward(self, ctx, dy):
-        return (None,)
+class BlackmanWindow(CosineWindow):
+    coefficients = (0.42, 0.5, 0.08)

@@ -10,33 +10,17 @@ the gradients of the loss w.r.t. every parameter, and the losses of 20 SGD steps
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from meta.lv1 import Graph, Node, ReferenceExecutor, TensorInfo, from_onnx
+from meta.lv1 import ReferenceExecutor
 from meta.lv2 import Optimizer, sgd
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pytorch"
+from .test_pytorch_training import load, reference
+
 NETS = ("lstm", "gru", "transformer", "attention")
 EXPORTS = ("torchscript", "dynamo")
 TOLERANCE = 1e-5
-
-
-def load(net: str, export: str) -> Graph:
-    """The exported network with a mean cross-entropy loss on its logits, as PyTorch's."""
-    graph = from_onnx(FIXTURES / f"{net}_{export}.onnx")
-    graph.inputs.append(TensorInfo("labels", np.int64, ("N",)))
-    graph.insert(Node("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["loss"], "loss",
-                      attrs={"reduction": "mean"}))
-    graph.outputs.append(TensorInfo("loss", np.float32, ()))
-    return graph
-
-
-def reference(net: str) -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / f"{net}_reference.npz") as data:
-        return dict(data)
 
 
 @pytest.mark.parametrize("export", EXPORTS)
