@@ -31,3 +31,14 @@ def run_checks(comm: Communicator, checks: dict[str, Callable[[Communicator], No
             comm.barrier()
     print(f"{tag}: {len(names)} checks passed{suffix}", flush=True)
     return 0
+
+
+def main(checks: dict[str, Callable[[Communicator], None]], argv: list[str]) -> int:
+    """A check script's entry point: the named checks (all by default) on ``world()``, or on
+    MPI's world with ``--mpi`` (the MPI code path at size 1, without a launcher)."""
+    from meta.lv3 import world
+
+    use_mpi = "--mpi" in argv
+    names = [a for a in argv if a != "--mpi"] or list(checks)
+    comm = MPICommunicator() if use_mpi else world()
+    return run_checks(comm, checks, names, suffix=f" on {type(comm).__name__}")

@@ -342,15 +342,21 @@ class ReferenceExecutor:
         return {n: values[n] for n in names}
 
     # -- backward ------------------------------------------------------------------------
-    def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
-                  seed: float = 1.0, wrt: Sequence[str] = ()):
-        params = self.graph.parameters
-        names = list(dict.fromkeys([loss, *(outputs or [])]))
+    def _wrt(self, feeds: Tensors, wrt: Sequence[str]) -> list[str]:
+        """The tensors to differentiate with respect to besides the parameters, once each;
+        a name the graph does not know is a GraphError naming it."""
         wrt = list(dict.fromkeys(wrt))
         unknown = [w for w in wrt if w not in feeds and w not in self.graph.tensor_names()]
         if unknown:
             raise GraphError(f"wrt: {unknown} are not inputs or tensors of graph "
                              f"{self.graph.name!r}")
+        return wrt
+
+    def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
+                  seed: float = 1.0, wrt: Sequence[str] = ()):
+        params = self.graph.parameters
+        names = list(dict.fromkeys([loss, *(outputs or [])]))
+        wrt = self._wrt(feeds, wrt)
         values, tape = self._forward(feeds, names, (set(params) - set(feeds)) | set(wrt))
         if np.size(values[loss]) != 1:
             raise GraphError(f"loss {loss!r} must be a scalar, got shape {np.shape(values[loss])}")

@@ -341,11 +341,7 @@ class TorchExecutor(ReferenceExecutor):
         torch = self.torch
         params = self.graph.parameters
         names = list(dict.fromkeys([loss, *(outputs or [])]))
-        wrt = list(dict.fromkeys(wrt))
-        unknown = [w for w in wrt if w not in feeds and w not in self.graph.tensor_names()]
-        if unknown:
-            raise GraphError(f"wrt: {unknown} are not inputs or tensors of graph "
-                             f"{self.graph.name!r}")
+        wrt = self._wrt(feeds, wrt)
         trainable = [p for p in params if p not in feeds]
         grad = set(trainable) | set(wrt)
         with torch.enable_grad():

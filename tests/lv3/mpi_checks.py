@@ -39,9 +39,8 @@ from meta.lv3 import (
     chrome_trace,
     make_strategy,
     measure_link,
-    world,
 )
-from tests.checks import run_checks
+from tests import checks
 
 
 def check_allreduce(comm: Communicator) -> None:
@@ -355,11 +354,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
 
 
 def main(argv: list[str]) -> int:
-    """Run the named checks (all by default) on ``world()``, or MPI's world with ``--mpi``."""
-    use_mpi = "--mpi" in argv
-    names = [a for a in argv if a != "--mpi"] or list(CHECKS)
-    comm = MPICommunicator() if use_mpi else world()
-    return run_checks(comm, CHECKS, names, suffix=f" on {type(comm).__name__}")
+    return checks.main(CHECKS, argv)
 
 
 if __name__ == "__main__":

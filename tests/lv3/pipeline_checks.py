@@ -18,12 +18,12 @@ import numpy as np
 from meta.lv1 import Graph, ReferenceExecutor
 from meta.lv1.builder import GraphBuilder, mlp
 from meta.lv2.optimizers import Optimizer, sgd
-from meta.lv3 import Communicator, MPICommunicator, world
+from meta.lv3 import Communicator
 from meta.lv3.pipeline import Pipeline
 from meta.lv3.pipeline_executor import PipelineExecutor
 from meta.lv3.pipeline_partition import partition
 from meta.lv3.pipeline_schedule import SCHEDULES, bubble_estimate
-from tests.checks import run_checks
+from tests import checks
 
 TOLERANCE = 1e-6  # the acceptance bound; float64 lands near 1e-15
 
@@ -152,10 +152,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
 
 
 def main(argv: list[str]) -> int:
-    use_mpi = "--mpi" in argv
-    names = [a for a in argv if a != "--mpi"] or list(CHECKS)
-    comm = MPICommunicator() if use_mpi else world()
-    return run_checks(comm, CHECKS, names, suffix=f" on {type(comm).__name__}")
+    return checks.main(CHECKS, argv)
 
 
 if __name__ == "__main__":
