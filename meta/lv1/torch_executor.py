@@ -55,7 +55,8 @@ from meta.lv1.executor import (
     Tensors,
     _describe,
 )
-from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
+from meta.lv1.graph import Graph, GraphError, Node, canonical_domain
+from meta.lv1.onnx_io import operator_problems
 
 INSTALL = "pip install 'meta[torch]'"
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -101,23 +102,6 @@ def _device(torch: Any, name: str) -> Any:
     return device
 
 
-def unresolved(graph: Graph) -> list[str]:
-    """Every node (subgraphs included) whose operator meta cannot resolve, one line each."""
-    problems = []
-
-    def walk(g: Graph, where: str) -> None:
-        for node in g.nodes:
-            try:
-                make_operator(node, g.opset)
-            except GraphError as err:
-                problems.append(f"{where}{err}")
-            for sub in node.subgraphs():
-                walk(sub, f"{where}{node.describe()} > ")
-
-    walk(graph, "")
-    return problems
-
-
 @dataclass
 class Call:
     """What a torch kernel knows of its node (``meta.lv1.torch_ops``)."""
@@ -150,7 +134,7 @@ class TorchExecutor(ReferenceExecutor):
 
         self.torch = torch
         self.device = _device(torch, device)
-        problems = unresolved(graph)
+        problems = operator_problems(graph)
         if problems:
             raise GraphError(f"executor 'pytorch' cannot run {len(problems)} node(s) of graph "
                              f"{graph.name!r} (register their operators with meta.register or "
