@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -48,16 +49,19 @@ def test_checks_under_mpiexec(mpirun: Callable[..., str], n: int) -> None:
 
 
 def thread_reports(out: str) -> list[dict]:
-    return [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
-            if line.startswith("THREADS ")]
+    """Each rank's report, found anywhere in the output: ``mpiexec`` relays the ranks' stdout
+    and stderr through one pipe here, so a report need not start a line (a CI run once had
+    none that did)."""
+    return [json.loads(found) for found in re.findall(r"THREADS (\{[^{}]*\})", out)]
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_threads_per_rank(mpirun: Callable[..., str]) -> None:
     expected = _threads.default_threads({"MPI_LOCALNRANKS": "2"})  # 1 on a 2-core machine
-    reports = thread_reports(mpirun(2, [sys.executable, "-c", THREADS_REPORT]))
-    assert len(reports) == 2, reports
+    out = mpirun(2, [sys.executable, "-c", THREADS_REPORT])
+    reports = thread_reports(out)
+    assert len(reports) == 2, out
     for report in reports:
         assert report["omp"] == report["openblas"] == str(expected), report
         assert report["blas"] and all(n == expected for n in report["blas"]), report
@@ -68,7 +72,7 @@ def test_threads_per_rank(mpirun: Callable[..., str]) -> None:
 def test_user_thread_setting_is_left_alone(mpirun: Callable[..., str]) -> None:
     out = mpirun(2, [sys.executable, "-c", THREADS_REPORT], env={"OMP_NUM_THREADS": "2"})
     reports = thread_reports(out)
-    assert len(reports) == 2, reports
+    assert len(reports) == 2, out
     for report in reports:
         assert report["omp"] == "2" and report["openblas"] is None, report
         # OpenBLAS follows OMP_NUM_THREADS, capped at the cores it sees.
