@@ -53,9 +53,12 @@ def synthetic_batch(batch: int) -> tuple[np.ndarray, np.ndarray]:
             rng.integers(0, 10, batch, dtype=np.int64))
 
 
-def meta_step(model: str, executor_name: str, x: np.ndarray, y: np.ndarray) -> Step:
+def meta_step(model: str, executor_name: str, x: np.ndarray, y: np.ndarray,
+              **executor_options: object) -> Step:
+    """One training step of ``model`` on meta's executor ``executor_name`` (its options, e.g.
+    ``device`` of ``pytorch``), updated by meta's SGD."""
     graph = MODELS[model][0]()
-    executor = lv1.EXECUTORS[executor_name](graph)
+    executor = lv1.EXECUTORS[executor_name](graph, **executor_options)
     optimizer = lv2.Optimizer(lv2.sgd(LR, MOMENTUM), graph.parameters)
     feeds = {"input": x, "labels": y}
 

@@ -88,6 +88,10 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
         outcome = run.execute()
     except Exception as err:
         message = training_error(run, err)  # a NaN loss, a bad backward, a full disk: one line
+        if message is None:  # a rank died (MPI with ULFM) where the run cannot survive it
+            from meta.lv3.survival import failure_message
+
+            message = failure_message(comm, err)
         if message is not None:
             where = f" (on rank {comm.rank})" if comm.size > 1 else ""
             print(f"meta: error{where}: {message}", file=sys.stderr, flush=True)

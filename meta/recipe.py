@@ -167,7 +167,7 @@ class Recipe:
                 continue
             canonical, option, problem = schema.canonical(key)
             kind, _, name = canonical.partition(".")
-            inside = canonical not in written and kind in DEFAULTS and kind in mutable
+            inside = canonical not in written and kind in (*DEFAULTS, *LISTS) and kind in mutable
             if problem or (canonical not in written and not inside):
                 errors.append(problem) if problem else refuse(key, canonical)
                 continue
@@ -176,7 +176,12 @@ class Recipe:
             except ComponentError as err:
                 errors.append(str(err))
                 continue
-            if inside:  # an option of a MUTABLE component: set inside its definition
+            if inside and kind in LISTS:  # ``events.<name>.<option>``: inside that event
+                event, _, name = name.partition(".")
+                mutable[kind] = [{**(e if isinstance(e, Mapping) else {"name": e}), name: value}
+                                 if (e.get("name") if isinstance(e, Mapping) else e) == event
+                                 else e for e in mutable[kind]]
+            elif inside:  # an option of a MUTABLE component: set inside its definition
                 spec = mutable[kind]
                 mutable[kind] = {**(spec if isinstance(spec, Mapping) else {"name": spec}),
                                  name: value}

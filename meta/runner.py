@@ -148,6 +148,7 @@ class RecipeRun:
         strategy = self.distribute()  # a collective: it broadcasts the initial parameters
         start = time.perf_counter()
         history = strategy.train(trainer, recipe.definitions.epochs)
+        comm = self.comm = getattr(strategy, "end_comm", comm)  # without workers that died
         if strategy.group is not comm:  # a server saw no epochs: take rank 0's
             history = comm.bcast_obj(history, root=0)
         train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]

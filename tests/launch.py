@@ -16,6 +16,8 @@ from meta._threads import THREAD_VARIABLES
 MPI_TIMEOUT_S = 120
 # Variables of an outer launcher (if pytest itself runs under one) must not leak into ours.
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_")
+# ... except a user's settings for Open MPI's mpiexec (running as root), which no launcher sets.
+KEPT_LAUNCHER_VARIABLES = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
 def find_mpiexec() -> Path:
@@ -37,7 +39,8 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without thread or launcher variables, plus ``extra``."""
     env = {
         k: v for k, v in os.environ.items()
-        if k not in THREAD_VARIABLES and not k.startswith(LAUNCHER_PREFIXES)
+        if k not in THREAD_VARIABLES
+        and (k in KEPT_LAUNCHER_VARIABLES or not k.startswith(LAUNCHER_PREFIXES))
     }
     env.update(extra or {})
     return env

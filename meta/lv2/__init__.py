@@ -1,6 +1,11 @@
 """Level 2: datasets, samplers, optimizers and the trainer with its events."""
 
-from meta.lv2 import array_files, dbn_model, image_folder  # noqa: F401  (register components)
+from meta.lv2 import (  # noqa: F401  (register components)
+    array_files,
+    batch_schedule,
+    dbn_model,
+    image_folder,
+)
 from meta.lv2.checkpoint import CheckpointError, CheckpointEvent, load_checkpoint, save_checkpoint
 from meta.lv2.cifar import cifar10
 from meta.lv2.dataset_registry import DATASETS, build_dataset, register_dataset

@@ -4,7 +4,9 @@ Everything runs at size 1 without MPI; ``world()`` switches to MPI only under ``
 Strategies (``make_strategy``) wrap any Level 2 optimizer: ``Allreduce`` (with optional
 gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAveraging`` and
 ``RingAveraging``, ``AsyncRMA`` (one-sided windows), ``Downpour`` and ``Sandblaster``
-(DistBelief's two); ``Pipeline`` cuts the network into stages, one per rank.
+(DistBelief's two); ``Pipeline`` cuts the network into stages, one per rank;
+``HybridAllreduce`` and ``HybridDownpour`` run data parallelism over pipelined replicas;
+``Partitioned`` splits the layers' neurons over the ranks.
 """
 
 from meta.lv3.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
@@ -20,8 +22,15 @@ from meta.lv3.compression import Compressor, Float16, Sign, TopK, make_compresso
 from meta.lv3.costmodel import Link, measure_link
 from meta.lv3.downpour import Downpour
 from meta.lv3.flat import FlatBuffer
+from meta.lv3.hierarchical_server import HierarchicalParameterServer
+from meta.lv3.hogwild import Hogwild
+from meta.lv3.hybrid_allreduce import HybridAllreduce
+from meta.lv3.hybrid_downpour import HybridDownpour
+from meta.lv3.neighbours import NeighbourAveraging
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
+from meta.lv3.partitioned import Partitioned
 from meta.lv3.pipeline import Pipeline
+from meta.lv3.quantization import StochasticQuantizer, Ternary
 from meta.lv3.rma import AsyncRMA
 from meta.lv3.sampler import DistributedSampler
 from meta.lv3.sandblaster import Sandblaster
@@ -48,16 +57,24 @@ __all__ = [
     "Downpour",
     "FlatBuffer",
     "Float16",
+    "HierarchicalParameterServer",
+    "Hogwild",
+    "HybridAllreduce",
+    "HybridDownpour",
     "Link",
     "MPICommunicator",
     "ModelAveraging",
+    "NeighbourAveraging",
     "ParameterServer",
+    "Partitioned",
     "Pipeline",
     "RingAveraging",
     "Sandblaster",
     "Sign",
     "SingleProcessCommunicator",
+    "StochasticQuantizer",
     "Strategy",
+    "Ternary",
     "Timeline",
     "TopK",
     "allreduce_mean",

@@ -8,8 +8,9 @@ import numpy as np
 
 from meta.component import Option
 from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3 import quantization  # noqa: F401  (registers the qsgd and terngrad compressions)
 from meta.lv3.communicator import Communicator
-from meta.lv3.compression import Compressor, make_compressor
+from meta.lv3.compression import COMPRESSIONS, Compressor, compression_options, make_compressor
 from meta.lv3.costmodel import Link, allgather, ring_allreduce
 from meta.lv3.strategy import Strategy
 
@@ -20,7 +21,9 @@ class Allreduce(Strategy):
     Ranks stay bit-identical, because each applies the same update to the same values. The
     inner optimizer's state is not broadcast: build it the same way on every rank. With a
     ``compressor`` each rank's payload is exchanged by one allgather instead, and every rank
-    decompresses and sums all of them (in rank order, so ranks still agree bit for bit).
+    decompresses and sums all of them (in rank order, so ranks still agree bit for bit). A
+    stochastic compressor (qsgd, terngrad) draws from a stream seeded by the recipe's seed and
+    the rank.
 
     >>> from meta.lv2.optimizers import sgd
     >>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
@@ -30,20 +33,21 @@ class Allreduce(Strategy):
 
     name = "allreduce"
     options = {**Strategy.options,
-               "compression": Option("none", "of the gradient exchange: fp16, topk or sign "
-                                     "(topk and sign with error feedback)",
-                                     choices=("none", "fp16", "topk", "sign")),
-               "topk_ratio": Option(0.01, "compression topk: the share of values sent",
-                                    above=0.0, high=1.0)}
+               "compression": Option("none", "of the gradient exchange: fp16, topk, sign "
+                                     "(topk and sign with error feedback), qsgd or terngrad",
+                                     choices=("none", *COMPRESSIONS.names())),
+               **compression_options()}
     pretraining = "average"
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
-                    compression: str = "none", topk_ratio: float = 0.01,
-                    **options: Any) -> Allreduce:
+                    compression: str = "none", **options: Any) -> Allreduce:
         n = sum(int(np.prod(np.shape(p))) for p in optimizer.params.values())
         dtypes = {np.asarray(p).dtype for p in optimizer.params.values()} or {np.dtype(float)}
-        compressor = make_compressor(compression, n, dtypes.pop(), topk_ratio)
+        offered = compression_options()
+        chosen = {k: options.pop(k) for k in list(options) if k in offered}
+        seed = [getattr(getattr(trainer, "sampler", None), "seed", 0), comm.rank]
+        compressor = make_compressor(compression, n, dtypes.pop(), seed, **chosen)
         return cls(optimizer, comm, compressor=compressor, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,

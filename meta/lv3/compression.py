@@ -14,23 +14,33 @@ same size, so one ``Allgather`` exchanges them; each rank then decompresses and 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any, ClassVar, Sequence
+
 import numpy as np
+
+from meta.component import ComponentError, Option, Registry
+
+Seed = int | Sequence[int] | None
 
 
 class Compressor:
     """Base: ``encode``/``decode_add`` define the format; error feedback is shared.
 
     ``n`` and ``dtype`` are those of the flat gradient; ``payload_bytes`` is what one rank
-    sends per step.
+    sends per step. ``seed`` seeds ``rng``, which stochastic compressors draw from (give each
+    rank its own seed: their rounding noise then averages out over the ranks).
     """
 
     error_feedback = True
+    options: ClassVar[dict[str, Option]] = {}
 
-    def __init__(self, n: int, dtype: np.dtype | type) -> None:
+    def __init__(self, n: int, dtype: np.dtype | type, seed: Seed = None) -> None:
         self.n = int(n)
         self.dtype = np.dtype(dtype)
         self.residual = np.zeros(self.n, self.dtype)
         self._decoded = np.zeros(self.n, self.dtype)
+        self.rng = np.random.default_rng(seed)
 
     @property
     def payload_bytes(self) -> int:
@@ -82,8 +92,11 @@ class Float16(Compressor):
 class TopK(Compressor):
     """The ``ratio * n`` largest magnitudes, as (values, int32 indices); the rest is fed back."""
 
-    def __init__(self, n: int, dtype: np.dtype | type, ratio: float = 0.01) -> None:
-        super().__init__(n, dtype)
+    options = {"ratio": Option(0.01, "the share of values sent", above=0.0, high=1.0)}
+
+    def __init__(self, n: int, dtype: np.dtype | type, ratio: float = 0.01,
+                 seed: Seed = None) -> None:
+        super().__init__(n, dtype, seed)
         if not 0 < ratio <= 1:
             raise ValueError(f"TopK: ratio must be in (0, 1], got {ratio}")
         self.k = max(1, min(self.n, round(ratio * self.n)))
@@ -120,17 +133,41 @@ class Sign(Compressor):
         out += scale * (2 * bits.astype(self.dtype) - 1)
 
 
-COMPRESSORS = {"fp16": Float16, "topk": TopK, "sign": Sign}
+# Compressions by name, as ``Allreduce``'s ``compression`` option chooses them; a compressor
+# class declares its options in ``options`` (meta.lv3.quantization adds qsgd and terngrad).
+COMPRESSIONS = Registry("compression", context=("n", "dtype", "seed"))
+COMPRESSIONS.add("fp16", Float16)
+COMPRESSIONS.add("topk", TopK)
+COMPRESSIONS.add("sign", Sign)
 
 
-def make_compressor(name: str, n: int, dtype: np.dtype | type,
-                    topk_ratio: float = 0.01) -> Compressor | None:
-    """The compressor called ``name`` for a flat gradient of ``n`` values; None for "none"."""
+def compression_options() -> dict[str, Option]:
+    """Every registered compressor's options under the names a strategy offers them,
+    ``<compression>_<option>`` (``topk_ratio``, ``qsgd_bits``): one flat list of recipe
+    options, derived from the compressors' own declarations."""
+    return {f"{name}_{key}": replace(option, doc=f"compression {name}: {option.doc}")
+            for name, component in COMPRESSIONS.entries.items()
+            for key, option in component.options.items()}
+
+
+def make_compressor(name: str, n: int, dtype: np.dtype | type, seed: Seed = None,
+                    **options: Any) -> Compressor | None:
+    """The compressor called ``name`` for a flat gradient of ``n`` values; None for "none".
+
+    ``options`` are named as a strategy offers them (``topk_ratio=0.05``, ``qsgd_bits=4``);
+    those of other compressors are ignored, so a strategy can pass all of its own.
+    """
+    offered = compression_options()
+    wrong = sorted(set(options) - set(offered))
+    if wrong:
+        raise ComponentError(f"unknown compression option {wrong[0]!r}; expected one of "
+                             f"{', '.join(offered)}")
     if name == "none":
         return None
-    if name not in COMPRESSORS:
-        raise ValueError(f"unknown compression {name!r}; expected none or one of "
-                         f"{', '.join(COMPRESSORS)}")
-    if name == "topk":
-        return TopK(n, dtype, topk_ratio)
-    return COMPRESSORS[name](n, dtype)
+    if name not in COMPRESSIONS:
+        raise ComponentError(f"unknown compression {name!r}; expected none or one of "
+                             f"{', '.join(COMPRESSIONS.names())}")
+    prefix = f"{name}_"
+    mine = {k[len(prefix):]: v for k, v in options.items() if k.startswith(prefix)}
+    component = COMPRESSIONS[name]
+    return component.factory(n, dtype, seed=seed, **component.resolve(mine))

@@ -27,14 +27,16 @@ among the servers), the first server sends each remaining worker the verdict, an
 the run (final parameters, staleness counts) is collective over the survivors only, on a
 communicator they build alone (``MPI_Comm_create_group``). ``departures()`` says what was lost.
 
-What MPI allows when a process dies outright (a crash, not a silence): nothing portable. By the
-MPI standard the job's state is then undefined, and MPICH's default error handling (and its
-``mpiexec``) aborts every rank of the job. Recovering, i.e. revoking and shrinking a
-communicator that contains a dead rank, needs ULFM (``MPIX_Comm_shrink`` and friends), which
-the ``mpich`` wheel used here does not provide. So ``worker_timeout_s`` covers a worker that is
-alive but stuck (or far too slow), and ``leave`` one that stops cleanly; a dead process still
-ends the job. A lost worker's unanswered messages are left pending: they are small enough
-(here) for MPI's eager protocol, a very large push to a server that gave up may not be.
+A process that dies outright (a crash, SIGKILL, a lost node) is survived where the MPI has
+the fault-tolerance extension ULFM (Open MPI's ``mpiexec --with-ft ulfm``; ``survival``): the
+servers see the dead worker's receive fail and mark it DIED, the workers' per-epoch
+collectives shrink to the survivors, and the end of the run goes on over the survivors as for
+a lost worker. Losing a server or rank 0 is a ``LostRankError`` naming it. Without ULFM (the
+``mpich`` wheel) the MPI standard leaves the job undefined and ``mpiexec`` ends every rank.
+So ``worker_timeout_s`` covers a worker that is alive but stuck (or far too slow), and
+``leave`` one that stops cleanly. A lost worker's unanswered messages are left pending: they
+are small enough (here) for MPI's eager protocol, a very large push to a server that gave up
+may not be.
 
 >>> from meta.lv2.optimizers import Optimizer, sgd
 >>> opt = Downpour(Optimizer(sgd(0.1), {"w": np.array([1.0])}))  # size 1: trains locally
@@ -53,8 +55,9 @@ from meta.component import Option
 from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link
-from meta.lv3.polling import POLL_S, cancel_all, group_comm, poll_all, test_all
+from meta.lv3.polling import POLL_S, cancel_all, poll_all, survivors_comm, test_all
 from meta.lv3.shard_server import (
+    DIED,
     DONE,
     EXIT,
     FETCH,
@@ -69,6 +72,7 @@ from meta.lv3.shard_server import (
     StalenessLog,
 )
 from meta.lv3.strategy import Strategy
+from meta.lv3.survival import follow_shrinks, is_failure, lost_peer, surviving
 
 
 def shard_bounds(n: int, servers: int) -> list[tuple[int, int]]:
@@ -116,7 +120,8 @@ class Downpour(Strategy):
         self.servers = list(range(comm.size - self.n_servers, comm.size))
         self.workers = list(range(comm.size - self.n_servers))
         self.role = "server" if comm.rank in self.servers else "worker"
-        self.group = comm.split(int(self.role == "server")) if self.servers else comm
+        self.group = surviving(comm.split(int(self.role == "server"))) if self.servers else comm
+        self.steps_per_epoch = 0  # known to the workers (from_recipe): a loss's epoch
         self.bounds = shard_bounds(len(self.flat_params), max(self.n_servers, 1))
         self.staleness = StalenessLog(len(self.workers))
         self.roster = Roster(self.workers, worker_timeout_s)
@@ -127,11 +132,31 @@ class Downpour(Strategy):
             shard = Optimizer(server_rule or optimizer.transform,
                               {"shard": self.flat_params.buffer[lo:hi]})
             self.server = ShardServer(comm, shard, self.workers, self.staleness, self.timeline,
-                                      self.roster)
+                                      self.roster, steps_per_push=n_push)
         elif self.servers:
             self.client = DownpourClient(self)
             if comm.rank != 0 and warm_start_steps:
-                self.client.wait_for_go()
+                self._talk(self.client.wait_for_go)
+
+    @classmethod
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+                    **options: Any) -> Downpour:
+        """Also: the evaluation is re-sharded when a worker dies (under ULFM)."""
+        strategy = cls(optimizer, comm, **options)
+        follow_shrinks(strategy.group, trainer)
+        strategy.steps_per_epoch = getattr(trainer, "steps_per_epoch", 0)  # trainer: or None
+        return strategy
+
+    def _talk(self, exchange: Any, *args: Any) -> Any:
+        """Run a worker's exchange with the servers; a dead server (or rank 0, which sends
+        the warm start's go) is a ``LostRankError`` naming it, not an MPI traceback."""
+        try:
+            return exchange(*args)
+        except Exception as err:
+            if not is_failure(err):
+                raise
+            raise lost_peer(self.comm, self.servers,
+                            f"at step {self.client.steps} of worker {self.comm.rank}") from err
 
     @property
     def source(self) -> int:
@@ -151,7 +176,7 @@ class Downpour(Strategy):
             self.optimizer.step(grads)
             self.timeline.lap("update")
             return
-        self.client.step(grads)
+        self._talk(self.client.step, grads)
 
     def leave(self, planned_steps: int | None = None) -> None:
         """Stop training early: push what is accrued, tell the servers, and take part in no
@@ -160,14 +185,17 @@ class Downpour(Strategy):
         if self.role != "worker":
             raise RuntimeError(f"Downpour.leave: rank {self.comm.rank} is a server")
         if self.servers and not self.left:
-            self.lost = self.client.leave(-1 if planned_steps is None else planned_steps)
+            self.lost = self._talk(self.client.leave,
+                                   -1 if planned_steps is None else planned_steps)
         self.left = True
 
     def finish(self) -> None:
         if self.servers and not self.left:
-            self.lost = self.client.finish()
+            self.lost = self._talk(self.client.finish)
             if not self.lost:
                 self._final()
+            elif self.roster.died():  # the survivors shrink the world: every live rank joins
+                survivors_comm(self.comm, [], died=True)
 
     def serve(self) -> None:
         if self.role != "server":
@@ -182,14 +210,16 @@ class Downpour(Strategy):
         """The first server sends the verdict to every worker that has not left (a lost one
         may never read it, so that send is not waited for)."""
         sends = [(i, self.comm.isend(self.roster.info, w, VERDICT))
-                 for i, w in enumerate(self.workers) if self.roster.status(i) != LEFT]
+                 for i, w in enumerate(self.workers)
+                 if self.roster.status(i) not in (LEFT, DIED)]
         poll_all(self.comm, [r for i, r in sends if self.roster.status(i) != LOST])
 
     def _final(self) -> None:
         """Collective over the survivors: every one gets every shard and the staleness
         counts; ``group`` becomes the surviving ranks of this rank's role."""
         survivors = self.roster.survivors(self.servers)
-        self.end_comm = sub = group_comm(self.comm, survivors)
+        sub = survivors_comm(self.comm, survivors, died=bool(self.roster.died()))
+        self.end_comm = sub
         for root, (lo, hi) in zip(self.servers, self.bounds):
             sub.bcast(self.flat_params.buffer[lo:hi], root=survivors.index(root))
         self.staleness.merge(sub)
@@ -197,14 +227,14 @@ class Downpour(Strategy):
             self.group = sub.split(int(self.role == "server"))
 
     def departures(self) -> list[str]:
-        """One line per worker that left or was lost (known on the surviving ranks)."""
-        return self.roster.departures()
+        """One line per worker that left, was lost or died (known on the surviving ranks)."""
+        return self.roster.departures(self.steps_per_epoch)
 
     def report(self) -> dict[str, float]:
         out = super().report()
         out.update(self.staleness.metrics())
         if self.servers:
-            out.update(self.roster.metrics())
+            out.update(self.roster.metrics(self.steps_per_epoch))
         return out
 
     def report_text(self) -> str:

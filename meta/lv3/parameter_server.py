@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -10,10 +11,12 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.costmodel import Link, gather_bcast
 from meta.lv3.flat import FlatBuffer
-from meta.lv3.polling import poll_all, poll_any
+from meta.lv3.polling import poll_all, poll_any, survivors_comm, test_all
+from meta.lv3.shard_server import DIED, FINISHED, Roster
 from meta.lv3.strategy import Strategy
+from meta.lv3.survival import follow_shrinks, is_failure, lost_peer, surviving
 
-GRADS, PARAMS, DONE, ORDER = 11, 12, 13, 14  # message tags of the asynchronous server
+GRADS, PARAMS, DONE, ORDER, ROSTER = 11, 12, 13, 14, 15  # message tags of the async server
 
 
 class ParameterServer(Strategy):
@@ -62,6 +65,12 @@ class AsyncParameterServer(Strategy):
     replayed on one process, bit for bit (``meta replay``).
     Server and workers wait by polling (``meta.lv3.polling``): MPICH's blocking waits spin,
     and with more ranks than cores a spinning server takes a core its workers need.
+
+    A worker whose process dies is survived under an MPI with ULFM (``meta.lv3.survival``):
+    the server drops it (``Roster``: DIED, when, its updates applied) and sends the roster to
+    the others with the final parameters; the workers' collectives shrink to the survivors,
+    and the end of the run (``end_comm``) is theirs alone. A dead server or rank 0 is a
+    ``LostRankError`` naming it.
     """
 
     name = "async_parameter_server"
@@ -73,9 +82,38 @@ class AsyncParameterServer(Strategy):
         self.server = comm.size - 1 if comm.size > 1 else None
         super().__init__(optimizer, comm, **options)
         self.role = "server" if comm.rank == self.server else "worker"
-        self.group = comm.split(int(self.role == "server"))
+        self.group = surviving(comm.split(int(self.role == "server")))
         self.workers = [r for r in range(comm.size) if r != self.server]
         self.update_order: list[int] | None = None  # on the server and rank 0, once finished
+        self.roster = Roster(self.workers)  # the server's, sent to the workers at the end
+        self.end_comm = comm  # the ranks that finished the run (all, unless a worker died)
+        self.steps = self.steps_per_epoch = 0  # steps_per_epoch: a loss's epoch
+
+    @classmethod
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+                    **options: Any) -> AsyncParameterServer:
+        """Also: the evaluation is re-sharded when a worker dies (under ULFM)."""
+        strategy = cls(optimizer, comm, **options)
+        follow_shrinks(strategy.group, trainer)
+        strategy.steps_per_epoch = getattr(trainer, "steps_per_epoch", 0)  # trainer: or None
+        return strategy
+
+    def _talk(self, requests: list, wait: bool = True) -> None:
+        """A worker's wait for (or, ``wait=False``, test of) its exchange with the server;
+        the server's death is a ``LostRankError`` naming it."""
+        try:
+            poll_all(self.comm, requests) if wait else test_all(self.comm, requests)
+        except Exception as err:
+            if not is_failure(err):
+                raise
+            raise lost_peer(self.comm, [self.server],
+                            f"at step {self.steps} of worker {self.comm.rank}") from err
+
+    def _end_with_survivors(self) -> None:
+        """After a death, the rest of the run is collective over the survivors only."""
+        if self.roster.died():
+            alive = [w for i, w in enumerate(self.workers) if i not in self.roster.died()]
+            self.end_comm = survivors_comm(self.comm, sorted(alive + [self.server]), died=True)
 
     @property
     def source(self) -> int:
@@ -94,21 +132,25 @@ class AsyncParameterServer(Strategy):
             self.optimizer.step(self.flat_grads.views)
             t.lap("update")
             return
-        poll_all(comm, [comm.isend(buffer, self.server, GRADS),
-                        comm.irecv(self.flat_params.buffer, self.server, PARAMS)])
+        self._talk([comm.isend(buffer, self.server, GRADS),
+                    comm.irecv(self.flat_params.buffer, self.server, PARAMS)])
+        self.steps += 1
         self.bytes_sent += buffer.nbytes
         t.lap("communicate")
 
     def finish(self) -> None:
         if self.role == "worker" and self.server is not None:
-            self.comm.send(np.empty(0, self.flat_grads.dtype), self.server, DONE)
-            self.comm.recv(self.flat_params.buffer, self.server, PARAMS)
-            if self.comm.rank == 0:
+            comm, server = self.comm, self.server
+            self._talk([comm.isend(np.empty(0, self.flat_grads.dtype), server, DONE),
+                        comm.irecv(self.roster.info, server, ROSTER)])
+            self._talk([comm.irecv(self.flat_params.buffer, server, PARAMS)])
+            if comm.rank == 0:
                 count = np.empty(1, np.int64)
-                self.comm.recv(count, self.server, ORDER)
+                self._talk([comm.irecv(count, server, ORDER)])
                 order = np.empty(int(count[0]), np.int64)
-                self.comm.recv(order, self.server, ORDER)
+                self._talk([comm.irecv(order, server, ORDER)])
                 self.update_order = order.tolist()
+            self._end_with_survivors()
 
     def serve(self) -> None:
         """Apply gradients as they come until every worker is done (the server rank only)."""
@@ -119,16 +161,23 @@ class AsyncParameterServer(Strategy):
         outboxes = [np.empty_like(params) for _ in self.workers]
         receives = [comm.irecv(box.buffer, w) for box, w in zip(inboxes, self.workers)]
         sends: list = [None] * len(self.workers)
-        active, order = len(self.workers), []
+        active, order = set(range(len(self.workers))), []
+        applied, started = np.zeros(len(self.workers)), time.monotonic()
         while active:
             t.begin()
-            i, tag = poll_any(comm, receives)  # a blocking wait would spin on a worker's core
+            try:
+                i, tag = poll_any(comm, receives)  # a blocking wait would spin on a core
+            except Exception as err:  # a worker died (under ULFM): go on without it
+                self.roster.drop_dead(err, comm, active, [receives, sends], applied, started)
+                continue
             t.lap("communicate")
             if tag == DONE:
-                active -= 1
+                self.roster.mark(i, FINISHED, steps=applied[i], pushes=applied[i])
+                active.discard(i)
                 continue
             self.optimizer.step(inboxes[i].views)
             order.append(self.workers[i])
+            applied[i] += 1
             t.lap("update")
             if sends[i] is not None:
                 poll_all(comm, [sends[i]])  # the worker got it before sending this gradient
@@ -137,12 +186,25 @@ class AsyncParameterServer(Strategy):
             receives[i] = comm.irecv(inboxes[i].buffer, self.workers[i])
             self.bytes_sent += params.nbytes
             t.lap("pack")
-        poll_all(comm, sends)
-        for worker in self.workers:
+        alive = [w for i, w in enumerate(self.workers) if self.roster.status(i) != DIED]
+        poll_all(comm, [s for i, s in enumerate(sends) if self.roster.status(i) != DIED])
+        for worker in alive:
+            comm.send(self.roster.info, worker, ROSTER)
             comm.send(params, worker, PARAMS)
         self.update_order = order
         comm.send(np.array([len(order)], np.int64), 0, ORDER)
         comm.send(np.array(order, np.int64), 0, ORDER)
+        self._end_with_survivors()
+
+    def report(self) -> dict[str, float]:
+        out = super().report()
+        if self.server is not None:
+            out.update(self.roster.death_metrics(self.steps_per_epoch))
+        return out
+
+    def report_text(self) -> str:
+        """One line per worker that died (printed by rank 0)."""
+        return "\n".join("meta: " + line for line in self.roster.departures(self.steps_per_epoch))
 
     def predict_comm_s(self, link: Link) -> float:
         """A worker's round trip, ignoring the queue at the server."""

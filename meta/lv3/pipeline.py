@@ -24,7 +24,7 @@ clip by global norm then clips each stage by its own norm.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -75,10 +75,33 @@ def plan(graph: Graph, comm: Communicator, stages: int, cuts: tuple[str, ...] = 
     return partition(graph, stages, cuts, costs, balance)
 
 
+def trainer_plan(trainer: Any, comm: Communicator, stages: int, micro_batches: int,
+                 cuts: tuple[str, ...] = (), balance: str = "measured"
+                 ) -> tuple[Partition, Callable[[Graph], ReferenceExecutor], dict[str, np.ndarray]]:
+    """For ``trainer``'s graph: the partition into ``stages`` every rank of ``comm`` agrees on
+    (a collective: ``plan``), a maker of stage executors of the trainer's kind, and the sample
+    batch the stages agree on shapes with. ``comm`` may hold more ranks than one pipeline
+    (replicas of it, servers): all of them cut the graph alike."""
+    executor, names = trainer.executor, trainer.names
+    graph = executor.graph
+    kind = type(executor)
+
+    def make(g: Graph) -> ReferenceExecutor:
+        return kind(g, executor.backends, executor.profile, executor.free_intermediates)
+
+    micro = max(3, trainer.sampler.batch_size // micro_batches)
+    x, y = trainer.train_data.batch(np.arange(min(micro, len(trainer.train_data))))
+    declared = {t.name for t in graph.inputs}
+    sample = {k: v for k, v in ((names["input"], x), (names["labels"], y)) if k in declared}
+    part = plan(graph, comm, stages, tuple(cuts), balance, make, sample, names["loss"])
+    return part, make, sample
+
+
 class Pipeline(Strategy):
     """Pipeline parallelism: the network cut into stages, one per rank, micro-batched."""
 
     name = "pipeline"
+    needs_trainer: ClassVar[bool] = True
     options: ClassVar[dict[str, Option]] = {
         "stages": Option(0, "pipeline stages, one per rank (0: as many as ranks)", low=0),
         "micro_batches": Option(4, "micro-batches each batch is split into", low=1,
@@ -124,20 +147,9 @@ class Pipeline(Strategy):
         the pipeline's (a collective)."""
         cls.replica(comm.rank, comm.size, stages)
         cls.check(trainer, comm)
-        executor, names = trainer.executor, trainer.names
-        graph = executor.graph
-        kind = type(executor)
-
-        def make(g: Graph) -> ReferenceExecutor:
-            return kind(g, executor.backends, executor.profile, executor.free_intermediates)
-
-        micro = max(3, trainer.sampler.batch_size // micro_batches)
-        x, y = trainer.train_data.batch(np.arange(min(micro, len(trainer.train_data))))
-        declared = {t.name for t in graph.inputs}
-        sample = {k: v for k, v in ((names["input"], x), (names["labels"], y)) if k in declared}
-        part = plan(graph, comm, comm.size, tuple(cuts), balance, make, sample, names["loss"])
-        pipe = PipelineExecutor(graph, part, comm.split(0), make, sample, micro_batches,
-                                schedule)
+        part, make, sample = trainer_plan(trainer, comm, comm.size, micro_batches, cuts, balance)
+        pipe = PipelineExecutor(trainer.executor.graph, part, comm.split(0), make, sample,
+                                micro_batches, schedule)
         trainer.executor = pipe
         return cls(Optimizer(optimizer.transform, pipe.stage_graph.parameters), pipe)
 

@@ -106,3 +106,21 @@ def group_comm(comm: Communicator, ranks: list[int]) -> Communicator:
     group.Free()
     whole.Free()
     return MPICommunicator(sub)
+
+
+def survivors_comm(comm: Communicator, ranks: list[int],
+                   died: bool) -> Communicator | None:
+    """``group_comm(comm, ranks)``, and after a rank of ``comm`` ``died`` (survived under
+    ULFM) the live ranks first shrink ``comm``: ``Create_group`` fails once a death is known
+    (measured, Open MPI 5.0.11). ``Shrink`` is collective over every live rank of ``comm``,
+    so each must call this (those not in ``ranks`` then get None)."""
+    if not died:
+        return group_comm(comm, ranks)
+    live = comm.comm.Shrink()  # type: ignore[attr-defined]
+    whole, kept = comm.comm.Get_group(), live.Get_group()  # type: ignore[attr-defined]
+    members = list(kept.Translate_ranks(list(range(kept.Get_size())), whole))
+    kept.Free()
+    whole.Free()
+    if comm.rank not in ranks:
+        return None
+    return group_comm(MPICommunicator(live), [members.index(r) for r in ranks])

@@ -9,22 +9,27 @@ minus the count it had when it last answered that worker's fetch.
 Workers may drop out (the seed: "the wholesale failure [of a replica] may be taken offline"):
 EXIT (payload: steps done, steps planned) retires a worker that leaves early, and with a
 ``timeout_s`` a worker silent for that long is declared LOST: its receive is cancelled and its
-later messages are ignored. ``Roster`` keeps what the servers know of each worker.
+later messages are ignored. A worker whose process dies (under an MPI with ULFM:
+``meta.lv3.survival``) is DIED: the servers see it as an error on its receive, drop it and
+record when, after how many steps and with how many of its pushes applied. ``Roster`` keeps
+what the servers know of each worker.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numpy as np
 
 from meta.lv2.optimizers import Optimizer
-from meta.lv3.communicator import Communicator
+from meta.lv3.communicator import Communicator, _import_mpi
 from meta.lv3.polling import cancel_all, poll_all, poll_any_until
+from meta.lv3.survival import failed_ranks, is_failure, lost
 from meta.lv3.timeline import Timeline
 
 PUSH, FETCH, PARAMS, DONE, GO, EXIT, VERDICT = 31, 32, 33, 34, 35, 36, 37  # message tags
-RUNNING, FINISHED, LEFT, LOST = 0, 1, 2, 3  # a worker's status in the Roster (max wins)
+RUNNING, FINISHED, LEFT, LOST, DIED = 0, 1, 2, 3, 4  # a worker's status (max wins)
 MAX_STALENESS = 64  # the histogram's last bin counts this and more
 
 
@@ -76,17 +81,19 @@ class StalenessLog:
 
 
 class Roster:
-    """Per worker: status, steps done and planned (from EXIT), pushes applied, seconds silent.
+    """Per worker: status, steps done and planned (from EXIT), pushes applied, seconds silent,
+    and for one that died, how many seconds into serving its death was seen.
 
     One float64 row per worker, so the servers agree with one ``allreduce(max)`` (LOST beats
-    FINISHED: a worker one server gave up on is lost to all) and send it to the workers as is.
+    FINISHED: a worker one server gave up on is lost to all; DIED beats all) and send it to
+    the workers as is.
     """
 
-    STATUS, STEPS, PLANNED, PUSHES, SILENT = range(5)
+    STATUS, STEPS, PLANNED, PUSHES, SILENT, AT = range(6)
 
     def __init__(self, workers: list[int], timeout_s: float | None = None) -> None:
         self.workers, self.timeout_s = workers, timeout_s
-        self.info = np.zeros((max(len(workers), 1), 5))
+        self.info = np.zeros((max(len(workers), 1), 6))
         self.info[:, self.PLANNED] = -1
 
     def status(self, worker: int) -> int:
@@ -102,8 +109,13 @@ class Roster:
         alive = [w for i, w in enumerate(self.workers) if self.status(i) in (RUNNING, FINISHED)]
         return sorted(alive + servers)
 
-    def departures(self) -> list[str]:
-        """What was lost, one line per worker that left or was lost."""
+    def died(self) -> list[int]:
+        """Indices of the workers whose process died."""
+        return [i for i in range(len(self.workers)) if self.status(i) == DIED]
+
+    def departures(self, steps_per_epoch: int = 0) -> list[str]:
+        """What was lost, one line per worker that left, was lost or died (with
+        ``steps_per_epoch``, the epoch it died in)."""
         lines = []
         for i, row in enumerate(self.info):
             steps, planned, pushes = int(row[self.STEPS]), int(row[self.PLANNED]), int(
@@ -118,12 +130,60 @@ class Roster:
                 lines.append(f"worker {i} lost: silent for {row[self.SILENT]:.2f} s (timeout "
                              f"{self.timeout_s} s) after {pushes} applied pushes; the rest of "
                              "its shard of data was not trained, later pushes were ignored")
+            elif self.status(i) == DIED:
+                epoch = f" (epoch {steps // steps_per_epoch + 1})" if steps_per_epoch else ""
+                lines.append(f"lost worker rank {self.workers[i]}: its process died after "
+                             f"{steps} steps{epoch}, {row[self.AT]:.1f} s into training; "
+                             f"{pushes} of its updates were applied; the other workers "
+                             "trained on without the rest of its shard of data")
         return lines
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, steps_per_epoch: int = 0) -> dict[str, float]:
         status = self.info[:, self.STATUS]
-        return {"workers_left": float((status == LEFT).sum()),
-                "workers_lost": float((status == LOST).sum())}
+        out = {"workers_left": float((status == LEFT).sum()),
+               "workers_lost": float((status == LOST).sum())}
+        return {**out, **self.death_metrics(steps_per_epoch)}
+
+    def death_metrics(self, steps_per_epoch: int = 0) -> dict[str, float]:
+        """When workers died: ``workers_died`` and, per dead worker's rank r,
+        ``lost_rank_<r>_step`` (steps it finished), ``_epoch``, ``_after_s`` (into training)
+        and ``_updates_applied``. Nothing when none died."""
+        out = {"workers_died": float(len(self.died()))} if self.died() else {}
+        for i in self.died():
+            row, key = self.info[i], f"lost_rank_{self.workers[i]}_"
+            out[key + "step"] = float(row[self.STEPS])
+            if steps_per_epoch:
+                out[key + "epoch"] = float(row[self.STEPS] // steps_per_epoch + 1)
+            out[key + "after_s"] = float(row[self.AT])
+            out[key + "updates_applied"] = float(row[self.PUSHES])
+        return out
+
+    def drop_dead(self, error: Exception, comm: Communicator, active: set[int],
+                  requests: list[list], applied: Sequence[float], started: float,
+                  steps_per_update: int = 1) -> None:
+        """After ``error`` (MPI's report of a dead process) on this server: mark the active
+        workers that died DIED, with ``applied[i]`` of their updates applied (each one
+        ``steps_per_update`` steps), stop listening to them (their entries in each list of
+        ``requests`` are dropped) and take them out of ``active``. Raises ``LostRankError``
+        when rank 0 or a rank that is not a worker died, and ``error`` when no active worker
+        died (then it was not about one)."""
+        if not is_failure(error):
+            raise error
+        dead, now, null = failed_ranks(comm), time.monotonic(), _import_mpi().REQUEST_NULL
+        for rank in dead:
+            if rank == 0 or rank not in self.workers:
+                raise lost(rank, comm.size, "rank 0" if rank == 0 else "server",
+                           f"after {now - started:.1f} s of training (seen by server rank "
+                           f"{comm.rank})")
+        gone = [i for i in sorted(active) if self.workers[i] in dead]
+        if not gone:
+            raise error
+        for i in gone:
+            self.mark(i, DIED, steps=applied[i] * steps_per_update, pushes=applied[i],
+                      at=now - started)
+            active.discard(i)
+            for each in requests:
+                each[i] = null if each[i] is not None else None
 
 
 class ShardServer:
@@ -131,9 +191,11 @@ class ShardServer:
     stayed silent past the timeout. ``arrivals`` holds (worker, monotonic time) per push."""
 
     def __init__(self, comm: Communicator, shard: Optimizer, workers: list[int],
-                 log: StalenessLog, timeline: Timeline, roster: Roster | None = None) -> None:
+                 log: StalenessLog, timeline: Timeline, roster: Roster | None = None,
+                 steps_per_push: int = 1) -> None:
         self.comm, self.shard, self.workers, self.log, self.timeline = (
             comm, shard, workers, log, timeline)
+        self.steps_per_push = steps_per_push  # a dead worker's steps: its pushes times this
         self.roster = Roster(workers) if roster is None else roster
         self.values = shard.params["shard"]
         self.updates = 0  # pushes applied so far: the shard's version
@@ -162,9 +224,15 @@ class ShardServer:
         sends: list = [None] * len(self.workers)
         active = set(range(len(self.workers)))
         last = [time.monotonic()] * len(self.workers)
+        started = last[0]
         while active:
             t.begin()
-            got = poll_any_until(comm, receives, self._deadline(active, last))
+            try:
+                got = poll_any_until(comm, receives, self._deadline(active, last))
+            except Exception as err:  # a worker died (under ULFM): go on without it
+                self.roster.drop_dead(err, comm, active, [receives, sends], self.log.pushes,
+                                      started, self.steps_per_push)
+                continue
             t.lap("communicate")
             if got is None:
                 self._drop_silent(active, last, receives)
@@ -195,4 +263,4 @@ class ShardServer:
         for i in range(len(self.workers)):
             self.roster.mark(i, self.roster.status(i), pushes=self.log.pushes[i])
         # An answer to a lost worker may never be received: it is not waited for.
-        poll_all(comm, [s for i, s in enumerate(sends) if self.roster.status(i) != LOST])
+        poll_all(comm, [s for i, s in enumerate(sends) if self.roster.status(i) < LOST])

@@ -20,7 +20,13 @@ from meta.lv3.allreduce import Allreduce
 from meta.lv3.averaging import ModelAveraging, RingAveraging
 from meta.lv3.communicator import Communicator, world
 from meta.lv3.downpour import Downpour
+from meta.lv3.hierarchical_server import HierarchicalParameterServer
+from meta.lv3.hogwild import Hogwild
+from meta.lv3.hybrid_allreduce import HybridAllreduce
+from meta.lv3.hybrid_downpour import HybridDownpour
+from meta.lv3.neighbours import NeighbourAveraging
 from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
+from meta.lv3.partitioned import Partitioned
 from meta.lv3.pipeline import Pipeline
 from meta.lv3.rma import AsyncRMA
 from meta.lv3.sandblaster import Sandblaster
@@ -28,7 +34,8 @@ from meta.lv3.strategy import Strategy
 
 STRATEGIES = Registry("strategy", context=("optimizer", "comm", "trainer"))
 for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
-             AsyncRMA, Downpour, Pipeline):
+             AsyncRMA, Downpour, Pipeline, HierarchicalParameterServer, NeighbourAveraging,
+             Hogwild, HybridAllreduce, HybridDownpour, Partitioned):
     STRATEGIES.add(_cls.name, _cls.from_recipe, _cls.options,
                    doc=first_sentence(_cls.__doc__ or ""), cls=_cls)
 STRATEGIES.add("sandblaster", Sandblaster.from_recipe, Sandblaster.options,

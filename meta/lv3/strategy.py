@@ -53,6 +53,9 @@ class Strategy:
     # strategy's servers) or "replicate" (every rank the same stack from the same seed).
     pretraining: ClassVar[str] = "replicate"
     takes_line_search: ClassVar[bool] = False  # wraps L-BFGS/CG on several ranks
+    # Built from the trainer's graph (cuts or partitions it), so it needs a trainer, not only
+    # an optimizer: model-parallel strategies.
+    needs_trainer: ClassVar[bool] = False
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,

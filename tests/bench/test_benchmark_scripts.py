@@ -32,3 +32,21 @@ def test_train_step_prints_throughput_ratios():
 def test_train_step_memory_mode_prints_peaks():
     out = run("train_step.py", "--memory", "--models", "lenet5", "--memory-steps", "1")
     assert "step peak adds MiB" in out and "meta native" in out, out
+
+
+@pytest.mark.slow
+def test_cross_framework_prints_ratios_writes_and_merges(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    first, second = tmp_path / "step.json", tmp_path / "inference.json"
+    out = run("cross_framework.py", "--parts", "step", "--threads", "1", "--steps", "1",
+              "--repeats", "2", "--warmup", "0", "--no-cuda", "--json", str(first))
+    assert re.search(r"meta native\s+\d+\.\d\d ms  x\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\] vs "
+                     r"pytorch eager", out), out
+    assert "meta on pytorch executor" in out
+    run("cross_framework.py", "--parts", "inference", "--threads", "1", "--steps", "1",
+        "--repeats", "2", "--warmup", "0", "--json", str(second))
+    out = run("cross_framework.py", "--merge", str(first), str(second), "--plot",
+              str(tmp_path / "report.png"))
+    assert "inference, exported LeNet-5, batch 64: meta native" in out, out
+    assert (tmp_path / "report.png").stat().st_size > 0

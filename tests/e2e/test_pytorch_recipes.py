@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
 
 from tests.launch import clean_env, run_command  # noqa: E402
 
@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 META = str(Path(sys.executable).parent / "meta")
 
 pytestmark = pytest.mark.slow
+CUDA = torch.cuda.is_available()
 
 # A small MNIST recipe whose executor, optimizer and strategy are MUTABLE.
 SMALL = """
@@ -45,6 +46,15 @@ def test_shipped_recipe_passes_on_the_pytorch_executor(recipe, bound, tmp_path, 
     assert report["definitions"]["executor"] == "pytorch"
     assert report["metrics"]["test_accuracy"] >= bound
     assert (tmp_path / "model.onnx").exists()  # exported from the graph's own arrays
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+def test_lenet_recipe_trains_on_a_gpu(tmp_path, mnist_dir):
+    report = _run([META, "run", str(REPO / "recipes" / "mnist_lenet.py"), "--set",
+                   "executor=pytorch", "--set", "device=cuda"], tmp_path, "mnist_lenet")
+    assert report["metrics"]["test_accuracy"] >= 0.988
+    assert (tmp_path / "model.onnx").exists()
 
 
 @pytest.mark.mpi

@@ -392,10 +392,16 @@ def _numeric_gradient(executor, feeds, target, index, eps=1e-6):
     return (losses[0] - losses[1]) / (2 * eps)
 
 
-def test_python_and_cpp_user_ops_run_inside_autograd_and_pass_a_gradient_check(user_ops):
+ON_GPU = pytest.param("cuda", marks=[pytest.mark.gpu,
+                                     pytest.mark.skipif(not CUDA, reason="no CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_GPU])
+def test_python_and_cpp_user_ops_run_inside_autograd_and_pass_a_gradient_check(user_ops, device):
+    """On a GPU the user's ops run on the host (their inputs copied there and back)."""
     graph = _user_net()
     assert graph.roles["center.running"] == "state"
-    ex = TorchExecutor(graph)
+    ex = TorchExecutor(graph, device=device)
     placement = ex.placement()
     assert [placement[n] for n in ("fc1", "cube", "swish", "center", "logits", "loss")] == \
         ["pytorch", "host", "host", "host", "pytorch", "pytorch"]

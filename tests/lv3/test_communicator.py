@@ -91,3 +91,206 @@ def test_world_does_not_import_mpi4py() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=clean_env(), timeout=60, check=True).stdout
     assert out.split() == ["SingleProcessCommunicator", "False"]
+
+
+# Surviving a dead rank (meta.lv3.survival): the logic, without an MPI that has ULFM. A fake
+# mpi4py module and communicator play rank 0 of 3 whose peer, world rank 1, dies in a call.
+class FakeMPI:
+    ERR_PROC_FAILED, ERR_PROC_FAILED_PENDING, ERR_REVOKED, ERR_IN_STATUS, ERR_OTHER = range(5)
+    IN_PLACE, SUM, MAX, MIN, REQUEST_NULL = object(), "sum", "max", "min", "null"
+
+    class Exception(Exception):  # noqa: A001, N818 - mpi4py's name, which is_failure checks
+        def __init__(self, error_class: int) -> None:
+            super().__init__(error_class)
+            self.error_class = error_class
+
+        def Get_error_class(self) -> int:  # noqa: N802 - mpi4py's name
+            return self.error_class
+
+    class Status:
+        pass
+
+    class COMM_WORLD:  # noqa: N801
+        @staticmethod
+        def Get_size() -> int:  # noqa: N802
+            return 3
+
+
+class FakeComm:
+    """World ranks ``ranks``; this process is the first. The first collective after ``fail``
+    is set raises ``ERR_PROC_FAILED`` (leaving garbage in its buffer); the agreement then says
+    "failed" and ``Shrink`` drops world rank 1. Collectives sum ``size`` equal contributions."""
+
+    def __init__(self, ranks: list[int], fail: bool = False) -> None:
+        self.ranks, self.fail, self.failed, self.revoked = ranks, fail, False, False
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return len(self.ranks)
+
+    def Allreduce(self, _, buf: np.ndarray, op: str) -> None:  # noqa: N802
+        if self.fail:
+            self.fail, self.failed = False, True
+            buf[...] = -99
+            raise FakeMPI.Exception(FakeMPI.ERR_PROC_FAILED)
+        buf *= len(self.ranks)
+
+    def bcast(self, obj, root: int = 0):
+        return (obj, root)
+
+    def Is_revoked(self) -> bool:  # noqa: N802
+        return self.revoked
+
+    def Revoke(self) -> None:  # noqa: N802
+        self.revoked = True
+
+    def Ack_failed(self) -> None:  # noqa: N802
+        pass
+
+    def Agree(self, flag: int) -> int:  # noqa: N802
+        return flag and not self.failed
+
+    def Shrink(self) -> FakeComm:  # noqa: N802
+        return FakeComm([r for r in self.ranks if r != 1])
+
+
+@pytest.fixture
+def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> type[FakeMPI]:
+    from meta.lv3 import communicator, survival
+
+    monkeypatch.setattr(communicator, "_import_mpi", lambda: FakeMPI)
+    monkeypatch.setattr(survival, "_import_mpi", lambda: FakeMPI)
+    monkeypatch.setattr(survival, "world_ranks", lambda comm: list(comm.ranks))
+    return FakeMPI
+
+
+def test_a_collective_that_loses_a_rank_is_repeated_on_the_survivors(fake_mpi) -> None:
+    from meta.lv3.survival import SurvivingCommunicator
+
+    comm = SurvivingCommunicator(FakeComm([0, 1, 2]))
+    shrinks = []
+    comm.on_shrink.append(lambda c: shrinks.append((c.rank, c.size)))
+    assert comm.allreduce(np.ones(2)).tolist() == [3.0, 3.0]  # no failure: as MPI
+    comm.comm.fail = True
+    revoked = comm.comm
+    out = comm.allreduce(np.ones(2))
+    assert out.tolist() == [2.0, 2.0]  # the inputs, not the garbage, summed over 2 survivors
+    assert revoked.revoked and (comm.rank, comm.size, comm.lost) == (0, 2, [1])
+    assert shrinks == [(0, 2)] and comm.members == [0, 2]
+
+
+def test_a_broadcast_root_keeps_its_identity_across_a_shrink(fake_mpi) -> None:
+    from meta.lv3.survival import LostRankError, SurvivingCommunicator
+
+    comm = SurvivingCommunicator(FakeComm([0, 1, 2]), essential=())
+    comm._shrink()
+    assert comm.bcast_obj("x", root=1) == ("x", 1)  # world rank 2 is now rank 1
+    members = [0, 1, 2]
+    with pytest.raises(LostRankError, match="lost root rank 1 of 3 during a broadcast"):
+        comm._root(1, members)
+
+
+def test_losing_an_essential_rank_is_a_one_line_error(fake_mpi) -> None:
+    from meta.lv3.survival import LostRankError, SurvivingCommunicator
+
+    comm = SurvivingCommunicator(FakeComm([0, 1, 2], fail=True), essential=(1,))
+    with pytest.raises(LostRankError, match=r"^lost worker rank 1 of 3 during a collective "
+                                            r"of the workers: its process died"):
+        comm.allreduce(np.ones(1))
+
+
+def test_other_mpi_errors_are_not_survived(fake_mpi) -> None:
+    from meta.lv3.survival import SurvivingCommunicator, is_failure
+
+    comm = SurvivingCommunicator(FakeComm([0, 1, 2]))
+
+    def broken(*_):
+        raise FakeMPI.Exception(FakeMPI.ERR_OTHER)
+
+    comm.comm.Allreduce = broken
+    with pytest.raises(FakeMPI.Exception):
+        comm.allreduce(np.ones(1))
+    assert comm.size == 3 and not comm.comm.revoked
+    assert is_failure(FakeMPI.Exception(FakeMPI.ERR_REVOKED))
+    assert not is_failure(ValueError("a bug"))
+
+
+def test_without_ulfm_nothing_changes(comm: SingleProcessCommunicator) -> None:
+    from meta.lv3.survival import surviving, ulfm_on
+
+    assert not ulfm_on({}) and not ulfm_on({"OMPI_MCA_mpi_ft_enable": "0"})
+    assert surviving(comm) is comm
+
+
+def test_roster_reports_a_dead_worker() -> None:
+    from meta.lv3.shard_server import DIED, FINISHED, Roster
+
+    roster = Roster([0, 1, 2])
+    roster.mark(0, FINISHED, steps=250, pushes=250)
+    roster.mark(1, DIED, steps=137, pushes=137, at=8.14)
+    roster.mark(2, FINISHED, steps=250, pushes=250)
+    other = Roster([0, 1, 2])  # a second server saw worker 1 finish: DIED wins the merge
+    other.mark(1, FINISHED, steps=140, pushes=140)
+    np.maximum(roster.info, other.info, out=roster.info)
+    assert roster.died() == [1] and roster.survivors(servers=[3]) == [0, 2, 3]
+    assert roster.departures(steps_per_epoch=125) == [
+        "lost worker rank 1: its process died after 140 steps (epoch 2), 8.1 s into training; "
+        "140 of its updates were applied; the other workers trained on without the rest of "
+        "its shard of data"]
+    assert roster.death_metrics(125) == {
+        "workers_died": 1.0, "lost_rank_1_step": 140.0, "lost_rank_1_epoch": 2.0,
+        "lost_rank_1_after_s": 8.14, "lost_rank_1_updates_applied": 140.0}
+    assert Roster([0, 1]).death_metrics(125) == {}  # nothing to report when none died
+
+
+def test_a_server_drops_only_dead_workers(fake_mpi, monkeypatch: pytest.MonkeyPatch) -> None:
+    from meta.lv3 import shard_server
+    from meta.lv3.shard_server import DIED, Roster
+    from meta.lv3.survival import LostRankError
+
+    monkeypatch.setattr(shard_server, "_import_mpi", lambda: FakeMPI)
+    roster, active = Roster([0, 1, 2]), {0, 1, 2}
+    receives, sends = ["r0", "r1", "r2"], [None, "s1", None]
+    failure = FakeMPI.Exception(FakeMPI.ERR_PROC_FAILED)
+    with pytest.raises(ValueError, match="a bug"):  # not a death: raised as it is
+        roster.drop_dead(ValueError("a bug"), None, active, [receives], [0, 0, 0], 0.0)
+    monkeypatch.setattr(shard_server, "failed_ranks", lambda comm: [1])
+    roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives, sends],
+                     [5, 7, 6], 0.0, steps_per_update=2)
+    assert active == {0, 2} and receives == ["r0", "null", "r2"]
+    assert sends == [None, "null", None]
+    assert roster.status(1) == DIED and roster.info[1, Roster.STEPS] == 14
+    with pytest.raises(FakeMPI.Exception):  # the error was not about an active worker
+        roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives], [0] * 3, 0.0)
+    monkeypatch.setattr(shard_server, "failed_ranks", lambda comm: [0])
+    with pytest.raises(LostRankError, match="^lost rank 0 of 1 .* it writes the run's outputs"):
+        roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives], [0] * 3, 0.0)
+
+
+def test_evaluation_is_resharded_when_a_replica_dies_in_its_sum() -> None:
+    from meta.lv2 import ArrayDataset, ShuffleSampler, Trainer
+
+    class Perfect:  # an executor whose logits always pick the label
+        def train(self, mode: bool = True) -> None:
+            pass
+
+        def inference(self, feeds, outputs=None):
+            labels = feeds["labels"]
+            return {"logits": np.eye(3)[labels], "loss": np.float64(0.5)}
+
+    data = ArrayDataset(np.zeros((10, 1)), np.arange(10) % 3)
+    sums = []
+
+    def sum_across(values: np.ndarray) -> np.ndarray:
+        sums.append(values[2])
+        if len(sums) == 1:  # the second of 2 replicas died in this sum: this one is alone
+            trainer.eval_shard = (0, 1)
+            return values * 0
+        return values
+
+    trainer = Trainer(Perfect(), None, data, ShuffleSampler(10, 5), data,
+                      sum_across=sum_across, eval_shard=(0, 2))
+    assert trainer.evaluate(data) == {"loss": 0.5, "accuracy": 1.0}
+    assert sums == [5.0, 10.0]  # its shard, then the whole test set
