@@ -160,12 +160,15 @@ def inference_part(args: argparse.Namespace, threads: int) -> dict:
 def accuracy_part(args: argparse.Namespace, threads: int) -> dict:
     """Each executor in its own processes (``meta run --repeat``): two frameworks' thread
     pools in one process slowed each other at 2 threads (see the README's report)."""
-    variants = ["native"] + (["pytorch"] if torch is not None else [])
-    devices = {"pytorch": "cuda"} if CUDA else {}
+    if args.accuracy_executors:
+        executors = args.accuracy_executors.split(",")
+    else:
+        executors = ["native"] + (["pytorch"] if torch is not None else []) \
+            + (["pytorch@cuda"] if CUDA else [])
     runs: dict[str, list[dict]] = {}
     out: dict = {"variants": {}}
     started = time.perf_counter()
-    for executor in variants + [f"{v}@{d}" for v, d in devices.items()]:
+    for executor in executors:
         name, _, device = executor.partition("@")
         sets = ["--set", f"executor={name}"] + (["--set", f"device={device}"] if device else [])
         with tempfile.TemporaryDirectory() as folder:
@@ -307,6 +310,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--accuracy-repeat", type=int, default=2, metavar="N",
                         help="runs of the LeNet-5 recipe per executor and thread count")
+    parser.add_argument("--accuracy-executors", metavar="LIST",
+                        help="executors of the accuracy part, EXECUTOR[@DEVICE] comma-separated, "
+                             "the first the baseline (default: native,pytorch[,pytorch@cuda])")
     parser.add_argument("--no-cuda", action="store_true", help="leave out the GPU rows")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="instead of measuring, join the results of earlier runs (e.g. "
