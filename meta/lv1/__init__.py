@@ -21,6 +21,7 @@ from meta.lv1.onnx_io import (
 )
 from meta.lv1.onnx_model import onnx_model
 from meta.lv1.ort_executor import OnnxRuntimeExecutor  # registers "onnxruntime", lazily
+from meta.lv1.plan import PlannedExecutor  # registers "planned"
 from meta.lv1.sequence_models import lstm
 from meta.lv1.torch_executor import TorchExecutor  # registers "pytorch"; imports no torch
 
@@ -38,6 +39,7 @@ __all__ = [
     "Node",
     "ONNXLoadError",
     "OnnxRuntimeExecutor",
+    "PlannedExecutor",
     "Profile",
     "ProfileRow",
     "ReferenceExecutor",

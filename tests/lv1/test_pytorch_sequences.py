@@ -13,24 +13,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meta.lv1 import ReferenceExecutor
+from meta.lv1 import EXECUTORS
 from meta.lv2 import Optimizer, sgd
 
-from .test_pytorch_training import load, reference
+from .test_pytorch_training import EXECUTOR_NAMES, load, reference
 
 NETS = ("lstm", "gru", "transformer", "attention")
 EXPORTS = ("torchscript", "dynamo")
 TOLERANCE = 1e-5
 
 
+@pytest.mark.parametrize("executor", EXECUTOR_NAMES)
 @pytest.mark.parametrize("export", EXPORTS)
 @pytest.mark.parametrize("net", NETS)
-def test_outputs_and_gradients_match_pytorch(net, export):
+def test_outputs_and_gradients_match_pytorch(net, export, executor):
     ref = reference(net)
     graph = load(net, export)
     torch_names = {k.split("/", 1)[1] for k in ref if k.startswith("initial/")}
     assert set(graph.parameters) == torch_names
-    values, grads = ReferenceExecutor(graph).train().inference_and_backprop(
+    values, grads = EXECUTORS[executor](graph).train().inference_and_backprop(
         {"input": ref["inputs"][0], "labels": ref["labels"][0]}, outputs=["logits"])
     np.testing.assert_allclose(values["logits"], ref["logits0"], rtol=0, atol=TOLERANCE)
     for name in torch_names:
@@ -38,12 +39,13 @@ def test_outputs_and_gradients_match_pytorch(net, export):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("executor", EXECUTOR_NAMES)
 @pytest.mark.parametrize("export", EXPORTS)
 @pytest.mark.parametrize("net", NETS)
-def test_twenty_sgd_steps_match_pytorch(net, export):
+def test_twenty_sgd_steps_match_pytorch(net, export, executor):
     ref = reference(net)
     graph = load(net, export)
-    executor = ReferenceExecutor(graph).train()
+    executor = EXECUTORS[executor](graph).train()
     optimizer = Optimizer(sgd(0.1, momentum=0.9), graph.parameters)
     losses = []
     for x, y in zip(ref["inputs"], ref["labels"]):

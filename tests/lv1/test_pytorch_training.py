@@ -14,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meta.lv1 import Graph, Node, ReferenceExecutor, TensorInfo, from_onnx
+from meta.lv1 import EXECUTORS, Graph, Node, TensorInfo, from_onnx
 from meta.lv2 import Optimizer, sgd
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pytorch"
 NETS = ("resnet", "mobilenet")
 EXPORTS = ("torchscript", "dynamo", "dynamo_folded")
 TOLERANCE = 1e-5
+# The reference executor, and the planned one checked against PyTorch the same way.
+EXECUTOR_NAMES = ("reference", "planned")
 
 
 def load(net: str, export: str, **selection) -> Graph:
@@ -38,8 +40,8 @@ def reference(net: str) -> dict[str, np.ndarray]:
         return dict(data)
 
 
-def train(graph: Graph, ref: dict[str, np.ndarray]) -> list[float]:
-    executor = ReferenceExecutor(graph).train()
+def train(graph: Graph, ref: dict[str, np.ndarray], executor: str = "reference") -> list[float]:
+    executor = EXECUTORS[executor](graph).train()
     optimizer = Optimizer(sgd(0.05, momentum=0.9, weight_decay=5e-4), graph.parameters)
     losses = []
     for x, y in zip(ref["inputs"], ref["labels"]):
@@ -55,9 +57,10 @@ def assert_matches(graph: Graph, ref: dict[str, np.ndarray], prefix: str) -> Non
                                    atol=TOLERANCE, err_msg=name)
 
 
+@pytest.mark.parametrize("executor", EXECUTOR_NAMES)
 @pytest.mark.parametrize("export", EXPORTS)
 @pytest.mark.parametrize("net", NETS)
-def test_twenty_sgd_steps_match_pytorch(net, export):
+def test_twenty_sgd_steps_match_pytorch(net, export, executor):
     ref = reference(net)
     graph = load(net, export)
     torch_names = {k.split("/", 1)[1] for k in ref if k.startswith("final/")}
@@ -65,24 +68,25 @@ def test_twenty_sgd_steps_match_pytorch(net, export):
     assert set(graph.parameters) | set(graph.state) == torch_names
     assert all("running_" in k for k in graph.state)
     constants = {k: v.copy() for k, v in graph.constants.items()}
-    losses = train(graph, ref)
+    losses = train(graph, ref, executor)
     np.testing.assert_allclose(losses, ref["losses"], rtol=0, atol=TOLERANCE)
     assert_matches(graph, ref, "final")
     for name, value in constants.items():  # the exporter's constants are left alone
         np.testing.assert_array_equal(graph.initializers[name], value, err_msg=name)
     # Eval mode: the trained network with its running statistics, as PyTorch's model.eval().
-    logits = ReferenceExecutor(graph).eval().inference({"input": ref["inputs"][0]},
-                                                       ["logits"])["logits"]
+    logits = EXECUTORS[executor](graph).eval().inference({"input": ref["inputs"][0]},
+                                                         ["logits"])["logits"]
     np.testing.assert_allclose(logits, ref["final_logits_eval"], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("executor", EXECUTOR_NAMES)
 @pytest.mark.parametrize("net", NETS)
-def test_freezing_all_but_the_classifier_trains_only_the_classifier(net):
+def test_freezing_all_but_the_classifier_trains_only_the_classifier(net, executor):
     ref = reference(net)
     graph = load(net, "torchscript", trainable=["fc.*"])
     assert sorted(graph.parameters) == ["fc.bias", "fc.weight"]
     initial = {k: v.copy() for k, v in graph.frozen.items()}
-    losses = train(graph, ref)
+    losses = train(graph, ref, executor)
     np.testing.assert_allclose(losses, ref["frozen_losses"], rtol=0, atol=TOLERANCE)
     assert_matches(graph, ref, "frozen_final")  # statistics still move, as in PyTorch
     for name, value in initial.items():

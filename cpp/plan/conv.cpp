@@ -1,0 +1,230 @@
+// Convolution in a plan: oneDNN's direct convolution, forward with fused post-ops (bias, an
+// activation, an eval-mode BatchNormalization as a per-channel scale and shift), backward by
+// data and by weights. The kernel picks the activation layouts it runs fastest in (blocked
+// "nChw16c" for most); the planner reorders into them once and keeps tensors there between
+// kernels that take them. Weights stay the graph's plain (OC, IC/group, KH, KW) arrays; a
+// prepare step reorders them into the kernel's layouts (each training step, or once for an
+// eval-mode plan).
+#include <stdexcept>
+
+#include "plan.hpp"
+
+namespace meta::plan {
+
+namespace {
+
+using PostOp = std::tuple<std::string, std::string, float, float>;  // kind, name, alpha, beta
+
+struct ConvKernel {
+  Dims src_dims, w_dims, dst_dims, strides, dilations, pads_begin, pads_end;
+  std::int64_t group;
+  bool has_bias, training, need_dx, need_dw;
+  std::vector<PostOp> post;
+  memory::desc src_md, dst_md, w_plain, b_md, channel_md;
+  dnnl::convolution_forward::primitive_desc fwd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights;
+  // weights in the kernels' layouts (empty when the plain array is already that layout)
+  std::vector<char> w_fwd_buf, w_bwd_buf, dw_buf;
+  std::string info;
+
+  ConvKernel(Dims src, Dims w, bool bias, Dims s, Dims pb, Dims pe, Dims d, std::int64_t g,
+             std::vector<PostOp> post_ops, bool train, bool dx, bool dw,
+             const std::string& layout = "any")
+      : src_dims(std::move(src)), w_dims(std::move(w)), strides(std::move(s)),
+        dilations(std::move(d)), pads_begin(std::move(pb)), pads_end(std::move(pe)), group(g),
+        has_bias(bias), training(train), need_dx(dx), need_dw(dw), post(std::move(post_ops)) {
+    const std::size_t sp = src_dims.size() - 2;
+    if (sp != 2) throw std::invalid_argument("meta._plan.Conv: 2-D convolutions only");
+    dst_dims = {src_dims[0], w_dims[0]};
+    for (std::size_t i = 0; i < sp; ++i) {
+      const std::int64_t k = (w_dims[2 + i] - 1) * dilations[i] + 1;
+      dst_dims.push_back((src_dims[2 + i] + pads_begin[i] + pads_end[i] - k) / strides[i] + 1);
+    }
+    Dims wd = w_dims;  // oihw, or goihw for groups
+    if (group > 1) {
+      wd = {group, w_dims[0] / group, w_dims[1], w_dims[2], w_dims[3]};
+      w_plain = make_md(wd, "plain");
+    } else {
+      w_plain = make_md(wd, "plain");
+    }
+    b_md = make_md({w_dims[0]}, "plain");
+    channel_md = make_md({1, w_dims[0], 1, 1}, "plain");
+    memory::dims dil;
+    for (auto v : dilations) dil.push_back(v - 1);
+    const memory::dims st(strides.begin(), strides.end()), pl(pads_begin.begin(), pads_begin.end()),
+        pr(pads_end.begin(), pads_end.end());
+    const memory::desc w_any = memory::desc(w_plain.get_dims(), dt::f32, tag::any);
+    dnnl::primitive_attr attr = scratch_attr();
+    dnnl::post_ops po;
+    for (const auto& [kind, name, alpha, beta] : post) {
+      if (kind == "eltwise") {
+        po.append_eltwise(eltwise_algorithm(name, false), alpha, beta);
+      } else if (kind == "scale_shift") {
+        po.append_binary(dnnl::algorithm::binary_mul, channel_md);
+        po.append_binary(dnnl::algorithm::binary_add, channel_md);
+      } else if (kind == "sum") {
+        po.append_sum(1.f);
+      } else {
+        throw std::invalid_argument("meta._plan.Conv: unknown post-op " + kind);
+      }
+    }
+    attr.set_post_ops(po);
+    const auto prop = training ? dnnl::prop_kind::forward_training
+                               : dnnl::prop_kind::forward_inference;
+    auto make_fwd = [&](const std::string& layout) {
+      const memory::desc s = make_md(src_dims, layout), o = make_md(dst_dims, layout);
+      return has_bias ? dnnl::convolution_forward::primitive_desc(
+                            engine(), prop, dnnl::algorithm::convolution_direct, s, w_any, b_md,
+                            o, st, dil, pl, pr, attr)
+                      : dnnl::convolution_forward::primitive_desc(
+                            engine(), prop, dnnl::algorithm::convolution_direct, s, w_any, o, st,
+                            dil, pl, pr, attr);
+    };
+    fwd = make_fwd(layout);
+    if (layout_of(fwd.src_desc()).empty() || layout_of(fwd.dst_desc()).empty())
+      fwd = make_fwd("plain");  // a layout the planner cannot name: keep tensors plain
+    src_md = fwd.src_desc();
+    dst_md = fwd.dst_desc();
+    info = "fwd " + impl(fwd);
+    if (!training) return;
+    if (need_dx) {
+      bwd_data = dnnl::convolution_backward_data::primitive_desc(
+          engine(), dnnl::algorithm::convolution_direct, src_md, w_any, dst_md, st, dil, pl, pr,
+          fwd, scratch_attr());
+      info += ", bwd_data " + impl(bwd_data);
+    }
+    if (need_dw) {
+      const memory::desc dw_any = w_any;
+      bwd_weights = has_bias ? dnnl::convolution_backward_weights::primitive_desc(
+                                   engine(), dnnl::algorithm::convolution_direct, src_md, dw_any,
+                                   b_md, dst_md, st, dil, pl, pr, fwd, scratch_attr())
+                             : dnnl::convolution_backward_weights::primitive_desc(
+                                   engine(), dnnl::algorithm::convolution_direct, src_md, dw_any,
+                                   dst_md, st, dil, pl, pr, fwd, scratch_attr());
+      info += ", bwd_weights " + impl(bwd_weights);
+    }
+  }
+
+  // Internal weight buffers for the layouts the kernels chose.
+  memory weights_for(const memory::desc& md, std::vector<char>& buf, const py::array& w) {
+    if (md == w_plain) return bind(w_plain, w, "conv weights");
+    buf.resize(md.get_size() + 64);
+    void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(buf.data()) + 63) & ~63ull);
+    return memory(md, engine(), p);
+  }
+
+  std::int64_t internal_bytes() const {
+    return std::int64_t(w_fwd_buf.size() + w_bwd_buf.size() + dw_buf.size());
+  }
+};
+
+using ConvPtr = std::shared_ptr<ConvKernel>;
+
+void reorder_into(std::vector<StepPtr>& steps, const memory& from, const memory& to,
+                  const std::string& name) {
+  auto pd = dnnl::reorder::primitive_desc(from, to, scratch_attr());
+  steps.push_back(primitive_step(name, dnnl::reorder(pd),
+                                 {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+                                 pd.scratchpad_desc()));
+}
+
+// Reorders the plain weights into the forward's (and backward-data's) layouts.
+std::vector<StepPtr> prepare(const ConvPtr& k, const py::array& w) {
+  std::vector<StepPtr> steps;
+  const memory plain = bind(k->w_plain, w, "conv weights");
+  const memory wf = k->weights_for(k->fwd.weights_desc(), k->w_fwd_buf, w);
+  if (wf.get_data_handle() != plain.get_data_handle())
+    reorder_into(steps, plain, wf, "conv weights -> forward layout");
+  if (k->training && k->need_dx) {
+    const memory wb = k->weights_for(k->bwd_data.weights_desc(), k->w_bwd_buf, w);
+    if (wb.get_data_handle() != plain.get_data_handle())
+      reorder_into(steps, plain, wb, "conv weights -> backward layout");
+  }
+  return steps;
+}
+
+StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
+                std::optional<py::array> b, const py::array& y,
+                const std::vector<py::array>& post_args) {
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
+      {DNNL_ARG_WEIGHTS, k->weights_for(k->fwd.weights_desc(), k->w_fwd_buf, w)},
+      {DNNL_ARG_DST, bind(k->dst_md, y, "conv output")}};
+  if (k->has_bias) {
+    if (!b) throw std::invalid_argument("meta._plan.Conv: bias missing");
+    args[DNNL_ARG_BIAS] = bind(k->b_md, *b, "conv bias");
+  }
+  std::size_t next = 0;
+  for (std::size_t i = 0, idx = 0; i < k->post.size(); ++i, ++idx) {
+    if (std::get<0>(k->post[i]) != "scale_shift") continue;
+    if (next + 2 > post_args.size())
+      throw std::invalid_argument("meta._plan.Conv: scale_shift needs two arrays");
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(idx)) | DNNL_ARG_SRC_1] =
+        bind(k->channel_md, post_args[next++], "conv post-op scale");
+    ++idx;  // scale_shift is two post-ops
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(idx)) | DNNL_ARG_SRC_1] =
+        bind(k->channel_md, post_args[next++], "conv post-op shift");
+  }
+  return primitive_step("conv forward", dnnl::convolution_forward(k->fwd), std::move(args),
+                        k->fwd.scratchpad_desc());
+}
+
+StepPtr backward_data(const ConvPtr& k, const py::array& dy, const py::array& w,
+                      const py::array& dx) {
+  if (!k->training || !k->need_dx)
+    throw std::invalid_argument("meta._plan.Conv: built without a data gradient");
+  return primitive_step(
+      "conv backward data", dnnl::convolution_backward_data(k->bwd_data),
+      {{DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
+       {DNNL_ARG_WEIGHTS, k->weights_for(k->bwd_data.weights_desc(), k->w_bwd_buf, w)},
+       {DNNL_ARG_DIFF_SRC, bind(k->src_md, dx, "conv dx")}},
+      k->bwd_data.scratchpad_desc());
+}
+
+std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, const py::array& dy,
+                                      const py::array& dw, std::optional<py::array> db) {
+  if (!k->training || !k->need_dw)
+    throw std::invalid_argument("meta._plan.Conv: built without a weight gradient");
+  std::vector<StepPtr> steps;
+  const memory plain = bind(k->w_plain, dw, "conv dw");
+  const memory dwk = k->weights_for(k->bwd_weights.diff_weights_desc(), k->dw_buf, dw);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
+                                       {DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
+                                       {DNNL_ARG_DIFF_WEIGHTS, dwk}};
+  if (k->has_bias) {
+    if (!db) throw std::invalid_argument("meta._plan.Conv: bias gradient missing");
+    args[DNNL_ARG_DIFF_BIAS] = bind(k->b_md, *db, "conv db");
+  }
+  steps.push_back(primitive_step("conv backward weights",
+                                 dnnl::convolution_backward_weights(k->bwd_weights),
+                                 std::move(args), k->bwd_weights.scratchpad_desc()));
+  if (dwk.get_data_handle() != plain.get_data_handle())
+    reorder_into(steps, dwk, plain, "conv dw -> plain");
+  return steps;
+}
+
+}  // namespace
+
+void bind_conv(py::module_& m) {
+  py::class_<ConvKernel, ConvPtr>(m, "Conv", "A 2-D convolution's primitives for one shape.")
+      .def(py::init<Dims, Dims, bool, Dims, Dims, Dims, Dims, std::int64_t, std::vector<PostOp>,
+                    bool, bool, bool, std::string>(),
+           py::arg("src_dims"), py::arg("w_dims"), py::arg("has_bias"), py::arg("strides"),
+           py::arg("pads_begin"), py::arg("pads_end"), py::arg("dilations"), py::arg("group"),
+           py::arg("post_ops"), py::arg("training"), py::arg("need_dx"), py::arg("need_dw"),
+           py::arg("layout") = "any")
+      .def_property_readonly("src_layout", [](const ConvKernel& k) { return layout_of(k.src_md); })
+      .def_property_readonly("dst_layout", [](const ConvKernel& k) { return layout_of(k.dst_md); })
+      .def_readonly("dst_dims", &ConvKernel::dst_dims)
+      .def_readonly("info", &ConvKernel::info)
+      .def_property_readonly("internal_bytes", &ConvKernel::internal_bytes)
+      .def("prepare", &prepare, py::arg("w"))
+      .def("forward", &forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"),
+           py::arg("post_args") = std::vector<py::array>{})
+      .def("backward_data", &backward_data, py::arg("dy"), py::arg("w"), py::arg("dx"))
+      .def("backward_weights", &backward_weights, py::arg("x"), py::arg("dy"), py::arg("dw"),
+           py::arg("db"));
+}
+
+}  // namespace meta::plan

@@ -1,0 +1,76 @@
+// Matrix products in a plan: oneDNN's matmul over row-major arrays, either operand read
+// transposed through its strides (so Gemm's transA/transB and every backward product need no
+// copy), batch dimensions broadcast where they are 1, an optional bias row and fused
+// activation, and an optional accumulate into the output (y += a.b, for summed gradients).
+#include <stdexcept>
+
+#include "plan.hpp"
+
+namespace meta::plan {
+
+namespace {
+
+// Logical (..., rows, cols) view of a row-major array of physical dims, transposed or not.
+memory::desc operand(Dims phys, bool transposed) {
+  const std::size_t n = phys.size();
+  Dims strides(n, 1);
+  for (int i = int(n) - 2; i >= 0; --i) strides[i] = strides[i + 1] * phys[i + 1];
+  if (transposed) {
+    std::swap(phys[n - 1], phys[n - 2]);
+    std::swap(strides[n - 1], strides[n - 2]);
+  }
+  return strided_md(phys, strides);
+}
+
+StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_b,
+               const py::array& a, const py::array& b, std::optional<py::array> bias,
+               const py::array& y, const std::string& post, float post_alpha, float post_beta,
+               bool accumulate) {
+  if (a_dims.size() != b_dims.size() || a_dims.size() < 2)
+    throw std::invalid_argument("meta._plan.matmul: operands must have one rank >= 2");
+  const memory::desc ma = operand(a_dims, trans_a), mb = operand(b_dims, trans_b);
+  const auto da = ma.get_dims(), db = mb.get_dims();
+  const std::size_t n = a_dims.size();
+  if (da[n - 1] != db[n - 2])
+    throw std::invalid_argument("meta._plan.matmul: inner dimensions differ");
+  Dims out(n);
+  for (std::size_t i = 0; i + 2 < n; ++i) out[i] = std::max<std::int64_t>(da[i], db[i]);
+  out[n - 2] = da[n - 2];
+  out[n - 1] = db[n - 1];
+  const memory::desc my = make_md(out, "plain");
+  dnnl::primitive_attr attr = scratch_attr();
+  dnnl::post_ops po;
+  if (accumulate) po.append_sum(1.f);
+  if (!post.empty()) po.append_eltwise(eltwise_algorithm(post, false), post_alpha, post_beta);
+  attr.set_post_ops(po);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(ma, engine(), address(a, 0, "matmul a"))},
+      {DNNL_ARG_WEIGHTS, memory(mb, engine(), address(b, 0, "matmul b"))},
+      {DNNL_ARG_DST, bind(my, y, "matmul output")}};
+  dnnl::matmul::primitive_desc pd;
+  if (bias) {
+    Dims bd(n, 1);
+    bd[n - 1] = out[n - 1];
+    const memory::desc mbias = make_md(bd, "plain");
+    pd = dnnl::matmul::primitive_desc(engine(), ma, mb, mbias, my, attr);
+    args[DNNL_ARG_BIAS] = bind(mbias, *bias, "matmul bias");
+  } else {
+    pd = dnnl::matmul::primitive_desc(engine(), ma, mb, my, attr);
+  }
+  // the operands' sizes, now that the views are known
+  address(a, ma.get_size(), "matmul a");
+  address(b, mb.get_size(), "matmul b");
+  return primitive_step("matmul", dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+}
+
+}  // namespace
+
+void bind_matmul(py::module_& m) {
+  m.def("matmul", &matmul, py::arg("a_dims"), py::arg("b_dims"), py::arg("trans_a"),
+        py::arg("trans_b"), py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("y"),
+        py::arg("post") = "", py::arg("post_alpha") = 0.f, py::arg("post_beta") = 0.f,
+        py::arg("accumulate") = false,
+        "y (+)= op(a) . op(b) (+ bias), op a transpose of the last two dims where asked.");
+}
+
+}  // namespace meta::plan

@@ -1,0 +1,21 @@
+// pybind11 module meta._plan: the planned executor's runtime and kernels (oneDNN). Built only
+// where oneDNN is found at build time; meta/lv1/plan runs without it on numpy's path.
+#include "plan.hpp"
+
+PYBIND11_MODULE(_plan, m) {
+  using namespace meta::plan;
+  m.doc() = "The planned executor's runtime: steps bound to buffers, oneDNN kernels.";
+  bind_runtime(m);
+  bind_conv(m);
+  bind_matmul(m);
+  bind_pool(m);
+  bind_norm(m);
+  bind_eltwise(m);
+  bind_tensor(m);
+  bind_loss(m);
+  m.attr("onednn_version") = [] {
+    const auto* v = dnnl::version();
+    return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+           std::to_string(v->patch);
+  }();
+}

@@ -1,0 +1,252 @@
+// Normalizations in a plan: BatchNormalization (training with batch statistics and the running
+// statistics' update as PyTorch does it, inference with the stored ones, an optional fused
+// ReLU) and LayerNormalization over the last dimension, forward and backward; plus the
+// per-channel scale and shift an eval-mode BatchNormalization folds into a convolution as.
+#include <cmath>
+#include <stdexcept>
+
+#include "plan.hpp"
+
+namespace meta::plan {
+
+namespace {
+
+struct Aligned {
+  std::vector<char> bytes;
+  float* floats(std::size_t n) {
+    bytes.resize(n * sizeof(float) + 64);
+    return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(bytes.data()) + 63) & ~63ull);
+  }
+};
+
+struct BatchNormKernel {
+  memory::desc md, c_md;
+  std::int64_t channels, count;
+  float epsilon, momentum;
+  bool training, fuse_relu;
+  dnnl::batch_normalization_forward::primitive_desc fwd;
+  dnnl::batch_normalization_backward::primitive_desc bwd;
+  Aligned mean_buf, var_buf, ws_buf, dscale_buf, dshift_buf;
+  float *mean = nullptr, *var = nullptr;
+  std::string info;
+
+  BatchNormKernel(const Dims& dims, const std::string& layout, float eps, float mom, bool train,
+                  bool relu)
+      : channels(dims[1]), epsilon(eps), momentum(mom), training(train), fuse_relu(relu) {
+    md = make_md(dims, layout);
+    c_md = make_md({channels}, "plain");
+    count = 1;
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      if (i != 1) count *= dims[i];
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    if (relu) flags |= dnnl::normalization_flags::fuse_norm_relu;
+    if (!training) flags |= dnnl::normalization_flags::use_global_stats;
+    const auto prop = training ? dnnl::prop_kind::forward_training
+                               : dnnl::prop_kind::forward_inference;
+    fwd = dnnl::batch_normalization_forward::primitive_desc(engine(), prop, md, md, epsilon,
+                                                            flags, scratch_attr());
+    info = impl(fwd);
+    if (training) {
+      mean = mean_buf.floats(channels);
+      var = var_buf.floats(channels);
+      bwd = dnnl::batch_normalization_backward::primitive_desc(
+          engine(), dnnl::prop_kind::backward, md, md, md, epsilon, flags, fwd, scratch_attr());
+      info += ", bwd " + impl(bwd);
+    }
+  }
+
+  memory workspace() {
+    const auto wd = fwd.workspace_desc();
+    ws_buf.floats(wd.get_size() / sizeof(float) + 1);
+    void* p = reinterpret_cast<void*>(
+        (reinterpret_cast<std::uintptr_t>(ws_buf.bytes.data()) + 63) & ~63ull);
+    return memory(wd, engine(), p);
+  }
+};
+
+using BatchNormPtr = std::shared_ptr<BatchNormKernel>;
+
+StepPtr bn_forward(const BatchNormPtr& k, const py::array& x, const py::array& scale,
+                   const py::array& shift, const py::array& running_mean,
+                   const py::array& running_var, const py::array& y) {
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->md, x, "batchnorm input")},
+                                       {DNNL_ARG_DST, bind(k->md, y, "batchnorm output")},
+                                       {DNNL_ARG_SCALE, bind(k->c_md, scale, "batchnorm scale")},
+                                       {DNNL_ARG_SHIFT, bind(k->c_md, shift, "batchnorm B")}};
+  if (k->training) {
+    args[DNNL_ARG_MEAN] = memory(k->c_md, engine(), k->mean);
+    args[DNNL_ARG_VARIANCE] = memory(k->c_md, engine(), k->var);
+  } else {
+    args[DNNL_ARG_MEAN] = bind(k->c_md, running_mean, "batchnorm mean");
+    args[DNNL_ARG_VARIANCE] = bind(k->c_md, running_var, "batchnorm var");
+  }
+  if (k->fuse_relu && k->training) args[DNNL_ARG_WORKSPACE] = k->workspace();
+  return primitive_step("batchnorm forward", dnnl::batch_normalization_forward(k->fwd),
+                        std::move(args), k->fwd.scratchpad_desc());
+}
+
+// running = running * momentum + batch * (1 - momentum), the variance unbiased (n / (n - 1)).
+StepPtr bn_update(const BatchNormPtr& k, const py::array& running_mean,
+                  const py::array& running_var) {
+  if (!k->training) throw std::invalid_argument("meta._plan.BatchNorm: built for inference");
+  float* rm = static_cast<float*>(address(running_mean, k->channels * 4, "running mean"));
+  float* rv = static_cast<float*>(address(running_var, k->channels * 4, "running var"));
+  const float* mean = k->mean;
+  const float* var = k->var;
+  const float m = k->momentum;
+  const double n = double(k->count);
+  const float unbias = n > 1 ? float(n / (n - 1)) : 1.f;
+  const std::int64_t c = k->channels;
+  return std::make_shared<LambdaStep>("batchnorm running statistics", [=] {
+    for (std::int64_t i = 0; i < c; ++i) {
+      rm[i] = rm[i] * m + mean[i] * (1 - m);
+      rv[i] = rv[i] * m + var[i] * unbias * (1 - m);
+    }
+  });
+}
+
+StepPtr bn_backward(const BatchNormPtr& k, const py::array& x, const py::array& dy,
+                    const py::array& scale, const py::array& dx,
+                    std::optional<py::array> dscale, std::optional<py::array> dshift) {
+  if (!k->training) throw std::invalid_argument("meta._plan.BatchNorm: built for inference");
+  const memory ds = dscale ? bind(k->c_md, *dscale, "batchnorm dscale")
+                           : memory(k->c_md, engine(), k->dscale_buf.floats(k->channels));
+  const memory db = dshift ? bind(k->c_md, *dshift, "batchnorm dB")
+                           : memory(k->c_md, engine(), k->dshift_buf.floats(k->channels));
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, bind(k->md, x, "batchnorm input")},
+      {DNNL_ARG_DIFF_DST, bind(k->md, dy, "batchnorm dy")},
+      {DNNL_ARG_MEAN, memory(k->c_md, engine(), k->mean)},
+      {DNNL_ARG_VARIANCE, memory(k->c_md, engine(), k->var)},
+      {DNNL_ARG_SCALE, bind(k->c_md, scale, "batchnorm scale")},
+      {DNNL_ARG_DIFF_SRC, bind(k->md, dx, "batchnorm dx")},
+      {DNNL_ARG_DIFF_SCALE, ds},
+      {DNNL_ARG_DIFF_SHIFT, db}};
+  if (k->fuse_relu) args[DNNL_ARG_WORKSPACE] = k->workspace();
+  return primitive_step("batchnorm backward", dnnl::batch_normalization_backward(k->bwd),
+                        std::move(args), k->bwd.scratchpad_desc());
+}
+
+// scale = gamma / sqrt(var + eps), shift = beta - mean * scale (an eval-mode BatchNorm as a
+// convolution's post-op).
+StepPtr bn_fold(const py::array& gamma, const py::array& beta, const py::array& mean,
+                const py::array& var, float eps, const py::array& scale,
+                const py::array& shift, std::int64_t c) {
+  const float* g = static_cast<const float*>(address(gamma, c * 4, "scale"));
+  const float* b = static_cast<const float*>(address(beta, c * 4, "B"));
+  const float* mu = static_cast<const float*>(address(mean, c * 4, "mean"));
+  const float* v = static_cast<const float*>(address(var, c * 4, "var"));
+  float* s = static_cast<float*>(address(scale, c * 4, "folded scale"));
+  float* t = static_cast<float*>(address(shift, c * 4, "folded shift"));
+  return std::make_shared<LambdaStep>("batchnorm fold", [=] {
+    for (std::int64_t i = 0; i < c; ++i) {
+      s[i] = g[i] / std::sqrt(v[i] + eps);
+      t[i] = b[i] - mu[i] * s[i];
+    }
+  });
+}
+
+struct LayerNormKernel {
+  memory::desc md, stat_md, c_md;
+  std::int64_t rows, cols;
+  bool training, has_shift;
+  dnnl::layer_normalization_forward::primitive_desc fwd;
+  dnnl::layer_normalization_backward::primitive_desc bwd;
+  Aligned mean_buf, var_buf, zero_shift, dscale_buf, dshift_buf;
+  float *mean = nullptr, *var = nullptr;
+  std::string info;
+
+  LayerNormKernel(std::int64_t r, std::int64_t c, float eps, bool train, bool shift)
+      : rows(r), cols(c), training(train), has_shift(shift) {
+    md = make_md({rows, cols}, "plain");
+    stat_md = make_md({rows}, "plain");
+    c_md = make_md({cols}, "plain");
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    const auto prop = training ? dnnl::prop_kind::forward_training
+                               : dnnl::prop_kind::forward_inference;
+    fwd = dnnl::layer_normalization_forward::primitive_desc(engine(), prop, md, md, stat_md, eps,
+                                                            flags, scratch_attr());
+    mean = mean_buf.floats(rows);
+    var = var_buf.floats(rows);
+    info = impl(fwd);
+    if (!has_shift) {
+      float* z = zero_shift.floats(cols);
+      std::fill(z, z + cols, 0.f);
+    }
+    if (training) {
+      bwd = dnnl::layer_normalization_backward::primitive_desc(
+          engine(), dnnl::prop_kind::backward, md, md, md, stat_md, eps, flags, fwd,
+          scratch_attr());
+      info += ", bwd " + impl(bwd);
+    }
+  }
+
+  memory shift_or_zero(std::optional<py::array> b) {
+    if (b) return bind(c_md, *b, "layernorm B");
+    return memory(c_md, engine(), zero_shift.floats(cols));
+  }
+};
+
+using LayerNormPtr = std::shared_ptr<LayerNormKernel>;
+
+StepPtr ln_forward(const LayerNormPtr& k, const py::array& x, const py::array& scale,
+                   std::optional<py::array> b, const py::array& y) {
+  return primitive_step("layernorm forward", dnnl::layer_normalization_forward(k->fwd),
+                        {{DNNL_ARG_SRC, bind(k->md, x, "layernorm input")},
+                         {DNNL_ARG_DST, bind(k->md, y, "layernorm output")},
+                         {DNNL_ARG_SCALE, bind(k->c_md, scale, "layernorm scale")},
+                         {DNNL_ARG_SHIFT, k->shift_or_zero(b)},
+                         {DNNL_ARG_MEAN, memory(k->stat_md, engine(), k->mean)},
+                         {DNNL_ARG_VARIANCE, memory(k->stat_md, engine(), k->var)}},
+                        k->fwd.scratchpad_desc());
+}
+
+StepPtr ln_backward(const LayerNormPtr& k, const py::array& x, const py::array& dy,
+                    const py::array& scale, std::optional<py::array> b, const py::array& dx,
+                    std::optional<py::array> dscale, std::optional<py::array> dshift) {
+  if (!k->training) throw std::invalid_argument("meta._plan.LayerNorm: built for inference");
+  const memory ds = dscale ? bind(k->c_md, *dscale, "layernorm dscale")
+                           : memory(k->c_md, engine(), k->dscale_buf.floats(k->cols));
+  const memory db = dshift ? bind(k->c_md, *dshift, "layernorm dB")
+                           : memory(k->c_md, engine(), k->dshift_buf.floats(k->cols));
+  return primitive_step("layernorm backward", dnnl::layer_normalization_backward(k->bwd),
+                        {{DNNL_ARG_SRC, bind(k->md, x, "layernorm input")},
+                         {DNNL_ARG_DIFF_DST, bind(k->md, dy, "layernorm dy")},
+                         {DNNL_ARG_SCALE, bind(k->c_md, scale, "layernorm scale")},
+                         {DNNL_ARG_SHIFT, k->shift_or_zero(b)},
+                         {DNNL_ARG_MEAN, memory(k->stat_md, engine(), k->mean)},
+                         {DNNL_ARG_VARIANCE, memory(k->stat_md, engine(), k->var)},
+                         {DNNL_ARG_DIFF_SRC, bind(k->md, dx, "layernorm dx")},
+                         {DNNL_ARG_DIFF_SCALE, ds},
+                         {DNNL_ARG_DIFF_SHIFT, db}},
+                        k->bwd.scratchpad_desc());
+}
+
+}  // namespace
+
+void bind_norm(py::module_& m) {
+  py::class_<BatchNormKernel, BatchNormPtr>(m, "BatchNorm",
+                                            "BatchNormalization's primitives for one shape.")
+      .def(py::init<Dims, std::string, float, float, bool, bool>(), py::arg("dims"),
+           py::arg("layout"), py::arg("epsilon"), py::arg("momentum"), py::arg("training"),
+           py::arg("fuse_relu") = false)
+      .def_readonly("info", &BatchNormKernel::info)
+      .def("forward", &bn_forward, py::arg("x"), py::arg("scale"), py::arg("b"),
+           py::arg("mean"), py::arg("var"), py::arg("y"))
+      .def("update", &bn_update, py::arg("running_mean"), py::arg("running_var"))
+      .def("backward", &bn_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),
+           py::arg("dx"), py::arg("dscale"), py::arg("db"));
+  m.def("bn_fold", &bn_fold, py::arg("scale"), py::arg("b"), py::arg("mean"), py::arg("var"),
+        py::arg("epsilon"), py::arg("folded_scale"), py::arg("folded_shift"),
+        py::arg("channels"));
+  py::class_<LayerNormKernel, LayerNormPtr>(m, "LayerNorm",
+                                            "LayerNormalization over rows of (rows, cols).")
+      .def(py::init<std::int64_t, std::int64_t, float, bool, bool>(), py::arg("rows"),
+           py::arg("cols"), py::arg("epsilon"), py::arg("training"), py::arg("has_bias"))
+      .def_readonly("info", &LayerNormKernel::info)
+      .def("forward", &ln_forward, py::arg("x"), py::arg("scale"), py::arg("b"), py::arg("y"))
+      .def("backward", &ln_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),
+           py::arg("b"), py::arg("dx"), py::arg("dscale"), py::arg("db"));
+}
+
+}  // namespace meta::plan

@@ -1,0 +1,232 @@
+// The plan runtime: engine, stream, the shared scratchpad, layouts, programs and reorders.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "plan.hpp"
+
+namespace meta::plan {
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& stream() {
+  static dnnl::stream s(engine());
+  return s;
+}
+
+namespace {
+
+struct Scratch {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  ~Scratch() { std::free(data); }
+};
+
+Scratch& scratch_buffer() {
+  static Scratch s;
+  return s;
+}
+
+}  // namespace
+
+memory scratch(const memory::desc& md) {
+  Scratch& s = scratch_buffer();
+  const std::size_t need = md.get_size();
+  if (need > s.bytes) {
+    std::free(s.data);
+    s.bytes = (need + 4095) / 4096 * 4096;
+    s.data = std::aligned_alloc(64, s.bytes);
+    if (!s.data) throw std::bad_alloc();
+  }
+  return memory(md, engine(), s.data);
+}
+
+dnnl::primitive_attr scratch_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+memory::desc make_md(const Dims& dims, const std::string& layout, dt type) {
+  const memory::dims d(dims.begin(), dims.end());
+  if (layout == "any") return memory::desc(d, type, tag::any);
+  if (layout == "plain" || layout.empty()) {
+    static const tag plain[] = {tag::undef, tag::a,     tag::ab,     tag::abc,
+                                tag::abcd,  tag::abcde, tag::abcdef};
+    if (dims.size() >= 1 && dims.size() <= 6) return memory::desc(d, type, plain[dims.size()]);
+    // higher ranks: row-major strides
+    Dims strides(dims.size(), 1);
+    for (int i = int(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+    return strided_md(dims, strides, type);
+  }
+  if (dims.size() == 4) {
+    if (layout == "nChw16c") return memory::desc(d, type, tag::aBcd16b);
+    if (layout == "nChw8c") return memory::desc(d, type, tag::aBcd8b);
+    if (layout == "nhwc") return memory::desc(d, type, tag::acdb);
+  }
+  throw std::invalid_argument("meta._plan: no layout '" + layout + "' for a " +
+                              std::to_string(dims.size()) + "-D tensor");
+}
+
+std::string layout_of(const memory::desc& md) {
+  const memory::dims d = md.get_dims();
+  const Dims dims(d.begin(), d.end());
+  for (const char* name : {"plain", "nChw16c", "nChw8c", "nhwc"}) {
+    if (std::strcmp(name, "plain") != 0 && dims.size() != 4) continue;
+    if (make_md(dims, name, md.get_data_type()) == md) return name;
+  }
+  return "";
+}
+
+memory::desc strided_md(const Dims& dims, const Dims& strides, dt type) {
+  return memory::desc(memory::dims(dims.begin(), dims.end()), type,
+                      memory::dims(strides.begin(), strides.end()));
+}
+
+void* address(const py::array& a, std::size_t bytes, const char* what) {
+  if (!(a.flags() & py::array::c_style) && a.ndim() > 1)
+    throw std::invalid_argument(std::string("meta._plan: ") + what + " is not C-contiguous");
+  if (static_cast<std::size_t>(a.nbytes()) < bytes)
+    throw std::invalid_argument(std::string("meta._plan: ") + what + " holds " +
+                                std::to_string(a.nbytes()) + " bytes, the kernel needs " +
+                                std::to_string(bytes));
+  return const_cast<void*>(a.data());
+}
+
+memory bind(const memory::desc& md, const py::array& a, const char* what) {
+  return memory(md, engine(), address(a, md.get_size(), what));
+}
+
+std::string impl(const dnnl::primitive_desc_base& pd) { return pd.impl_info_str(); }
+
+void PrimitiveStep::run() {
+  if (scratch_md.get_size()) args[DNNL_ARG_SCRATCHPAD] = scratch(scratch_md);
+  prim.execute(stream(), args);
+}
+
+StepPtr primitive_step(const std::string& name, const dnnl::primitive& p,
+                       std::unordered_map<int, memory> args, const memory::desc& scratch_md) {
+  return std::make_shared<PrimitiveStep>(name, p, std::move(args), scratch_md);
+}
+
+void Program::run() {
+  if (profile && ns.size() != steps.size()) ns.assign(steps.size(), 0);
+  py::gil_scoped_release release;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (profile) {
+      const auto t0 = std::chrono::steady_clock::now();
+      steps[i]->run();
+      ns[i] += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now() - t0)
+                   .count();
+    } else {
+      steps[i]->run();
+    }
+  }
+  stream().wait();
+  ++runs;
+}
+
+namespace {
+
+// x (layout a) -> y (layout b), same dims; or a permutation (Transpose) when `perm` is given:
+// y[i0..] = x[perm...] as ONNX's Transpose, through a reorder between strided views.
+StepPtr reorder_step(const Dims& dims, const std::string& from, const std::string& to,
+                     const py::array& x, const py::array& y) {
+  const memory::desc src = make_md(dims, from), dst = make_md(dims, to);
+  auto pd = dnnl::reorder::primitive_desc(engine(), src, engine(), dst, scratch_attr());
+  return primitive_step("reorder " + from + "->" + to, dnnl::reorder(pd),
+                        {{DNNL_ARG_FROM, bind(src, x, "reorder source")},
+                         {DNNL_ARG_TO, bind(dst, y, "reorder destination")}},
+                        pd.scratchpad_desc());
+}
+
+StepPtr transpose_step(const Dims& in_dims, const Dims& perm, const py::array& x,
+                       const py::array& y) {
+  const std::size_t n = in_dims.size();
+  if (perm.size() != n) throw std::invalid_argument("transpose: perm has the wrong length");
+  Dims in_strides(n, 1);
+  for (int i = int(n) - 2; i >= 0; --i) in_strides[i] = in_strides[i + 1] * in_dims[i + 1];
+  // The source viewed in the output's index order.
+  Dims out_dims(n), src_strides(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out_dims[i] = in_dims[perm[i]];
+    src_strides[i] = in_strides[perm[i]];
+  }
+  const memory::desc src = strided_md(out_dims, src_strides), dst = make_md(out_dims, "plain");
+  auto pd = dnnl::reorder::primitive_desc(engine(), src, engine(), dst, scratch_attr());
+  memory msrc(src, engine(), address(x, dst.get_size(), "transpose source"));
+  return primitive_step("transpose", dnnl::reorder(pd),
+                        {{DNNL_ARG_FROM, msrc}, {DNNL_ARG_TO, bind(dst, y, "transpose output")}},
+                        pd.scratchpad_desc());
+}
+
+// y = x (same bytes): copies or accumulates (y += x) plain buffers of n floats.
+StepPtr copy_step(const py::array& x, const py::array& y, std::int64_t n, bool accumulate) {
+  const float* px = static_cast<const float*>(address(x, n * 4, "copy source"));
+  float* py_ = static_cast<float*>(address(y, n * 4, "copy destination"));
+  if (accumulate)
+    return std::make_shared<LambdaStep>("accumulate", [=] {
+#pragma omp parallel for simd if (n > (1 << 16))
+      for (std::int64_t i = 0; i < n; ++i) py_[i] += px[i];
+    });
+  return std::make_shared<LambdaStep>("copy", [=] { std::memcpy(py_, px, n * 4); });
+}
+
+StepPtr fill_step(const py::array& y, std::int64_t n, float value) {
+  float* py_ = static_cast<float*>(address(y, n * 4, "fill destination"));
+  return std::make_shared<LambdaStep>("fill", [=] { std::fill(py_, py_ + n, value); });
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  py::class_<Step, StepPtr>(m, "Step", "One bound kernel call of a plan.")
+      .def("run", [](Step& s) {
+            py::gil_scoped_release release;
+            s.run();
+            stream().wait();
+          })
+      .def_readwrite("name", &Step::name)
+      .def("__repr__", [](const Step& s) { return "<Step " + s.name + ">"; });
+  py::class_<PyStep, Step, std::shared_ptr<PyStep>>(m, "PyStep",
+                                                    "A step Python runs (takes the GIL).")
+      .def(py::init<py::function, std::string>(), py::arg("fn"), py::arg("name"));
+  py::class_<Program>(m, "Program", "Steps run in order in one call, the GIL released.")
+      .def(py::init([](std::vector<StepPtr> steps) {
+             Program p;
+             p.steps = std::move(steps);
+             return p;
+           }),
+           py::arg("steps"))
+      .def("run", &Program::run)
+      .def_readwrite("profile", &Program::profile)
+      .def_readonly("runs", &Program::runs)
+      .def_property_readonly("step_ns", [](const Program& p) { return p.ns; })
+      .def_property_readonly("steps", [](const Program& p) { return p.steps; })
+      .def_property_readonly("names", [](const Program& p) {
+            std::vector<std::string> n;
+            for (const auto& s : p.steps) n.push_back(s->name);
+            return n;
+          })
+      .def("__len__", [](const Program& p) { return p.steps.size(); });
+  m.def("layout_bytes", [](const Dims& dims, const std::string& layout) {
+        return make_md(dims, layout).get_size();
+      }, py::arg("dims"), py::arg("layout"), "Bytes a float32 tensor takes in this layout.");
+  m.def("reorder", &reorder_step, py::arg("dims"), py::arg("source_layout"),
+        py::arg("target_layout"), py::arg("x"), py::arg("y"));
+  m.def("transpose", &transpose_step, py::arg("dims"), py::arg("perm"), py::arg("x"),
+        py::arg("y"));
+  m.def("copy", &copy_step, py::arg("x"), py::arg("y"), py::arg("n"),
+        py::arg("accumulate") = false);
+  m.def("fill", &fill_step, py::arg("y"), py::arg("n"), py::arg("value"));
+  m.def("scratch_bytes", [] { return scratch_buffer().bytes; });
+  m.def("max_threads", &omp_get_max_threads);
+}
+
+}  // namespace meta::plan

@@ -1,0 +1,262 @@
+"""Compiling a graph into a plan, once per input shapes, mode and request.
+
+1. **Trace**: one forward on the reference path with the actual feeds gives every tensor's
+   shape and dtype (the plan's shapes are then fixed; a later call with other shapes gets its
+   own plan).
+2. **Fold**: nodes computed from constants only (and Shape/Size of a tensor whose shape is now
+   fixed) are evaluated once; their outputs become the plan's constants, so an exporter's
+   shape arithmetic (Shape, Gather, Concat, Reshape) costs nothing at run time.
+3. **Lower**: each remaining node becomes steps of C++ kernels (``kernels.KERNELS``: oneDNN
+   convolutions, matrix products, pooling, normalizations, activations, ...), fused with the
+   activation or eval-mode BatchNormalization after it where that is legal, or else one Python
+   step running the operator's own forward and backward (``kernels.python_node``).
+4. **Backward**: in training the nodes' backward steps follow in reverse order; a gradient's
+   first contribution writes it, later ones add to it.
+5. **Memory**: every computed value gets its place in one arena from its lifetime across the
+   forward and the backward (``memory.assign_offsets``); parameter gradients get arrays of
+   their own, handed to the caller.
+6. **Bind**: the C++ steps are created against those arrays and grouped into three programs,
+   each run in one call: ``prepare`` (weights into the kernels' layouts), ``forward``,
+   ``backward``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from meta.lv1.graph import Graph, GraphError, Node, make_operator
+from meta.lv1.plan.builder import PlanBuilder, PlannedStep
+from meta.lv1.plan.memory import Value, aligned_empty, assign_offsets, lifetimes, view_of
+
+# Ops whose outputs are never folded: random, or reading a mode the plan does not fix.
+NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                        "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
+# Ops whose output shapes depend on input values: a plan (fixed shapes) cannot hold them
+# unless they fold.
+DATA_DEPENDENT = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop", "If",
+                            "Scan", "StringSplit", "RegexFullMatch", "SequenceConstruct",
+                            "SplitToSequence", "SequenceInsert", "SequenceErase",
+                            "ConcatFromSequence", "SequenceAt", "SequenceEmpty",
+                            "SequenceLength", "SequenceMap", "Optional", "OptionalGetElement",
+                            "OptionalHasElement", "TfIdfVectorizer"})
+
+
+class NotPlannable(GraphError):
+    """A graph the planner cannot fix the shapes of (data-dependent shapes, sequences)."""
+
+
+@dataclass
+class Plan:
+    """A compiled graph: bound programs and where each value lives."""
+
+    values: dict[str, Value]
+    programs: dict[str, object]  # phase -> meta._plan.Program
+    records: dict[str, list[PlannedStep]]  # phase -> the planned step of each bound step
+    inputs: dict[str, np.ndarray]  # fed name -> its array in the arena
+    fetch: dict[str, str]  # requested name -> the (plain) value holding it
+    gradients: dict[str, np.ndarray]  # parameter / wrt name -> gradient array (or zeros)
+    seed: np.ndarray | None  # d loss / d loss, set per call
+    bound: dict[str, np.ndarray]  # graph arrays the steps point into
+    placement: dict[str, str]  # node -> "onednn", "python", "folded", "view"
+    arena_bytes: int
+    owned_bytes: int
+    internal_bytes: int
+    objects: dict = field(default_factory=dict)
+    prepared: bool = False
+    fingerprint: list = field(default_factory=list)
+
+    def array(self, name: str) -> np.ndarray:
+        return self.values[name].array
+
+    def stale(self, graph: Graph) -> bool:
+        """Whether a graph array a step points into was replaced (a strategy re-pointed it)."""
+        arrays = graph.initializers
+        return any(arrays.get(name) is not array for name, array in self.bound.items())
+
+
+def trace(graph: Graph, feeds: dict, names: list[str], backends) -> dict[str, np.ndarray]:
+    """Every tensor's value on one forward of the reference path, as written (no state is
+    written), keeping all intermediates."""
+    from meta.lv1.executor import ReferenceExecutor
+
+    ref = ReferenceExecutor(graph, backends, free_intermediates=False)
+    values, _ = ref._forward(dict(feeds), names, None)
+    return values
+
+
+def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
+                 loss: str | None, wrt: list[str], training: bool | None, backends,
+                 rt) -> Plan:
+    from meta.lv1.plan import kernels
+
+    wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
+    nodes = graph.nodes_for(wanted, given=feeds)
+    for node in nodes:
+        if node.op_type in DATA_DEPENDENT or any(True for _ in node.subgraphs()):
+            raise NotPlannable(f"{node.describe()}: output shapes depend on the data")
+    needed = {x for n in nodes for x in n.dependencies()} | set(wanted)
+    traced = trace(graph, feeds, sorted(needed), backends)
+    for name in needed:
+        if isinstance(traced.get(name), np.generic):  # a numpy scalar (Gather of one index)
+            traced[name] = np.asarray(traced[name])
+        if not isinstance(traced.get(name), np.ndarray):
+            raise NotPlannable(f"tensor {name!r} is not a tensor (a sequence or optional)")
+
+    # -- values: feeds in the arena, graph arrays where they are ----------------------------
+    values: dict[str, Value] = {}
+    roles = graph.roles
+    for name in needed:
+        a = traced[name]
+        if name in feeds:
+            values[name] = Value(name, a.shape, a.dtype)
+        elif name in graph.initializers:
+            values[name] = Value(name, a.shape, a.dtype, storage="external")
+
+    # -- fold -------------------------------------------------------------------------------
+    static = {n for n in graph.initializers if roles.get(n) == "constant" and n not in feeds}
+    placement: dict[str, str] = {}
+    live: list[Node] = []
+    for node in nodes:
+        inputs = [x for x in node.inputs if x]
+        # Shape, Size and CastLike read only their (now fixed) input's shape or dtype
+        foldable = node.op_type not in NOT_FOLDED and (
+            all(x in static for x in inputs) or node.op_type in ("Shape", "Size")
+            or node.op_type == "CastLike" and inputs[0] in static)
+        if foldable and not any(o in feeds for o in node.outputs if o):
+            for out in node.outputs:
+                if out and out in traced:
+                    static.add(out)
+                    a = np.array(traced[out], order="C")  # 0-d stays 0-d
+                    values[out] = Value(out, a.shape, a.dtype, storage="owned", array=a)
+            placement[node.name] = "folded"
+        else:
+            live.append(node)
+
+    # -- what needs a gradient ----------------------------------------------------------------
+    backends = tuple(backends)
+    ops = {n.name: make_operator(n, graph.opset, backends) for n in live}
+    pb = PlanBuilder(values, training, rt)
+    if loss is not None:
+        params = [p for p in graph.parameters if p not in feeds]
+        pb.requires.update(p for p in params if p in needed)
+        pb.requires.update(w for w in wrt if w in values)
+        for node in live:
+            op = ops[node.name]
+            if any(x in pb.requires for i, x in enumerate(node.inputs)
+                   if x and i not in op.no_grad_inputs):
+                pb.requires.update(o for o in node.outputs if o)
+    reads = Counter(x for n in live for x in n.inputs if x)
+    pb.consumers = dict(reads)
+
+    # -- lower --------------------------------------------------------------------------------
+    keep = set(wanted)
+    absorbed: set[str] = set()
+    consumers: dict[str, list[Node]] = {}
+    for n in live:
+        for x in n.inputs:
+            if x:
+                consumers.setdefault(x, []).append(n)
+    context = kernels.Context(pb, ops, consumers, keep | set(feeds), absorbed, training,
+                              loss is not None, traced)
+    context.static = static
+    if training:  # the state a training forward updates (not when fed)
+        context.state = set(graph.state) - set(feeds)
+    for node in live:
+        if node.name in absorbed:
+            placement[node.name] = placement.get(node.name, "fused")
+            continue
+        pb.current = node
+        lowered = kernels.lower(context, node)
+        pb.lowered.append(lowered)
+        for name in context.fused_into.pop(node.name, []):
+            placement[name] = f"fused into {node.name}"
+        placement[node.name] = lowered.kind
+    fetch = {}
+    pb.current = None
+    for name in outputs:
+        fetch[name] = pb.require_layout(name, "plain")
+
+    # -- backward -----------------------------------------------------------------------------
+    seed = None
+    gradients: dict[str, str] = {}
+    if loss is not None:
+        seed = np.ones((), values[loss].dtype)
+        seed_name = "loss@seed"
+        values[seed_name] = Value(seed_name, (), seed.dtype, storage="owned", array=seed)
+        target = pb.grad_target(loss) if loss in pb.requires else None
+        if target is not None:
+            dest = target[0]
+            if seed.dtype == np.float32:
+                pb.step("loss gradient", [seed_name], [dest],
+                        lambda a: [rt.copy(a(seed_name), a(dest), 1)], "backward")
+            else:
+                pb.step("loss gradient", [seed_name], [dest],
+                        lambda a: [kernels.py_step(lambda: np.copyto(a(dest), a(seed_name)),
+                                                   "loss gradient")], "backward")
+        for lowered in reversed(pb.lowered):
+            if lowered.backward is not None:
+                pb.current = lowered.node
+                lowered.backward(pb)
+                pb.flush()
+        for name in [*graph.parameters, *wrt]:
+            if name in values and pb.grad(name) is not None and name not in gradients:
+                gradients[name] = pb.grad(name)
+
+    # -- memory -------------------------------------------------------------------------------
+    order = [s for phase in ("prepare", "forward", "backward") for s in pb.steps
+             if s.phase == phase]
+    for g in gradients.values():  # handed out: arrays of their own, kept across calls
+        if values[g].storage == "arena":
+            values[g].storage = "owned"
+    keep_values = set(fetch.values())
+    spans = lifetimes(order, values, keep_values)
+    for name in feeds:  # copied in before the first step
+        if name in spans:
+            spans[name] = (0, spans[name][1])
+    arena_values = {n: v.nbytes for n, v in values.items() if v.storage == "arena" and n in spans}
+    offsets, arena_bytes = assign_offsets(arena_values, spans)
+    arena = aligned_empty(max(arena_bytes, 64))
+    owned_bytes = 0
+    for name, v in values.items():
+        if v.storage == "arena" and name in offsets:
+            v.array = view_of(arena[offsets[name]:], v)
+        elif v.storage == "external":
+            v.array = graph.initializers[name]
+        elif v.storage == "owned" and v.array is None:
+            v.array = view_of(aligned_empty(max(v.nbytes, 64)), v)
+            owned_bytes += v.nbytes
+    for name, v in values.items():  # views after their bases (made before them)
+        if v.storage == "view":
+            b = values[v.base]
+            if b.array is None:  # the view of a value no step touches (an unread gradient)
+                b.array = view_of(aligned_empty(max(b.nbytes, 64)), b)
+            v.array = b.array.reshape(v.shape)
+            assert np.shares_memory(v.array, b.array), name
+    for v in values.values():
+        if v.array is None and v.storage == "arena":  # declared, never touched by a step
+            v.array = view_of(aligned_empty(max(v.nbytes, 64)), v)
+
+    # -- bind ---------------------------------------------------------------------------------
+    def lookup(name: str) -> np.ndarray:
+        return values[name].array
+
+    programs, records = {}, {}
+    for phase in ("prepare", "forward", "backward"):
+        bound, owners = [], []
+        for s in order:
+            if s.phase != phase:
+                continue
+            for step in s.build(lookup):
+                bound.append(step)
+                owners.append(s)
+        programs[phase] = rt.Program(bound)
+        records[phase] = owners
+    external = {n: v.array for n, v in values.items() if v.storage == "external"}
+    grads = {name: values[g].array for name, g in gradients.items()}
+    internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
+    return Plan(values, programs, records, {n: values[n].array for n in feeds if n in values},
+                {n: fetch[n] for n in outputs}, grads, seed, external, placement, arena_bytes,
+                owned_bytes, internal, context.objects)

@@ -1,0 +1,256 @@
+"""The planned executor: the graph compiled once per input shapes and mode into a plan of C++
+steps (``meta.lv1.plan.compiler``), then run in one call per forward and one per backward.
+
+It has the reference executor's interface and semantics (train/eval modes with BatchNorm
+statistics written back, any tensor fetched or fed, gradients with respect to graph inputs,
+micro-batches), and the reference executor is its oracle: the tests compare the two on every
+shipped model and the PyTorch fixtures.
+
+Where a plan cannot be made (shapes that depend on the data, sequences) or meta was built
+without oneDNN, it runs the reference path on meta's native kernels instead, and says so in
+``placement()`` and ``unplanned``.
+
+Two things to know:
+
+* The gradients it returns are the executor's own arrays, overwritten by the next backward
+  (as PyTorch's ``.grad``): copy one to keep it. (Micro-batching copies for you.)
+* An inference-only plan reorders the weights into its kernels' layouts once, as
+  onnxruntime's session does, and repeats that when it sees them change: on ``train()`` /
+  ``eval()``, after a backward on this executor, when the graph's arrays are replaced, and
+  when a sample of each weight's values differs from the last call. A change that touches
+  only values outside that sample (16 per tensor) needs ``refresh()``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import ClassVar, Iterable, Sequence
+
+import numpy as np
+
+from meta.component import Option
+from meta.lv0 import native
+from meta.lv1.executor import EXECUTORS, ReferenceExecutor, Tensors
+from meta.lv1.graph import Graph
+from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
+from meta.lv1.plan.runtime import PlanUnavailableError, module
+
+SAMPLES = 16  # values per weight compared to tell an inference plan its weights changed
+
+
+def _fingerprint(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+    out = []
+    for a in arrays.values():
+        flat = a.reshape(-1)
+        out.append(flat[::max(1, flat.size // SAMPLES)][:SAMPLES].copy())
+    return out
+
+
+def _unchanged(fingerprint: list[np.ndarray], arrays: dict[str, np.ndarray]) -> bool:
+    now = _fingerprint(arrays)
+    return len(now) == len(fingerprint) and all(
+        np.array_equal(a, b, equal_nan=True) for a, b in zip(now, fingerprint))
+
+
+class PlannedExecutor(ReferenceExecutor):
+    """Runs a graph as a compiled plan of oneDNN kernels (see the module's docstring).
+
+    >>> from meta.lv1.builder import mlp
+    >>> ex = PlannedExecutor(mlp(hidden=[8]))
+    >>> x = np.zeros((2, 1, 28, 28), np.float32)
+    >>> ex.inference({"input": x}, ["logits"])["logits"].shape
+    (2, 10)
+    """
+
+    options: ClassVar[dict[str, Option]] = {
+        "profile": Option(False, "record every step's time (profile_table())"),
+    }
+
+    def __init__(self, graph: Graph, backends: Sequence[str] | None = None,
+                 profile: bool = False, free_intermediates: bool = True) -> None:
+        try:
+            native.module()
+            default = ("native", "numpy")
+        except ImportError:
+            default = ("numpy",)
+        super().__init__(graph, backends or default, profile, free_intermediates)
+        self._plans: dict[tuple, Plan | str] = {}
+        self._last: Plan | None = None
+        self.unplanned: str | None = None  # why the last call ran unplanned, if it did
+        try:
+            self.rt = module()
+        except PlanUnavailableError as err:
+            self.rt = None
+            self.unavailable = str(err)
+            warnings.warn(f"meta: the planned executor runs unplanned: {err}", RuntimeWarning,
+                          stacklevel=2)
+
+    # -- modes -------------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> PlannedExecutor:
+        super().train(mode)
+        self.refresh()
+        return self
+
+    def eval(self) -> PlannedExecutor:
+        super().eval()
+        self.refresh()
+        return self
+
+    def refresh(self) -> None:
+        """Reorder the weights again before the next call (after changing them yourself)."""
+        for plan in self._plans.values():
+            if isinstance(plan, Plan):
+                plan.prepared = False
+
+    # -- plans -------------------------------------------------------------------------------
+    def _key(self, feeds: Tensors, outputs: Iterable[str], loss: str | None,
+             wrt: Sequence[str]) -> tuple:
+        signature = tuple(sorted((k, np.shape(v), str(np.asarray(v).dtype))
+                                 for k, v in feeds.items()))
+        return (self.training, loss, tuple(outputs), tuple(wrt), signature,
+                tuple(self.graph.parameters), self.rt.max_threads())
+
+    def _plan(self, feeds: Tensors, outputs: list[str], loss: str | None,
+              wrt: Sequence[str]) -> Plan | None:
+        if self.rt is None:
+            self.unplanned = self.unavailable
+            return None
+        key = self._key(feeds, outputs, loss, wrt)
+        plan = self._plans.get(key)
+        if isinstance(plan, str):
+            self.unplanned = plan
+            return None
+        if plan is not None and plan.stale(self.graph):
+            plan = None
+        if plan is None:
+            try:
+                plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt),
+                                    self.training, self.backends, self.rt)
+            except NotPlannable as err:
+                self._plans[key] = str(err)
+                self.unplanned = str(err)
+                return None
+            for program in plan.programs.values():
+                program.profile = self.profile
+            self._plans[key] = plan
+        self._last = plan
+        self.unplanned = None
+        self.peak_intermediate_bytes = plan.arena_bytes
+        return plan
+
+    def _run(self, plan: Plan, phase: str) -> None:
+        program = plan.programs[phase]
+        if not len(program):
+            return
+        if not self.profile:
+            program.run()
+            return
+        before = list(program.step_ns) or [0] * len(program)
+        program.run()
+        for owner, ns, old in zip(plan.records[phase], program.step_ns, before):
+            self.records.append((owner.node, owner.op_type or owner.name, phase, ns - old))
+
+    def _forward_plan(self, plan: Plan, feeds: Tensors, backward: bool) -> None:
+        for name, array in plan.inputs.items():
+            value = feeds[name]
+            if np.shape(value) != array.shape:
+                raise ValueError(f"input {name!r}: shape {np.shape(value)}, the plan's "
+                                 f"{array.shape}")
+            np.copyto(array, value, casting="same_kind")
+        if backward or not plan.prepared or not _unchanged(plan.fingerprint, plan.bound):
+            self._run(plan, "prepare")
+            plan.prepared = not backward
+            plan.fingerprint = [] if backward else _fingerprint(plan.bound)
+        if backward:  # weights move: every other plan reorders them again
+            for other in self._plans.values():
+                if isinstance(other, Plan) and other is not plan:
+                    other.prepared = False
+        self._run(plan, "forward")
+
+    # -- the executor's interface ---------------------------------------------------------------
+    def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
+        names = list(outputs) if outputs is not None else [t.name for t in self.graph.outputs]
+        feeds = self._check_feeds(feeds, self.graph.nodes_for(names, given=feeds))
+        plan = self._plan(feeds, names, None, ())
+        if plan is None:
+            return super().inference(feeds, names)
+        self._forward_plan(plan, feeds, backward=False)
+        return {n: plan.array(plan.fetch[n]).copy() for n in names}
+
+    def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
+                  seed: float = 1.0, wrt: Sequence[str] = ()):
+        names = list(dict.fromkeys([loss, *(outputs or [])]))
+        feeds = self._check_feeds(feeds, self.graph.nodes_for(names, given=feeds))
+        wrt = self._wrt(feeds, wrt)
+        plan = self._plan(feeds, [n for n in names if n != loss] + [loss], loss, wrt)
+        if plan is None:
+            return super()._backprop(feeds, loss, outputs, seed, wrt)
+        self._forward_plan(plan, feeds, backward=True)
+        if np.size(plan.array(loss)) != 1:
+            raise ValueError(f"loss {loss!r} must be a scalar, got shape "
+                             f"{np.shape(plan.array(loss))}")
+        plan.seed[...] = seed
+        self._run(plan, "backward")
+        values = {n: plan.array(plan.fetch[n]).copy() for n in names}
+        grads: Tensors = {}
+        for name, value in self.graph.parameters.items():
+            if name in feeds:
+                grads[name] = np.zeros_like(value)
+            else:
+                grads[name] = plan.gradients.get(name)
+                if grads[name] is None:
+                    grads[name] = np.zeros_like(value)
+        for name in wrt:
+            g = plan.gradients.get(name)
+            grads[name] = g.copy() if g is not None else np.zeros_like(
+                feeds.get(name, plan.array(name) if name in plan.values else 0.0))
+        return values, grads
+
+    def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
+                               outputs: Iterable[str] | None = None, micro_batches: int = 1,
+                               wrt: Sequence[str] = ()) -> tuple[Tensors, Tensors]:
+        if micro_batches == 1:
+            return self._backprop(feeds, loss, outputs, wrt=wrt)
+        copying = _Copying(self)
+        return ReferenceExecutor.inference_and_backprop(copying, feeds, loss, outputs,
+                                                        micro_batches, wrt)
+
+    def placement(self) -> dict[str, str]:
+        """Node -> where it ran in the last plan: "onednn", "native" (meta's loop),
+        "python" (the operator's code), "view", "folded", "fused into <node>"; before any
+        call, or when unplanned, the reference path's backends."""
+        if self._last is None or self.unplanned:
+            return super().placement()
+        return dict(self._last.placement)
+
+    def plan_summary(self) -> str:
+        """The last plan: how many steps of each kind, the arena and what placement says."""
+        plan = self._last
+        if plan is None:
+            return "no plan yet"
+        counts: dict[str, int] = {}
+        for where in plan.placement.values():
+            key = "fused" if where.startswith("fused") else where
+            counts[key] = counts.get(key, 0) + 1
+        steps = {phase: len(p) for phase, p in plan.programs.items()}
+        return (f"nodes: {counts}; steps: {steps}; arena {plan.arena_bytes / 2**20:.2f} MiB, "
+                f"gradients and constants {plan.owned_bytes / 2**20:.2f} MiB, kernels' own "
+                f"{plan.internal_bytes / 2**20:.2f} MiB")
+
+
+class _Copying:
+    """The executor seen by the micro-batch loop: each part's gradients copied, since the
+    next part's backward reuses the arrays."""
+
+    def __init__(self, inner: PlannedExecutor) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _backprop(self, *args, **kwargs):
+        values, grads = self._inner._backprop(*args, **kwargs)
+        return values, {k: g.copy() for k, g in grads.items()}
+
+
+EXECUTORS.add("planned", PlannedExecutor)

@@ -1,0 +1,103 @@
+"""The values of a plan and where they live: one arena for everything a step computes, laid
+out once from the values' lifetimes (TensorFlow Lite's and PyTorch's static planners do the
+same: greedy by size, each value at the lowest offset free for its whole lifetime).
+
+A value is a tensor of fixed shape, dtype and layout. Its storage is the ``arena`` (activations,
+gradients of activations, temporaries, the fed inputs), ``external`` (the graph's own arrays:
+parameters, state, frozen parameters and constants, read and written where they are), ``owned``
+(arrays the plan keeps across calls: folded constants and the parameters' gradients, which the
+executor hands out), or a view of another value (``base``: a Reshape's output is its input's
+bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+ALIGN = 64  # bytes: every arena value starts on a cache line (and an AVX-512 vector)
+
+
+@dataclass
+class Value:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    layout: str = "plain"  # or a blocked / channels-last layout of a 4-D activation
+    storage: str = "arena"  # "arena", "external", "owned" or "view"
+    base: str | None = None  # storage == "view": whose bytes
+    nbytes: int = 0  # in its layout (a blocked layout pads channels)
+    array: np.ndarray | None = None  # bound storage
+
+    def __post_init__(self) -> None:
+        self.dtype = np.dtype(self.dtype)
+        self.shape = tuple(int(d) for d in self.shape)
+        if not self.nbytes:
+            self.nbytes = prod(self.shape) * self.dtype.itemsize
+
+
+def lifetimes(steps: list, values: dict[str, Value], keep: set[str]) -> dict[str, tuple[int, int]]:
+    """Arena value -> (first step that touches it, last step that reads it); a view extends its
+    base's lifetime; values in ``keep`` (what the caller fetches) live to the end."""
+    span: dict[str, list[int]] = {}
+
+    def root(name: str) -> str:
+        while values[name].storage == "view":
+            name = values[name].base
+        return name
+
+    for i, step in enumerate(steps):
+        for name in (*step.reads, *step.writes):
+            r = root(name)
+            if values[r].storage != "arena":
+                continue
+            if r not in span:
+                span[r] = [i, i]
+            else:
+                span[r][1] = i
+    end = len(steps)
+    for name in keep:
+        r = root(name)
+        if r in span:
+            span[r][1] = end
+    return {k: (a, b) for k, (a, b) in span.items()}
+
+
+def assign_offsets(sizes: dict[str, int], spans: dict[str, tuple[int, int]]
+                   ) -> tuple[dict[str, int], int]:
+    """Offsets in one arena such that values alive at the same time never overlap; returns the
+    offsets and the arena's size. Greedy: largest first, each at the lowest free offset."""
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    offsets: dict[str, int] = {}
+    total = 0
+    for name in sorted(sizes, key=lambda n: (-sizes[n], spans[n][0], n)):
+        size = -(-sizes[name] // ALIGN) * ALIGN
+        first, last = spans[name]
+        clashes = sorted((o, e) for o, e, f, la in placed if not (la < first or f > last))
+        offset = 0
+        for o, e in clashes:
+            if offset + size <= o:
+                break
+            offset = max(offset, e)
+        offsets[name] = offset
+        placed.append((offset, offset + size, first, last))
+        total = max(total, offset + size)
+    return offsets, total
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` whose data starts on an ALIGN boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
+
+
+def view_of(buffer: np.ndarray, value: Value) -> np.ndarray:
+    """``value``'s array in ``buffer`` (bytes): its shape when plain, else flat (a blocked
+    layout is not a numpy shape; only kernels read it)."""
+    if value.layout == "plain":
+        count = prod(value.shape)
+        return buffer[:count * value.dtype.itemsize].view(value.dtype).reshape(value.shape)
+    return buffer[:value.nbytes].view(value.dtype)
