@@ -186,6 +186,50 @@ StepPtr channel_sum(std::int64_t n, std::int64_t c, std::int64_t plane, const py
   });
 }
 
+// y (outer, inner) = scale * sum over mid of x (outer, mid, inner): ReduceSum / ReduceMean
+// over a run of adjacent axes.
+StepPtr reduce_mid(std::int64_t outer, std::int64_t mid, std::int64_t inner, float scale,
+                   const py::array& x, const py::array& y) {
+  const float* px = static_cast<const float*>(address(x, outer * mid * inner * 4, "reduce input"));
+  float* py_ = static_cast<float*>(address(y, outer * inner * 4, "reduce output"));
+  return std::make_shared<LambdaStep>("reduce", [=] {
+#pragma omp parallel for schedule(static) if (outer * mid * inner > (1 << 18))
+    for (std::int64_t o = 0; o < outer; ++o) {
+      float* out = py_ + o * inner;
+      std::fill(out, out + inner, 0.f);
+      for (std::int64_t m = 0; m < mid; ++m) {
+        const float* row = px + (o * mid + m) * inner;
+#pragma omp simd
+        for (std::int64_t i = 0; i < inner; ++i) out[i] += row[i];
+      }
+#pragma omp simd
+      for (std::int64_t i = 0; i < inner; ++i) out[i] *= scale;
+    }
+  });
+}
+
+// dx (outer, mid, inner) (+)= scale * dy (outer, inner) repeated over mid: their backward.
+StepPtr broadcast_mid(std::int64_t outer, std::int64_t mid, std::int64_t inner, float scale,
+                      const py::array& dy, const py::array& dx, bool accumulate) {
+  const float* pg = static_cast<const float*>(address(dy, outer * inner * 4, "reduce dy"));
+  float* pd = static_cast<float*>(address(dx, outer * mid * inner * 4, "reduce dx"));
+  return std::make_shared<LambdaStep>("reduce backward", [=] {
+#pragma omp parallel for schedule(static) if (outer * mid * inner > (1 << 18))
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t m = 0; m < mid; ++m) {
+        const float* g = pg + o * inner;
+        float* d = pd + (o * mid + m) * inner;
+        if (accumulate) {
+#pragma omp simd
+          for (std::int64_t i = 0; i < inner; ++i) d[i] += scale * g[i];
+        } else {
+#pragma omp simd
+          for (std::int64_t i = 0; i < inner; ++i) d[i] = scale * g[i];
+        }
+      }
+  });
+}
+
 }  // namespace
 
 dnnl::algorithm eltwise_algorithm(const std::string& name, bool use_dst) {
@@ -216,6 +260,10 @@ void bind_eltwise(py::module_& m) {
         py::arg("accumulate") = false);
   m.def("channel_sum", &channel_sum, py::arg("n"), py::arg("c"), py::arg("plane"), py::arg("x"),
         py::arg("y"));
+  m.def("reduce_mid", &reduce_mid, py::arg("outer"), py::arg("mid"), py::arg("inner"),
+        py::arg("scale"), py::arg("x"), py::arg("y"));
+  m.def("broadcast_mid", &broadcast_mid, py::arg("outer"), py::arg("mid"), py::arg("inner"),
+        py::arg("scale"), py::arg("dy"), py::arg("dx"), py::arg("accumulate") = false);
   m.def("reduce_sum", &reduce_sum, py::arg("dims_x"), py::arg("dims_y"), py::arg("layout_x"),
         py::arg("x"), py::arg("y"));
 }

@@ -72,7 +72,15 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
     """
 
     def update(grads: Params, state: Params, params: Params) -> tuple[Params, Params]:
-        velocity = {k: decay * state[k] + g for k, g in grads.items()}
+        velocity = {}
+        for k, g in grads.items():
+            v = state[k]
+            if v.dtype == g.dtype and v.shape == g.shape:  # the optimizer's own array: in place
+                v *= decay
+                v += g
+                velocity[k] = v
+            else:
+                velocity[k] = decay * v + g
         if nesterov:
             return {k: g + decay * velocity[k] for k, g in grads.items()}, velocity
         return velocity, velocity

@@ -75,10 +75,11 @@ class PlanBuilder:
         v = self.values[like]
         return self.output(self.fresh(like), v.shape, v.dtype, layout or v.layout)
 
-    def view(self, name: str, base: str, shape: Sequence[int]) -> str:
-        """``name`` is ``base``'s bytes seen with another shape (plain layouts only)."""
+    def view(self, name: str, base: str, shape: Sequence[int], offset: int = 0) -> str:
+        """``name`` is ``base``'s bytes seen with another shape, from element ``offset`` on
+        (plain layouts only)."""
         b = self.values[base]
-        self.values[name] = Value(name, tuple(shape), b.dtype, "plain", "view", base)
+        self.values[name] = Value(name, tuple(shape), b.dtype, "plain", "view", base, offset)
         return name
 
     def step(self, name: str, reads: Sequence[str], writes: Sequence[str],

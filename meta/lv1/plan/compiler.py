@@ -65,6 +65,7 @@ class Plan:
     owned_bytes: int
     internal_bytes: int
     objects: dict = field(default_factory=dict)
+    parameters: tuple[str, ...] = ()  # the graph's trainable parameters (fed ones excluded)
     prepared: bool = False
     fingerprint: list = field(default_factory=list)
 
@@ -90,7 +91,7 @@ def trace(graph: Graph, feeds: dict, names: list[str], backends) -> dict[str, np
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
                  rt) -> Plan:
-    from meta.lv1.plan import kernels
+    from meta.lv1.plan import kernels, patterns
 
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
     nodes = graph.nodes_for(wanted, given=feeds)
@@ -135,9 +136,12 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
         else:
             live.append(node)
 
-    # -- what needs a gradient ----------------------------------------------------------------
+    # -- rewrites, then what needs a gradient -------------------------------------------------
     backends = tuple(backends)
-    ops = {n.name: make_operator(n, graph.opset, backends) for n in live}
+    live, made, merged = patterns.gelu(live, {n: traced[n] for n in static if n in traced},
+                               set(wanted) | set(feeds), backends)
+    ops = {n.name: made.get(n.name) or make_operator(n, graph.opset, backends) for n in live}
+    placement.update((old, f"fused into {new}") for old, new in merged.items())
     pb = PlanBuilder(values, training, rt)
     if loss is not None:
         params = [p for p in graph.parameters if p not in feeds]
@@ -233,7 +237,8 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
             b = values[v.base]
             if b.array is None:  # the view of a value no step touches (an unread gradient)
                 b.array = view_of(aligned_empty(max(b.nbytes, 64)), b)
-            v.array = b.array.reshape(v.shape)
+            count = int(np.prod(v.shape))
+            v.array = b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
             assert np.shares_memory(v.array, b.array), name
     for v in values.values():
         if v.array is None and v.storage == "arena":  # declared, never touched by a step
@@ -257,6 +262,8 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     external = {n: v.array for n, v in values.items() if v.storage == "external"}
     grads = {name: values[g].array for name, g in gradients.items()}
     internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
-    return Plan(values, programs, records, {n: values[n].array for n in feeds if n in values},
+    plan = Plan(values, programs, records, {n: values[n].array for n in feeds if n in values},
                 {n: fetch[n] for n in outputs}, grads, seed, external, placement, arena_bytes,
                 owned_bytes, internal, context.objects)
+    plan.parameters = tuple(p for p in graph.parameters)
+    return plan

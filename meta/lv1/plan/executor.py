@@ -105,38 +105,42 @@ class PlannedExecutor(ReferenceExecutor):
     # -- plans -------------------------------------------------------------------------------
     def _key(self, feeds: Tensors, outputs: Iterable[str], loss: str | None,
              wrt: Sequence[str]) -> tuple:
-        signature = tuple(sorted((k, np.shape(v), str(np.asarray(v).dtype))
-                                 for k, v in feeds.items()))
-        return (self.training, loss, tuple(outputs), tuple(wrt), signature,
+        signature = tuple((k, np.shape(v), getattr(v, "dtype", None)) for k, v in feeds.items())
+        return (self.training, loss, tuple(outputs), tuple(dict.fromkeys(wrt)), signature,
                 tuple(self.graph.parameters), self.rt.max_threads())
 
     def _plan(self, feeds: Tensors, outputs: list[str], loss: str | None,
-              wrt: Sequence[str]) -> Plan | None:
+              wrt: Sequence[str]) -> tuple[Plan | None, Tensors, list[str]]:
+        """The plan for this request (compiled on first sight), the feeds and wrt checked;
+        a known request skips the checks: they depend only on what the key holds."""
         if self.rt is None:
             self.unplanned = self.unavailable
-            return None
+            return None, self._check_feeds(feeds, self.graph.nodes_for(outputs, given=feeds)), \
+                self._wrt(feeds, wrt) if loss else []
         key = self._key(feeds, outputs, loss, wrt)
         plan = self._plans.get(key)
+        if isinstance(plan, Plan) and not plan.stale(self.graph):
+            self._last, self.unplanned = plan, None
+            self.peak_intermediate_bytes = plan.arena_bytes
+            return plan, feeds, list(dict.fromkeys(wrt))
+        feeds = self._check_feeds(feeds, self.graph.nodes_for(outputs, given=feeds))
+        wrt = self._wrt(feeds, wrt) if loss else []
         if isinstance(plan, str):
             self.unplanned = plan
-            return None
-        if plan is not None and plan.stale(self.graph):
-            plan = None
-        if plan is None:
-            try:
-                plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt),
-                                    self.training, self.backends, self.rt)
-            except NotPlannable as err:
-                self._plans[key] = str(err)
-                self.unplanned = str(err)
-                return None
-            for program in plan.programs.values():
-                program.profile = self.profile
-            self._plans[key] = plan
-        self._last = plan
-        self.unplanned = None
+            return None, feeds, wrt
+        try:
+            plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt), self.training,
+                                self.backends, self.rt)
+        except NotPlannable as err:
+            self._plans[key] = str(err)
+            self.unplanned = str(err)
+            return None, feeds, wrt
+        for program in plan.programs.values():
+            program.profile = self.profile
+        self._plans[key] = plan
+        self._last, self.unplanned = plan, None
         self.peak_intermediate_bytes = plan.arena_bytes
-        return plan
+        return plan, feeds, wrt
 
     def _run(self, plan: Plan, phase: str) -> None:
         program = plan.programs[phase]
@@ -170,8 +174,7 @@ class PlannedExecutor(ReferenceExecutor):
     # -- the executor's interface ---------------------------------------------------------------
     def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
         names = list(outputs) if outputs is not None else [t.name for t in self.graph.outputs]
-        feeds = self._check_feeds(feeds, self.graph.nodes_for(names, given=feeds))
-        plan = self._plan(feeds, names, None, ())
+        plan, feeds, _ = self._plan(feeds, names, None, ())
         if plan is None:
             return super().inference(feeds, names)
         self._forward_plan(plan, feeds, backward=False)
@@ -180,9 +183,8 @@ class PlannedExecutor(ReferenceExecutor):
     def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
                   seed: float = 1.0, wrt: Sequence[str] = ()):
         names = list(dict.fromkeys([loss, *(outputs or [])]))
-        feeds = self._check_feeds(feeds, self.graph.nodes_for(names, given=feeds))
-        wrt = self._wrt(feeds, wrt)
-        plan = self._plan(feeds, [n for n in names if n != loss] + [loss], loss, wrt)
+        plan, feeds, wrt = self._plan(feeds, [n for n in names if n != loss] + [loss], loss,
+                                      wrt)
         if plan is None:
             return super()._backprop(feeds, loss, outputs, seed, wrt)
         self._forward_plan(plan, feeds, backward=True)
@@ -193,13 +195,9 @@ class PlannedExecutor(ReferenceExecutor):
         self._run(plan, "backward")
         values = {n: plan.array(plan.fetch[n]).copy() for n in names}
         grads: Tensors = {}
-        for name, value in self.graph.parameters.items():
-            if name in feeds:
-                grads[name] = np.zeros_like(value)
-            else:
-                grads[name] = plan.gradients.get(name)
-                if grads[name] is None:
-                    grads[name] = np.zeros_like(value)
+        for name in plan.parameters:
+            g = plan.gradients.get(name)
+            grads[name] = g if g is not None else np.zeros_like(self.graph.initializers[name])
         for name in wrt:
             g = plan.gradients.get(name)
             grads[name] = g.copy() if g is not None else np.zeros_like(

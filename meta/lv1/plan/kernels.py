@@ -74,6 +74,10 @@ class Context:
             return None
         return node
 
+    def used(self, name: str) -> bool:
+        """Whether anything reads ``name`` or the caller fetches it."""
+        return bool(name) and (bool(self.consumers.get(name)) or name in self.protected)
+
     def absorb(self, into: Node, node: Node) -> None:
         self.absorbed.add(node.name)
         self.fused_into.setdefault(into.name, []).append(node.name)
@@ -228,7 +232,7 @@ def view_node(ctx: Context, node: Node, op) -> Lowered | None:
     pb = ctx.pb
     x, y = node.inputs[0], node.outputs[0]
     if node.op_type == "Dropout":
-        if not dropout_is_identity(ctx, node, op) or any(o for o in node.outputs[1:]):
+        if not dropout_is_identity(ctx, node, op) or any(ctx.used(o) for o in node.outputs[1:]):
             return None
     src = pb.require_layout(x, "plain")
     pb.view(y, src, ctx.shape(y))
@@ -967,7 +971,87 @@ def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, "onednn")
 
 
+def gather(ctx: Context, node: Node, op) -> Lowered | None:
+    """Gather of one constant index along the first axis that has more than one element
+    before it: a contiguous block of the input, so a view (the split of PyTorch's packed
+    attention projections)."""
+    pb = ctx.pb
+    data, idx = node.inputs
+    out = node.outputs[0]
+    index = ctx.constant(idx)
+    shape = ctx.shape(data)
+    if index is None or index.size != 1 or not shape or not ctx.float32(data, out):
+        return None
+    axis = int(op.axis) % len(shape)
+    if any(d != 1 for d in shape[:axis]):
+        return None
+    i = int(index.reshape(())) % shape[axis]
+    block = prod(shape[axis + 1:])
+    src = pb.require_layout(data, "plain")
+    pb.view(out, src, ctx.shape(out), offset=i * block)
+    if not ctx.needs(data):
+        return Lowered(node, None, "view")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(out)
+        if g is None:
+            return
+        dest, add = pb.grad_target(src, can_accumulate=True)
+        total = prod(shape)
+
+        def build(a):
+            steps = [] if add else [pb.rt.fill(a(dest), total, 0.0)]
+            region = a(dest).reshape(-1)[i * block:(i + 1) * block]
+            return [*steps, pb.rt.copy(a(g), region, block, True)]
+        pb.step("Gather backward", [g, dest] if add else [g], [dest], build, "backward")
+    return Lowered(node, backward, "view")
+
+
+def reduce_mean(ctx: Context, node: Node, op) -> Lowered | None:
+    """ReduceMean / ReduceSum over a run of adjacent axes."""
+    pb = ctx.pb
+    x, out = node.inputs[0], node.outputs[0]
+    shape = ctx.shape(x)
+    if not shape or not ctx.float32(x, out):
+        return None
+    axes = getattr(op, "axes", None)
+    if len(node.inputs) > 1 and node.inputs[1]:
+        given = ctx.constant(node.inputs[1])
+        if given is None:
+            return None
+        axes = [int(a) for a in given.reshape(-1)]
+    if not axes:
+        if getattr(op, "noop_with_empty_axes", 0):
+            return None
+        axes = list(range(len(shape)))
+    axes = sorted(int(a) % len(shape) for a in axes)
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        return None
+    outer, mid = prod(shape[:axes[0]]), prod(shape[axes[0]:axes[-1] + 1])
+    inner = prod(shape[axes[-1] + 1:])
+    scale = 1.0 / mid if node.op_type == "ReduceMean" else 1.0
+    xin = pb.require_layout(x, "plain")
+    y = pb.output(out, ctx.shape(out))
+    pb.step(node.op_type, [xin], [y],
+            lambda a: [pb.rt.reduce_mid(outer, mid, inner, scale, a(xin), a(y))])
+    if not ctx.needs(x):
+        return Lowered(node, None, "native")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dest, add = pb.grad_target(xin, can_accumulate=True)
+        pb.step(f"{node.op_type} backward", [g], [dest],
+                lambda a: [pb.rt.broadcast_mid(outer, mid, inner, scale, a(g), a(dest), add)],
+                "backward")
+    return Lowered(node, backward, "native")
+
+
 KERNELS: dict[str, Callable] = {
+    "Gather": gather,
+    "ReduceMean": reduce_mean,
+    "ReduceSum": reduce_mean,
     "Conv": conv,
     "Gemm": gemm,
     "MatMul": matmul,

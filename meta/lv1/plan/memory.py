@@ -28,6 +28,7 @@ class Value:
     layout: str = "plain"  # or a blocked / channels-last layout of a 4-D activation
     storage: str = "arena"  # "arena", "external", "owned" or "view"
     base: str | None = None  # storage == "view": whose bytes
+    offset: int = 0  # a view's first element in its base
     nbytes: int = 0  # in its layout (a blocked layout pads channels)
     array: np.ndarray | None = None  # bound storage
 
