@@ -131,12 +131,21 @@ TORCH_MODELS = {
 def exported(model: nn.Module, example: np.ndarray) -> Graph:
     """``model`` as meta loads its TorchScript export (training form: BatchNorm updates its
     statistics), with a mean cross-entropy loss on the logits."""
+    return with_loss(export_bytes(model, example))
+
+
+def export_bytes(model: nn.Module, example: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     model.train()
     with warnings.catch_warnings():  # the exporter's notes on num_batches_tracked
         warnings.simplefilter("ignore")
         _export(model, example, buffer)
-    graph = from_onnx(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def with_loss(model: bytes | str) -> Graph:
+    """An exported model (bytes or a file) with a mean cross-entropy loss on its logits."""
+    graph = from_onnx(model)
     graph.inputs.append(TensorInfo("labels", np.int64, ("N",)))
     graph.insert(Node("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["loss"], "loss",
                       attrs={"reduction": "mean"}))
@@ -152,10 +161,14 @@ def _export(model: nn.Module, example: np.ndarray, buffer: io.BytesIO) -> None:
                       dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}})
 
 
+def module(name: str, seed: int = 0) -> nn.Module:
+    """The PyTorch module, its weights drawn from ``seed``."""
+    torch.manual_seed(seed)
+    return TORCH_MODELS[name][0]()
+
+
 def build(name: str, seed: int = 0) -> tuple[nn.Module, Graph]:
     """The PyTorch module and meta's graph of it, with the same (seeded) weights."""
-    factory, shape, batch = TORCH_MODELS[name]
-    torch.manual_seed(seed)
-    module = factory()
-    example = np.zeros((batch, *shape), np.float32)
-    return module, exported(module, example)
+    _, shape, batch = TORCH_MODELS[name]
+    net = module(name, seed)
+    return net, exported(net, np.zeros((batch, *shape), np.float32))

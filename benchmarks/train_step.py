@@ -1,14 +1,18 @@
 """Training-step throughput and peak memory: meta's executors against PyTorch, same network.
 
-Models (``--models``): the MLP 784-512-512-10 (batch 128), LeNet-5 (batch 64) and the wide CNN
-conv3x3(32), conv3x3(64), maxpool, fc128, fc10 (batch 64), all on 28x28 inputs. A step is
-forward + backward + SGD-momentum update on one synthetic batch made once. Variants: meta's
-reference executor (numpy), meta's native executor (C++ kernels) and PyTorch eager running the
-same graph with the same initial weights (when torch is installed). Each variant runs warm-up
-steps, then ``--repeats`` timed blocks of ``--steps`` steps; the variants' blocks alternate (each
-after a short pause and one untimed step) so background noise hits them alike. Thread counts
-run in the order given (1 first): on a small machine two-thread timings collapse when anything
-else runs, so compare only ratios from one run, and check the "other processes busy" figure.
+Models (``--models``): meta's MLP 784-512-512-10 (batch 128), LeNet-5 (batch 64) and the wide
+CNN conv3x3(32), conv3x3(64), maxpool, fc128, fc10 (batch 64) on 28x28 inputs, which PyTorch
+runs node by node from meta's graph; and, written in PyTorch (``torch_models.py``: needs
+torch), a MobileNetV2 and a ResNet-18 for 32x32 images and a transformer encoder (batch 32),
+which meta runs as PyTorch's exporter writes them. A step is forward + backward + SGD-momentum
+update on one synthetic batch made once, from the same initial weights (the first-step losses
+printed agree). Variants: meta's reference executor (numpy; the three small models only),
+native executor (C++ kernels per node) and planned executor (the graph compiled into oneDNN
+steps), and PyTorch eager. Each variant runs warm-up steps, then ``--repeats`` timed blocks of
+``--steps`` steps; the variants' blocks alternate (each after a short pause and one untimed
+step) so background noise hits them alike. Thread counts run in the order given (1 first): on a
+small machine two-thread timings collapse when anything else runs, so compare only ratios from
+one run, and check the "other processes busy" figure.
 
 ``--memory`` measures instead the peak resident memory a training step adds over the process
 before its first step (parameters, data and imports already there), each variant in a fresh
@@ -16,7 +20,7 @@ process with 1 thread: Linux's peak-RSS counter is reset just before the steps.
 
     python benchmarks/train_step.py                          # all models, threads 1,2
     python benchmarks/train_step.py --models lenet5 --steps 20 --repeats 3 --json out.json
-    python benchmarks/train_step.py --memory                 # peak memory, LeNet-5
+    python benchmarks/train_step.py --memory                 # peak memory of every model
 """
 
 from __future__ import annotations
@@ -44,21 +48,44 @@ MODELS = {  # name -> (graph builder, batch size)
     "lenet5": (lambda: lv1.lenet5(seed=0), 64),
     "wide_cnn": (lambda: lv1.wide_cnn(seed=0), 64),
 }
+if torch is not None:
+    import torch_models
+
+    MODELS.update({name: (None, batch) for name, (_, _, batch) in
+                   torch_models.TORCH_MODELS.items()})
 Step = Callable[[], float]  # one training step; returns the loss
 
 
-def synthetic_batch(batch: int) -> tuple[np.ndarray, np.ndarray]:
+def example_shape(model: str) -> tuple[int, ...]:
+    if model in getattr(globals().get("torch_models"), "TORCH_MODELS", {}):
+        return torch_models.TORCH_MODELS[model][1]
+    return (1, 28, 28)
+
+
+def synthetic_batch(batch: int, model: str = "mlp") -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((batch, 1, 28, 28), dtype=np.float32),
+    return (rng.standard_normal((batch, *example_shape(model)), dtype=np.float32),
             rng.integers(0, 10, batch, dtype=np.int64))
+
+
+EXPORTS: dict[str, str] = {}  # model written in PyTorch -> its export, made by the parent
+
+
+def graph_of(model: str) -> lv1.Graph:
+    builder = MODELS[model][0]
+    if builder is not None:
+        return builder()
+    if model in EXPORTS:  # a memory child: no exporter's garbage in its heap
+        return torch_models.with_loss(EXPORTS[model])
+    return torch_models.build(model)[1]
 
 
 def meta_step(model: str, executor_name: str, x: np.ndarray, y: np.ndarray,
               **executor_options: object) -> Step:
     """One training step of ``model`` on meta's executor ``executor_name`` (its options, e.g.
     ``device`` of ``pytorch``), updated by meta's SGD."""
-    graph = MODELS[model][0]()
-    executor = lv1.EXECUTORS[executor_name](graph, **executor_options)
+    graph = graph_of(model)
+    executor = lv1.EXECUTORS[executor_name](graph, **executor_options).train()
     optimizer = lv2.Optimizer(lv2.sgd(LR, MOMENTUM), graph.parameters)
     feeds = {"input": x, "labels": y}
 
@@ -96,6 +123,18 @@ def torch_forward(graph: lv1.Graph, params: dict) -> Callable:
 
 
 def torch_step(model: str, x: np.ndarray, y: np.ndarray) -> Step:
+    if MODELS[model][0] is None:  # written in PyTorch: the module itself
+        module = torch_models.module(model).train()
+        optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+        def module_step() -> float:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(module(xt), yt)
+            loss.backward()
+            optimizer.step()
+            return loss.item()
+        return module_step
     graph = MODELS[model][0]()  # meta's graph and initial weights
     params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in
               graph.parameters.items()}
@@ -112,9 +151,15 @@ def torch_step(model: str, x: np.ndarray, y: np.ndarray) -> Step:
     return step
 
 
+VARIANTS = ("meta reference", "meta native", "meta planned", "pytorch")
+
+
 def make_steps(model: str, x: np.ndarray, y: np.ndarray) -> dict[str, Step]:
-    steps = {"meta reference": meta_step(model, "reference", x, y),
-             "meta native": meta_step(model, "native", x, y)}
+    steps = {}
+    if MODELS[model][0] is not None:  # numpy on the large networks: minutes per block
+        steps["meta reference"] = meta_step(model, "reference", x, y)
+    steps["meta native"] = meta_step(model, "native", x, y)
+    steps["meta planned"] = meta_step(model, "planned", x, y)
     if torch is not None:
         steps["pytorch"] = torch_step(model, x, y)
     return steps
@@ -135,7 +180,7 @@ def throughput(args: argparse.Namespace) -> dict:
     results, others, first = [], {}, {}
     for model in args.models.split(","):
         batch = MODELS[model][1]
-        x, y = synthetic_batch(batch)
+        x, y = synthetic_batch(batch, model)
         set_threads(threads[0])
         steps = make_steps(model, x, y)
         first[model] = {name: step() for name, step in steps.items()}  # same model: same loss
@@ -152,22 +197,20 @@ def throughput(args: argparse.Namespace) -> dict:
                          "median": statistics.median(r), "min": min(r), "max": max(r),
                          "samples_per_s": r} for name, r in rates.items()]
 
-    print(f"\n{'model':<9} {'threads':>7}  {'variant':<15} {'samples/s':>10} {'min-max':>17} "
+    print(f"\n{'model':<12} {'threads':>7}  {'variant':<15} {'samples/s':>10} {'min-max':>17} "
           f"{'ms/step':>8}")
     for r in results:
-        print(f"{r['model']:<9} {r['threads']:>7}  {r['variant']:<15} {r['median']:>10.0f} "
+        print(f"{r['model']:<12} {r['threads']:>7}  {r['variant']:<15} {r['median']:>10.0f} "
               f"{r['min']:>8.0f}-{r['max']:<8.0f} {1e3 * r['batch'] / r['median']:>8.2f}")
     median = {(r["model"], r["threads"], r["variant"]): r["median"] for r in results}
     print("\nratios of medians, this run (throughput; > 1 means meta is faster):")
     for model in args.models.split(","):
         for n in threads:
-            m = {v: median[model, n, v] for v in ("meta reference", "meta native", "pytorch")
-                 if (model, n, v) in median}
-            vs = [f"native/reference {m['meta native'] / m['meta reference']:.2f}"]
-            if torch is not None:
-                vs += [f"{v.split()[1]}/pytorch {m[v] / m['pytorch']:.2f}"
-                       for v in ("meta reference", "meta native")]
-            print(f"  {model:<9} {n} thread(s): {', '.join(vs)}  "
+            m = {v: median[model, n, v] for v in VARIANTS if (model, n, v) in median}
+            base = "pytorch" if "pytorch" in m else "meta native"
+            vs = [f"{v.split()[1]}/{base.split()[-1]} {m[v] / m[base]:.2f}"
+                  for v in VARIANTS if v in m and v != base]
+            print(f"  {model:<12} {n} thread(s): {', '.join(vs)}  "
                   f"({others[f'{model}/{n}'].describe()})")
     return {"first_loss": first, "results": results,
             "other_processes_cores": {k: v.cores for k, v in others.items()}}
@@ -178,7 +221,7 @@ def memory_child(model: str, variant: str, steps: int) -> None:
     set_threads(1)
     if torch is not None:
         torch.set_num_threads(1)
-    x, y = synthetic_batch(MODELS[model][1])
+    x, y = synthetic_batch(MODELS[model][1], model)
     step = (torch_step(model, x, y) if variant == "pytorch"
             else meta_step(model, variant.split()[1], x, y))
     with open("/proc/self/status") as f:
@@ -193,26 +236,44 @@ def memory_child(model: str, variant: str, steps: int) -> None:
 
 
 def memory(args: argparse.Namespace) -> dict:
-    variants = ["meta reference", "meta native"] + (["pytorch"] if torch is not None else [])
-    results = {}
-    model = args.models.split(",")[0] if args.models != ",".join(MODELS) else "lenet5"
-    for variant in variants:
-        out = subprocess.run([sys.executable, __file__, "--memory-child", variant, "--models",
-                              model, "--steps", str(args.memory_steps)], check=True,
-                             capture_output=True, text=True).stdout
-        results[variant] = json.loads(out.strip().splitlines()[-1])
-    print(f"\n{model}, batch {MODELS[model][1]}, {args.memory_steps} steps, 1 thread, each "
-          f"variant in a fresh process:")
-    print(f"{'variant':<15} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
-    for variant, r in results.items():
-        added = (r["peak"] - r["before"]) / 2**20
-        print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {added:>19.1f}")
-    if torch is not None:
-        base = results["pytorch"]["peak"] - results["pytorch"]["before"]
-        for variant in variants[:2]:
-            added = results[variant]["peak"] - results[variant]["before"]
-            print(f"  {variant}/pytorch peak added by a step: {added / base:.2f}x")
-    return {"model": model, "memory": results}
+    """Each variant in a fresh process; a network written in PyTorch is exported here, once,
+    so that no child's heap holds what the exporter left (a child reusing freed heap for its
+    tensors would look smaller than it is)."""
+    import tempfile
+
+    results: dict[str, dict] = {}
+    folder = tempfile.mkdtemp()
+    for model in args.models.split(","):
+        onnx_args = []
+        if MODELS[model][0] is None:
+            path = f"{folder}/{model}.onnx"
+            _, shape, batch = torch_models.TORCH_MODELS[model]
+            with open(path, "wb") as f:
+                f.write(torch_models.export_bytes(torch_models.module(model),
+                                                  np.zeros((batch, *shape), np.float32)))
+            onnx_args = ["--onnx", path]
+        variants = [v for v in VARIANTS if v != "pytorch" or torch is not None]
+        if MODELS[model][0] is None:
+            variants.remove("meta reference")
+        results[model] = {}
+        for variant in variants:
+            out = subprocess.run([sys.executable, __file__, "--memory-child", variant, "--models",
+                                  model, "--steps", str(args.memory_steps), *onnx_args],
+                                 check=True,
+                                 capture_output=True, text=True).stdout
+            results[model][variant] = json.loads(out.strip().splitlines()[-1])
+        print(f"\n{model}, batch {MODELS[model][1]}, {args.memory_steps} steps, 1 thread, each "
+              f"variant in a fresh process:")
+        print(f"{'variant':<15} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
+        for variant, r in results[model].items():
+            added = (r["peak"] - r["before"]) / 2**20
+            print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {added:>19.1f}")
+        if torch is not None:
+            base = results[model]["pytorch"]["peak"] - results[model]["pytorch"]["before"]
+            for variant in variants[:-1]:
+                added = results[model][variant]["peak"] - results[model][variant]["before"]
+                print(f"  {variant}/pytorch peak added by a step: {added / base:.2f}x")
+    return {"memory": results}
 
 
 def main() -> None:
@@ -226,11 +287,14 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="peak memory of a step instead")
     parser.add_argument("--memory-steps", type=int, default=5)
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    parser.add_argument("--onnx", help=argparse.SUPPRESS)  # a memory child's exported model
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")
+    if args.onnx:
+        EXPORTS[args.models.split(",")[0]] = args.onnx
     if args.memory_child:
         return memory_child(args.models.split(",")[0], args.memory_child, args.steps)
 

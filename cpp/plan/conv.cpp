@@ -24,8 +24,6 @@ struct ConvKernel {
   dnnl::convolution_forward::primitive_desc fwd;
   dnnl::convolution_backward_data::primitive_desc bwd_data;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights;
-  // weights in the kernels' layouts (empty when the plain array is already that layout)
-  std::vector<char> w_fwd_buf, w_bwd_buf, dw_buf;
   std::string info;
 
   ConvKernel(Dims src, Dims w, bool bias, Dims s, Dims pb, Dims pe, Dims d, std::int64_t g,
@@ -106,51 +104,51 @@ struct ConvKernel {
     }
   }
 
-  // Internal weight buffers for the layouts the kernels chose.
-  memory weights_for(const memory::desc& md, std::vector<char>& buf, const py::array& w) {
-    if (md == w_plain) return bind(w_plain, w, "conv weights");
-    buf.resize(md.get_size() + 64);
-    void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(buf.data()) + 63) & ~63ull);
-    return memory(md, engine(), p);
+  memory::desc weights_md(const std::string& which) const {
+    if (which == "forward") return fwd.weights_desc();
+    if (which == "backward_data" && training && need_dx) return bwd_data.weights_desc();
+    if (which == "diff_weights" && training && need_dw) return bwd_weights.diff_weights_desc();
+    throw std::invalid_argument("meta._plan.Conv: no weights '" + which + "' (not built)");
   }
 
-  std::int64_t internal_bytes() const {
-    return std::int64_t(w_fwd_buf.size() + w_bwd_buf.size() + dw_buf.size());
+  // Bytes of a buffer holding the weights in `which` kernel's layout; 0 when the plain array
+  // is already that layout (no buffer, no reorder).
+  std::int64_t weights_bytes(const std::string& which) const {
+    const memory::desc md = weights_md(which);
+    return md == w_plain ? 0 : std::int64_t(md.get_size());
+  }
+
+  // The weights `which` kernel reads or writes: the plain array, or `buf` in its layout.
+  memory weights(const std::string& which, const py::array& plain,
+                 const std::optional<py::array>& buf) const {
+    const memory::desc md = weights_md(which);
+    if (md == w_plain) return bind(w_plain, plain, "conv weights");
+    if (!buf) throw std::invalid_argument("meta._plan.Conv: " + which + " needs a weight buffer");
+    return bind(md, *buf, "conv weight buffer");
   }
 };
 
 using ConvPtr = std::shared_ptr<ConvKernel>;
 
-void reorder_into(std::vector<StepPtr>& steps, const memory& from, const memory& to,
-                  const std::string& name) {
+StepPtr reorder(const memory& from, const memory& to, const std::string& name) {
   auto pd = dnnl::reorder::primitive_desc(from, to, scratch_attr());
-  steps.push_back(primitive_step(name, dnnl::reorder(pd),
-                                 {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
-                                 pd.scratchpad_desc()));
+  return primitive_step(name, dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+                        pd.scratchpad_desc());
 }
 
-// Reorders the plain weights into the forward's (and backward-data's) layouts.
-std::vector<StepPtr> prepare(const ConvPtr& k, const py::array& w) {
-  std::vector<StepPtr> steps;
-  const memory plain = bind(k->w_plain, w, "conv weights");
-  const memory wf = k->weights_for(k->fwd.weights_desc(), k->w_fwd_buf, w);
-  if (wf.get_data_handle() != plain.get_data_handle())
-    reorder_into(steps, plain, wf, "conv weights -> forward layout");
-  if (k->training && k->need_dx) {
-    const memory wb = k->weights_for(k->bwd_data.weights_desc(), k->w_bwd_buf, w);
-    if (wb.get_data_handle() != plain.get_data_handle())
-      reorder_into(steps, plain, wb, "conv weights -> backward layout");
-  }
-  return steps;
+// The plain weights into `buf` in the forward's or backward-data's layout.
+StepPtr reorder_weights(const ConvPtr& k, const std::string& which, const py::array& w,
+                        const py::array& buf) {
+  return reorder(bind(k->w_plain, w, "conv weights"), k->weights(which, w, buf),
+                 "conv weights -> " + which + " layout");
 }
 
 StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
                 std::optional<py::array> b, const py::array& y,
-                const std::vector<py::array>& post_args) {
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
-      {DNNL_ARG_WEIGHTS, k->weights_for(k->fwd.weights_desc(), k->w_fwd_buf, w)},
-      {DNNL_ARG_DST, bind(k->dst_md, y, "conv output")}};
+                const std::vector<py::array>& post_args, std::optional<py::array> wbuf) {
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
+                                       {DNNL_ARG_WEIGHTS, k->weights("forward", w, wbuf)},
+                                       {DNNL_ARG_DST, bind(k->dst_md, y, "conv output")}};
   if (k->has_bias) {
     if (!b) throw std::invalid_argument("meta._plan.Conv: bias missing");
     args[DNNL_ARG_BIAS] = bind(k->b_md, *b, "conv bias");
@@ -171,24 +169,24 @@ StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
 }
 
 StepPtr backward_data(const ConvPtr& k, const py::array& dy, const py::array& w,
-                      const py::array& dx) {
+                      const py::array& dx, std::optional<py::array> wbuf) {
   if (!k->training || !k->need_dx)
     throw std::invalid_argument("meta._plan.Conv: built without a data gradient");
-  return primitive_step(
-      "conv backward data", dnnl::convolution_backward_data(k->bwd_data),
-      {{DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
-       {DNNL_ARG_WEIGHTS, k->weights_for(k->bwd_data.weights_desc(), k->w_bwd_buf, w)},
-       {DNNL_ARG_DIFF_SRC, bind(k->src_md, dx, "conv dx")}},
-      k->bwd_data.scratchpad_desc());
+  return primitive_step("conv backward data", dnnl::convolution_backward_data(k->bwd_data),
+                        {{DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
+                         {DNNL_ARG_WEIGHTS, k->weights("backward_data", w, wbuf)},
+                         {DNNL_ARG_DIFF_SRC, bind(k->src_md, dx, "conv dx")}},
+                        k->bwd_data.scratchpad_desc());
 }
 
+// dW (through `dwbuf` in the kernel's layout, then reordered to the plain array) and dB.
 std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, const py::array& dy,
-                                      const py::array& dw, std::optional<py::array> db) {
+                                      const py::array& dw, std::optional<py::array> db,
+                                      std::optional<py::array> dwbuf) {
   if (!k->training || !k->need_dw)
     throw std::invalid_argument("meta._plan.Conv: built without a weight gradient");
   std::vector<StepPtr> steps;
-  const memory plain = bind(k->w_plain, dw, "conv dw");
-  const memory dwk = k->weights_for(k->bwd_weights.diff_weights_desc(), k->dw_buf, dw);
+  const memory dwk = k->weights("diff_weights", dw, dwbuf);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
                                        {DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
                                        {DNNL_ARG_DIFF_WEIGHTS, dwk}};
@@ -199,8 +197,8 @@ std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, cons
   steps.push_back(primitive_step("conv backward weights",
                                  dnnl::convolution_backward_weights(k->bwd_weights),
                                  std::move(args), k->bwd_weights.scratchpad_desc()));
-  if (dwk.get_data_handle() != plain.get_data_handle())
-    reorder_into(steps, dwk, plain, "conv dw -> plain");
+  if (k->weights_bytes("diff_weights"))
+    steps.push_back(reorder(dwk, bind(k->w_plain, dw, "conv dw"), "conv dw -> plain"));
   return steps;
 }
 
@@ -218,13 +216,14 @@ void bind_conv(py::module_& m) {
       .def_property_readonly("dst_layout", [](const ConvKernel& k) { return layout_of(k.dst_md); })
       .def_readonly("dst_dims", &ConvKernel::dst_dims)
       .def_readonly("info", &ConvKernel::info)
-      .def_property_readonly("internal_bytes", &ConvKernel::internal_bytes)
-      .def("prepare", &prepare, py::arg("w"))
+      .def("weights_bytes", &ConvKernel::weights_bytes, py::arg("which"))
+      .def("reorder_weights", &reorder_weights, py::arg("which"), py::arg("w"), py::arg("buf"))
       .def("forward", &forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"),
-           py::arg("post_args") = std::vector<py::array>{})
-      .def("backward_data", &backward_data, py::arg("dy"), py::arg("w"), py::arg("dx"))
+           py::arg("post_args") = std::vector<py::array>{}, py::arg("wbuf") = py::none())
+      .def("backward_data", &backward_data, py::arg("dy"), py::arg("w"), py::arg("dx"),
+           py::arg("wbuf") = py::none())
       .def("backward_weights", &backward_weights, py::arg("x"), py::arg("dy"), py::arg("dw"),
-           py::arg("db"));
+           py::arg("db"), py::arg("dwbuf") = py::none());
 }
 
 }  // namespace meta::plan

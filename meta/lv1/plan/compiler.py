@@ -78,14 +78,68 @@ class Plan:
         return any(arrays.get(name) is not array for name, array in self.bound.items())
 
 
-def trace(graph: Graph, feeds: dict, names: list[str], backends) -> dict[str, np.ndarray]:
-    """Every tensor's value on one forward of the reference path, as written (no state is
-    written), keeping all intermediates."""
-    from meta.lv1.executor import ReferenceExecutor
+@dataclass(frozen=True)
+class Traced:
+    """What the trace keeps of a tensor it did not need to keep: its shape and dtype."""
 
-    ref = ReferenceExecutor(graph, backends, free_intermediates=False)
-    values, _ = ref._forward(dict(feeds), names, None)
-    return values
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def foldable(node: Node, static: set[str]) -> bool:
+    """Whether ``node`` computes the same outputs on every call of a plan: from constants only
+    (Shape, Size and CastLike read only their input's shape or dtype, fixed in a plan)."""
+    inputs = [x for x in node.inputs if x]
+    return node.op_type not in NOT_FOLDED and (
+        all(x in static for x in inputs) or node.op_type in ("Shape", "Size")
+        or node.op_type == "CastLike" and inputs[0] in static)
+
+
+def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backends
+          ) -> tuple[dict[str, np.ndarray | Traced], set[str]]:
+    """One forward as written (no state written): every tensor's shape and dtype, and the
+    values of those computed from constants (``static`` grows by them; their nodes are
+    returned), the rest dropped as soon as no node needs them, so the trace's memory is an
+    inference's, not a training step's."""
+    from meta.lv0 import InferenceContext
+
+    values: dict = {**graph.initializers, **feeds}
+    left = Counter(x for n in nodes for x in n.dependencies())
+    info: dict[str, np.ndarray | Traced] = {}
+    folded: set[str] = set()
+    for node in nodes:
+        op = make_operator(node, graph.opset, backends)
+        args = [values[x] if x else None for x in node.inputs]
+        try:
+            results = op.apply(InferenceContext(), *args)
+        except Exception as err:
+            raise GraphError(f"{node.describe()} failed while tracing the plan: {err}") from err
+        del args
+        fold = foldable(node, static) and not any(o in feeds for o in node.outputs if o)
+        if fold:
+            folded.add(node.name)
+        for name, value in zip(node.outputs, results):
+            if not name or name in feeds:
+                continue
+            if isinstance(value, np.generic):  # a numpy scalar (Gather of one index)
+                value = np.asarray(value)
+            values[name] = value
+            if fold:
+                static.add(name)
+        for name in [*node.dependencies(), *(o for o in node.outputs if o)]:
+            if name in node.dependencies():
+                left[name] -= 1
+            if left[name] <= 0 and name in values and name not in graph.initializers \
+                    and name not in feeds:
+                value = values[name]
+                info[name] = value if name in static or not isinstance(value, np.ndarray) \
+                    else Traced(value.shape, value.dtype)
+                if left[name] <= 0 and name not in static:
+                    del values[name]
+    for name, value in values.items():
+        if name not in info:
+            info[name] = value
+    return info, folded
 
 
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
@@ -99,42 +153,32 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
         if node.op_type in DATA_DEPENDENT or any(True for _ in node.subgraphs()):
             raise NotPlannable(f"{node.describe()}: output shapes depend on the data")
     needed = {x for n in nodes for x in n.dependencies()} | set(wanted)
-    traced = trace(graph, feeds, sorted(needed), backends)
+    roles = graph.roles
+    static = {n for n in graph.initializers if roles.get(n) == "constant" and n not in feeds}
+    traced, folded = trace(graph, feeds, nodes, static, backends)
     for name in needed:
-        if isinstance(traced.get(name), np.generic):  # a numpy scalar (Gather of one index)
-            traced[name] = np.asarray(traced[name])
-        if not isinstance(traced.get(name), np.ndarray):
+        if not isinstance(traced.get(name), (np.ndarray, Traced)):
             raise NotPlannable(f"tensor {name!r} is not a tensor (a sequence or optional)")
 
-    # -- values: feeds in the arena, graph arrays where they are ----------------------------
+    # -- values: feeds in the arena, graph arrays where they are, folded constants ----------
     values: dict[str, Value] = {}
-    roles = graph.roles
     for name in needed:
         a = traced[name]
         if name in feeds:
             values[name] = Value(name, a.shape, a.dtype)
         elif name in graph.initializers:
             values[name] = Value(name, a.shape, a.dtype, storage="external")
-
-    # -- fold -------------------------------------------------------------------------------
-    static = {n for n in graph.initializers if roles.get(n) == "constant" and n not in feeds}
     placement: dict[str, str] = {}
     live: list[Node] = []
     for node in nodes:
-        inputs = [x for x in node.inputs if x]
-        # Shape, Size and CastLike read only their (now fixed) input's shape or dtype
-        foldable = node.op_type not in NOT_FOLDED and (
-            all(x in static for x in inputs) or node.op_type in ("Shape", "Size")
-            or node.op_type == "CastLike" and inputs[0] in static)
-        if foldable and not any(o in feeds for o in node.outputs if o):
-            for out in node.outputs:
-                if out and out in traced:
-                    static.add(out)
-                    a = np.array(traced[out], order="C")  # 0-d stays 0-d
-                    values[out] = Value(out, a.shape, a.dtype, storage="owned", array=a)
-            placement[node.name] = "folded"
-        else:
+        if node.name not in folded:
             live.append(node)
+            continue
+        for out in node.outputs:
+            if out and out in traced:
+                a = np.array(traced[out], order="C")  # 0-d stays 0-d
+                values[out] = Value(out, a.shape, a.dtype, storage="owned", array=a)
+        placement[node.name] = "folded"
 
     # -- rewrites, then what needs a gradient -------------------------------------------------
     backends = tuple(backends)

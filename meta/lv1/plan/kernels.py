@@ -403,10 +403,10 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
                 lambda a: [rt.bn_fold(a(gamma), a(beta), a(mean), a(var), eps, a(scale),
                                       a(shift), c)])
         post_args = [scale, shift]
-    pb.step("conv weights", [w], [], lambda a: list(k.prepare(a(w))), "prepare")
-    pb.step("conv", [*reads, *post_args], [y],
+    wf = weights_in_layout(ctx, k, "forward", w, "forward")
+    pb.step("conv", [*reads, *post_args, wf], [y],
             lambda a: [k.forward(a(xin), a(w), a(b) if b else None, a(y),
-                                 [a(p) for p in post_args])])
+                                 [a(p) for p in post_args], a(wf) if wf else None)])
     if not (need_dx or need_dw):
         return Lowered(node, None, "onednn")
 
@@ -418,17 +418,40 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             g = activation_backward(pb, y, g, act[1])
         if need_dx:
             dest, _ = pb.grad_target(xin)
-            pb.step("conv backward data", [g, w], [dest],
-                    lambda a: [k.backward_data(a(g), a(w), a(dest))], "backward")
+            wb = weights_in_layout(ctx, k, "backward_data", w, "backward")
+            pb.step("conv backward data", [g, w, wb], [dest],
+                    lambda a: [k.backward_data(a(g), a(w), a(dest), a(wb) if wb else None)],
+                    "backward")
         if need_dw:
             tw = pb.grad_target(w) if ctx.needs(w) else None
             tb = pb.grad_target(b) if ctx.needs(b) else None
             dw = tw[0] if tw else pb.temp(w)
             db = (tb[0] if tb else pb.temp(b)) if b else ""
-            pb.step("conv backward weights", [xin, g], [dw, db],
+            size = k.weights_bytes("diff_weights")
+            dwk = pb.output(pb.fresh(f"{w}@diff_layout"), (size // 4,)) if size else ""
+            pb.step("conv backward weights", [xin, g], [dw, db, dwk],
                     lambda a: list(k.backward_weights(a(xin), a(g), a(dw),
-                                                      a(db) if db else None)), "backward")
+                                                      a(db) if db else None,
+                                                      a(dwk) if dwk else None)), "backward")
     return Lowered(node, backward, "onednn")
+
+
+def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str) -> str:
+    """The buffer holding ``w`` in kernel ``k``'s ``which`` layout ("" when ``w`` already is
+    that layout). Training: an arena value, filled by a reorder just before its use, so it
+    lives only that long (the weights change every step). Inference: an array of the plan's,
+    filled by the prepare program, which runs again only when the weights change."""
+    size = k.weights_bytes(which)
+    if not size:
+        return ""
+    pb = ctx.pb
+    buf = pb.output(pb.fresh(f"{w}@{which}"), (size // 4,))
+    if not ctx.backprop:
+        pb.values[buf].storage = "owned"
+        phase = "prepare"
+    pb.step(f"conv weights -> {which} layout", [w], [buf],
+            lambda a: [k.reorder_weights(which, a(w), a(buf))], phase)
+    return buf
 
 
 def bn_eval(ctx: Context, node: Node) -> bool:
@@ -630,7 +653,7 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
         tb = pb.grad_target(bias) if ctx.needs(bias) else None
         ds = ts[0] if ts else ""
         db = tb[0] if tb else ""
-        pb.step("BatchNormalization backward", [x, g, scale, y], [dx, ds, db],
+        pb.step("BatchNormalization backward", [x, g, scale], [dx, ds, db],
                 lambda a: [k.backward(a(x), a(g), a(scale), a(dx), a(ds) if ds else None,
                                       a(db) if db else None)], "backward")
     return Lowered(node, backward, "onednn")
