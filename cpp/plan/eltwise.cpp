@@ -1,6 +1,7 @@
 // Elementwise kernels of a plan: unary activations (oneDNN eltwise, forward and backward),
 // binary ops with broadcasting of the second input, sums of n inputs and reductions by sum
 // (what the backward of a broadcast needs).
+#include <cmath>
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -96,25 +97,78 @@ StepPtr eltwise_backward(const Dims& dims, const std::string& layout, const std:
                         pd.scratchpad_desc());
 }
 
-// y = a (op) b, y of a's dims; b's dims equal a's or are 1 where it broadcasts. Optionally
-// a post-op eltwise on the result (a fused activation).
+// y = a (op) b, y of a's dims; b's dims equal a's or are 1 where it broadcasts. Then the
+// post-ops in order: ("eltwise", name, alpha, beta) an activation, ("binary", alg) another
+// broadcast operand from `post_args` (its dims in `post_dims`).
+using PostOp = std::tuple<std::string, std::string, float, float>;
+
 StepPtr binary(const Dims& dims_a, const Dims& dims_b, const std::string& layout_a,
                const std::string& layout_b, const std::string& name, const py::array& a,
-               const py::array& b, const py::array& y, const std::string& post,
-               float post_alpha, float post_beta) {
+               const py::array& b, const py::array& y, const std::vector<PostOp>& post,
+               const std::vector<py::array>& post_args, const std::vector<Dims>& post_dims) {
   const memory::desc ma = make_md(dims_a, layout_a), mb = make_md(dims_b, layout_b);
   dnnl::primitive_attr attr = scratch_attr();
-  if (!post.empty()) {
-    dnnl::post_ops po;
-    po.append_eltwise(find(post).forward, post_alpha, post_beta);
-    attr.set_post_ops(po);
+  dnnl::post_ops po;
+  std::vector<memory::desc> post_mds;
+  for (const auto& [kind, alg, alpha, beta] : post) {
+    if (kind == "eltwise") {
+      po.append_eltwise(find(alg).forward, alpha, beta);
+    } else if (kind == "binary") {
+      if (post_mds.size() >= post_dims.size())
+        throw std::invalid_argument("meta._plan.binary: a binary post-op without dims");
+      post_mds.push_back(make_md(post_dims[post_mds.size()], "plain"));
+      po.append_binary(binary_algorithm(alg), post_mds.back());
+    } else {
+      throw std::invalid_argument("meta._plan.binary: unknown post-op " + kind);
+    }
   }
+  attr.set_post_ops(po);
   auto pd = dnnl::binary::primitive_desc(engine(), binary_algorithm(name), ma, mb, ma, attr);
-  return primitive_step("binary " + name, dnnl::binary(pd),
-                        {{DNNL_ARG_SRC_0, bind(ma, a, "binary a")},
-                         {DNNL_ARG_SRC_1, bind(mb, b, "binary b")},
-                         {DNNL_ARG_DST, bind(ma, y, "binary output")}},
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC_0, bind(ma, a, "binary a")},
+                                       {DNNL_ARG_SRC_1, bind(mb, b, "binary b")},
+                                       {DNNL_ARG_DST, bind(ma, y, "binary output")}};
+  for (std::size_t i = 0, k = 0; i < post.size(); ++i) {
+    if (std::get<0>(post[i]) != "binary") continue;
+    if (k >= post_args.size())
+      throw std::invalid_argument("meta._plan.binary: a binary post-op without its operand");
+    args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(i)) | DNNL_ARG_SRC_1] =
+        bind(post_mds[k], post_args[k], "binary post-op operand");
+    ++k;
+  }
+  return primitive_step("binary " + name, dnnl::binary(pd), std::move(args),
                         pd.scratchpad_desc());
+}
+
+// The per-channel scale and shift of an eval-mode BatchNormalization followed by per-channel
+// multiplications ("mul") and additions ("add") by the vectors given (densenet's layout).
+StepPtr affine_fold(const py::array& gamma, const py::array& beta, const py::array& mean,
+                    const py::array& var, float eps,
+                    const std::vector<std::pair<std::string, py::array>>& then,
+                    const py::array& scale, const py::array& shift, std::int64_t c) {
+  const float* g = static_cast<const float*>(address(gamma, c * 4, "scale"));
+  const float* b = static_cast<const float*>(address(beta, c * 4, "B"));
+  const float* mu = static_cast<const float*>(address(mean, c * 4, "mean"));
+  const float* v = static_cast<const float*>(address(var, c * 4, "var"));
+  float* s = static_cast<float*>(address(scale, c * 4, "folded scale"));
+  float* t = static_cast<float*>(address(shift, c * 4, "folded shift"));
+  std::vector<std::pair<bool, const float*>> ops;
+  for (const auto& [kind, array] : then)
+    ops.emplace_back(kind == "mul", static_cast<const float*>(address(array, c * 4, kind.c_str())));
+  return std::make_shared<LambdaStep>("batchnorm fold", [=] {
+    for (std::int64_t i = 0; i < c; ++i) {
+      float si = g[i] / std::sqrt(v[i] + eps), ti = b[i] - mu[i] * si;
+      for (const auto& [mul, p] : ops) {
+        if (mul) {
+          si *= p[i];
+          ti *= p[i];
+        } else {
+          ti += p[i];
+        }
+      }
+      s[i] = si;
+      t[i] = ti;
+    }
+  });
 }
 
 // y = sum_i scales[i] * xs[i], all of one dims and layout.
@@ -253,7 +307,11 @@ void bind_eltwise(py::module_& m) {
   m.def("eltwise_has_dst_form", &eltwise_has_dst_form, py::arg("name"), py::arg("alpha"));
   m.def("binary", &binary, py::arg("dims_a"), py::arg("dims_b"), py::arg("layout_a"),
         py::arg("layout_b"), py::arg("name"), py::arg("a"), py::arg("b"), py::arg("y"),
-        py::arg("post") = "", py::arg("post_alpha") = 0.f, py::arg("post_beta") = 0.f);
+        py::arg("post") = std::vector<PostOp>{}, py::arg("post_args") = std::vector<py::array>{},
+        py::arg("post_dims") = std::vector<Dims>{});
+  m.def("affine_fold", &affine_fold, py::arg("scale"), py::arg("b"), py::arg("mean"),
+        py::arg("var"), py::arg("epsilon"), py::arg("then"), py::arg("folded_scale"),
+        py::arg("folded_shift"), py::arg("channels"));
   m.def("sum", &sum, py::arg("dims"), py::arg("layout"), py::arg("scales"), py::arg("xs"),
         py::arg("y"));
   m.def("column_sum", &column_sum, py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("y"),

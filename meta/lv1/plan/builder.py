@@ -79,7 +79,8 @@ class PlanBuilder:
         """``name`` is ``base``'s bytes seen with another shape, from element ``offset`` on
         (plain layouts only)."""
         b = self.values[base]
-        self.values[name] = Value(name, tuple(shape), b.dtype, "plain", "view", base, offset)
+        self.values[name] = Value(name, tuple(shape), b.dtype, b.layout, "view", base, offset,
+                                  nbytes=b.nbytes if b.layout != "plain" else 0)
         return name
 
     def step(self, name: str, reads: Sequence[str], writes: Sequence[str],

@@ -67,7 +67,7 @@ class Plan:
     objects: dict = field(default_factory=dict)
     parameters: tuple[str, ...] = ()  # the graph's trainable parameters (fed ones excluded)
     prepared: bool = False
-    fingerprint: list = field(default_factory=list)
+    fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -210,6 +210,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     context = kernels.Context(pb, ops, consumers, keep | set(feeds), absorbed, training,
                               loss is not None, traced)
     context.static = static
+    context.order = {n.name: i for i, n in enumerate(live)}
     if training:  # the state a training forward updates (not when fed)
         context.state = set(graph.state) - set(feeds)
     for node in live:
@@ -282,7 +283,8 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
             if b.array is None:  # the view of a value no step touches (an unread gradient)
                 b.array = view_of(aligned_empty(max(b.nbytes, 64)), b)
             count = int(np.prod(v.shape))
-            v.array = b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
+            v.array = b.array if v.layout != "plain" else \
+                b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
             assert np.shares_memory(v.array, b.array), name
     for v in values.values():
         if v.array is None and v.storage == "arena":  # declared, never touched by a step

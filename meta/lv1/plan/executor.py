@@ -38,18 +38,16 @@ from meta.lv1.plan.runtime import PlanUnavailableError, module
 SAMPLES = 16  # values per weight compared to tell an inference plan its weights changed
 
 
-def _fingerprint(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
-    out = []
-    for a in arrays.values():
-        flat = a.reshape(-1)
-        out.append(flat[::max(1, flat.size // SAMPLES)][:SAMPLES].copy())
-    return out
+def _fingerprint(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """SAMPLES values of each array (evenly spaced), in one array: compared on every call of
+    an inference plan to see the weights change."""
+    parts = [a.reshape(-1)[::max(1, a.size // SAMPLES)][:SAMPLES] for a in arrays.values()]
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _unchanged(fingerprint: list[np.ndarray], arrays: dict[str, np.ndarray]) -> bool:
+def _unchanged(fingerprint: np.ndarray, arrays: dict[str, np.ndarray]) -> bool:
     now = _fingerprint(arrays)
-    return len(now) == len(fingerprint) and all(
-        np.array_equal(a, b, equal_nan=True) for a, b in zip(now, fingerprint))
+    return now.shape == fingerprint.shape and now.tobytes() == fingerprint.tobytes()
 
 
 class PlannedExecutor(ReferenceExecutor):
@@ -164,7 +162,7 @@ class PlannedExecutor(ReferenceExecutor):
         if backward or not plan.prepared or not _unchanged(plan.fingerprint, plan.bound):
             self._run(plan, "prepare")
             plan.prepared = not backward
-            plan.fingerprint = [] if backward else _fingerprint(plan.bound)
+            plan.fingerprint = np.zeros(0) if backward else _fingerprint(plan.bound)
         if backward:  # weights move: every other plan reorders them again
             for other in self._plans.values():
                 if isinstance(other, Plan) and other is not plan:

@@ -31,7 +31,8 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 
 F32 = np.dtype(np.float32)
 # Layouts a convolution is tried in, in order; the first whose kernels are all optimised wins.
-CONV_LAYOUTS = ("nhwc", "nChw16c", "any", "plain")
+import os as _os
+CONV_LAYOUTS = tuple(_os.environ.get("META_CONV_LAYOUTS", "nhwc,nChw16c,any,plain").split(","))
 
 
 def py_step(fn: Callable[[], None], name: str):
@@ -55,6 +56,7 @@ class Context:
     traced: dict = field(default_factory=dict)
     state: set[str] = field(default_factory=set)  # state arrays a training forward updates
     static: set[str] = field(default_factory=set)  # constants and folded values
+    order: dict[str, int] = field(default_factory=dict)  # node -> its place in the plan
     fused_into: dict[str, list[str]] = field(default_factory=dict)
     kernels: list = field(default_factory=list)
     objects: dict = field(default_factory=dict)
@@ -63,14 +65,14 @@ class Context:
     def rt(self):
         return self.pb.rt
 
-    def single_consumer(self, name: str, op_types) -> Node | None:
+    def single_consumer(self, name: str, op_types, first: bool = True) -> Node | None:
         """The one node reading ``name`` if it is of ``op_types`` and ``name`` is needed by
         nothing else (not fetched, not fed): a candidate to fuse."""
         readers = self.consumers.get(name, [])
         if name in self.protected or len(readers) != 1 or readers[0].op_type not in op_types:
             return None
         node = readers[0]
-        if node.name in self.absorbed or node.inputs[0] != name:
+        if node.name in self.absorbed or first and node.inputs[0] != name:
             return None
         return node
 
@@ -360,38 +362,65 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
     last = out
     # eval-mode BatchNormalization folded in as a per-channel scale and shift
     bn = ctx.single_consumer(out, ("BatchNormalization",))
+    then: list[tuple[str, str]] = []
     if bn is not None and not ctx.backprop and bn_eval(ctx, bn):
         bn_inputs = list(bn.inputs[1:5])
         post.append(("scale_shift", "", 0.0, 0.0))
         absorbed.append(bn)
-        last = bn.outputs[0]
-    act = fused_activation(ctx, bn or node, last) if (bn is None or absorbed) else None
+        then, last = per_channel_chain(ctx, node, node, bn.outputs[0], 4)
+    # inference: a residual addition into the output (written over the residual's bytes)
+    before_residual = last
+    residual, add = (residual_of(ctx, node, last) if not ctx.backprop and (bn is None or absorbed)
+                     else (None, None))
+    if add is not None:
+        post.append(("sum", "", 0.0, 0.0))
+        last = add.outputs[0]
+    act = fused_activation(ctx, node, last) if (bn is None or absorbed) else None
     if act is not None:
         nxt, e = act
         post.append(("eltwise", e.name, e.alpha, e.beta))
-        absorbed.append(nxt)
         last = nxt.outputs[0]
     need_dx = ctx.needs(x)
     need_dw = ctx.needs(w) or ctx.needs(b)
     current = pb.value(x).layout
     tried = [current] if current not in ("plain",) else []
-    kernel = None
-    for layout in (*tried, *CONV_LAYOUTS):
-        k = rt.Conv(list(ctx.shape(x)), list(ctx.shape(w)), bool(b), list(win.strides),
-                    list(win.pads_begin), list(win.pads_end), list(win.dilations),
-                    int(op.group), post, ctx.backprop and (need_dx or need_dw), need_dx,
-                    need_dw, layout)
-        if "ref:" not in k.info and k.src_layout and k.dst_layout:
-            kernel = k
-            break
-        kernel = kernel or k
-    k = kernel
+    if residual is not None:
+        tried = [pb.value(residual).layout, *tried]
+
+    def make(post):
+        kernel = None
+        for layout in (*tried, *CONV_LAYOUTS):
+            k = rt.Conv(list(ctx.shape(x)), list(ctx.shape(w)), bool(b), list(win.strides),
+                        list(win.pads_begin), list(win.pads_end), list(win.dilations),
+                        int(op.group), post, ctx.backprop and (need_dx or need_dw), need_dx,
+                        need_dw, layout)
+            if "ref:" not in k.info and k.src_layout and k.dst_layout:
+                return k
+            kernel = kernel or k
+        return kernel
+
+    k = make(post)
+    if residual is not None and k.dst_layout != pb.value(residual).layout:  # cannot share
+        post.remove(("sum", "", 0.0, 0.0))
+        residual = add = None
+        if act is not None:  # it came after the addition
+            post.remove(("eltwise", act[1].name, act[1].alpha, act[1].beta))
+            act = None
+        last = before_residual
+        k = make(post)
+    if add is not None:
+        absorbed.append(add)
+    if act is not None:
+        absorbed.append(act[0])
     ctx.kernels.append(k)
     for n in absorbed:
         ctx.absorb(node, n)
     xin = pb.require_layout(x, k.src_layout)
-    y = pb.output(last, ctx.shape(last), F32, k.dst_layout)
-    reads = [xin, w, b]
+    if residual is not None:  # the residual's bytes become the output
+        y = pb.view(last, residual, ctx.shape(last))
+    else:
+        y = pb.output(last, ctx.shape(last), F32, k.dst_layout)
+    reads = [xin, w, b, residual or ""]
     post_args: list[str] = []
     if bn_inputs:
         scale = pb.output(pb.fresh(f"{bn.name}.scale"), ctx.shape(bn_inputs[0]))
@@ -399,9 +428,10 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
         gamma, beta, mean, var = bn_inputs
         eps = float(ctx.ops[bn.name].epsilon)
         c = ctx.shape(gamma)[0]
-        pb.step("batchnorm fold", bn_inputs, [scale, shift],
-                lambda a: [rt.bn_fold(a(gamma), a(beta), a(mean), a(var), eps, a(scale),
-                                      a(shift), c)])
+        pb.step("batchnorm fold", [*bn_inputs, *(name for _, name in then)], [scale, shift],
+                lambda a: [rt.affine_fold(a(gamma), a(beta), a(mean), a(var), eps,
+                                          [(kind, a(name)) for kind, name in then], a(scale),
+                                          a(shift), c)])
         post_args = [scale, shift]
     wf = weights_in_layout(ctx, k, "forward", w, "forward")
     pb.step("conv", [*reads, *post_args, wf], [y],
@@ -452,6 +482,37 @@ def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str) -> str:
     pb.step(f"conv weights -> {which} layout", [w], [buf],
             lambda a: [k.reorder_weights(which, a(w), a(buf))], phase)
     return buf
+
+
+def residual_of(ctx: Context, node: Node, output: str) -> tuple[str | None, Node | None]:
+    """(r, the Add) when ``output``'s one reader adds it to a tensor r computed earlier that
+    nothing reads later and that lives in the arena: the convolution may then add into r's
+    bytes (oneDNN's sum post-op) instead of writing its own and adding after."""
+    add = ctx.single_consumer(output, ("Add", "Sum"), first=False)
+    if add is None or len([x for x in add.inputs if x]) != 2 or not ctx.float32(*add.inputs):
+        return None, None
+    r = add.inputs[1] if add.inputs[0] == output else add.inputs[0]
+    values = ctx.pb.values
+    if r not in values or r in ctx.protected or r == output \
+            or ctx.shape(r) != ctx.shape(output) or ctx.shape(add.outputs[0]) != ctx.shape(r):
+        return None, None
+
+    def root(name: str) -> str:
+        while values[name].storage == "view":
+            name = values[name].base
+        return name
+
+    base = root(r)
+    if values[base].storage != "arena":
+        return None, None
+    sharing = [n for n in values if root(n) == base]  # r and every other view of its bytes
+    for name in sharing:
+        if name in ctx.protected:
+            return None, None
+        if any(c is not add and ctx.order.get(c.name, -1) > ctx.order[node.name]
+               for c in ctx.consumers.get(name, [])):
+            return None, None
+    return r, add
 
 
 def bn_eval(ctx: Context, node: Node) -> bool:
@@ -624,6 +685,8 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
     if backward_needed and not training:
         return None  # a backward through stored statistics: the operator's own code
     layout = pb.value(x).layout if len(shape) == 4 else "plain"
+    if not training:
+        return affine(ctx, node, op, layout)
     relu = ctx.single_consumer(out, ("Relu",))
     if relu is not None and not ctx.float32(relu.outputs[0]):
         relu = None
@@ -657,6 +720,62 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
                 lambda a: [k.backward(a(x), a(g), a(scale), a(dx), a(ds) if ds else None,
                                       a(db) if db else None)], "backward")
     return Lowered(node, backward, "onednn")
+
+
+def per_channel_chain(ctx: Context, into: Node, node: Node, last: str, rank: int
+                      ) -> tuple[list[tuple[str, str]], str]:
+    """The per-channel multiplications and additions reading ``last`` one after another (by
+    vectors computed before: constants or learned), absorbed into ``into``: [(kind, vector)]
+    and the last output."""
+    pb = ctx.pb
+    channels = ctx.shape(last)[1]
+    per_channel = [1, channels] + [1] * (rank - 2)
+    then: list[tuple[str, str]] = []
+    while True:
+        nxt = ctx.single_consumer(last, ("Mul", "Add"), first=False)
+        if nxt is None or len([i for i in nxt.inputs if i]) != 2:
+            break
+        other = nxt.inputs[1] if nxt.inputs[0] == last else nxt.inputs[0]
+        v = pb.values.get(other)  # a constant or a learned vector, computed before
+        if v is None or v.dtype != F32 or v.layout != "plain" or \
+                broadcast_dims(v.shape, rank) != per_channel:
+            break
+        then.append(("mul" if nxt.op_type == "Mul" else "add", other))
+        ctx.absorb(into, nxt)
+        last = nxt.outputs[0]
+    return then, last
+
+
+def affine(ctx: Context, node: Node, op, layout: str) -> Lowered:
+    """An eval-mode BatchNormalization as one pass: y = act(x * scale + shift) per channel,
+    absorbing the per-channel constant multiplications and additions after it (densenet
+    writes its BatchNorm's scale and shift that way) and an activation; the scale and shift
+    are folded from the statistics on every call (a few values per channel)."""
+    pb = ctx.pb
+    x, gamma, beta, mean, var = node.inputs[:5]
+    shape = ctx.shape(x)
+    channels = shape[1]
+    per_channel = [1, channels] + [1] * (len(shape) - 2)
+    then, last = per_channel_chain(ctx, node, node, node.outputs[0], len(shape))
+    post = [("binary", "add", 0.0, 0.0)]
+    act = fused_activation(ctx, node, last)
+    if act is not None:
+        ctx.absorb(node, act[0])
+        last = act[0].outputs[0]
+        post.append(("eltwise", act[1].name, act[1].alpha, act[1].beta))
+    eps = float(op.epsilon)
+    scale = pb.output(pb.fresh(f"{node.name}.scale"), (channels,))
+    shift = pb.output(pb.fresh(f"{node.name}.shift"), (channels,))
+    pb.step("batchnorm fold", [gamma, beta, mean, var, *(name for _, name in then)],
+            [scale, shift],
+            lambda a: [pb.rt.affine_fold(a(gamma), a(beta), a(mean), a(var), eps,
+                                         [(kind, a(name)) for kind, name in then],
+                                         a(scale), a(shift), channels)])
+    y = pb.output(last, shape, F32, layout)
+    pb.step("BatchNormalization", [x, scale, shift], [y],
+            lambda a: [pb.rt.binary(list(shape), per_channel, layout, "plain", "mul", a(x),
+                                    a(scale), a(y), post, [a(shift)], [per_channel])])
+    return Lowered(node, None, "onednn")
 
 
 def layernorm(ctx: Context, node: Node, op) -> Lowered | None:

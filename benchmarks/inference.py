@@ -1,0 +1,182 @@
+"""Inference of ONNX's model-zoo networks: meta's planned executor against onnxruntime, ratios
+from one run.
+
+The networks are the "light" models the ``onnx`` wheel ships (squeezenet, resnet50,
+densenet121, vgg19, shufflenet, inception_v1: the real architectures, opset 9, their weights
+made by ConstantOfShape nodes). Each is materialised once into an ordinary model: every such
+weight becomes an initializer with random values of a realistic scale (He-normal for
+convolution and matrix weights; BatchNorm with unit scale and variance, zero mean and shift;
+small random biases), and initializers are no longer listed as graph inputs (onnxruntime will
+not fold or pre-pack an input it may be fed). The same file goes to both frameworks.
+
+Variants at each thread count and batch: ``meta planned`` (``PlannedExecutor`` in eval mode:
+the plan compiled on the first call and reused), ``onnxruntime`` with its graph optimisations
+on (ORT_ENABLE_ALL) and off (ORT_DISABLE_ALL), intra-op threads set to the thread count.
+The variants' timed blocks alternate (``harness.interleaved_blocks``); a ratio is
+``median(meta s/call) / median(onnxruntime s/call)`` with a 95 % bootstrap interval, so below
+1 meta is faster. The outputs are compared (max abs difference printed).
+
+    python benchmarks/inference.py                                 # batch 1, 1 thread
+    python benchmarks/inference.py --models resnet50 --batches 1,32 --threads 1,2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from harness import OtherLoad, environment, interleaved_blocks, print_environment
+from onnx import numpy_helper
+
+from meta import lv1
+from meta._threads import set_threads
+from meta.bench.stats import ratio_of_medians
+from meta.files import write_text
+
+try:
+    import onnxruntime
+except ImportError:  # a measuring stick, never a code path of meta
+    onnxruntime = None
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+MODELS = ("squeezenet", "resnet50", "densenet121", "vgg19", "shufflenet", "inception_v1")
+PAUSE_S = 0.2
+
+
+def materialise(name: str, folder: Path) -> tuple[Path, str, tuple[int, ...]]:
+    """The light model ``name`` with real initializers, saved in ``folder``; returns the path,
+    the data input's name and its shape."""
+    path = folder / f"{name}.onnx"
+    model = onnx.load(LIGHT / f"light_{name}.onnx")
+    graph = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for i, x in enumerate(node.input):
+            readers.setdefault(x, []).append((node, i))
+    rng = np.random.default_rng(0)
+    made, keep = {}, []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in inits:
+            keep.append(node)
+            continue
+        shape = tuple(int(d) for d in inits[node.input[0]])
+        out = node.output[0]
+        users = readers.get(out, [])
+        if len(shape) >= 2:  # convolution or matrix weights
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else shape[-1]
+            value = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        elif any(n.op_type == "BatchNormalization" and i in (1, 4) for n, i in users):
+            value = np.ones(shape)  # scale, variance
+        elif any(n.op_type == "BatchNormalization" for n, _ in users):
+            value = np.zeros(shape)  # shift, mean
+        elif any(n.op_type == "Mul" for n, _ in users):
+            value = np.ones(shape)  # densenet's scale after its BatchNorm
+        else:
+            value = rng.standard_normal(shape) * 0.01
+        made[out] = value.astype(np.float32)
+    del graph.node[:]
+    graph.node.extend(keep)
+    shapes = {n for n in inits if n.endswith("__SHAPE")}
+    used = {x for n in graph.node for x in n.input}
+    tensors = [t for t in graph.initializer if t.name not in shapes and t.name in used]
+    tensors += [numpy_helper.from_array(v, k) for k, v in made.items()]
+    del graph.initializer[:]
+    graph.initializer.extend(tensors)
+    names = {t.name for t in tensors}
+    data = [i for i in graph.input if i.name not in names and i.name in used]
+    del graph.input[:]
+    graph.input.extend(data)
+    model.ir_version = max(model.ir_version, 4)  # initializers need not be inputs from IR 4
+    onnx.save(model, path)
+    dims = tuple(d.dim_value for d in data[0].type.tensor_type.shape.dim)
+    return path, data[0].name, dims
+
+
+def session(path: Path, threads: int, optimise: bool):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = (onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+                                        if optimise else
+                                        onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def measure(name: str, folder: Path, batch: int, threads: int, args) -> dict:
+    path, input_name, dims = materialise(name, folder)
+    x = np.random.default_rng(1).standard_normal((batch, *dims[1:])).astype(np.float32)
+    graph = lv1.from_onnx(path)
+    output = graph.outputs[0].name
+    executor = lv1.PlannedExecutor(graph).eval()
+    calls = {"meta planned": lambda: executor.inference({input_name: x}, [output])}
+    ours = calls["meta planned"]()[output]
+    diffs = {}
+    if onnxruntime is not None:
+        for label, optimise in (("onnxruntime", True), ("onnxruntime no-opt", False)):
+            s = session(path, threads, optimise)
+            calls[label] = lambda s=s: s.run([output], {input_name: x})
+            diffs[label] = float(np.max(np.abs(calls[label]()[0] - ours)))
+    for fn in calls.values():
+        for _ in range(args.warmup):
+            fn()
+    n = max(1, args.calls // batch)
+    with OtherLoad() as load:
+        seconds = interleaved_blocks(calls, n, args.repeats, PAUSE_S)
+    result = {"model": name, "batch": batch, "threads": threads,
+              "ms_per_call": {k: statistics.median(v) * 1e3 for k, v in seconds.items()},
+              "seconds": seconds, "max_abs_difference": diffs,
+              "other_processes_cores": load.cores, "load": load.describe(),
+              "placement": sorted({where for where in executor.placement().values()}),
+              "meta_vs": {}}
+    for label in diffs:
+        r = ratio_of_medians(seconds[label], seconds["meta planned"], seed=0)
+        result["meta_vs"][label] = {"ratio": r.ratio, "low": r.ci_low, "high": r.ci_high}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="squeezenet,resnet50,densenet121,vgg19")
+    parser.add_argument("--batches", default="1")
+    parser.add_argument("--threads", default="1")
+    parser.add_argument("--calls", type=int, default=10, help="images per timed block")
+    parser.add_argument("--repeats", type=int, default=7, help="timed blocks per variant")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {list(MODELS)}")
+    env = environment()
+    env["onnxruntime"] = onnxruntime.__version__ if onnxruntime else None
+    print_environment(env)
+    print(f"onnxruntime {env['onnxruntime'] or 'not installed'}")
+    folder = Path(tempfile.mkdtemp())
+    results = []
+    for threads in (int(t) for t in args.threads.split(",")):
+        set_threads(threads)
+        for batch in (int(b) for b in args.batches.split(",")):
+            for name in args.models.split(","):
+                r = measure(name, folder, batch, threads, args)
+                results.append(r)
+                ms = ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms_per_call"].items())
+                vs = ", ".join(f"meta/{k} {v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
+                               for k, v in r["meta_vs"].items())
+                print(f"{name:<12} batch {batch:>2}, {threads} thread(s): {ms}; {vs}; "
+                      f"max |meta - onnxruntime| {max(r['max_abs_difference'].values(), default=0):.2g}"
+                      f" ({r['load']})", flush=True)
+    if args.json:
+        write_text(args.json, json.dumps({"environment": env, "args": {
+            k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "results": results}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
