@@ -168,9 +168,9 @@ def main() -> None:
                 ms = ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms_per_call"].items())
                 vs = ", ".join(f"meta/{k} {v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
                                for k, v in r["meta_vs"].items())
+                worst = max(r["max_abs_difference"].values(), default=0)
                 print(f"{name:<12} batch {batch:>2}, {threads} thread(s): {ms}; {vs}; "
-                      f"max |meta - onnxruntime| {max(r['max_abs_difference'].values(), default=0):.2g}"
-                      f" ({r['load']})", flush=True)
+                      f"max |meta - onnxruntime| {worst:.2g} ({r['load']})", flush=True)
     if args.json:
         write_text(args.json, json.dumps({"environment": env, "args": {
             k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

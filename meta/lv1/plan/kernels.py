@@ -31,8 +31,7 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 
 F32 = np.dtype(np.float32)
 # Layouts a convolution is tried in, in order; the first whose kernels are all optimised wins.
-import os as _os
-CONV_LAYOUTS = tuple(_os.environ.get("META_CONV_LAYOUTS", "nhwc,nChw16c,any,plain").split(","))
+CONV_LAYOUTS = ("nhwc", "nChw16c", "any", "plain")
 
 
 def py_step(fn: Callable[[], None], name: str):
