@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,3 +203,71 @@ def test_profile_names_every_op():
     ops = {(r.op_type, r.phase) for r in table.rows}
     assert ("Conv", "forward") in ops and ("Conv", "backward") in ops, ops
     assert table.total_ms > 0
+
+
+def _zoo(name: str):
+    import onnx
+
+    from meta.lv1 import from_onnx
+
+    folder = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    graph = from_onnx(folder / f"light_{name}.onnx")
+    data = next(t for t in graph.inputs if t.name not in graph.initializers)
+    return graph, data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["squeezenet", "resnet50", "densenet121", "shufflenet",
+                                  "inception_v1"])
+def test_zoo_networks_infer_as_the_reference(name):
+    """ONNX's light zoo models: their ConstantOfShape weights fold, residual sums go into the
+    convolutions, densenet's BatchNorm + Mul + Add + ReLU become one pass; the output is the
+    reference executor's."""
+    graph, data = _zoo(name)
+    x = np.random.default_rng(0).standard_normal(
+        [d if isinstance(d, int) else 1 for d in data.shape]).astype(np.float32)
+    planned = PlannedExecutor(graph).eval()
+    ours = planned.inference({data.name: x})
+    theirs = ReferenceExecutor(graph).eval().inference({data.name: x})
+    for k in theirs:
+        close(ours[k], theirs[k], f"{name} output {k}", 1e-4)
+    where = planned.placement()
+    ops = {n.name: n.op_type for n in graph.nodes}
+    assert all(where[n] == "folded" for n, t in ops.items() if t == "ConstantOfShape")
+    if name == "resnet50":
+        assert all(where[n].startswith("fused into") for n, t in ops.items() if t == "Sum")
+    if name == "densenet121":
+        fused = [n for n, t in ops.items() if t in ("Mul", "Add", "Relu")
+                 and where[n].startswith("fused into")]
+        assert len(fused) == 3 * 121, len(fused)
+
+
+def test_residual_and_affine_fusions_in_a_small_network():
+    b = GraphBuilder("block")
+    x = b.input("x", np.float32, ("N", 8, 6, 6))
+    rng = np.random.default_rng(0)
+
+    def conv(inp, name):
+        w = b.initializer(f"{name}.w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * .2)
+        return b.node("Conv", [inp, w], pads=[1, 1, 1, 1], name=name)
+
+    def bn(inp, name):
+        stats = [b.initializer(f"{name}.{k}", (rng.random(8) + .5).astype(np.float32))
+                 for k in ("scale", "b", "mean", "var")]
+        return b.node("BatchNormalization", [inp, *stats], name=name)
+
+    x0 = b.node("Relu", [conv(x, "c0")])
+    h = b.node("Relu", [bn(conv(x0, "c1"), "bn1")])
+    # the residual x0 is read by c1 before: c2 adds into its bytes (h, read by c2, may not be)
+    y = b.node("Relu", [b.node("Add", [bn(conv(h, "c2"), "bn2"), x0], name="add")], name="out")
+    m = b.initializer("m", rng.standard_normal((8, 1, 1)).astype(np.float32))
+    a = b.initializer("a", rng.standard_normal((8, 1, 1)).astype(np.float32))
+    z = b.node("Relu", [b.node("Add", [b.node("Mul", [bn(y, "bn3"), m]), a])], name="z")
+    b.output(z, np.float32, None)
+    graph = b.build()
+    feeds = {"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)}
+    planned = PlannedExecutor(graph).eval()
+    close(planned.inference(feeds)[z], ReferenceExecutor(graph).eval().inference(feeds)[z], "z")
+    where = planned.placement()
+    assert where["add"] == where["out"] == "fused into c2", where
+    assert sum(v == "fused into bn3" for v in where.values()) == 3, where

@@ -508,7 +508,8 @@ def residual_of(ctx: Context, node: Node, output: str) -> tuple[str | None, Node
     for name in sharing:
         if name in ctx.protected:
             return None, None
-        if any(c is not add and ctx.order.get(c.name, -1) > ctx.order[node.name]
+        # read by the convolution itself, or later: its bytes are still needed
+        if any(c is not add and ctx.order.get(c.name, -1) >= ctx.order[node.name]
                for c in ctx.consumers.get(name, [])):
             return None, None
     return r, add
