@@ -177,6 +177,9 @@ class Trainer:
 
         if getattr(self.optimizer, "needs_closure", False):
             self.optimizer.step(closure)
+        elif hasattr(self.optimizer, "step_with"):  # a strategy: it may overlap the backward
+            return self.optimizer.step_with(self.executor, feeds, loss=n["loss"],
+                                            outputs=[n["logits"]])
         else:
             self.optimizer.step(closure()[1])
         return first[0]

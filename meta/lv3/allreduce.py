@@ -12,6 +12,7 @@ from meta.lv3 import quantization  # noqa: F401  (registers the qsgd and terngra
 from meta.lv3.communicator import Communicator
 from meta.lv3.compression import COMPRESSIONS, Compressor, compression_options, make_compressor
 from meta.lv3.costmodel import Link, allgather, ring_allreduce
+from meta.lv3.flat import FlatBuffer
 from meta.lv3.strategy import Strategy
 
 
@@ -36,6 +37,11 @@ class Allreduce(Strategy):
                "compression": Option("none", "of the gradient exchange: fp16, topk, sign "
                                      "(topk and sign with error feedback), qsgd or terngrad",
                                      choices=("none", *COMPRESSIONS.names())),
+               "overlap": Option(True, "start each bucket's allreduce as soon as the backward "
+                                 "finishes its gradients (executors that take a gradient "
+                                 "hook: planned), as DDP and Horovod do"),
+               "bucket_bytes": Option(1 << 20, "bytes of gradients per overlapped allreduce",
+                                      low=1024),
                **compression_options()}
     pretraining = "average"
 
@@ -51,8 +57,11 @@ class Allreduce(Strategy):
         return cls(optimizer, comm, compressor=compressor, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
-                 compressor: Compressor | None = None, **options) -> None:
+                 compressor: Compressor | None = None, overlap: bool = True,
+                 bucket_bytes: int = 1 << 20, **options) -> None:
         super().__init__(optimizer, comm, **options)
+        self.overlap = overlap
+        self.buckets = Buckets(self, bucket_bytes)
         if compressor is not None and compressor.n != len(self.flat_grads):
             raise ValueError(f"Allreduce: the compressor is for {compressor.n} values, the "
                              f"gradients have {len(self.flat_grads)}")
@@ -75,6 +84,34 @@ class Allreduce(Strategy):
         self.optimizer.step(self.flat_grads.views)
         t.lap("update")
 
+    def step_with(self, executor: Any, feeds: dict, loss: str = "loss",
+                  outputs: list[str] | None = None) -> dict:
+        """Forward, a backward that starts each bucket's allreduce as soon as its gradients
+        are final (the executor runs on while MPI moves them), the rest of the exchange, the
+        update. Without overlap, a compressor, or an executor that takes the hook: ``step``
+        after the backward."""
+        if not (self.overlap and self.compressor is None and self.comm.size > 1
+                and getattr(executor, "supports_gradient_hook", False)):
+            return super().step_with(executor, feeds, loss, outputs)
+        b = self.buckets
+        b.start()
+        values, grads = executor.inference_and_backprop(feeds, loss=loss, outputs=outputs,
+                                                        hook=b)
+        t = self.timeline
+        t.begin()  # forward and backward, the overlapped allreduces under way
+        if b.flat is None or not b.used:  # the executor ran unplanned: no bucket was handed
+            buffer = self.flat_grads.pack(grads)
+            t.lap("pack")
+            self.average(self.grad_chunks, buffer)
+            self.optimizer.step(self.flat_grads.views)
+        else:
+            b.finish()
+            self.bytes_sent += b.flat.nbytes
+            t.lap("communicate")
+            self.optimizer.step(b.flat.views)
+        t.lap("update")
+        return values
+
     def _exchange_compressed(self, buffer: np.ndarray) -> None:
         payload = self.compressor.compress(buffer)
         self.timeline.lap("pack")
@@ -92,6 +129,62 @@ class Allreduce(Strategy):
         if self.compressor is None:
             return ring_allreduce(link, p, self.flat_grads.nbytes)
         return allgather(link, p, self.compressor.payload_bytes)
+
+
+class Buckets:
+    """The allreduce strategy's side of a backward that hands over gradients as they finish
+    (the planned executor's gradient hook). The executor gives the order in which its
+    backward finishes the parameters' gradients (``layout``) and gets arrays laid out in that
+    order, one buffer; after each bucket it calls ``ready``, which starts that bucket's
+    nonblocking allreduce and drives those already started (MPI progresses only inside its
+    calls). The loss's gradient is scaled by 1/P (``seed``), so the sum over ranks is the
+    mean; ``finish`` waits for what is still under way. Parameters the backward never
+    reaches keep zero gradients."""
+
+    def __init__(self, strategy: Allreduce, bucket_bytes: int) -> None:
+        self.strategy = strategy
+        self.bucket_bytes = int(bucket_bytes)
+        self.seed = 1.0 / strategy.comm.size
+        self.flat: FlatBuffer | None = None
+        self.requests: list[tuple[Any, int]] = []
+        self.used = False
+
+    def layout(self, names: list[str]) -> dict[str, np.ndarray]:
+        shapes = self.strategy.flat_params.shapes
+        order = [n for n in names if n in shapes] + [n for n in shapes if n not in names]
+        self.flat = FlatBuffer({n: shapes[n] for n in order}, self.strategy.flat_params.dtype)
+        self.ends = {}
+        offset = 0
+        for name in order:
+            offset += self.flat.views[name].size
+            self.ends[name] = offset
+        self.starts = {name: self.ends[name] - self.flat.views[name].size for name in order}
+        return self.flat.views
+
+    def start(self) -> None:
+        self.requests, self.used = [], False
+
+    def ready(self, names: list[str]) -> None:
+        comm, timeline = self.strategy.comm, self.strategy.timeline
+        chunk = self.flat.buffer[self.starts[names[0]]:self.ends[names[-1]]]
+        self.requests.append((comm.iallreduce(chunk), timeline.now()))
+        self.used = True
+        self._progress()
+
+    def _progress(self) -> None:
+        still = []
+        for request, began in self.requests:
+            if self.strategy.comm.test(request):
+                self.strategy.timeline.background("allreduce (overlapped)", began)
+            else:
+                still.append((request, began))
+        self.requests = still
+
+    def finish(self) -> None:
+        for request, began in self.requests:
+            self.strategy.comm.waitall([request])
+            self.strategy.timeline.background("allreduce (overlapped)", began)
+        self.requests = []
 
 
 AllreduceOptimizer = Allreduce  # the name it had before the strategy family

@@ -139,6 +139,14 @@ class Strategy:
     def step(self, grads: Params) -> None:
         raise NotImplementedError(f"{type(self).__name__}.step")
 
+    def step_with(self, executor: Any, feeds: dict, loss: str = "loss",
+                  outputs: list[str] | None = None) -> dict:
+        """One training step: the executor's forward and backward, then ``step``; returns the
+        values. A strategy that can start communicating during the backward overrides it."""
+        values, grads = executor.inference_and_backprop(feeds, loss=loss, outputs=outputs)
+        self.step(grads)
+        return values
+
     def finish(self) -> None:
         """End of training (collective over ``comm``): leave every replica with the same model."""
 

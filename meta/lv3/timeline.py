@@ -35,6 +35,9 @@ class Timeline:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int, int]] = []
+        # what ran beside the steps' phases (allreduces overlapped with the backward): traced
+        # on a row of its own, not in the phases' shares
+        self.background_events: list[tuple[str, int, int]] = []
         self.steps = 0
         self._last: int | None = None
 
@@ -51,6 +54,14 @@ class Timeline:
         now = time.perf_counter_ns()
         self.events.append((phase, self._last if self._last is not None else now, now))
         self._last = now
+
+    @staticmethod
+    def now() -> int:
+        return time.perf_counter_ns()
+
+    def background(self, phase: str, start_ns: int) -> None:
+        """``phase`` ran from ``start_ns`` until now beside the phases (overlapped)."""
+        self.background_events.append((phase, start_ns, time.perf_counter_ns()))
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per phase: total seconds, mean seconds per step and share of the recorded time."""
@@ -71,9 +82,10 @@ class Timeline:
 
     def trace_events(self, pid: int, origin_ns: int = 0) -> list[dict]:
         """This rank's events in Chrome's trace format (complete events, times in µs)."""
-        return [{"name": phase, "cat": "step", "ph": "X", "pid": pid, "tid": 0,
+        return [{"name": phase, "cat": "step", "ph": "X", "pid": pid, "tid": tid,
                  "ts": (start - origin_ns) / 1e3, "dur": (end - start) / 1e3}
-                for phase, start, end in self.events]
+                for tid, events in ((0, self.events), (1, self.background_events))
+                for phase, start, end in events]
 
 
 def chrome_trace(timeline: Timeline, comm: Communicator, path: str | Path,

@@ -151,7 +151,8 @@ class PlanBuilder:
     def alias_grad(self, name: str, of: str) -> bool:
         """Let ``name``'s gradient be ``of``'s bytes (a view's backward) when this is its only
         contribution and both are plain; False when the caller must copy instead."""
-        if name not in self.requires or name in self._grads or self.consumers.get(name) != 1:
+        if name not in self.requires or name in self._grads or self.consumers.get(name) != 1 \
+                or self.values[name].storage == "external":  # a parameter's: its own array
             return False
         g = self.grad(of)
         v = self.values[name]

@@ -68,6 +68,7 @@ class Plan:
     parameters: tuple[str, ...] = ()  # the graph's trainable parameters (fed ones excluded)
     prepared: bool = False
     fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    segments: list = field(default_factory=list)  # (program, parameters it finishes, owners)
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -144,7 +145,7 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
 
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
-                 rt) -> Plan:
+                 rt, hook=None) -> Plan:
     from meta.lv1.plan import kernels, patterns
 
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
@@ -260,6 +261,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     for g in gradients.values():  # handed out: arrays of their own, kept across calls
         if values[g].storage == "arena":
             values[g].storage = "owned"
+    cuts = bucket_cuts(order, values, gradients, set(graph.parameters), hook)
     keep_values = set(fetch.values())
     spans = lifetimes(order, values, keep_values)
     for name in feeds:  # copied in before the first step
@@ -295,6 +297,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
         return values[name].array
 
     programs, records = {}, {}
+    segments: list[tuple[object, list[str]]] = []
     for phase in ("prepare", "forward", "backward"):
         bound, owners = [], []
         for s in order:
@@ -303,8 +306,18 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
             for step in s.build(lookup):
                 bound.append(step)
                 owners.append(s)
+            if phase == "backward" and id(s) in cuts:  # a bucket of gradients is final
+                segments.append((len(bound), cuts[id(s)]))
         programs[phase] = rt.Program(bound)
         records[phase] = owners
+        if phase == "backward" and cuts:
+            start, parts = 0, []
+            for end, names in segments:
+                parts.append((rt.Program(bound[start:end]), names, owners[start:end]))
+                start = end
+            if start < len(bound):
+                parts.append((rt.Program(bound[start:]), [], owners[start:]))
+            segments = parts
     external = {n: v.array for n, v in values.items() if v.storage == "external"}
     grads = {name: values[g].array for name, g in gradients.items()}
     internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
@@ -312,4 +325,37 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 {n: fetch[n] for n in outputs}, grads, seed, external, placement, arena_bytes,
                 owned_bytes, internal, context.objects)
     plan.parameters = tuple(p for p in graph.parameters)
+    plan.segments = segments
     return plan
+
+
+def bucket_cuts(order: list[PlannedStep], values: dict[str, Value], gradients: dict[str, str],
+                parameters: set[str], hook) -> dict[int, list[str]]:
+    """With a gradient hook (a strategy that communicates during the backward): the
+    parameters' gradients in the order the backward finishes them, handed to ``hook.layout``
+    which returns the arrays to write them into (its buckets, laid out in that order), and the
+    backward steps after which a bucket of at least ``hook.bucket_bytes`` is final ->
+    the parameters it completes."""
+    if hook is None:
+        return {}
+    grads = {name: g for name, g in gradients.items() if name in parameters}
+    last: dict[str, int] = {}
+    backward = [s for s in order if s.phase == "backward"]
+    for i, step in enumerate(backward):
+        for w in step.writes:
+            last[w] = i
+    done = sorted((n for n in grads if grads[n] in last), key=lambda n: last[grads[n]])
+    arrays = hook.layout(done)
+    for name in done:
+        v = values[grads[name]]
+        v.storage, v.array = "given", arrays[name]
+    cuts: dict[int, list[str]] = {}
+    pending, size = [], 0
+    for k, name in enumerate(done):
+        pending.append(name)
+        size += values[grads[name]].nbytes
+        boundary = k + 1 == len(done) or last[grads[done[k + 1]]] != last[grads[name]]
+        if boundary and (size >= hook.bucket_bytes or k + 1 == len(done)):
+            cuts[id(backward[last[grads[name]]])] = pending
+            pending, size = [], 0
+    return cuts

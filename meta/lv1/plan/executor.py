@@ -108,14 +108,14 @@ class PlannedExecutor(ReferenceExecutor):
                 tuple(self.graph.parameters), self.rt.max_threads())
 
     def _plan(self, feeds: Tensors, outputs: list[str], loss: str | None,
-              wrt: Sequence[str]) -> tuple[Plan | None, Tensors, list[str]]:
+              wrt: Sequence[str], hook=None) -> tuple[Plan | None, Tensors, list[str]]:
         """The plan for this request (compiled on first sight), the feeds and wrt checked;
         a known request skips the checks: they depend only on what the key holds."""
         if self.rt is None:
             self.unplanned = self.unavailable
             return None, self._check_feeds(feeds, self.graph.nodes_for(outputs, given=feeds)), \
                 self._wrt(feeds, wrt) if loss else []
-        key = self._key(feeds, outputs, loss, wrt)
+        key = (*self._key(feeds, outputs, loss, wrt), id(hook) if hook is not None else None)
         plan = self._plans.get(key)
         if isinstance(plan, Plan) and not plan.stale(self.graph):
             self._last, self.unplanned = plan, None
@@ -128,7 +128,7 @@ class PlannedExecutor(ReferenceExecutor):
             return None, feeds, wrt
         try:
             plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt), self.training,
-                                self.backends, self.rt)
+                                self.backends, self.rt, hook)
         except NotPlannable as err:
             self._plans[key] = str(err)
             self.unplanned = str(err)
@@ -140,16 +140,25 @@ class PlannedExecutor(ReferenceExecutor):
         self.peak_intermediate_bytes = plan.arena_bytes
         return plan, feeds, wrt
 
-    def _run(self, plan: Plan, phase: str) -> None:
-        program = plan.programs[phase]
+    def _run(self, plan: Plan, phase: str, hook=None) -> None:
+        if phase == "backward" and hook is not None and plan.segments:
+            for program, names, owners in plan.segments:  # buckets handed over as they finish
+                self._run_program(program, owners, phase)
+                if names:
+                    hook.ready(names)
+            return
+        self._run_program(plan.programs[phase], plan.records[phase], phase)
+
+    def _run_program(self, program, owners, phase: str) -> None:
         if not len(program):
             return
         if not self.profile:
             program.run()
             return
+        program.profile = True
         before = list(program.step_ns) or [0] * len(program)
         program.run()
-        for owner, ns, old in zip(plan.records[phase], program.step_ns, before):
+        for owner, ns, old in zip(owners, program.step_ns, before):
             self.records.append((owner.node, owner.op_type or owner.name, phase, ns - old))
 
     def _forward_plan(self, plan: Plan, feeds: Tensors, backward: bool) -> None:
@@ -179,18 +188,18 @@ class PlannedExecutor(ReferenceExecutor):
         return {n: plan.array(plan.fetch[n]).copy() for n in names}
 
     def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
-                  seed: float = 1.0, wrt: Sequence[str] = ()):
+                  seed: float = 1.0, wrt: Sequence[str] = (), hook=None):
         names = list(dict.fromkeys([loss, *(outputs or [])]))
         plan, feeds, wrt = self._plan(feeds, [n for n in names if n != loss] + [loss], loss,
-                                      wrt)
+                                      wrt, hook)
         if plan is None:
             return super()._backprop(feeds, loss, outputs, seed, wrt)
         self._forward_plan(plan, feeds, backward=True)
         if np.size(plan.array(loss)) != 1:
             raise ValueError(f"loss {loss!r} must be a scalar, got shape "
                              f"{np.shape(plan.array(loss))}")
-        plan.seed[...] = seed
-        self._run(plan, "backward")
+        plan.seed[...] = seed * (hook.seed if hook is not None else 1.0)
+        self._run(plan, "backward", hook)
         values = {n: plan.array(plan.fetch[n]).copy() for n in names}
         grads: Tensors = {}
         for name in plan.parameters:
@@ -204,12 +213,22 @@ class PlannedExecutor(ReferenceExecutor):
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = ()) -> tuple[Tensors, Tensors]:
+                               wrt: Sequence[str] = (), hook=None) -> tuple[Tensors, Tensors]:
+        """As the reference executor's, plus ``hook``: a strategy that communicates during the
+        backward (``Allreduce`` with ``overlap``). The plan asks ``hook.layout(names)`` once
+        for the arrays to write the parameters' gradients into, given in the order the
+        backward finishes them, writes them there, calls ``hook.ready(names)`` each time a
+        bucket of at least ``hook.bucket_bytes`` is final, and scales the loss's gradient by
+        ``hook.seed`` (1/P: the buckets then sum to the mean)."""
+        if hook is not None and (micro_batches != 1 or self.rt is None):
+            raise ValueError("a gradient hook needs a plan and one micro-batch")
         if micro_batches == 1:
-            return self._backprop(feeds, loss, outputs, wrt=wrt)
+            return self._backprop(feeds, loss, outputs, wrt=wrt, hook=hook)
         copying = _Copying(self)
         return ReferenceExecutor.inference_and_backprop(copying, feeds, loss, outputs,
                                                         micro_batches, wrt)
+
+    supports_gradient_hook = True
 
     def placement(self) -> dict[str, str]:
         """Node -> where it ran in the last plan: "onednn", "native" (meta's loop),
