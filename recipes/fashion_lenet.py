@@ -21,6 +21,7 @@ MUTABLE = {
     "lr_decay_factor": 0.1,
     "augmentation": ["flip"],  # clothes look the same mirrored; digits would not
     "seed": 0,
+    "executor": "planned",
 }
 
 METRICS = {

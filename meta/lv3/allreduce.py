@@ -146,20 +146,31 @@ class Buckets:
         self.bucket_bytes = int(bucket_bytes)
         self.seed = 1.0 / strategy.comm.size
         self.flat: FlatBuffer | None = None
+        self.layouts: dict[tuple[str, ...], tuple[FlatBuffer, dict, dict]] = {}
         self.requests: list[tuple[Any, int]] = []
         self.used = False
 
     def layout(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Arrays for the gradients, laid out in the order the backward finishes them; the
+        same order (another batch size: another plan) gets the same arrays."""
         shapes = self.strategy.flat_params.shapes
-        order = [n for n in names if n in shapes] + [n for n in shapes if n not in names]
-        self.flat = FlatBuffer({n: shapes[n] for n in order}, self.strategy.flat_params.dtype)
-        self.ends = {}
-        offset = 0
-        for name in order:
-            offset += self.flat.views[name].size
-            self.ends[name] = offset
-        self.starts = {name: self.ends[name] - self.flat.views[name].size for name in order}
+        order = tuple([n for n in names if n in shapes] + [n for n in shapes if n not in names])
+        if order not in self.layouts:
+            flat = FlatBuffer({n: shapes[n] for n in order}, self.strategy.flat_params.dtype)
+            ends, offset = {}, 0
+            for name in order:
+                offset += flat.views[name].size
+                ends[name] = offset
+            starts = {name: ends[name] - flat.views[name].size for name in order}
+            self.layouts[order] = (flat, starts, ends)
+        self.use(names)
         return self.flat.views
+
+    def use(self, names: list[str]) -> None:
+        """The layout of the plan about to run (the executor says which)."""
+        shapes = self.strategy.flat_params.shapes
+        order = tuple([n for n in names if n in shapes] + [n for n in shapes if n not in names])
+        self.flat, self.starts, self.ends = self.layouts[order]
 
     def start(self) -> None:
         self.requests, self.used = [], False

@@ -338,15 +338,15 @@ def check_overlapped_allreduce_matches_the_one_after_the_backward(comm: Communic
     if not runtime.available():
         return
     rng = np.random.default_rng(comm.rank)
-    feeds = {"input": rng.standard_normal((8, 1, 28, 28)).astype(np.float32),
-             "labels": rng.integers(0, 10, 8)}
+    batches = [{"input": rng.standard_normal((n, 1, 28, 28)).astype(np.float32),
+                "labels": rng.integers(0, 10, n)} for n in (8, 5, 8)]  # two plans, in turn
     finals = []
     for overlap in (True, False):
         graph = lenet5(seed=1)
         strategy = Allreduce(Optimizer(sgd(0.05, momentum=0.9), graph.parameters), comm,
                              overlap=overlap, bucket_bytes=16 * 1024)
         executor = PlannedExecutor(graph).train()
-        for _ in range(3):
+        for feeds in batches:
             strategy.step_with(executor, feeds)
         finals.append({k: v.copy() for k, v in graph.parameters.items()})
         if overlap and comm.size > 1:

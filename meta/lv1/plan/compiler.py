@@ -69,6 +69,7 @@ class Plan:
     prepared: bool = False
     fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0))
     segments: list = field(default_factory=list)  # (program, parameters it finishes, owners)
+    hook_names: list = field(default_factory=list)  # the order the backward finishes them
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -261,7 +262,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     for g in gradients.values():  # handed out: arrays of their own, kept across calls
         if values[g].storage == "arena":
             values[g].storage = "owned"
-    cuts = bucket_cuts(order, values, gradients, set(graph.parameters), hook)
+    cuts, hook_names = bucket_cuts(order, values, gradients, set(graph.parameters), hook)
     keep_values = set(fetch.values())
     spans = lifetimes(order, values, keep_values)
     for name in feeds:  # copied in before the first step
@@ -326,18 +327,19 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 owned_bytes, internal, context.objects)
     plan.parameters = tuple(p for p in graph.parameters)
     plan.segments = segments
+    plan.hook_names = hook_names
     return plan
 
 
 def bucket_cuts(order: list[PlannedStep], values: dict[str, Value], gradients: dict[str, str],
-                parameters: set[str], hook) -> dict[int, list[str]]:
+                parameters: set[str], hook) -> tuple[dict[int, list[str]], list[str]]:
     """With a gradient hook (a strategy that communicates during the backward): the
     parameters' gradients in the order the backward finishes them, handed to ``hook.layout``
     which returns the arrays to write them into (its buckets, laid out in that order), and the
     backward steps after which a bucket of at least ``hook.bucket_bytes`` is final ->
     the parameters it completes."""
     if hook is None:
-        return {}
+        return {}, []
     grads = {name: g for name, g in gradients.items() if name in parameters}
     last: dict[str, int] = {}
     backward = [s for s in order if s.phase == "backward"]
@@ -358,4 +360,4 @@ def bucket_cuts(order: list[PlannedStep], values: dict[str, Value], gradients: d
         if boundary and (size >= hook.bucket_bytes or k + 1 == len(done)):
             cuts[id(backward[last[grads[name]]])] = pending
             pending, size = [], 0
-    return cuts
+    return cuts, done

@@ -142,6 +142,7 @@ class PlannedExecutor(ReferenceExecutor):
 
     def _run(self, plan: Plan, phase: str, hook=None) -> None:
         if phase == "backward" and hook is not None and plan.segments:
+            hook.use(plan.hook_names)  # this plan's arrays (another batch size: another plan)
             for program, names, owners in plan.segments:  # buckets handed over as they finish
                 self._run_program(program, owners, phase)
                 if names:
