@@ -23,15 +23,16 @@ def run(script: str, *args: str) -> str:
 def test_train_step_prints_throughput_ratios():
     out = run("train_step.py", "--models", "mlp,lenet5", "--steps", "1", "--repeats", "1",
               "--warmup", "0", "--threads", "1")
-    for model in ("mlp", "lenet5"):
-        assert re.search(rf"{model}\s+1 thread\(s\): native/reference \d+\.\d\d", out), out
-    assert "meta native" in out and "samples/s" in out
+    for model in ("mlp", "lenet5"):  # against PyTorch where it is installed, else native
+        assert re.search(rf"{model}\s+1 thread\(s\): .*planned/(pytorch|native) \d+\.\d\d",
+                         out), out
+    assert "meta native" in out and "meta planned" in out and "samples/s" in out
 
 
 @pytest.mark.slow
 def test_train_step_memory_mode_prints_peaks():
     out = run("train_step.py", "--memory", "--models", "lenet5", "--memory-steps", "1")
-    assert "step peak adds MiB" in out and "meta native" in out, out
+    assert "step peak adds MiB" in out and "meta native" in out and "meta planned" in out, out
 
 
 @pytest.mark.slow
@@ -50,3 +51,32 @@ def test_cross_framework_prints_ratios_writes_and_merges(tmp_path):
               str(tmp_path / "report.png"))
     assert "inference, exported LeNet-5, batch 64: meta native" in out, out
     assert (tmp_path / "report.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_inference_compares_the_planned_executor_with_onnxruntime(tmp_path):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    path = tmp_path / "inference.json"
+    out = run("inference.py", "--models", "squeezenet", "--repeats", "1", "--calls", "1",
+              "--warmup", "0", "--json", str(path))
+    assert re.search(r"squeezenet\s+batch  1, 1 thread\(s\): meta planned \d+\.\d\d ms.*"
+                     r"meta/onnxruntime \d+\.\d\d \[", out), out
+    assert path.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_data_parallel_prints_efficiency_and_the_cost_model(mpirun, tmp_path):
+    out = mpirun(2, [sys.executable, str(BENCHMARKS / "data_parallel.py"), "--models", "mlp",
+                     "--steps", "2", "--repeats", "1", "--warmup", "1",
+                     "--json", str(tmp_path / "dp.json")])
+    assert re.search(r"mlp at 2 ranks \(planned, overlap on\): .* efficiency \d+\.\d\d", out), out
+    assert re.search(r"transfer measured \d+\.\d+ ms, α-β predicted \d+\.\d+ ms", out), out
+
+
+@pytest.mark.slow
+def test_time_to_accuracy_against_pytorch(mnist_dir):
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
+    out = run("time_to_accuracy.py", "--threads", "1", "--runs", "1", "--target", "0.5")
+    assert re.search(r"median time to 50%: meta planned \d+\.\d\d s, pytorch \d+\.\d\d s", out), out
+

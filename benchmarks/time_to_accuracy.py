@@ -1,0 +1,148 @@
+"""Time to accuracy on MNIST: meta's planned executor against PyTorch training the same MLP.
+
+    python benchmarks/time_to_accuracy.py                    # 1 then 2 threads, 97 %
+    python benchmarks/time_to_accuracy.py --threads 1 --target 0.975 --json out.json
+
+The main job's network and settings (``recipes/mnist_mlp.py``: MLP 784-512-512-10 from meta's
+seed-0 weights, SGD lr 0.05 momentum 0.9, batch 128, at most 5 epochs), one loop for both
+frameworks: the same batches in the same order (meta's seeded sampler), a test-set
+evaluation after every epoch. ``meta planned`` steps ``PlannedExecutor`` + meta's SGD;
+``pytorch`` a ``torch.nn.Sequential`` of the same weights with ``torch.optim.SGD`` in eager
+mode. Each variant runs in a fresh process per thread count (two frameworks' thread pools in
+one process slowed each other), ``--runs`` times; the time to accuracy is the training time
+(evaluations excluded) until the first epoch whose test accuracy reaches ``--target``; the
+figure is the median over runs, and the ratio PyTorch / meta (above 1: meta is there sooner).
+Needs torch and MNIST (``META_MNIST_DIR``, or the download cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+EPOCHS, BATCH, LR, MOMENTUM = 5, 128, 0.05, 0.9
+
+
+def run(variant: str, threads: int, target: float) -> dict:
+    from meta import lv1
+    from meta._threads import set_threads
+    from meta.lv2 import Optimizer, sgd
+    from meta.lv2.datasets import mnist
+    from meta.lv2.sampler import ShuffleSampler
+
+    set_threads(threads)
+    train, test = mnist("train"), mnist("test")
+    graph = lv1.mlp(seed=0)
+    sampler = ShuffleSampler(len(train), BATCH, seed=0)
+    if variant == "pytorch":
+        import torch
+
+        torch.set_num_threads(threads)
+        p = graph.parameters
+        layers = []
+        for i, name in enumerate(("fc0", "fc1", "fc2")):
+            w, b = p[f"{name}.weight"], p[f"{name}.bias"]
+            linear = torch.nn.Linear(w.shape[1], w.shape[0])
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(w))
+                linear.bias.copy_(torch.from_numpy(b))
+            layers += [linear] + ([torch.nn.ReLU()] if i < 2 else [])
+        net = torch.nn.Sequential(torch.nn.Flatten(), *layers)
+        opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)),
+                                                     torch.from_numpy(y))
+            loss.backward()
+            opt.step()
+
+        def predict(x):
+            with torch.no_grad():
+                return net(torch.from_numpy(x)).numpy()
+        modes = (net.train, net.eval)
+    else:
+        executor = lv1.PlannedExecutor(graph)
+        optimizer = Optimizer(sgd(LR, momentum=MOMENTUM), graph.parameters)
+
+        def step(x, y):
+            _, grads = executor.inference_and_backprop({"input": x, "labels": y})
+            optimizer.step(grads)
+
+        def predict(x):
+            return executor.inference({"input": x}, ["logits"])["logits"]
+        modes = (executor.train, executor.eval)
+    elapsed, reached, epochs = 0.0, None, []
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        modes[0]()
+        start = time.perf_counter()
+        for indices in sampler:
+            step(*train.batch(indices))
+        elapsed += time.perf_counter() - start
+        modes[1]()
+        correct = 0
+        for i in range(0, len(test), 1000):
+            x, y = test.batch(np.arange(i, min(i + 1000, len(test))))
+            correct += int((predict(x).argmax(1) == y).sum())
+        accuracy = correct / len(test)
+        epochs.append({"epoch": epoch + 1, "train_s": elapsed, "test_accuracy": accuracy})
+        if reached is None and accuracy >= target:
+            reached = elapsed
+            break
+    return {"variant": variant, "threads": threads, "time_to_target_s": reached,
+            "epochs": epochs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--target", type=float, default=0.97)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", nargs=2, metavar=("VARIANT", "THREADS"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run(args.child[0], int(args.child[1]), args.target)))
+        return
+    from harness import environment, print_environment
+
+    env = environment()
+    print_environment(env)
+    results = []
+    for threads in (int(t) for t in args.threads.split(",")):
+        for _ in range(args.runs):
+            for variant in ("meta planned", "pytorch"):  # taking turns
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", variant, str(threads), "--target",
+                     str(args.target)], check=True, capture_output=True, text=True,
+                    env={**os.environ, "OMP_NUM_THREADS": str(threads)}).stdout
+                results.append(json.loads(out.strip().splitlines()[-1]))
+                r = results[-1]
+                print(f"{variant:<13} {threads} thread(s): {r['time_to_target_s']} s to "
+                      f"{args.target:.1%} ({r['epochs'][-1]['test_accuracy']:.2%} after epoch "
+                      f"{r['epochs'][-1]['epoch']})", flush=True)
+        times = {v: [r["time_to_target_s"] for r in results if r["variant"] == v
+                     and r["threads"] == threads and r["time_to_target_s"] is not None]
+                 for v in ("meta planned", "pytorch")}
+        if all(times.values()):
+            m = {v: statistics.median(t) for v, t in times.items()}
+            print(f"== {threads} thread(s): median time to {args.target:.0%}: meta planned "
+                  f"{m['meta planned']:.2f} s, pytorch {m['pytorch']:.2f} s; pytorch / meta "
+                  f"{m['pytorch'] / m['meta planned']:.2f}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"environment": env, "target": args.target,
+                                         "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
