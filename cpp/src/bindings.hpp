@@ -86,5 +86,6 @@ void bind_batchnorm(py::module_& m);
 void bind_activations(py::module_& m);
 void bind_softmax(py::module_& m);
 void bind_elementwise(py::module_& m);
+void bind_optim(py::module_& m);
 
 }  // namespace meta::bind

@@ -18,6 +18,7 @@ PYBIND11_MODULE(_native, m) {
   bind_activations(m);
   bind_softmax(m);
   bind_elementwise(m);
+  bind_optim(m);
   m.def("max_threads", &omp_get_max_threads, "OpenMP threads a parallel region would use.");
   m.def("set_threads", &omp_set_num_threads, py::arg("n"), "Set OpenMP threads for this process.");
 }

@@ -153,3 +153,26 @@ def test_registering_names():
             register_optimizer("sgd")(mine)
     finally:
         del OPTIMIZERS["mine_for_test"]
+
+
+def test_fused_momentum_step_matches_the_chain():
+    """sgd with momentum and a constant rate steps in place through meta's native kernel; the
+    result is the transformation chain's (float64: the same rounding up to the last bits)."""
+    from meta.lv2.optimizers import sgd as make_sgd
+
+    rng = np.random.default_rng(0)
+    for nesterov in (False, True):
+        fused = make_sgd(0.1, momentum=0.9, nesterov=nesterov)
+        assert fused.in_place is not None
+        plain = fused._replace(in_place=None)
+        params = {"w": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
+        a = {k: v.copy() for k, v in params.items()}
+        b = {k: v.copy() for k, v in params.items()}
+        opt_a, opt_b = Optimizer(fused, a), Optimizer(plain, b)
+        for _ in range(3):
+            grads = {k: rng.standard_normal(v.shape) for k, v in a.items()}
+            opt_a.step(grads)
+            opt_b.step(grads)
+        for k in a:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-12)
+    assert make_sgd(0.1, momentum=0.9, weight_decay=1e-4).in_place is None
