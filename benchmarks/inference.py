@@ -92,10 +92,20 @@ def materialise(name: str, folder: Path) -> tuple[Path, str, tuple[int, ...]]:
     data = [i for i in graph.input if i.name not in names and i.name in used]
     del graph.input[:]
     graph.input.extend(data)
+    # any batch: the data input's first dimension symbolic, Reshapes to (1, ...) as (0, ...)
+    graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    for out in graph.output:
+        out.type.tensor_type.shape.dim[0].dim_param = "N"
+    reshapes = {n.input[1] for n in graph.node if n.op_type == "Reshape" and len(n.input) > 1}
+    for i, t in enumerate(graph.initializer):
+        value = numpy_helper.to_array(t)
+        if t.name in reshapes and value.ndim == 1 and value.size and value[0] == 1:
+            graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                np.concatenate([[0], value[1:]]).astype(value.dtype), t.name))
     model.ir_version = max(model.ir_version, 4)  # initializers need not be inputs from IR 4
     onnx.save(model, path)
-    dims = tuple(d.dim_value for d in data[0].type.tensor_type.shape.dim)
-    return path, data[0].name, dims
+    dims = tuple(d.dim_value or 1 for d in graph.input[0].type.tensor_type.shape.dim)
+    return path, graph.input[0].name, dims
 
 
 def session(path: Path, threads: int, optimise: bool):

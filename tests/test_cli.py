@@ -82,3 +82,27 @@ def test_ops_lists_the_registry(capsys):
     assert main(["ops"]) == EXIT_PASS
     out = capsys.readouterr().out
     assert "Gemm" in out and "Relu" in out and "native, numpy" in out
+
+
+def test_inspect_prints_operators_roles_and_shapes(capsys):
+    """``meta inspect``: inputs and outputs with their shapes, every operator with meta's
+    backends for it, and the initializers by role, the selection patterns applied."""
+    from pathlib import Path
+
+    model = Path(__file__).parent / "fixtures" / "pytorch" / "mobilenet_dynamo_folded.onnx"
+    assert main(["inspect", str(model), "--trainable", "fc.*"]) == EXIT_PASS
+    out = capsys.readouterr().out
+    assert "input                            float32  [N, 3, 16, 16]" in out, out
+    assert "logits                           float32  [N, 10]" in out
+    assert "Conv                         ai.onnx        7  numpy, native" in out
+    assert "Clip                         ai.onnx        5  numpy" in out
+    assert "trainable parameters: 2 tensors, 170 values, 680 bytes" in out
+    assert "frozen parameters: 21 tensors" in out
+    assert "state (updated in training mode, not by the optimizer): 14 tensors" in out
+    assert "constants: 18 tensors" in out
+
+
+def test_inspect_of_a_missing_file_is_one_line(capsys):
+    assert main(["inspect", "/nonexistent/model.onnx"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.strip() == "meta: error: /nonexistent/model.onnx: no such ONNX file", err

@@ -111,6 +111,25 @@ def mpi_record() -> dict[str, Any] | None:
     return record
 
 
+def frameworks_record() -> dict[str, Any]:
+    """Each other framework a comparison may have run, with its version and threads: only
+    those already imported (asking imports nothing), plus oneDNN's under the planned executor
+    when its runtime is loaded."""
+    record: dict[str, Any] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        record["torch"] = {"version": getattr(torch, "__version__", None),
+                           "threads": torch.get_num_threads(),
+                           "cuda": bool(torch.cuda.is_available())}
+    ort = sys.modules.get("onnxruntime")
+    if ort is not None:
+        record["onnxruntime"] = {"version": getattr(ort, "__version__", None)}
+    plan = sys.modules.get("meta._plan")
+    if plan is not None:
+        record["onednn"] = {"version": plan.onednn_version, "threads": plan.max_threads()}
+    return record
+
+
 def recipe_record(path: str | os.PathLike, overrides: Mapping[str, Any] | None = None
                   ) -> dict[str, Any]:
     return {"path": str(path), "overrides": dict(overrides or {}),
@@ -144,6 +163,7 @@ def environment(recipes: Mapping[str, dict[str, Any]] | None = None, ranks: int 
         "threads": {"env": {k: os.environ[k] for k in THREAD_SETTINGS if k in os.environ},
                     "threadpools": pools, "native_omp": native_threads()},
         "mpi": mpi_record(),
+        "frameworks": frameworks_record(),
         "ranks": ranks,
         "seeds": dict(seeds or {}),
         "recipes": dict(recipes or {}),

@@ -7,12 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from meta.bench.environment import environment, git_state, recipe_hash, recipe_record
 from tests.launch import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = {"created", "python", "platform", "numpy", "meta", "git", "cpu", "threads", "mpi",
-          "ranks", "seeds", "recipes"}
+          "frameworks", "ranks", "seeds", "recipes"}
 
 
 def test_record_has_every_field(tmp_path):
@@ -59,3 +61,20 @@ def test_recording_does_not_initialise_mpi():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=clean_env(), check=True).stdout
     assert json.loads(out) == [None, False]
+
+
+def test_frameworks_loaded_are_recorded_with_their_threads():
+    """Each framework a comparison ran is named with its version and threads, only once it is
+    loaded: recording imports none."""
+    from meta.bench.environment import frameworks_record
+    from meta.lv1.plan import runtime
+
+    record = frameworks_record()
+    assert ("torch" in record) == ("torch" in sys.modules)
+    if runtime.available():
+        runtime.module()
+        onednn = frameworks_record()["onednn"]
+        assert onednn["version"].count(".") == 2 and onednn["threads"] >= 1
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    record = frameworks_record()["torch"]
+    assert record["version"] == torch.__version__ and record["threads"] >= 1

@@ -101,3 +101,38 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
     ckpt = load_checkpoint(path)
     assert ckpt.position["step"] == bad_step - 1  # written before the step that diverged
     assert all(np.isfinite(v).all() for v in ckpt.params.values())
+
+
+@pytest.mark.parametrize("executor", ["reference", "planned"])
+def test_resume_mid_epoch_with_batchnorm_state_is_bit_identical(tmp_path, executor):
+    """A network with running statistics (a small ResNet-20, SGD with momentum, on the
+    reference and the planned executor): resumed mid-epoch from a checkpoint, it ends with
+    the parameters, the statistics and the losses of an uninterrupted run, bit for bit."""
+    from meta.lv1 import EXECUTORS, resnet20
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 96)
+    x = (rng.standard_normal((3, 3, 8, 8))[y] + rng.standard_normal((96, 3, 8, 8)))
+    train = ArrayDataset(x.astype(np.float32), y)
+
+    def trainer(events=()):
+        graph = resnet20((3, 8, 8), classes=3, width=4, seed=1)
+        return Trainer(EXECUTORS[executor](graph), Optimizer(sgd(0.05, momentum=0.9),
+                                                             graph.parameters),
+                       train, ShuffleSampler(len(train), 16, seed=3), None, events)
+
+    reference = trainer()
+    reference.fit(2)
+    path = tmp_path / "ckpt.npz"
+    crashed = trainer([CheckpointEvent(path, every_steps=4), Crash(at_step=9)])
+    with pytest.raises(KeyboardInterrupt):
+        crashed.fit(2)
+    resumed = trainer()
+    restore(resumed, load_checkpoint(path))
+    resumed.fit(2)
+    graph, other = reference.executor.graph, resumed.executor.graph
+    assert graph.state, "the network has running statistics"
+    for name in [*graph.parameters, *graph.state]:
+        np.testing.assert_array_equal(other.initializers[name], graph.initializers[name], name)
+    assert [m["train_loss"] for m in resumed.history] == \
+        [m["train_loss"] for m in reference.history]
