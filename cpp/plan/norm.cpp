@@ -1,7 +1,7 @@
 // Normalizations in a plan: BatchNormalization (training with batch statistics and the running
 // statistics' update as PyTorch does it, inference with the stored ones, an optional fused
-// ReLU) and LayerNormalization over the last dimension, forward and backward; plus the
-// per-channel scale and shift an eval-mode BatchNormalization folds into a convolution as.
+// ReLU) and LayerNormalization over the last dimension, forward and backward. (An eval-mode
+// BatchNormalization is a per-channel scale and shift: eltwise.cpp's affine_fold.)
 #include <cmath>
 #include <stdexcept>
 
@@ -127,25 +127,6 @@ StepPtr bn_backward(const BatchNormPtr& k, const py::array& x, const py::array& 
                         std::move(args), k->bwd.scratchpad_desc());
 }
 
-// scale = gamma / sqrt(var + eps), shift = beta - mean * scale (an eval-mode BatchNorm as a
-// convolution's post-op).
-StepPtr bn_fold(const py::array& gamma, const py::array& beta, const py::array& mean,
-                const py::array& var, float eps, const py::array& scale,
-                const py::array& shift, std::int64_t c) {
-  const float* g = static_cast<const float*>(address(gamma, c * 4, "scale"));
-  const float* b = static_cast<const float*>(address(beta, c * 4, "B"));
-  const float* mu = static_cast<const float*>(address(mean, c * 4, "mean"));
-  const float* v = static_cast<const float*>(address(var, c * 4, "var"));
-  float* s = static_cast<float*>(address(scale, c * 4, "folded scale"));
-  float* t = static_cast<float*>(address(shift, c * 4, "folded shift"));
-  return std::make_shared<LambdaStep>("batchnorm fold", [=] {
-    for (std::int64_t i = 0; i < c; ++i) {
-      s[i] = g[i] / std::sqrt(v[i] + eps);
-      t[i] = b[i] - mu[i] * s[i];
-    }
-  });
-}
-
 struct LayerNormKernel {
   memory::desc md, stat_md, c_md;
   std::int64_t rows, cols;
@@ -236,9 +217,6 @@ void bind_norm(py::module_& m) {
       .def("update", &bn_update, py::arg("running_mean"), py::arg("running_var"))
       .def("backward", &bn_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),
            py::arg("dx"), py::arg("dscale"), py::arg("db"));
-  m.def("bn_fold", &bn_fold, py::arg("scale"), py::arg("b"), py::arg("mean"), py::arg("var"),
-        py::arg("epsilon"), py::arg("folded_scale"), py::arg("folded_shift"),
-        py::arg("channels"));
   py::class_<LayerNormKernel, LayerNormPtr>(m, "LayerNorm",
                                             "LayerNormalization over rows of (rows, cols).")
       .def(py::init<std::int64_t, std::int64_t, float, bool, bool>(), py::arg("rows"),

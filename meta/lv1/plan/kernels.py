@@ -710,12 +710,7 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
         g = pb.grad(y)
         if g is None:
             return
-        tx = pb.grad_target(x) if ctx.needs(x) else None
-        dx = tx[0] if tx else pb.temp(x)
-        ts = pb.grad_target(scale) if ctx.needs(scale) else None
-        tb = pb.grad_target(bias) if ctx.needs(bias) else None
-        ds = ts[0] if ts else ""
-        db = tb[0] if tb else ""
+        dx, ds, db = norm_gradients(pb, ctx, x, x, scale, bias)
         pb.step("BatchNormalization backward", [x, g, scale], [dx, ds, db],
                 lambda a: [k.backward(a(x), a(g), a(scale), a(dx), a(ds) if ds else None,
                                       a(db) if db else None)], "backward")
@@ -744,6 +739,17 @@ def per_channel_chain(ctx: Context, into: Node, node: Node, last: str, rank: int
         ctx.absorb(into, nxt)
         last = nxt.outputs[0]
     return then, last
+
+
+def norm_gradients(pb: PlanBuilder, ctx: Context, x: str, xin: str, scale: str, bias: str
+                   ) -> tuple[str, str, str]:
+    """Where a normalization's backward writes d(x), d(scale), d(bias): their gradients, or
+    a temporary for d(x) (the kernel computes it anyway) and "" for the others, when no
+    gradient is wanted. ``xin`` is the value the kernel read for ``x``."""
+    tx = pb.grad_target(xin) if ctx.needs(x) else None
+    ts = pb.grad_target(scale) if ctx.needs(scale) else None
+    tb = pb.grad_target(bias) if bias and ctx.needs(bias) else None
+    return (tx[0] if tx else pb.temp(xin)), (ts[0] if ts else ""), (tb[0] if tb else "")
 
 
 def affine(ctx: Context, node: Node, op, layout: str) -> Lowered:
@@ -805,11 +811,7 @@ def layernorm(ctx: Context, node: Node, op) -> Lowered | None:
         g = pb.grad(y)
         if g is None:
             return
-        tx = pb.grad_target(xin) if ctx.needs(x) else None
-        dx = tx[0] if tx else pb.temp(xin)
-        ts = pb.grad_target(scale) if ctx.needs(scale) else None
-        tb = pb.grad_target(bias) if ctx.needs(bias) else None
-        ds, db = (ts[0] if ts else ""), (tb[0] if tb else "")
+        dx, ds, db = norm_gradients(pb, ctx, x, xin, scale, bias)
         pb.step("LayerNormalization backward", [xin, g, scale, bias], [dx, ds, db],
                 lambda a: [k.backward(a(xin), a(g), a(scale), a(bias) if bias else None, a(dx),
                                       a(ds) if ds else None,
