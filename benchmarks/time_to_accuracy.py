@@ -1,17 +1,18 @@
-"""Time to accuracy on MNIST: meta's planned executor against PyTorch training the same MLP.
+"""Time to accuracy on MNIST: meta's executors against PyTorch training the same network.
 
-    python benchmarks/time_to_accuracy.py                    # 1 then 2 threads, 97 %
-    python benchmarks/time_to_accuracy.py --threads 1 --target 0.975 --json out.json
+    python benchmarks/time_to_accuracy.py                    # MLP to 97 %, 1 then 2 threads
+    python benchmarks/time_to_accuracy.py --model lenet5 --target 0.98 --json out.json
 
-The main job's network and settings (``recipes/mnist_mlp.py``: MLP 784-512-512-10 from meta's
-seed-0 weights, SGD lr 0.05 momentum 0.9, batch 128, at most 5 epochs), one loop for both
-frameworks: the same batches in the same order (meta's seeded sampler), a test-set
-evaluation after every epoch. ``meta planned`` steps ``PlannedExecutor`` + meta's SGD;
-``pytorch`` a ``torch.nn.Sequential`` of the same weights with ``torch.optim.SGD`` in eager
-mode. Each variant runs in a fresh process per thread count (two frameworks' thread pools in
-one process slowed each other), ``--runs`` times; the time to accuracy is the training time
-(evaluations excluded) until the first epoch whose test accuracy reaches ``--target``; the
-figure is the median over runs, and the ratio PyTorch / meta (above 1: meta is there sooner).
+The MLP 784-512-512-10 (batch 128, the main job's) or LeNet-5 (batch 64) from meta's seed-0
+weights, SGD lr 0.05 momentum 0.9, at most 5 epochs; one loop for every variant: the same
+batches in the same order (meta's seeded sampler), a test-set evaluation after every epoch.
+``meta planned`` and ``meta native`` step that executor + meta's SGD; ``pytorch`` runs the
+same graph in PyTorch eager, node by node (``train_step.torch_forward``: ``F.conv2d``,
+``F.linear``, ...), with ``torch.optim.SGD``. Each variant runs in a fresh process per thread
+count (two frameworks' thread pools in one process slowed each other), ``--runs`` times; the
+time to accuracy is the training time (evaluations excluded) until the first epoch whose test
+accuracy reaches ``--target``; the figure is the median over runs, and the ratio PyTorch /
+meta (above 1: meta is there sooner).
 Needs torch and MNIST (``META_MNIST_DIR``, or the download cache).
 """
 
@@ -28,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-EPOCHS, BATCH, LR, MOMENTUM = 5, 128, 0.05, 0.9
+EPOCHS, LR, MOMENTUM = 5, 0.05, 0.9
+BATCH = {"mlp": 128, "lenet5": 64}
+VARIANTS = ("meta planned", "meta native", "pytorch")
 
 
-def run(variant: str, threads: int, target: float) -> dict:
+def run(model: str, variant: str, threads: int, target: float) -> dict:
     from meta import lv1
     from meta._threads import set_threads
     from meta.lv2 import Optimizer, sgd
@@ -40,37 +43,30 @@ def run(variant: str, threads: int, target: float) -> dict:
 
     set_threads(threads)
     train, test = mnist("train"), mnist("test")
-    graph = lv1.mlp(seed=0)
-    sampler = ShuffleSampler(len(train), BATCH, seed=0)
+    graph = {"mlp": lv1.mlp, "lenet5": lv1.lenet5}[model](seed=0)
+    sampler = ShuffleSampler(len(train), BATCH[model], seed=0)
     if variant == "pytorch":
         import torch
+        from train_step import torch_forward
 
         torch.set_num_threads(threads)
-        p = graph.parameters
-        layers = []
-        for i, name in enumerate(("fc0", "fc1", "fc2")):
-            w, b = p[f"{name}.weight"], p[f"{name}.bias"]
-            linear = torch.nn.Linear(w.shape[1], w.shape[0])
-            with torch.no_grad():
-                linear.weight.copy_(torch.from_numpy(w))
-                linear.bias.copy_(torch.from_numpy(b))
-            layers += [linear] + ([torch.nn.ReLU()] if i < 2 else [])
-        net = torch.nn.Sequential(torch.nn.Flatten(), *layers)
-        opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+        params = {k: torch.nn.Parameter(torch.from_numpy(v.copy()))
+                  for k, v in graph.parameters.items()}
+        loss_of, logits_of = torch_forward(graph, params), torch_forward(graph, params, "logits")
+        opt = torch.optim.SGD(params.values(), lr=LR, momentum=MOMENTUM)
 
         def step(x, y):
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)),
-                                                     torch.from_numpy(y))
+            loss = loss_of(torch.from_numpy(x), torch.from_numpy(y))
             loss.backward()
             opt.step()
 
         def predict(x):
             with torch.no_grad():
-                return net(torch.from_numpy(x)).numpy()
-        modes = (net.train, net.eval)
+                return logits_of(torch.from_numpy(x)).numpy()
+        modes = (lambda: None, lambda: None)  # no state that depends on the mode
     else:
-        executor = lv1.PlannedExecutor(graph)
+        executor = lv1.EXECUTORS[variant.split()[1]](graph)
         optimizer = Optimizer(sgd(LR, momentum=MOMENTUM), graph.parameters)
 
         def step(x, y):
@@ -98,12 +94,14 @@ def run(variant: str, threads: int, target: float) -> dict:
         if reached is None and accuracy >= target:
             reached = elapsed
             break
-    return {"variant": variant, "threads": threads, "time_to_target_s": reached,
-            "epochs": epochs}
+    return {"model": model, "variant": variant, "threads": threads,
+            "time_to_target_s": reached, "epochs": epochs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="mlp", choices=sorted(BATCH))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--runs", type=int, default=3)
@@ -112,19 +110,21 @@ def main() -> None:
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run(args.child[0], int(args.child[1]), args.target)))
+        print(json.dumps(run(args.model, args.child[0], int(args.child[1]), args.target)))
         return
     from harness import environment, print_environment
 
     env = environment()
     print_environment(env)
     results = []
+    variants = args.variants.split(",")
     for threads in (int(t) for t in args.threads.split(",")):
         for _ in range(args.runs):
-            for variant in ("meta planned", "pytorch"):  # taking turns
+            for variant in variants:  # taking turns
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", variant, str(threads), "--target",
-                     str(args.target)], check=True, capture_output=True, text=True,
+                     str(args.target), "--model", args.model], check=True,
+                    capture_output=True, text=True,
                     env={**os.environ, "OMP_NUM_THREADS": str(threads)}).stdout
                 results.append(json.loads(out.strip().splitlines()[-1]))
                 r = results[-1]
@@ -133,15 +133,17 @@ def main() -> None:
                       f"{r['epochs'][-1]['epoch']})", flush=True)
         times = {v: [r["time_to_target_s"] for r in results if r["variant"] == v
                      and r["threads"] == threads and r["time_to_target_s"] is not None]
-                 for v in ("meta planned", "pytorch")}
-        if all(times.values()):
-            m = {v: statistics.median(t) for v, t in times.items()}
-            print(f"== {threads} thread(s): median time to {args.target:.0%}: meta planned "
-                  f"{m['meta planned']:.2f} s, pytorch {m['pytorch']:.2f} s; pytorch / meta "
-                  f"{m['pytorch'] / m['meta planned']:.2f}", flush=True)
+                 for v in variants}
+        m = {v: statistics.median(t) for v, t in times.items() if t}
+        shown = ", ".join(f"{v} {t:.2f} s" for v, t in m.items())
+        vs = ", ".join(f"pytorch / {v} {m['pytorch'] / t:.2f}" for v, t in m.items()
+                       if "pytorch" in m and v != "pytorch")
+        print(f"== {args.model}, {threads} thread(s): median time to {args.target:.0%}: "
+              f"{shown}; {vs}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"environment": env, "target": args.target,
-                                         "results": results}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"environment": env, "model": args.model,
+                                         "target": args.target, "results": results},
+                                        indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -96,8 +96,9 @@ def meta_step(model: str, executor_name: str, x: np.ndarray, y: np.ndarray,
     return step
 
 
-def torch_forward(graph: lv1.Graph, params: dict) -> Callable:
-    """PyTorch eager ops running ``graph``'s nodes (the ops these models use)."""
+def torch_forward(graph: lv1.Graph, params: dict, output: str = "loss") -> Callable:
+    """PyTorch eager ops running ``graph``'s nodes (the ops these models use), up to
+    ``output``."""
     def conv(n, x, w, b=None):
         pads = n.attrs.get("pads") or [0] * 4
         return F.conv2d(x, w, b, stride=tuple(n.attrs.get("strides") or (1, 1)),
@@ -114,11 +115,13 @@ def torch_forward(graph: lv1.Graph, params: dict) -> Callable:
         "SoftmaxCrossEntropyLoss": lambda n, s, t: F.cross_entropy(s, t),
     }
 
-    def forward(x, labels):
+    nodes = graph.nodes_for([output])
+
+    def forward(x, labels=None):
         values = {**params, "input": x, "labels": labels}
-        for node in graph.nodes:
+        for node in nodes:
             values[node.outputs[0]] = ops[node.op_type](node, *(values[i] for i in node.inputs))
-        return values["loss"]
+        return values[output]
     return forward
 
 

@@ -251,11 +251,14 @@ def _import_mpi() -> Any:
     blocking allreduce of 256 KiB-2.6 MiB is several times slower at that level: the MNIST
     MLP's 2.7 MB of gradients took 2.06 ms per step at -n 2 under "single" and 0.78 ms under
     "multiple" (benchmarks/data_parallel.py), the nonblocking allreduce the same in both.
+    Under Open MPI (its launcher sets OMPI_COMM_WORLD_SIZE) meta keeps "single": with ULFM
+    and a killed rank, a run at "multiple" once finished its work and then never exited.
     """
     import mpi4py
 
     if "mpi4py.MPI" not in sys.modules:  # once MPI is loaded, rc changes nothing
-        mpi4py.rc.thread_level = os.environ.get("META_MPI_THREAD_LEVEL", "multiple")
+        default = "single" if "OMPI_COMM_WORLD_SIZE" in os.environ else "multiple"
+        mpi4py.rc.thread_level = os.environ.get("META_MPI_THREAD_LEVEL", default)
     from mpi4py import MPI
 
     return MPI

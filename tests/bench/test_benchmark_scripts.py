@@ -78,5 +78,6 @@ def test_data_parallel_prints_efficiency_and_the_cost_model(mpirun, tmp_path):
 def test_time_to_accuracy_against_pytorch(mnist_dir):
     pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
     out = run("time_to_accuracy.py", "--threads", "1", "--runs", "1", "--target", "0.5")
-    assert re.search(r"median time to 50%: meta planned \d+\.\d\d s, pytorch \d+\.\d\d s", out), out
+    assert re.search(r"median time to 50%: meta planned \d+\.\d\d s, meta native \d+\.\d\d s, "
+                     r"pytorch \d+\.\d\d s; pytorch / meta planned \d+\.\d\d", out), out
 
