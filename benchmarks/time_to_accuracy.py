@@ -4,8 +4,9 @@
     python benchmarks/time_to_accuracy.py --model lenet5 --target 0.98 --json out.json
 
 The MLP 784-512-512-10 (batch 128, the main job's) or LeNet-5 (batch 64) from meta's seed-0
-weights, SGD with momentum 0.9 (lr 0.05; 0.01 for LeNet-5), at most 5 epochs; one loop for every variant: the same
-batches in the same order (meta's seeded sampler), a test-set evaluation after every epoch.
+weights, SGD with momentum 0.9 (lr 0.05; 0.01 for LeNet-5), at most 5 epochs; one loop for
+every variant: the same batches in the same order (meta's seeded sampler), a test-set
+evaluation after every epoch.
 ``meta planned`` and ``meta native`` step that executor + meta's SGD; ``pytorch`` runs the
 same graph in PyTorch eager, node by node (``train_step.torch_forward``: ``F.conv2d``,
 ``F.linear``, ...), with ``torch.optim.SGD``. Each variant runs in a fresh process per thread
