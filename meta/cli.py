@@ -40,7 +40,8 @@ def _prepare(args: argparse.Namespace, comm, locks: list):
             locks.append(RunLock(output_folder(recipe.name, args.output_dir)))
         return RecipeRun(recipe, comm, output_dir=args.output_dir, progress=not args.quiet,
                          export_onnx=not args.no_export,
-                         checkpoint_every=args.checkpoint_every, resume=args.resume), None
+                         checkpoint_every=args.checkpoint_every, resume=args.resume,
+                         locks=locks), None
     except (RecipeError, ComponentError, DatasetError, GraphError, CheckpointError,
             RunDirError) as err:
         return None, str(err)
@@ -51,10 +52,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     comm, locks = world(), []
     try:
-        return _run(args, comm, locks)
+        code = _run(args, comm, locks)
     finally:  # also on exit 2 and Ctrl-C; a killed run leaves a lock the next run takes over
         for lock in locks:
             lock.release()
+    from meta.lv3.survival import end_without_finalize_after_a_death
+
+    end_without_finalize_after_a_death(code)
+    return code
 
 
 def _run(args: argparse.Namespace, comm, locks: list) -> int:

@@ -4,7 +4,9 @@ last, and the one-line messages for mistakes that show up only while training.
 ``meta run`` takes ``RunLock`` on rank 0 before it loads anything: a second run into a busy
 folder is refused at once, naming the run that holds it. The lock file holds the holder's pid,
 host and start time and is removed when the run ends; one left by a run that was killed
-(SIGKILL, a lost node) is taken over, with a message, when its pid is gone from this host.
+(SIGKILL, a lost node) is taken over, with a message, when its pid is gone from this host, or
+when MPI reported its rank dead (``holder_died``: the surviving rank that writes the outputs in
+its place takes it over, from any host).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class RunLock:
     >>> lock.release(); RunLock(folder).release()
     """
 
-    def __init__(self, folder: str | os.PathLike, stream: TextIO | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike, stream: TextIO | None = None,
+                 holder_died: bool = False) -> None:
         self.folder = Path(folder)
         self.path = self.folder / LOCK
         self.record = {"pid": os.getpid(), "host": socket.gethostname(),
@@ -81,12 +84,13 @@ class RunLock:
             if self._create():
                 break
             holder = self._holder()
-            if not self._stale(holder):
+            if not (holder_died and holder) and not self._stale(holder):
                 raise RunDirError(self._busy(holder))
             if self._take_over(holder):
                 print(f"meta: taking over {self.path}, left by pid {holder['pid']} on "
                       f"{holder['host']} (started {holder.get('started', '?')}), which is no "
                       f"longer running", file=stream or sys.stderr, flush=True)
+                self._remove_leftovers(holder)
         else:
             raise RunDirError(self._busy(self._holder()))
         with suppress(FileNotFoundError):
@@ -147,6 +151,13 @@ class RunLock:
                 os.link(aside, self.path)
         aside.unlink()
         return moved == holder
+
+    def _remove_leftovers(self, holder: dict[str, Any]) -> None:
+        """The temporary files of a holder killed while writing (``atomic_write`` names them
+        after the writer's pid): the folder is this run's now, and no one else writes there."""
+        for tmp in self.folder.glob(f"*.{int(holder['pid'])}.*.tmp"):
+            with suppress(OSError):
+                tmp.unlink()
 
     def release(self) -> None:
         """Remove the lock file if this run holds it (idempotent), and the folders taking it

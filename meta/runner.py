@@ -36,8 +36,9 @@ from meta.lv2.dataset_registry import classes
 from meta.lv3 import Communicator, DistributedSampler, Strategy, world
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
+from meta.lv3.survival import hand_over_outputs
 from meta.recipe import Outcome, Recipe, RecipeError, judge
-from meta.run_dir import output_folder, write_outputs
+from meta.run_dir import RunDirError, RunLock, output_folder, write_outputs
 
 CHECKPOINT = "checkpoint.npz"
 
@@ -58,12 +59,16 @@ class RecipeRun:
     def __init__(self, recipe: Recipe, comm: Communicator | None = None,
                  stream: TextIO | None = None, output_dir: str | Path | None = None,
                  progress: bool = True, export_onnx: bool = True, checkpoint_every: int = 0,
-                 resume: bool = False) -> None:
+                 resume: bool = False, locks: list[RunLock] | None = None) -> None:
         self.recipe, self.comm, self.stream = recipe, comm or world(), stream or sys.stdout
         self.output_dir = output_folder(recipe.name, output_dir)
         self.export_onnx, self.resumed, self.build_metrics = export_onnx, resume, {}
+        # The output folder's locks this process holds (``meta run``'s); a rank that takes
+        # over writing the outputs from a dead rank 0 adds the one it inherits.
+        self.locks = locks
+        self.progress, self.checkpoint_every = progress, checkpoint_every
         try:
-            self.trainer = self._build(progress, checkpoint_every)
+            self.trainer = self._build()
         except ComponentError as err:
             raise RecipeError(f"recipe {recipe.name!r}: {err}") from err
         if resume:
@@ -72,7 +77,7 @@ class RecipeRun:
     def choice(self, kind: str) -> Any:  # the recipe's Choice of a component kind
         return self.recipe.definitions.choices[kind]
 
-    def _build(self, progress: bool, checkpoint_every: int) -> Trainer:
+    def _build(self) -> Trainer:
         d, comm = self.recipe.definitions, self.comm
         data = self.choice("dataset")
         train, test, augment = build_dataset(data.component, data.options, d.seed)
@@ -91,7 +96,7 @@ class RecipeRun:
         optimizer = self.choice("optimizer")
         trainer = Trainer(executor, build_optimizer(optimizer.component, optimizer.options,
                                                     graph.parameters, len(sampler), d.epochs),
-                          train, sampler, test, self._events(checkpoint_every, progress),
+                          train, sampler, test, self._events(),
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                           eval_shard=(index, replicas), transform=augment,
@@ -99,20 +104,42 @@ class RecipeRun:
         self.strategy_cls.check(trainer, comm)
         return trainer
 
-    def _events(self, checkpoint_every: int, progress: bool) -> list[Any]:
+    def _events(self) -> list[Any]:
         """The recipe's events (on every rank: those that stop training decide alike), then
-        on rank 0 the progress bar, logs, curves and checkpoints."""
-        d, out = self.recipe.definitions, self.output_dir
+        on rank 0 the writer's."""
+        d = self.recipe.definitions
         events = [e.component.build(**e.options) for e in d.events]
-        if self.comm.is_root:
-            events += [ProgressBar(disable=None if progress else True), EpochLog(self.stream)]
-            if out is not None:
-                events += [CSVLog(out / "metrics.csv"), JSONLinesLog(out / "metrics.jsonl"),
-                           PlotMetrics(out / "curves.png", title=self.recipe.name),
-                           CheckpointEvent(out / CHECKPOINT, checkpoint_every,
-                                           info={"recipe": self.recipe.name,
-                                                 "definitions": d.as_dict()})]
+        return events + (self._writer_events() if self.comm.is_root else [])
+
+    def _writer_events(self) -> list[Any]:
+        """What the rank that writes the outputs runs: the progress bar, the epoch lines,
+        logs, curves and checkpoints."""
+        d, out = self.recipe.definitions, self.output_dir
+        events = [ProgressBar(disable=None if self.progress else True), EpochLog(self.stream)]
+        if out is not None:
+            events += [CSVLog(out / "metrics.csv"), JSONLinesLog(out / "metrics.jsonl"),
+                       PlotMetrics(out / "curves.png", title=self.recipe.name),
+                       CheckpointEvent(out / CHECKPOINT, self.checkpoint_every,
+                                       info={"recipe": self.recipe.name,
+                                             "definitions": d.as_dict()})]
         return events
+
+    def take_over_outputs(self, dead: int) -> None:
+        """Rank 0 (``dead``, a world rank) died and this rank, the first worker alive, writes
+        the run's outputs in its place: it inherits the output folder's lock and runs the
+        writer's events from now on. Their files are rewritten whole from the trainer's
+        history, which every worker holds, so nothing written before the death is lost."""
+        epoch = len(self.trainer.history) + 1
+        print(f"meta: rank {dead} died; rank {self.comm.rank} writes the run's outputs from "
+              f"epoch {epoch} on", file=self.stream, flush=True)
+        if self.locks is not None and self.output_dir is not None:
+            try:
+                self.locks.append(RunLock(self.output_dir, self.stream, holder_died=True))
+            except RunDirError as err:
+                raise ComponentError(f"rank {self.comm.rank} cannot take over the outputs of "
+                                     f"dead rank {dead}: {err}") from err
+        print(EpochLog.HEADER, file=self.stream, flush=True)
+        self.trainer.add_events(self._writer_events())
 
     def resume(self) -> None:
         """Continue from ``output_dir/checkpoint.npz`` (every rank reads it: replicas agree).
@@ -172,6 +199,7 @@ class RecipeRun:
                                            **strategy.options)
         self.trainer.optimizer, group = wrapped, wrapped.group
         self.trainer.sum_across = lambda sums: group.allreduce(np.array(sums))
+        hand_over_outputs(group, self.take_over_outputs)  # when rank 0 dies (under ULFM)
         if hasattr(self.trainer.executor, "timeline"):  # the PyTorch executor's copies
             self.trainer.executor.timeline = wrapped.timeline
         return wrapped

@@ -172,6 +172,19 @@ def test_a_lock_of_another_host_is_not_taken_over(tmp_path):
         RunLock(tmp_path)
 
 
+def test_the_lock_of_a_rank_mpi_reported_dead_is_inherited_with_its_temporary_files(tmp_path):
+    """The first surviving worker takes over the outputs of a dead rank 0 on another host:
+    its lock, and the temporary file it was writing when it was killed."""
+    (tmp_path / LOCK).write_text(json.dumps({"pid": 4242, "host": "elsewhere", "started": "x"}))
+    (tmp_path / "metrics.csv.4242.a1b2c3.tmp").write_text("epoch,tra")
+    (tmp_path / "metrics.csv").write_text("epoch\n1\n")
+    lock = RunLock(tmp_path, holder_died=True)
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    assert leftovers(tmp_path) == [] and (tmp_path / "metrics.csv").exists()
+    lock.release()
+    assert not (tmp_path / LOCK).exists()
+
+
 def test_a_new_run_removes_the_previous_metrics_json(tmp_path, capsys):
     """metrics.json exists only once a run completed: a run that then fails leaves none."""
     out = tmp_path / "out"

@@ -76,6 +76,11 @@ class Trainer:
         self.epoch_elapsed = 0.0
         self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
 
+    def add_events(self, events: Iterable[Event]) -> None:
+        """Attach ``events`` from now on (in priority order with the others). A new list: an
+        event may be added while the trainer emits to the old one."""
+        self.events = sorted([*self.events, *events], key=lambda e: -e.priority)
+
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step; ``reason`` is kept for the report."""
         self.stop_reason = self.stop_reason or reason

@@ -31,7 +31,8 @@ A process that dies outright (a crash, SIGKILL, a lost node) is survived where t
 the fault-tolerance extension ULFM (Open MPI's ``mpiexec --with-ft ulfm``; ``survival``): the
 servers see the dead worker's receive fail and mark it DIED, the workers' per-epoch
 collectives shrink to the survivors, and the end of the run goes on over the survivors as for
-a lost worker. Losing a server or rank 0 is a ``LostRankError`` naming it. Without ULFM (the
+a lost worker; when it was rank 0, the lowest surviving worker writes the outputs. Losing a
+server (or worker 0 during its warm start) is a ``LostRankError`` naming it. Without ULFM (the
 ``mpich`` wheel) the MPI standard leaves the job undefined and ``mpiexec`` ends every rank.
 So ``worker_timeout_s`` covers a worker that is alive but stuck (or far too slow), and
 ``leave`` one that stops cleanly. A lost worker's unanswered messages are left pending: they
@@ -136,7 +137,7 @@ class Downpour(Strategy):
         elif self.servers:
             self.client = DownpourClient(self)
             if comm.rank != 0 and warm_start_steps:
-                self._talk(self.client.wait_for_go)
+                self._talk(self.client.wait_for_go, why="the others wait for its warm start")
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
@@ -147,16 +148,19 @@ class Downpour(Strategy):
         strategy.steps_per_epoch = getattr(trainer, "steps_per_epoch", 0)  # trainer: or None
         return strategy
 
-    def _talk(self, exchange: Any, *args: Any) -> Any:
-        """Run a worker's exchange with the servers; a dead server (or rank 0, which sends
-        the warm start's go) is a ``LostRankError`` naming it, not an MPI traceback."""
+    def _talk(self, exchange: Any, *args: Any, why: str = "the run cannot go on without it"
+              ) -> Any:
+        """Run a worker's exchange with the servers; a dead server (or, during a warm start,
+        worker 0, which sends the go) is a ``LostRankError`` naming it, not an MPI
+        traceback."""
         try:
             return exchange(*args)
         except Exception as err:
             if not is_failure(err):
                 raise
             raise lost_peer(self.comm, self.servers,
-                            f"at step {self.client.steps} of worker {self.comm.rank}") from err
+                            f"at step {self.client.steps} of worker {self.comm.rank}",
+                            why) from err
 
     @property
     def source(self) -> int:

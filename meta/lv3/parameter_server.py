@@ -60,17 +60,18 @@ class AsyncParameterServer(Strategy):
     server (``serve``) applies each gradient as it arrives with the wrapped optimizer and
     answers that worker alone, until every worker has sent DONE (``finish``); then it sends
     everyone the final parameters. At size 1 there is no server: the rank trains locally.
-    The server records the order in which it applied the workers' gradients and sends it to
-    rank 0 at the end (``update_order``: the worker rank of each update), so the run can be
-    replayed on one process, bit for bit (``meta replay``).
+    The server records the order in which it applied the workers' gradients and sends it at
+    the end to the first worker alive, which writes the outputs (``update_order``: the worker
+    rank of each update), so the run can be replayed on one process, bit for bit
+    (``meta replay``).
     Server and workers wait by polling (``meta.lv3.polling``): MPICH's blocking waits spin,
     and with more ranks than cores a spinning server takes a core its workers need.
 
     A worker whose process dies is survived under an MPI with ULFM (``meta.lv3.survival``):
     the server drops it (``Roster``: DIED, when, its updates applied) and sends the roster to
     the others with the final parameters; the workers' collectives shrink to the survivors,
-    and the end of the run (``end_comm``) is theirs alone. A dead server or rank 0 is a
-    ``LostRankError`` naming it.
+    and the end of the run (``end_comm``) is theirs alone; when rank 0 died, the first worker
+    alive writes the outputs. A dead server is a ``LostRankError`` naming it.
     """
 
     name = "async_parameter_server"
@@ -109,11 +110,15 @@ class AsyncParameterServer(Strategy):
             raise lost_peer(self.comm, [self.server],
                             f"at step {self.steps} of worker {self.comm.rank}") from err
 
+    def _alive(self) -> list[int]:
+        """The workers that finished (all, unless one died), as the roster says."""
+        return [w for i, w in enumerate(self.workers) if self.roster.status(i) != DIED]
+
     def _end_with_survivors(self) -> None:
         """After a death, the rest of the run is collective over the survivors only."""
         if self.roster.died():
-            alive = [w for i, w in enumerate(self.workers) if i not in self.roster.died()]
-            self.end_comm = survivors_comm(self.comm, sorted(alive + [self.server]), died=True)
+            self.end_comm = survivors_comm(self.comm, sorted(self._alive() + [self.server]),
+                                           died=True)
 
     @property
     def source(self) -> int:
@@ -144,7 +149,7 @@ class AsyncParameterServer(Strategy):
             self._talk([comm.isend(np.empty(0, self.flat_grads.dtype), server, DONE),
                         comm.irecv(self.roster.info, server, ROSTER)])
             self._talk([comm.irecv(self.flat_params.buffer, server, PARAMS)])
-            if comm.rank == 0:
+            if comm.rank == self._alive()[0]:  # the writer of the outputs
                 count = np.empty(1, np.int64)
                 self._talk([comm.irecv(count, server, ORDER)])
                 order = np.empty(int(count[0]), np.int64)
@@ -186,14 +191,14 @@ class AsyncParameterServer(Strategy):
             receives[i] = comm.irecv(inboxes[i].buffer, self.workers[i])
             self.bytes_sent += params.nbytes
             t.lap("pack")
-        alive = [w for i, w in enumerate(self.workers) if self.roster.status(i) != DIED]
+        alive = self._alive()
         poll_all(comm, [s for i, s in enumerate(sends) if self.roster.status(i) != DIED])
         for worker in alive:
             comm.send(self.roster.info, worker, ROSTER)
             comm.send(params, worker, PARAMS)
         self.update_order = order
-        comm.send(np.array([len(order)], np.int64), 0, ORDER)
-        comm.send(np.array(order, np.int64), 0, ORDER)
+        comm.send(np.array([len(order)], np.int64), alive[0], ORDER)
+        comm.send(np.array(order, np.int64), alive[0], ORDER)
         self._end_with_survivors()
 
     def report(self) -> dict[str, float]:

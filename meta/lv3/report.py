@@ -13,8 +13,9 @@ from meta.lv3.timeline import chrome_trace
 
 def communication_report(strategy: Strategy, comm: Communicator, stream: TextIO,
                          trace: Path | None = None, state_bytes: int = 0) -> dict[str, float]:
-    """Bytes and phase shares of rank 0, and its communication time per step against the
-    alpha-beta model's prediction (printed by rank 0 under MPI); writes the step timeline as a
+    """Bytes and phase shares of the rank that writes the outputs (rank 0, unless it died),
+    and its communication time per step against the alpha-beta model's prediction (printed by
+    that rank under MPI); writes the step timeline as a
     Chrome trace to ``trace`` if given. A collective (the link is measured)."""
     link = measure_link(comm)
     report = strategy.report()
@@ -27,7 +28,7 @@ def communication_report(strategy: Strategy, comm: Communicator, stream: TextIO,
     if comm.is_root and comm.size > 1:
         synced = (f"; state, {state_bytes} bytes, averaged at each evaluation: "
                   f"{report.get('state_bytes_sent', 0):.0f} bytes in all" if state_bytes else "")
-        print(f"meta: {strategy.name} step phases on rank 0 "
+        print(f"meta: {strategy.name} step phases on rank {strategy.comm.rank} "
               f"({report['bytes_sent_per_step']:.0f} bytes sent per step{synced})\n"
               f"{strategy.timeline.format_summary()}\n"
               f"meta: communication per step: measured "

@@ -25,7 +25,7 @@ import numpy as np
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.communicator import Communicator, _import_mpi
 from meta.lv3.polling import cancel_all, poll_all, poll_any_until
-from meta.lv3.survival import failed_ranks, is_failure, lost
+from meta.lv3.survival import RESTART_HINT, LostRankError, failed_ranks, is_failure, lost
 from meta.lv3.timeline import Timeline
 
 PUSH, FETCH, PARAMS, DONE, GO, EXIT, VERDICT = 31, 32, 33, 34, 35, 36, 37  # message tags
@@ -165,14 +165,14 @@ class Roster:
         workers that died DIED, with ``applied[i]`` of their updates applied (each one
         ``steps_per_update`` steps), stop listening to them (their entries in each list of
         ``requests`` are dropped) and take them out of ``active``. Raises ``LostRankError``
-        when rank 0 or a rank that is not a worker died, and ``error`` when no active worker
-        died (then it was not about one)."""
+        when a rank that is not a worker died (a server) or no worker is left, and ``error``
+        when no active worker died (then it was not about one)."""
         if not is_failure(error):
             raise error
         dead, now, null = failed_ranks(comm), time.monotonic(), _import_mpi().REQUEST_NULL
         for rank in dead:
-            if rank == 0 or rank not in self.workers:
-                raise lost(rank, comm.size, "rank 0" if rank == 0 else "server",
+            if rank not in self.workers:
+                raise lost(rank, comm.size, "server",
                            f"after {now - started:.1f} s of training (seen by server rank "
                            f"{comm.rank})")
         gone = [i for i in sorted(active) if self.workers[i] in dead]
@@ -184,6 +184,10 @@ class Roster:
             active.discard(i)
             for each in requests:
                 each[i] = null if each[i] is not None else None
+        if len(self.died()) == len(self.workers):
+            raise LostRankError(f"every worker of the run died (ranks "
+                                f"{', '.join(map(str, self.workers))}), the last after "
+                                f"{now - started:.1f} s of training; {RESTART_HINT}")
 
 
 class ShardServer:

@@ -9,13 +9,15 @@ without it. The asynchronous strategies use that: their servers drop a dead work
 itself, and the end of the run is collective over the survivors only. Where ULFM is off
 (``ulfm_on`` is False) nothing here changes what a run does.
 
-Losing a rank the run cannot do without (a server, or rank 0, which writes the outputs) is a
-``LostRankError``: one line naming it, exit 2 under ``meta run``, never a hang.
+Rank 0 is a worker like the others: when it dies, the lowest surviving worker takes over
+writing the run's outputs (``hand_over_outputs``). Losing a rank the run cannot do without (a
+server) is a ``LostRankError``: one line naming it, exit 2 under ``meta run``, never a hang.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -29,7 +31,7 @@ RESTART_HINT = "start the run again (--resume continues from its last checkpoint
 
 
 class LostRankError(ComponentError):
-    """A rank the run cannot go on without died (a server, or rank 0)."""
+    """A rank the run cannot go on without died (a server)."""
 
 
 def ulfm_on(environ: os._Environ | dict = os.environ) -> bool:
@@ -68,26 +70,24 @@ def failed_ranks(comm: Communicator) -> list[int]:
     return sorted(ranks)
 
 
-def lost(rank: int, size: int, role: str, where: str) -> LostRankError:
+def lost(rank: int, size: int, role: str, where: str,
+         why: str = "the run cannot go on without it") -> LostRankError:
     """The one-line error for losing a rank the run needs."""
-    why = "the run cannot go on without it" if role != "rank 0" else \
-        "it writes the run's outputs"
-    who = f"rank {rank}" if role == "rank 0" else f"{role} rank {rank}"
-    return LostRankError(f"lost {who} of {size} {where}: its process died "
+    return LostRankError(f"lost {role} rank {rank} of {size} {where}: its process died "
                          f"(killed, crashed or its node lost) and {why}; {RESTART_HINT}")
 
 
-def lost_peer(comm: Communicator, servers: Iterable[int], where: str) -> LostRankError:
-    """The error for a worker whose exchange with the servers failed: a dead server (or
-    rank 0) named, or, when this rank knows of no death (the world was revoked by a rank
-    that ended the run), that."""
+def lost_peer(comm: Communicator, servers: Iterable[int], where: str,
+              why: str = "the run cannot go on without it") -> LostRankError:
+    """The error for a worker whose exchange with a peer failed: a dead server (or the
+    worker it waited for) named, or, when this rank knows of no death (the world was revoked
+    by a rank that ended the run), that."""
     dead, servers = failed_ranks(comm), list(servers)
     if not dead:
         return LostRankError(f"another rank ended the run {where}, after a rank it needs "
                              f"died; {RESTART_HINT}")
     rank = next((r for r in dead if r in servers), dead[0])
-    role = "server" if rank in servers else "rank 0" if rank == 0 else "worker"
-    return lost(rank, comm.size, role, where)
+    return lost(rank, comm.size, "server" if rank in servers else "worker", where, why)
 
 
 def failure_message(comm: Communicator, err: BaseException) -> str | None:
@@ -121,14 +121,14 @@ class SurvivingCommunicator(MPICommunicator):
     waiting for it. When any rank failed, all of them shrink to the survivors and repeat the
     call there with their original inputs; ``rank`` and ``size`` then change in place (order
     is kept), ``lost`` names the dead (world ranks) and ``on_shrink`` callbacks run (e.g. to
-    re-shard the evaluation). Losing one of ``essential`` (world ranks) is a
-    ``LostRankError``. Point-to-point calls are unchanged.
+    re-shard the evaluation, or hand over writing the outputs). Losing one of ``essential``
+    (world ranks) is a ``LostRankError``. Point-to-point calls are unchanged.
 
     The agreement costs one small extra collective per call: meant for the few collectives
     of a run (per-epoch sums, evaluation), not for a per-step exchange.
     """
 
-    def __init__(self, comm: Any, essential: Iterable[int] = (0,), role: str = "worker") -> None:
+    def __init__(self, comm: Any, essential: Iterable[int] = (), role: str = "worker") -> None:
         super().__init__(comm)
         self.essential, self.role = set(essential), role
         self.members = world_ranks(self.comm)
@@ -165,8 +165,8 @@ class SurvivingCommunicator(MPICommunicator):
         self.lost += dead
         for rank in dead:
             if rank in self.essential:
-                raise lost(rank, self._MPI.COMM_WORLD.Get_size(), "rank 0" if rank == 0
-                           else self.role, f"during a collective of the {self.role}s")
+                raise lost(rank, self._MPI.COMM_WORLD.Get_size(), self.role,
+                           f"during a collective of the {self.role}s")
         self.comm, self.members = smaller, kept
         self._rank, self._size = smaller.Get_rank(), smaller.Get_size()
         for callback in self.on_shrink:
@@ -209,7 +209,7 @@ class SurvivingCommunicator(MPICommunicator):
         self._survive(lambda: super(SurvivingCommunicator, self).barrier())
 
 
-def surviving(comm: Communicator, essential: Iterable[int] = (0,),
+def surviving(comm: Communicator, essential: Iterable[int] = (),
               role: str = "worker") -> Communicator:
     """``comm`` as a ``SurvivingCommunicator`` where ULFM is on; else ``comm`` unchanged."""
     if not isinstance(comm, MPICommunicator) or comm.size == 1 or not ulfm_on():
@@ -223,3 +223,37 @@ def follow_shrinks(group: Communicator, trainer: Any) -> None:
     if isinstance(group, SurvivingCommunicator) and trainer is not None:
         group.on_shrink.append(
             lambda g: setattr(trainer, "eval_shard", (g.rank, g.size)))
+
+
+def hand_over_outputs(group: Communicator, take_over: Callable[[int], None]) -> None:
+    """When the rank that writes the run's outputs (``group``'s first: rank 0) dies, the
+    lowest surviving rank of ``group`` calls ``take_over(dead world rank)`` and writes them
+    from then on; again if that one dies too. As ``torchrun`` elects a new rendezvous host,
+    but without a restart: the survivors already hold the whole history of the run."""
+    if not isinstance(group, SurvivingCommunicator):
+        return
+    writer = [group.members[0]]
+
+    def check(g: SurvivingCommunicator) -> None:
+        if writer[0] not in g.members:
+            dead, writer[0] = writer[0], g.members[0]
+            if g.rank == 0:
+                take_over(dead)
+
+    group.on_shrink.append(check)
+
+
+def end_without_finalize_after_a_death(code: int) -> None:
+    """End this process now, with ``code``, when it survived a dead rank (under ULFM);
+    otherwise return. Open MPI's ``MPI_Finalize`` on the survivors now and then never returns
+    (measured, Open MPI 5.0.11: 2 of 17 runs whose rank 0 was killed, on a loaded machine; all
+    survivors waiting in its closing fence), so the run ends without it once every output is
+    written: ``os._exit`` after flushing. ``mpiexec --with-ft ulfm`` counts that as a normal
+    exit (exit status 0, measured)."""
+    if not ulfm_on():
+        return
+    if not failed_ranks(MPICommunicator(_import_mpi().COMM_WORLD)):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

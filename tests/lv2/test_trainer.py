@@ -59,6 +59,24 @@ def test_events_run_by_priority():
                    ("low", "epoch_end", 1), ("high", "train_end"), ("low", "train_end")]
 
 
+def test_events_added_during_a_sum_across_replicas_see_that_epochs_end():
+    """As when rank 0 dies and the first surviving worker takes over writing the outputs:
+    the writer's events join in the epoch-end sum that noticed the death."""
+    log, sums = [], []
+
+    def sum_across(values):
+        sums.append(1)
+        if len(sums) == 3:  # the training sum of epoch 2
+            trainer.add_events([Recorder("late", log, 5)])
+        return values
+
+    trainer = make_trainer([Recorder("early", log, 0)], sum_across=sum_across)
+    trainer.fit(3)
+    assert [e for e in log if e[1] == "epoch_end"] == [
+        ("early", "epoch_end", 1), ("late", "epoch_end", 2), ("early", "epoch_end", 2),
+        ("late", "epoch_end", 3), ("early", "epoch_end", 3)]
+
+
 def test_divergence_stops_with_the_step_named():
     log = []
     trainer = make_trainer([Recorder("r", log)], lr=1e6)

@@ -117,15 +117,18 @@ class FakeMPI:
 
 
 class FakeComm:
-    """World ranks ``ranks``; this process is the first. The first collective after ``fail``
-    is set raises ``ERR_PROC_FAILED`` (leaving garbage in its buffer); the agreement then says
-    "failed" and ``Shrink`` drops world rank 1. Collectives sum ``size`` equal contributions."""
+    """World ranks ``ranks``; this process is world rank ``me`` (default: the first). The
+    first collective after ``fail`` is set raises ``ERR_PROC_FAILED`` (leaving garbage in its
+    buffer); the agreement then says "failed" and ``Shrink`` drops world rank ``dies``.
+    Collectives sum ``size`` equal contributions."""
 
-    def __init__(self, ranks: list[int], fail: bool = False) -> None:
+    def __init__(self, ranks: list[int], fail: bool = False, dies: int = 1,
+                 me: int | None = None) -> None:
         self.ranks, self.fail, self.failed, self.revoked = ranks, fail, False, False
+        self.dies, self.me = dies, ranks[0] if me is None else me
 
     def Get_rank(self) -> int:  # noqa: N802
-        return 0
+        return self.ranks.index(self.me)
 
     def Get_size(self) -> int:  # noqa: N802
         return len(self.ranks)
@@ -153,7 +156,7 @@ class FakeComm:
         return flag and not self.failed
 
     def Shrink(self) -> FakeComm:  # noqa: N802
-        return FakeComm([r for r in self.ranks if r != 1])
+        return FakeComm([r for r in self.ranks if r != self.dies], dies=self.dies, me=self.me)
 
 
 @pytest.fixture
@@ -199,6 +202,28 @@ def test_losing_an_essential_rank_is_a_one_line_error(fake_mpi) -> None:
     with pytest.raises(LostRankError, match=r"^lost worker rank 1 of 3 during a collective "
                                             r"of the workers: its process died"):
         comm.allreduce(np.ones(1))
+
+
+@pytest.mark.parametrize("me,takes_over", [(1, True), (2, False)])
+def test_the_first_survivor_takes_over_the_outputs_when_rank_0_dies(fake_mpi, me, takes_over):
+    from meta.lv3.survival import SurvivingCommunicator, hand_over_outputs
+
+    comm = SurvivingCommunicator(FakeComm([0, 1, 2], fail=True, dies=0, me=me))
+    taken = []
+    hand_over_outputs(comm, taken.append)
+    assert comm.allreduce(np.ones(1)).tolist() == [2.0]  # survived: rank 0 is a worker
+    assert comm.lost == [0] and comm.members == [1, 2]
+    assert taken == ([0] if takes_over else [])  # the dead writer's world rank, once
+
+
+def test_a_death_that_is_not_the_writers_hands_nothing_over(fake_mpi) -> None:
+    from meta.lv3.survival import SurvivingCommunicator, hand_over_outputs
+
+    comm = SurvivingCommunicator(FakeComm([0, 1, 2], fail=True, dies=2, me=1))
+    taken = []
+    hand_over_outputs(comm, taken.append)
+    comm.allreduce(np.ones(1))
+    assert comm.lost == [2] and taken == []
 
 
 def test_other_mpi_errors_are_not_survived(fake_mpi) -> None:
@@ -264,8 +289,14 @@ def test_a_server_drops_only_dead_workers(fake_mpi, monkeypatch: pytest.MonkeyPa
     assert roster.status(1) == DIED and roster.info[1, Roster.STEPS] == 14
     with pytest.raises(FakeMPI.Exception):  # the error was not about an active worker
         roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives], [0] * 3, 0.0)
-    monkeypatch.setattr(shard_server, "failed_ranks", lambda comm: [0])
-    with pytest.raises(LostRankError, match="^lost rank 0 of 1 .* it writes the run's outputs"):
+    monkeypatch.setattr(shard_server, "failed_ranks", lambda comm: [0, 1])
+    roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives], [3, 0, 0], 0.0)
+    assert active == {2} and roster.died() == [0, 1]  # rank 0 is a worker like the others
+    monkeypatch.setattr(shard_server, "failed_ranks", lambda comm: [3])
+    with pytest.raises(LostRankError, match="^lost server rank 3 of 1 .* the run cannot go on"):
+        roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives], [0] * 3, 0.0)
+    monkeypatch.setattr(shard_server, "failed_ranks", lambda comm: [0, 1, 2])
+    with pytest.raises(LostRankError, match=r"^every worker of the run died \(ranks 0, 1, 2\)"):
         roster.drop_dead(failure, SingleProcessCommunicator(), active, [receives], [0] * 3, 0.0)
 
 
