@@ -15,8 +15,8 @@ def communication_report(strategy: Strategy, comm: Communicator, stream: TextIO,
                          trace: Path | None = None, state_bytes: int = 0) -> dict[str, float]:
     """Bytes and phase shares of the rank that writes the outputs (rank 0, unless it died),
     and its communication time per step against the alpha-beta model's prediction (printed by
-    that rank under MPI); writes the step timeline as a
-    Chrome trace to ``trace`` if given. A collective (the link is measured)."""
+    that rank under MPI); writes the step timeline as a Chrome trace to ``trace`` if given. A
+    collective (the link is measured)."""
     link = measure_link(comm)
     report = strategy.report()
     report["comm_predicted_ms_per_step"] = strategy.predict_comm_s(link) * 1e3

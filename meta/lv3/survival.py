@@ -121,16 +121,15 @@ class SurvivingCommunicator(MPICommunicator):
     waiting for it. When any rank failed, all of them shrink to the survivors and repeat the
     call there with their original inputs; ``rank`` and ``size`` then change in place (order
     is kept), ``lost`` names the dead (world ranks) and ``on_shrink`` callbacks run (e.g. to
-    re-shard the evaluation, or hand over writing the outputs). Losing one of ``essential``
-    (world ranks) is a ``LostRankError``. Point-to-point calls are unchanged.
+    re-shard the evaluation, or hand over writing the outputs). Point-to-point calls are
+    unchanged.
 
     The agreement costs one small extra collective per call: meant for the few collectives
     of a run (per-epoch sums, evaluation), not for a per-step exchange.
     """
 
-    def __init__(self, comm: Any, essential: Iterable[int] = (), role: str = "worker") -> None:
+    def __init__(self, comm: Any) -> None:
         super().__init__(comm)
-        self.essential, self.role = set(essential), role
         self.members = world_ranks(self.comm)
         self.lost: list[int] = []
         self.on_shrink: list[Callable[[SurvivingCommunicator], None]] = []
@@ -163,10 +162,6 @@ class SurvivingCommunicator(MPICommunicator):
         kept = world_ranks(smaller)
         dead = [r for r in self.members if r not in kept]
         self.lost += dead
-        for rank in dead:
-            if rank in self.essential:
-                raise lost(rank, self._MPI.COMM_WORLD.Get_size(), self.role,
-                           f"during a collective of the {self.role}s")
         self.comm, self.members = smaller, kept
         self._rank, self._size = smaller.Get_rank(), smaller.Get_size()
         for callback in self.on_shrink:
@@ -209,12 +204,11 @@ class SurvivingCommunicator(MPICommunicator):
         self._survive(lambda: super(SurvivingCommunicator, self).barrier())
 
 
-def surviving(comm: Communicator, essential: Iterable[int] = (),
-              role: str = "worker") -> Communicator:
+def surviving(comm: Communicator) -> Communicator:
     """``comm`` as a ``SurvivingCommunicator`` where ULFM is on; else ``comm`` unchanged."""
     if not isinstance(comm, MPICommunicator) or comm.size == 1 or not ulfm_on():
         return comm
-    return SurvivingCommunicator(comm.comm, essential, role)
+    return SurvivingCommunicator(comm.comm)
 
 
 def follow_shrinks(group: Communicator, trainer: Any) -> None:
