@@ -240,10 +240,10 @@ def hand_over_outputs(group: Communicator, take_over: Callable[[int], None]) -> 
 def end_without_finalize_after_a_death(code: int) -> None:
     """End this process now, with ``code``, when it survived a dead rank (under ULFM);
     otherwise return. Open MPI's ``MPI_Finalize`` on the survivors now and then never returns
-    (measured, Open MPI 5.0.11: 2 of 17 runs whose rank 0 was killed, on a loaded machine; all
-    survivors waiting in its closing fence), so the run ends without it once every output is
-    written: ``os._exit`` after flushing. ``mpiexec --with-ft ulfm`` counts that as a normal
-    exit (exit status 0, measured)."""
+    (measured, Open MPI 5.0.11, runs whose rank 0 was killed: 2 of 55 on an idle machine, 2 of
+    6 beside two busy loops; all survivors waiting in its closing fence), so the run ends
+    without it once every output is written: ``os._exit`` after flushing. ``mpiexec --with-ft
+    ulfm`` counts that as a normal exit (exit status 0, measured)."""
     if not ulfm_on():
         return
     if not failed_ranks(MPICommunicator(_import_mpi().COMM_WORLD)):
