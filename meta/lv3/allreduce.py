@@ -150,27 +150,31 @@ class Buckets:
         self.requests: list[tuple[Any, int]] = []
         self.used = False
 
+    def _order(self, names: list[str]) -> tuple[str, ...]:
+        """The parameters in the order the backward finishes them, those it never reaches
+        last."""
+        shapes = self.strategy.flat_params.shapes
+        return tuple([n for n in names if n in shapes] + [n for n in shapes if n not in names])
+
     def layout(self, names: list[str]) -> dict[str, np.ndarray]:
         """Arrays for the gradients, laid out in the order the backward finishes them; the
         same order (another batch size: another plan) gets the same arrays."""
-        shapes = self.strategy.flat_params.shapes
-        order = tuple([n for n in names if n in shapes] + [n for n in shapes if n not in names])
+        order = self._order(names)
         if order not in self.layouts:
+            shapes = self.strategy.flat_params.shapes
             flat = FlatBuffer({n: shapes[n] for n in order}, self.strategy.flat_params.dtype)
-            ends, offset = {}, 0
+            starts, ends, offset = {}, {}, 0
             for name in order:
+                starts[name] = offset
                 offset += flat.views[name].size
                 ends[name] = offset
-            starts = {name: ends[name] - flat.views[name].size for name in order}
             self.layouts[order] = (flat, starts, ends)
         self.use(names)
         return self.flat.views
 
     def use(self, names: list[str]) -> None:
         """The layout of the plan about to run (the executor says which)."""
-        shapes = self.strategy.flat_params.shapes
-        order = tuple([n for n in names if n in shapes] + [n for n in shapes if n not in names])
-        self.flat, self.starts, self.ends = self.layouts[order]
+        self.flat, self.starts, self.ends = self.layouts[self._order(names)]
 
     def start(self) -> None:
         self.requests, self.used = [], False

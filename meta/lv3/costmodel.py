@@ -114,4 +114,3 @@ def measure_allreduce(comm: Communicator, sizes: list[int] | tuple[int, ...],
     times = comm.allreduce(times) / p  # every rank: the same fit
     b, a = np.polyfit(np.array(sizes, dtype=np.float64), times, 1)
     return Link(max(float(a), 0.0) / (2 * (p - 1)), max(float(b), 0.0) / (2 * (p - 1) / p))
-

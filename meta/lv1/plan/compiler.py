@@ -298,7 +298,8 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
         return values[name].array
 
     programs, records = {}, {}
-    segments: list[tuple[object, list[str]]] = []
+    cut_at: list[tuple[int, list[str]]] = []  # (backward steps so far, parameters finished)
+    segments: list[tuple[object, list[str], list[PlannedStep]]] = []
     for phase in ("prepare", "forward", "backward"):
         bound, owners = [], []
         for s in order:
@@ -308,17 +309,16 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 bound.append(step)
                 owners.append(s)
             if phase == "backward" and id(s) in cuts:  # a bucket of gradients is final
-                segments.append((len(bound), cuts[id(s)]))
+                cut_at.append((len(bound), cuts[id(s)]))
         programs[phase] = rt.Program(bound)
         records[phase] = owners
         if phase == "backward" and cuts:
-            start, parts = 0, []
-            for end, names in segments:
-                parts.append((rt.Program(bound[start:end]), names, owners[start:end]))
+            start = 0
+            for end, names in cut_at:
+                segments.append((rt.Program(bound[start:end]), names, owners[start:end]))
                 start = end
             if start < len(bound):
-                parts.append((rt.Program(bound[start:]), [], owners[start:]))
-            segments = parts
+                segments.append((rt.Program(bound[start:]), [], owners[start:]))
     external = {n: v.array for n, v in values.items() if v.storage == "external"}
     grads = {name: values[g].array for name, g in gradients.items()}
     internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
