@@ -6,15 +6,19 @@ step with no communication, both run by the same ranks at the same time, one thr
 
 Every rank builds the model from the same seed and trains on its own synthetic batch (the
 per-rank batch of the recipes: 128 for the MLP, 64 for LeNet-5). Blocks of ``--steps`` steps
-alternate between the two variants, ``--repeats`` of each:
+alternate between the variants, ``--repeats`` of each:
 
 - ``independent``: each rank steps its own replica (executor + optimizer, no message): what P
   separate single-process runs achieve on these cores together;
-- ``allreduce``: the strategy averages the gradients (one fused allreduce, or buckets started
-  during the backward with ``overlap``) before the same optimizer step.
+- ``allreduce``: the strategy as a recipe runs it: with every rank on one machine, the
+  gradients summed in shared memory and each rank stepping 1/P of the parameters
+  (``meta/lv3/node_exchange.py``);
+- ``mpi``: the same strategy with ``shared_memory`` off, as across machines: MPI's allreduce
+  (buckets started during the backward with ``overlap``) before the whole optimizer step.
 
-Efficiency = median step time of ``independent`` / of ``allreduce`` (1 = communication free).
-Rank 0 prints it, the strategy's phase shares, and its α-β model's prediction of the
+Efficiency = median step time of ``independent`` / of ``allreduce`` (1 = communication free;
+above 1 where sharing the update out saves more than the exchange costs), and the same for
+``mpi``. Rank 0 prints both, the phase shares, and the α-β model's prediction of MPI's
 communication time per step next to the measured one; the link is calibrated on the call the
 strategy makes (allreduces of the sizes it sends: ``costmodel.measure_allreduce``). The
 measured time for that comparison comes from a further block without overlap and with a
@@ -51,11 +55,13 @@ class BarrierFirst(Allreduce):
         super().average(chunks, buffer)
 
 
-def runner(model: str, executor: str, comm, overlap: bool, kind=Allreduce):
+def runner(model: str, executor: str, comm, overlap: bool, kind=Allreduce,
+           shared_memory: bool = False):
     graph = MODELS[model][0]()
     ex = lv1.EXECUTORS[executor](graph).train()
     optimizer = Optimizer(sgd(0.01, momentum=0.9), graph.parameters)
-    strategy = kind(optimizer, comm, overlap=overlap) if comm is not None else None
+    strategy = kind(optimizer, comm, overlap=overlap, shared_memory=shared_memory) \
+        if comm is not None else None
     batch = MODELS[model][1]
     rng = np.random.default_rng(comm.rank if comm is not None else 0)
     feeds = {"input": rng.standard_normal((batch, 1, 28, 28), dtype=np.float32),
@@ -79,15 +85,17 @@ def block(step, n: int) -> float:
 
 def measure(model: str, args, comm) -> dict:
     alone, _ = runner(model, args.executor, None, False)
+    shared, node = runner(model, args.executor, comm, False, shared_memory=True)
     together, strategy = runner(model, args.executor, comm, args.overlap)
+    variants = {"independent": alone, "allreduce": shared, "mpi": together}
     for _ in range(args.warmup):
-        alone(), together()
-    times: dict[str, list[float]] = {"independent": [], "allreduce": []}
+        for step in variants.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
-        comm.barrier()
-        times["independent"].append(block(alone, args.steps))
-        comm.barrier()
-        times["allreduce"].append(block(together, args.steps))
+        for name, step in variants.items():
+            comm.barrier()
+            times[name].append(block(step, args.steps))
     # the transfer alone, for the α-β comparison
     timed, split = runner(model, args.executor, comm, False, BarrierFirst)
     for _ in range(args.warmup):
@@ -99,13 +107,19 @@ def measure(model: str, args, comm) -> dict:
     # through all sizes misses a given one (LeNet-5's 247 KB by 4x); fit it where it is used
     sizes = sorted({int(c.nbytes * f) for c in split.grad_chunks for f in (0.5, 0.75, 1, 1.5)})
     link = measure_allreduce(comm, sizes)
-    strategy.timeline = type(strategy.timeline)()  # the overlapped run's phases: a clean block
+    for variant in (strategy, node):  # each run's phases from a block of its own
+        variant.timeline = type(variant.timeline)()
     block(together, args.steps)
+    block(shared, args.steps)
     median = {k: statistics.median(v) for k, v in times.items()}
     comm_ms = summary.get("communicate", {}).get("per_step_s", 0.0) * 1e3
     return {"model": model, "ranks": comm.size, "executor": args.executor,
             "overlap": args.overlap, "ms_per_step": {k: v * 1e3 for k, v in median.items()},
             "seconds": times, "efficiency": median["independent"] / median["allreduce"],
+            "shared_memory": node.node is not None,
+            "shared_phases_ms_per_step": {k: v["per_step_s"] * 1e3
+                                          for k, v in node.timeline.summary().items()},
+            "mpi_efficiency": median["independent"] / median["mpi"],
             "phases_ms_per_step": {k: v["per_step_s"] * 1e3 for k, v in summary.items()},
             "overlapped_phases_ms_per_step": {
                 k: v["per_step_s"] * 1e3 for k, v in strategy.timeline.summary().items()},
@@ -134,12 +148,18 @@ def main() -> None:
         results.append(r)
         if comm.rank == 0:
             ms = r["ms_per_step"]
-            phases = ", ".join(f"{k} {v:.2f}"
-                               for k, v in r["overlapped_phases_ms_per_step"].items())
-            print(f"{model} at {comm.size} ranks ({args.executor}, overlap "
-                  f"{'on' if args.overlap else 'off'}): independent {ms['independent']:.2f} ms, "
-                  f"allreduce {ms['allreduce']:.2f} ms per step: efficiency "
-                  f"{r['efficiency']:.2f}; phases ms/step: {phases}; without overlap, after a "
+
+            def phases(which: str, r: dict = r) -> str:
+                return ", ".join(f"{k} {v:.2f}" for k, v in r[which].items())
+
+            where = "shared memory" if r["shared_memory"] else "MPI (ranks on several machines)"
+            print(f"{model} at {comm.size} ranks ({args.executor}): independent "
+                  f"{ms['independent']:.2f} ms, allreduce through {where} {ms['allreduce']:.2f} "
+                  f"ms per step: efficiency {r['efficiency']:.2f} (phases ms/step: "
+                  f"{phases('shared_phases_ms_per_step')}); through MPI's allreduce, overlap "
+                  f"{'on' if args.overlap else 'off'}: {ms['mpi']:.2f} ms, efficiency "
+                  f"{r['mpi_efficiency']:.2f} (phases ms/step: "
+                  f"{phases('overlapped_phases_ms_per_step')}); without overlap, after a "
                   f"barrier (waited {r['wait_ms']:.3f} ms): transfer measured "
                   f"{r['comm_measured_ms']:.3f} ms, α-β predicted {r['comm_predicted_ms']:.3f} "
                   f"ms ({r['bytes_per_step']:,} bytes)", flush=True)

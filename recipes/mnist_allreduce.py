@@ -3,7 +3,9 @@
 Run:  mpiexec -n 2 meta run recipes/mnist_allreduce.py
       mpiexec -n 4 meta run recipes/mnist_allreduce.py --set compression=topk --set timeline=true
 Every rank averages its gradients with the others through one fused, chunked allreduce per step
-(``compression``: none, fp16, topk, sign; topk and sign feed the error back locally), so all
+(``compression``: none, fp16, topk, sign; topk and sign feed the error back locally), or, with
+all ranks on one machine and no compression, through shared memory, each rank stepping 1/P of
+one shared copy of the parameters (``--set shared_memory=false``: MPI's allreduce); all
 replicas stay identical. Prints each step phase's share and the communication time per step,
 measured and predicted by the alpha-beta model; ``timeline=true`` writes a Chrome trace.
 """

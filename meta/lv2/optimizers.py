@@ -32,20 +32,27 @@ class GradientTransformation(NamedTuple):
     # Optional: the same step applied to the parameters in place, in fewer passes (a fused
     # kernel); takes (grads, state, params), returns the new state, laid out as ``update``'s.
     in_place: Callable[[Params, State, Params], State] | None = None
+    # Whether each value's update depends on that value alone (its gradient, parameter and
+    # state): then any slice of the flat parameters can be stepped apart from the rest, which
+    # a strategy that shares the update out among ranks needs (``ShardedOptimizer``). False
+    # where unknown (a user's transformation), by name (masked, partition) or global (clipping).
+    elementwise: bool = False
 
 
 def _zeros(params: Params) -> Params:
     return {k: np.zeros_like(p) for k, p in params.items()}
 
 
-def _stateless(fn: Callable[[Params, Params], Params]) -> GradientTransformation:
+def _stateless(fn: Callable[[Params, Params], Params],
+               elementwise: bool = False) -> GradientTransformation:
     return GradientTransformation(lambda params: (),
-                                  lambda grads, state, params: (fn(grads, params), state))
+                                  lambda grads, state, params: (fn(grads, params), state),
+                                  elementwise=elementwise)
 
 
 def scale(factor: float) -> GradientTransformation:
     """updates = factor * grads."""
-    return _stateless(lambda grads, params: {k: factor * g for k, g in grads.items()})
+    return _stateless(lambda grads, params: {k: factor * g for k, g in grads.items()}, True)
 
 
 def scale_by_schedule(schedule: Schedule) -> GradientTransformation:
@@ -55,7 +62,7 @@ def scale_by_schedule(schedule: Schedule) -> GradientTransformation:
         factor = schedule(step)
         return {k: factor * g for k, g in grads.items()}, step + 1
 
-    return GradientTransformation(lambda params: 0, update)
+    return GradientTransformation(lambda params: 0, update, elementwise=True)
 
 
 def scale_by_learning_rate(lr: LearningRate) -> GradientTransformation:
@@ -88,7 +95,7 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
             return {k: g + decay * velocity[k] for k, g in grads.items()}, velocity
         return velocity, velocity
 
-    return GradientTransformation(_zeros, update)
+    return GradientTransformation(_zeros, update, elementwise=True)
 
 
 def scale_by_adagrad(eps: float = 1e-8) -> GradientTransformation:
@@ -98,7 +105,7 @@ def scale_by_adagrad(eps: float = 1e-8) -> GradientTransformation:
         s = {k: state[k] + g * g for k, g in grads.items()}
         return {k: g / np.sqrt(s[k] + eps) for k, g in grads.items()}, s
 
-    return GradientTransformation(_zeros, update)
+    return GradientTransformation(_zeros, update, elementwise=True)
 
 
 def scale_by_rms(decay: float = 0.9, eps: float = 1e-8) -> GradientTransformation:
@@ -108,7 +115,7 @@ def scale_by_rms(decay: float = 0.9, eps: float = 1e-8) -> GradientTransformatio
         s = {k: decay * state[k] + (1 - decay) * g * g for k, g in grads.items()}
         return {k: g / np.sqrt(s[k] + eps) for k, g in grads.items()}, s
 
-    return GradientTransformation(_zeros, update)
+    return GradientTransformation(_zeros, update, elementwise=True)
 
 
 def scale_by_adadelta(rho: float = 0.9, eps: float = 1e-6) -> GradientTransformation:
@@ -126,7 +133,7 @@ def scale_by_adadelta(rho: float = 0.9, eps: float = 1e-6) -> GradientTransforma
                      for k, d in delta.items()}
         return delta, {"sq_grad": sq_grad, "sq_update": sq_update}
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(init, update, elementwise=True)
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
@@ -143,13 +150,13 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         step = math.sqrt(1 - b2**t) / (1 - b1**t)
         return {k: step * m[k] / (np.sqrt(v[k]) + eps) for k in grads}, {"m": m, "v": v, "t": t}
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(init, update, elementwise=True)
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:
     """updates = grads + weight_decay * params (L2 before a rule, decoupled after Adam)."""
     return _stateless(lambda grads, params: {k: g + weight_decay * params[k]
-                                             for k, g in grads.items()})
+                                             for k, g in grads.items()}, True)
 
 
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
@@ -225,7 +232,8 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
             new_state.append(s)
         return grads, tuple(new_state)
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(init, update,
+                                  elementwise=all(t.elementwise for t in transforms))
 
 
 # -- learning-rate schedules: step -> learning rate ----------------------------------------

@@ -11,8 +11,10 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3 import quantization  # noqa: F401  (registers the qsgd and terngrad compressions)
 from meta.lv3.communicator import Communicator
 from meta.lv3.compression import COMPRESSIONS, Compressor, compression_options, make_compressor
-from meta.lv3.costmodel import Link, allgather, ring_allreduce
+from meta.lv3.costmodel import Link, allgather, ring_allreduce, shared_reduce
 from meta.lv3.flat import FlatBuffer
+from meta.lv3.node_exchange import NodeExchange
+from meta.lv3.shared_memory import node_of
 from meta.lv3.strategy import Strategy
 
 
@@ -24,7 +26,9 @@ class Allreduce(Strategy):
     ``compressor`` each rank's payload is exchanged by one allgather instead, and every rank
     decompresses and sums all of them (in rank order, so ranks still agree bit for bit). A
     stochastic compressor (qsgd, terngrad) draws from a stream seeded by the recipe's seed and
-    the rank.
+    the rank. With every rank on one machine (``shared_memory``) the mean goes through shared
+    memory instead, and an elementwise optimizer's update is shared out among the ranks
+    (``NodeExchange``); ``finish`` then gives each rank its own memory back.
 
     >>> from meta.lv2.optimizers import sgd
     >>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
@@ -42,6 +46,10 @@ class Allreduce(Strategy):
                                  "hook: planned), as DDP and Horovod do"),
                "bucket_bytes": Option(1 << 20, "bytes of gradients per overlapped allreduce",
                                       low=1024),
+               "shared_memory": Option(True, "when every rank is on one machine, sum the "
+                                       "gradients in shared memory and give each rank 1/P of "
+                                       "the update (elementwise optimizers: one parameter "
+                                       "copy) instead of MPI's allreduce (node_exchange.py)"),
                **compression_options()}
     pretraining = "average"
 
@@ -58,7 +66,7 @@ class Allreduce(Strategy):
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
                  compressor: Compressor | None = None, overlap: bool = True,
-                 bucket_bytes: int = 1 << 20, **options) -> None:
+                 bucket_bytes: int = 1 << 20, shared_memory: bool = True, **options) -> None:
         super().__init__(optimizer, comm, **options)
         self.overlap = overlap
         self.buckets = Buckets(self, bucket_bytes)
@@ -66,6 +74,13 @@ class Allreduce(Strategy):
             raise ValueError(f"Allreduce: the compressor is for {compressor.n} values, the "
                              f"gradients have {len(self.flat_grads)}")
         self.compressor = compressor
+        self.node: NodeExchange | None = None
+        if shared_memory and compressor is None and self.comm.size > 1:
+            node = node_of(self.comm)
+            if node is not None and node.size == self.comm.size:
+                self.node = NodeExchange(self, node)
+            elif node is not None:  # ranks on several machines: MPI's allreduce
+                node.comm.Free()
 
     def step(self, grads: Params) -> None:
         """Average ``grads`` over ranks and apply the inner optimizer's update."""
@@ -74,6 +89,9 @@ class Allreduce(Strategy):
             return
         t = self.timeline
         t.begin()
+        if self.node is not None:
+            self.node.step(grads)
+            return
         buffer = self.flat_grads.pack(grads)
         t.lap("pack")
         if self.compressor is None:
@@ -89,7 +107,15 @@ class Allreduce(Strategy):
         """Forward, a backward that starts each bucket's allreduce as soon as its gradients
         are final (the executor runs on while MPI moves them), the rest of the exchange, the
         update. Without overlap, a compressor, or an executor that takes the hook: ``step``
-        after the backward."""
+        after the backward. On one machine: the shared-memory exchange, the backward writing
+        its gradients straight into it where the executor takes the hook."""
+        if self.node is not None:
+            hooked = getattr(executor, "supports_gradient_hook", False)
+            values, grads = executor.inference_and_backprop(
+                feeds, loss=loss, outputs=outputs, **({"hook": self.node} if hooked else {}))
+            self.timeline.begin()
+            self.node.step(None if self.node.used else grads)
+            return values
         if not (self.overlap and self.compressor is None and self.comm.size > 1
                 and getattr(executor, "supports_gradient_hook", False)):
             return super().step_with(executor, feeds, loss, outputs)
@@ -112,6 +138,27 @@ class Allreduce(Strategy):
         t.lap("update")
         return values
 
+    @property
+    def state(self) -> Any:
+        if self.node is not None and self.node.sharded is not None:
+            return self.node.sharded.state_dict()["state"]  # a copy, as of the last step
+        return super().state
+
+    def state_dict(self) -> dict:
+        return self.node.state_dict() if self.node is not None else super().state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        if self.node is not None:
+            self.node.load_state_dict(saved)
+        else:
+            super().load_state_dict(saved)
+
+    def finish(self) -> None:
+        """Parameters and optimizer state back in each rank's own memory (collective)."""
+        if self.node is not None:
+            self.node.release()
+            self.node = None
+
     def _exchange_compressed(self, buffer: np.ndarray) -> None:
         payload = self.compressor.compress(buffer)
         self.timeline.lap("pack")
@@ -126,6 +173,8 @@ class Allreduce(Strategy):
 
     def predict_comm_s(self, link: Link) -> float:
         p = self.comm.size
+        if self.node is not None:
+            return shared_reduce(link, p, self.flat_grads.nbytes)
         if self.compressor is None:
             return ring_allreduce(link, p, self.flat_grads.nbytes)
         return allgather(link, p, self.compressor.payload_bytes)

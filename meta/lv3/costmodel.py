@@ -44,6 +44,15 @@ def ring_allreduce(link: Link, p: int, nbytes: float) -> float:
     return 2 * (p - 1) * link.alpha + 2 * (p - 1) / p * nbytes * link.beta
 
 
+def shared_reduce(link: Link, p: int, nbytes: float) -> float:
+    """The shared-memory exchange of one machine (``node_exchange.py``): two fences (one
+    latency each) and each rank reading its 1/P slice of the P-1 other gradients, which is
+    reduce-scatter's volume, moved at the speed of a message between two of its ranks."""
+    if p < 2:
+        return 0.0
+    return 2 * link.alpha + (p - 1) / p * nbytes * link.beta
+
+
 def allgather(link: Link, p: int, nbytes: float) -> float:
     """Ring allgather of n bytes per rank: P-1 messages of n bytes."""
     return (p - 1) * link.message(nbytes) if p > 1 else 0.0

@@ -24,13 +24,21 @@ class FlatBuffer:
     Names are laid out in the order given; the same ``shapes`` give the same layout on every rank.
     """
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype | type) -> None:
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype | type,
+                 buffer: np.ndarray | None = None) -> None:
+        """``buffer``: memory to lay the arrays out in (a 1-D array of ``dtype`` and their
+        total size, e.g. a window of memory that ranks share); a new zeroed one if None."""
         self.dtype = np.dtype(dtype)
         if not np.issubdtype(self.dtype, np.floating):
             raise TypeError(f"FlatBuffer: dtype must be a float type, got {self.dtype}")
         self.shapes = {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
         sizes = [math.prod(shape) for shape in self.shapes.values()]
-        self.buffer = np.zeros(sum(sizes), dtype=self.dtype)
+        if buffer is None:
+            buffer = np.zeros(sum(sizes), dtype=self.dtype)
+        elif buffer.dtype != self.dtype or buffer.shape != (sum(sizes),):
+            raise ValueError(f"FlatBuffer: the given buffer is {buffer.dtype}{list(buffer.shape)}"
+                             f", the arrays need {self.dtype}[{sum(sizes)}]")
+        self.buffer = buffer
         self.views: dict[str, np.ndarray] = {}
         offset = 0
         for (name, shape), size in zip(self.shapes.items(), sizes):
@@ -49,9 +57,10 @@ class FlatBuffer:
         return cls({name: np.shape(a) for name, a in arrays.items()}, dtype)
 
     @classmethod
-    def adopt(cls, arrays: dict[str, np.ndarray]) -> FlatBuffer:
-        """Move ``arrays`` into a new buffer: their values are copied in and each entry of the
-        dict is replaced by its view, so in-place updates through the dict land in the buffer.
+    def adopt(cls, arrays: dict[str, np.ndarray], into: np.ndarray | None = None) -> FlatBuffer:
+        """Move ``arrays`` into a new buffer (or ``into``): their values are copied in and each
+        entry of the dict is replaced by its view, so in-place updates through the dict land in
+        the buffer.
 
         Whoever else holds the old arrays must be rebound to the views (``holder.update(arrays)``).
 
@@ -61,6 +70,8 @@ class FlatBuffer:
         [2.0, 2.0]
         """
         flat = cls.like(arrays)
+        if into is not None:
+            flat = cls(flat.shapes, flat.dtype, buffer=into)
         flat.pack(arrays)
         arrays.update(flat.views)
         return flat

@@ -21,7 +21,6 @@ one node; elsewhere it refuses in one line (``check``).
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -33,7 +32,7 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.communicator import Communicator, MPICommunicator
 from meta.lv3.costmodel import Link
 from meta.lv3.flat import FlatBuffer
-from meta.lv3.polling import poll_barrier
+from meta.lv3.shared_memory import SharedSegments, node_of
 from meta.lv3.strategy import Strategy
 
 
@@ -61,44 +60,29 @@ class SharedParameters:
     the window (collective)."""
 
     def __init__(self, comm: MPICommunicator, flat: FlatBuffer) -> None:
-        MPI = self.MPI = comm._MPI  # noqa: N806 - the module's conventional name
-        node = comm.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        on_node = node.Get_size()
+        node = node_of(comm)
+        on_node = node.size if node is not None else 1
         if on_node != comm.size:
-            node.Free()
+            if node is not None:
+                node.comm.Free()
             raise ComponentError(refusal(comm.size, on_node))
-        itemsize = flat.dtype.itemsize
-        local = flat.nbytes if node.Get_rank() == 0 else 0
-        self.win = MPI.Win.Allocate_shared(local, itemsize, comm=node)
+        self.window = SharedSegments.on_first(node, flat.buffer)  # nobody reads before it
+        self.flat = FlatBuffer(flat.shapes, flat.dtype, buffer=self.window.segments[0])
         self.node = node
-        memory, _ = self.win.Shared_query(0)
-        self.memory = np.ndarray((len(flat),), flat.dtype, buffer=memory)
-        self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync (no lock is taken)
-        if node.Get_rank() == 0:
-            np.copyto(self.memory, flat.buffer)
-        self.win.Sync()
-        node.Barrier()  # nobody reads before the values are in
-        # ``flat``'s layout over the shared memory: the same names, shapes and offsets.
-        self.flat = FlatBuffer(flat.shapes, flat.dtype)
-        self.flat.buffer, offset = self.memory, 0
-        for name, shape in self.flat.shapes.items():
-            size = math.prod(shape)
-            self.flat.views[name] = self.memory[offset : offset + size].reshape(shape)
-            offset += size
 
     def fence(self) -> None:
         """Make this rank's writes visible to the others (a memory barrier, not a lock)."""
-        self.win.Sync()
+        self.window.win.Sync()
 
     def release(self, into: FlatBuffer) -> None:
         """Copy the final values into ``into`` and free the window (every rank, collective)."""
-        self.win.Sync()
-        poll_barrier(MPICommunicator(self.node))  # everyone's last write is in
-        np.copyto(into.buffer, self.memory)
-        self.win.Unlock_all()
-        self.memory = None
-        self.win.Free()
-        self.node.Free()
+        self.window.polling = True  # a rank done early sleeps while the others finish
+        self.window.fence()  # everyone's last write is in
+        np.copyto(into.buffer, self.flat.buffer)
+        self.window.fence()  # every rank has its copy before the memory goes
+        self.flat = None
+        self.window.free()
+        self.node.comm.Free()
 
 
 class Hogwild(Strategy):

@@ -70,7 +70,9 @@ def test_data_parallel_prints_efficiency_and_the_cost_model(mpirun, tmp_path):
     out = mpirun(2, [sys.executable, str(BENCHMARKS / "data_parallel.py"), "--models", "mlp",
                      "--steps", "2", "--repeats", "1", "--warmup", "1",
                      "--json", str(tmp_path / "dp.json")])
-    assert re.search(r"mlp at 2 ranks \(planned, overlap on\): .* efficiency \d+\.\d\d", out), out
+    assert re.search(r"mlp at 2 ranks \(planned\): .* allreduce through shared memory .* "
+                     r"efficiency \d+\.\d\d .* through MPI.s allreduce, overlap on: .* "
+                     r"efficiency \d+\.\d\d", out), out
     assert re.search(r"transfer measured \d+\.\d+ ms, α-β predicted \d+\.\d+ ms", out), out
 
 

@@ -166,7 +166,7 @@ def check_hogwild_ranks_share_one_copy(comm: Communicator) -> None:
     ones = {"w": np.ones(1000), "b": np.ones(3)}
     if comm.size > 1:
         assert np.shares_memory(opt.params["w"], opt.flat_params.buffer)
-        assert opt.flat_params.buffer is opt.shared.memory
+        assert opt.flat_params.buffer is opt.shared.flat.buffer
     for turn in range(comm.size):  # rank ``turn`` steps twice while the others wait
         if comm.rank == turn:
             opt.step(ones)

@@ -344,13 +344,18 @@ def check_overlapped_allreduce_matches_the_one_after_the_backward(comm: Communic
     batches = [{"input": rng.standard_normal((n, 1, 28, 28)).astype(np.float32),
                 "labels": rng.integers(0, 10, n)} for n in (8, 5, 8)]  # two plans, in turn
     finals = []
-    for overlap in (True, False):
+    for overlap, shared in ((True, False), (False, False), (False, True)):
         graph = lenet5(seed=1)
         strategy = Allreduce(Optimizer(sgd(0.05, momentum=0.9), graph.parameters), comm,
-                             overlap=overlap, bucket_bytes=16 * 1024)
+                             overlap=overlap, bucket_bytes=16 * 1024, shared_memory=shared)
         executor = PlannedExecutor(graph).train()
         for feeds in batches:
             strategy.step_with(executor, feeds)
+        if shared and comm.size > 1:  # the backward wrote into the shared window
+            assert strategy.node is not None and strategy.node.sharded is not None
+            assert "allreduce (overlapped)" not in {e[0] for e in
+                                                    strategy.timeline.background_events}
+        strategy.finish()
         finals.append({k: v.copy() for k, v in graph.parameters.items()})
         if overlap and comm.size > 1:
             assert strategy.buckets.used
@@ -358,10 +363,72 @@ def check_overlapped_allreduce_matches_the_one_after_the_backward(comm: Communic
                      if e[0] == "allreduce (overlapped)"]
             assert len(calls) >= 3 * 3, len(calls)  # several buckets per step
     for k in finals[0]:
-        np.testing.assert_allclose(finals[0][k], finals[1][k], rtol=1e-5, atol=1e-6,
-                                   err_msg=k)
+        for other in finals[1:]:
+            np.testing.assert_allclose(finals[0][k], other[k], rtol=1e-5, atol=1e-6, err_msg=k)
         gathered = comm.allgather(np.ascontiguousarray(finals[0][k]))
         assert all(np.array_equal(g, gathered[0]) for g in gathered), k
+
+
+def check_shared_memory_exchange_matches_mpi_allreduce(comm: Communicator) -> None:
+    """On one machine the allreduce strategy sums the gradients in shared memory and gives
+    each rank a slice of the update (ZeRO-1: SGD with momentum in place, Adam functionally)
+    or, for an optimizer that is not elementwise (global-norm clipping), the whole mean: the
+    parameters and the optimizer state end as with MPI's allreduce, every rank the same; a
+    sharded state saves per parameter and loads back; ``finish`` gives each rank its own
+    memory again."""
+    from meta.lv2.optimizers import adam, chain, clip_by_global_norm
+
+    shapes = {"w": (7, 5), "b": (5,), "v": (3,)}
+    rules = {"momentum": lambda: sgd(0.05, momentum=0.9),
+             "adam": lambda: adam(0.01, weight_decay=1e-3),
+             "clipped": lambda: chain(clip_by_global_norm(0.5), sgd(0.05, momentum=0.9))}
+    for rule, make in rules.items():
+        ends = []
+        for shared in (False, True):
+            params = {k: np.random.default_rng(3).standard_normal(s) for k, s in shapes.items()}
+            strategy = Allreduce(Optimizer(make(), params), comm, shared_memory=shared)
+            if shared and comm.size > 1:
+                assert strategy.node is not None
+                assert (strategy.node.sharded is not None) == (rule != "clipped"), rule
+            rng = np.random.default_rng(10 + comm.rank)
+            for _ in range(4):
+                strategy.step({k: rng.standard_normal(s) for k, s in shapes.items()})
+            saved = strategy.state_dict()
+            ends.append(({k: v.copy() for k, v in params.items()},
+                         [np.array(x, copy=True) for x in _arrays(saved["state"])]))
+            strategy.load_state_dict(saved)  # a round trip changes nothing
+            assert all(np.array_equal(a, b) for a, b in
+                       zip(_arrays(strategy.state_dict()["state"]), ends[-1][1])), rule
+            strategy.finish()
+            if shared and comm.size > 1:  # private again: this rank's write stays here
+                params["w"][0, 0] = comm.rank
+                gathered = comm.allgather(np.ascontiguousarray(params["w"]))
+                assert [g[0, 0] for g in gathered] == list(range(comm.size)), rule
+                params["w"][0, 0] = ends[-1][0]["w"][0, 0]
+        (mpi, mpi_state), (node, node_state) = ends
+        resumed = Optimizer(make(), {k: v.copy() for k, v in node.items()})
+        resumed.load_state_dict(saved)  # a checkpoint read before the strategy is built
+        strategy = Allreduce(resumed, comm)
+        assert all(np.array_equal(a, b) for a, b in
+                   zip(_arrays(strategy.state_dict()["state"]), node_state)), rule
+        strategy.finish()
+        for k in mpi:
+            np.testing.assert_allclose(node[k], mpi[k], rtol=1e-12, atol=1e-14,
+                                       err_msg=f"{rule} {k}")
+            gathered = comm.allgather(np.ascontiguousarray(node[k]))
+            assert all(np.array_equal(g, gathered[0]) for g in gathered), (rule, k)
+        assert len(mpi_state) == len(node_state), rule
+        for a, b in zip(mpi_state, node_state):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14, err_msg=rule)
+
+
+def _arrays(tree: object) -> list[np.ndarray]:
+    """The arrays of an optimizer state, in a fixed order (dicts by key)."""
+    if isinstance(tree, dict):
+        return [a for k in sorted(tree) for a in _arrays(tree[k])]
+    if isinstance(tree, (tuple, list)):
+        return [a for v in tree for a in _arrays(v)]
+    return [tree] if isinstance(tree, np.ndarray) else []
 
 
 CHECKS: dict[str, Callable[[Communicator], None]] = {
@@ -386,6 +453,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_timeline_and_cost_model,
         check_state_is_averaged_apart_from_the_gradients,
         check_overlapped_allreduce_matches_the_one_after_the_backward,
+        check_shared_memory_exchange_matches_mpi_allreduce,
     )
 }
 

@@ -57,3 +57,17 @@ def test_dtype_errors() -> None:
         FlatBuffer.like({"w": np.zeros(2), "b": np.zeros(2, dtype=np.float32)})
     with pytest.raises(TypeError, match="float type, got int64"):
         FlatBuffer.like({"n": np.zeros(2, dtype=np.int64)})
+
+
+def test_adopt_into_given_memory() -> None:
+    """``adopt(into=...)`` lays the arrays out in memory the caller owns (a shared window)."""
+    memory = np.full(9, -1.0)
+    params = arrays()
+    flat = FlatBuffer.adopt(params, into=memory)
+    assert flat.buffer is memory and np.shares_memory(params["w"], memory)
+    np.testing.assert_array_equal(params["w"], arrays()["w"])
+    params["b"] += 1
+    assert memory[6:8].tolist() == [8.0, 9.0]
+    with pytest.raises(ValueError, match=r"the given buffer is float32\[9\], the arrays need "
+                                         r"float64\[9\]"):
+        FlatBuffer.adopt(arrays(), into=np.zeros(9, np.float32))
