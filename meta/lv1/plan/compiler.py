@@ -70,6 +70,9 @@ class Plan:
     fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0))
     segments: list = field(default_factory=list)  # (program, parameters it finishes, owners)
     hook_names: list = field(default_factory=list)  # the order the backward finishes them
+    # The gradient hook whose arrays the gradients are, held so that its id, part of the
+    # plan's key, cannot be reused by another hook while this plan exists.
+    hook: object = None
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -327,7 +330,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 owned_bytes, internal, context.objects)
     plan.parameters = tuple(p for p in graph.parameters)
     plan.segments = segments
-    plan.hook_names = hook_names
+    plan.hook_names, plan.hook = hook_names, hook
     return plan
 
 
