@@ -66,18 +66,19 @@ class NodeExchange:
         self.mine = FlatBuffer(flat.shapes, flat.dtype, buffer=self.grads.segments[node.rank])
         self.peers = [segment[self.lo:self.hi] for segment in self.grads.segments]
         self.sharded: ShardedOptimizer | None = None
+        # ``shared``: the one array the node shares, the parameters (sharded) or the mean
         if ShardedOptimizer.takes(strategy.optimizer):
-            self.params = SharedSegments.on_first(node, flat.buffer, polling)
+            self.shared = SharedSegments.on_first(node, flat.buffer, polling)
             strategy.flat_params = FlatBuffer.adopt(strategy.optimizer.params,
-                                                    into=self.params.segments[0])
+                                                    into=self.shared.segments[0])
             self.sharded = ShardedOptimizer(strategy.optimizer, strategy.flat_params,
                                             self.lo, self.hi, node)
-            self.params.fence()  # every slice of the state in
+            self.shared.fence()  # every slice of the state in
             self.sum = np.empty(self.hi - self.lo, flat.dtype)
         else:
-            self.params = SharedSegments.on_first(node, np.zeros(len(flat), flat.dtype),
+            self.shared = SharedSegments.on_first(node, np.zeros(len(flat), flat.dtype),
                                                   polling)
-            self.mean = FlatBuffer(flat.shapes, flat.dtype, buffer=self.params.segments[0])
+            self.mean = FlatBuffer(flat.shapes, flat.dtype, buffer=self.shared.segments[0])
             self.sum = self.mean.buffer[self.lo:self.hi]
         self.used = False
 
@@ -112,10 +113,10 @@ class NodeExchange:
         if self.sharded is not None:
             self.sharded.step(self.sum)
             t.lap("update")
-            self.params.fence()  # every slice stepped (and every gradient read) before the
+            self.shared.fence()  # every slice stepped (and every gradient read) before the
             t.lap("communicate")  # next forward reads the parameters
         else:
-            self.params.fence()  # the whole mean is in
+            self.shared.fence()  # the whole mean is in
             t.lap("communicate")
             self.strategy.optimizer.step(self.mean.views)
             t.lap("update")
@@ -126,9 +127,10 @@ class NodeExchange:
             else self.strategy.optimizer.state_dict()
 
     def load_state_dict(self, saved: dict) -> None:
+        """Collective: every rank takes its slice of ``saved`` (all hold the same)."""
         if self.sharded is not None:
             self.sharded.load_state_dict(saved)
-            self.params.fence()  # every rank's slice written
+            self.shared.fence()  # every rank's slice written
         else:
             self.strategy.optimizer.load_state_dict(saved)
 
@@ -136,16 +138,16 @@ class NodeExchange:
         """Back to private memory (collective): each rank's parameters and optimizer state
         copied out of the shared windows, which are freed."""
         s = self.strategy
-        self.params.fence()
+        self.shared.fence()
         if self.sharded is not None:
             s.optimizer.state = self.sharded.state_dict()["state"]
             private = FlatBuffer(s.flat_params.shapes, s.flat_params.dtype)
             np.copyto(private.buffer, s.flat_params.buffer)
             s.flat_params = private
             s.optimizer.params.update(private.views)
-            self.params.fence()  # every rank has its copy before the memory goes
+            self.shared.fence()  # every rank has its copy before the memory goes
             self.sharded.free()
-        self.params.free()
+        self.shared.free()
         self.grads.free()
         self.node.comm.Free()
 
