@@ -46,15 +46,17 @@ class FlatBuffer:
             offset += size
 
     @classmethod
-    def like(cls, arrays: Mapping[str, np.ndarray]) -> FlatBuffer:
-        """A buffer laid out for ``arrays`` (which must share one float dtype); not filled."""
+    def like(cls, arrays: Mapping[str, np.ndarray],
+             buffer: np.ndarray | None = None) -> FlatBuffer:
+        """A buffer laid out for ``arrays`` (which must share one float dtype), in ``buffer``
+        if given; not filled."""
         dtypes = {name: np.asarray(a).dtype for name, a in arrays.items()}
         distinct = set(dtypes.values())
         if len(distinct) > 1:
             listed = ", ".join(f"{name}: {dt}" for name, dt in dtypes.items())
             raise TypeError(f"FlatBuffer.like: arrays must share one float dtype, got {listed}")
         dtype = distinct.pop() if distinct else np.dtype(np.float64)
-        return cls({name: np.shape(a) for name, a in arrays.items()}, dtype)
+        return cls({name: np.shape(a) for name, a in arrays.items()}, dtype, buffer)
 
     @classmethod
     def adopt(cls, arrays: dict[str, np.ndarray], into: np.ndarray | None = None) -> FlatBuffer:
@@ -69,9 +71,7 @@ class FlatBuffer:
         >>> params["w"] += 1; flat.buffer.tolist()
         [2.0, 2.0]
         """
-        flat = cls.like(arrays)
-        if into is not None:
-            flat = cls(flat.shapes, flat.dtype, buffer=into)
+        flat = cls.like(arrays, into)
         flat.pack(arrays)
         arrays.update(flat.views)
         return flat

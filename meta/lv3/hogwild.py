@@ -76,7 +76,7 @@ class SharedParameters:
 
     def release(self, into: FlatBuffer) -> None:
         """Copy the final values into ``into`` and free the window (every rank, collective)."""
-        self.window.polling = True  # a rank done early sleeps while the others finish
+        self.window.polling = True  # a rank done early yields its core to the others
         self.window.fence()  # everyone's last write is in
         np.copyto(into.buffer, self.flat.buffer)
         self.window.fence()  # every rank has its copy before the memory goes

@@ -17,7 +17,7 @@ segments in place, and
   whole mean, as over MPI.
 
 Ranks stay bit-identical (one copy, or the same arithmetic on the same sum). On more than one
-machine the strategy keeps MPI's allreduce (``Allreduce.exchange``).
+machine the strategy keeps MPI's allreduce (``Allreduce.node`` is None).
 """
 
 from __future__ import annotations
@@ -141,10 +141,7 @@ class NodeExchange:
         self.shared.fence()
         if self.sharded is not None:
             s.optimizer.state = self.sharded.state_dict()["state"]
-            private = FlatBuffer(s.flat_params.shapes, s.flat_params.dtype)
-            np.copyto(private.buffer, s.flat_params.buffer)
-            s.flat_params = private
-            s.optimizer.params.update(private.views)
+            s.flat_params = FlatBuffer.adopt(s.optimizer.params)  # a private copy
             self.shared.fence()  # every rank has its copy before the memory goes
             self.sharded.free()
         self.shared.free()
