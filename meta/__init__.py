@@ -12,7 +12,7 @@ _threads.apply_default()  # before numpy starts its BLAS threads
 from meta.lv0 import Context, Operator, check_gradients, load_library, register  # noqa: E402
 from meta.lv0.cpp_ops import CppOpBuildError, register_cpp_op  # noqa: E402
 
-load_library("ops")  # the operator library: one ONNX operator per file in ops/, registered
+load_library("meta.ops")  # the operator library: one ONNX operator per file in ops/, registered
 
 __version__ = "0.1.0"
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from meta.lv0 import Operator, native, register
-from ops import _window
-from ops.max_pool import pool_2d
+
+from . import _window
+from .max_pool import pool_2d
 
 
 @register("AveragePool", since=1)

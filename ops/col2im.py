@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from meta.lv0 import Operator, register
-from ops import _window
+
+from . import _window
 
 
 @register("Col2Im", since=18)

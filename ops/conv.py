@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from meta.lv0 import Operator, native, register
-from ops import _window
+
+from . import _window
 
 
 def check_conv_shapes(op: str, x: np.ndarray, w: np.ndarray, group: int,

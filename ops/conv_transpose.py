@@ -13,8 +13,9 @@ import math
 import numpy as np
 
 from meta.lv0 import Operator, register
-from ops import _window
-from ops.conv import check_conv_shapes, kernel_of
+
+from . import _window
+from .conv import check_conv_shapes, kernel_of
 
 
 @register("ConvTranspose", since=1)

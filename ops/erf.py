@@ -4,8 +4,8 @@ dy/dx = 2/sqrt(pi) e^(-x^2)."""
 from __future__ import annotations
 
 from meta.lv0 import register
-from ops import _special
 
+from . import _special
 from ._elementwise import Unary
 
 

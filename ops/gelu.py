@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from meta.lv0 import register
-from ops import _special
 
+from . import _special
 from ._elementwise import Unary
 
 _SQRT_2_OVER_PI = np.sqrt(2 / np.pi)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from meta.lv0 import Operator, register
-from ops import _window
+
+from . import _window
 
 
 @register("LpPool", since=2)

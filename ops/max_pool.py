@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from meta.lv0 import Operator, native, register
-from ops import _window
+
+from . import _window
 
 
 def lowest(dtype: np.dtype) -> float | int:

@@ -209,3 +209,41 @@ def test_a_component_and_its_option_set_together():
     with_momentum = make_recipe("t", {}, {"optimizer": "sgd", "momentum": 0.9}, METRICS)
     with pytest.raises(RecipeError, match="'momentum' is an option of optimizer 'sgd'"):
         with_momentum.with_overrides({"optimizer": "adam"})  # its momentum no longer applies
+
+
+def test_a_users_ops_py_beside_the_recipe_is_the_module_it_imports(tmp_path):
+    # meta's operator library is meta.ops: a top-level "ops" was ours once, and a user's ops.py
+    # beside a recipe was silently replaced by it (their operators never registered).
+    import subprocess
+    import sys
+
+    (tmp_path / "ops.py").write_text(textwrap.dedent("""
+        from meta.lv0 import Operator, register
+
+        @register("Twice", domain="user.ops")
+        class Twice(Operator):
+            def forward(self, x):
+                return (2 * x,)
+        """))
+    (tmp_path / "r.py").write_text(textwrap.dedent("""
+        import ops
+        from meta.recipe import AtLeast
+
+        FIXED = {"dataset": "mnist"}
+        MUTABLE = {"epochs": 1, "lr": 0.1}
+        METRICS = {"test_accuracy": AtLeast(0.5)}
+        """))
+    script = textwrap.dedent(f"""
+        import sys
+        import meta
+        assert "ops" not in sys.modules, sys.modules["ops"]
+        from meta.lv0 import lookup
+        from meta.recipe import load_recipe
+        load_recipe({str(tmp_path / "r.py")!r})
+        print(sys.modules["ops"].__file__)
+        print(lookup("Twice", 1, "user.ops").__module__)
+        print(lookup("Relu", 17).__module__)
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path.parent, timeout=120, check=True).stdout.split()
+    assert out == [str(tmp_path / "ops.py"), "ops", "meta.ops.relu"]

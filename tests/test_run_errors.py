@@ -85,7 +85,7 @@ def test_a_recipe_registering_a_builtin_name_exits_2(tmp_path: Path, capsys) -> 
     assert main(["run", _recipe(tmp_path, prelude), "--quiet"]) == EXIT_ERROR
     _one_line_error(capsys, "'Relu'", "is built in", "domain of your own")
     from meta.lv0 import lookup
-    from ops.relu import Relu
+    from meta.ops.relu import Relu
 
     assert lookup("Relu", 21) is Relu
 

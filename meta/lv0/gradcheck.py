@@ -67,7 +67,7 @@ def check_gradients(
     ``w_k``, so every output and every element is exercised. Float inputs must get a gradient
     of their own shape unless listed in ``op.no_grad_inputs``; others must get ``None``.
 
-    >>> from ops.relu import Relu
+    >>> from meta.ops.relu import Relu
     >>> check_gradients(Relu(), [np.array([-1.0, 2.0])]).passed
     True
     """

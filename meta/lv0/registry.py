@@ -107,8 +107,8 @@ def _default_domain(domain: str) -> str:
 
 
 def _is_builtin(cls: type) -> bool:
-    """Whether ``cls`` belongs to the operator library (the ``ops`` package)."""
-    return cls.__module__ == "ops" or cls.__module__.startswith("ops.")
+    """Whether ``cls`` belongs to meta's operator library (the ``meta.ops`` package)."""
+    return cls.__module__ == "meta.ops" or cls.__module__.startswith("meta.ops.")
 
 
 def _builtin_of(key: tuple[str, str]) -> type[Operator] | None:
@@ -120,9 +120,9 @@ def _builtin_of(key: tuple[str, str]) -> type[Operator] | None:
     return None
 
 
-def load_library(package: str = "ops") -> None:
+def load_library(package: str = "meta.ops") -> None:
     """Import an operator library: a package whose modules ``@register`` operators. meta's own
-    (``ops``) is loaded by ``import meta``, in plain sight in ``meta/__init__.py``; a library
+    (``meta.ops``) is loaded by ``import meta``, in plain sight in ``meta/__init__.py``; a library
     of yours is loaded the same way (once; a second call does nothing)."""
     if package not in _LIBRARIES:
         _LIBRARIES.add(package)

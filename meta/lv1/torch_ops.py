@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ops import _window
+from meta.ops import _window
 
 Tensor = torch.Tensor
 

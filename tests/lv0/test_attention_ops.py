@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from meta.lv0 import Context
-from ops.linear_attention import LinearAttention
+from meta.ops.linear_attention import LinearAttention
 
 from .cases import cases_for
 from .test_ops import _oracle

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from meta.lv0 import Context, check_gradients, native
 from meta.lv1 import ReferenceExecutor, from_onnx
-from ops.batch_normalization import (
+from meta.ops.batch_normalization import (
     BatchNormalization,
     BatchNormalization6,
     BatchNormalization7,
@@ -18,7 +18,7 @@ from ops.batch_normalization import (
     NativeBatchNormalization6,
     NativeBatchNormalization9,
 )
-from ops.dropout import Dropout6, Dropout7, Dropout10
+from meta.ops.dropout import Dropout6, Dropout7, Dropout10
 
 
 def _bn_inputs(rng, shape, stats_shape=None):

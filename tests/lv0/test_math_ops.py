@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from meta.lv0 import Context
-from ops._special import erf, erfc
-from ops.gelu import Gelu
+from meta.ops._special import erf, erfc
+from meta.ops.gelu import Gelu
 
 
 def test_erf_matches_math_erf_to_a_few_ulp():
@@ -44,7 +44,7 @@ def test_group_normalization_21_matches_onnx_reference_in_float32():
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
 
-    from ops.group_normalization import GroupNormalization
+    from meta.ops.group_normalization import GroupNormalization
 
     rng = np.random.default_rng(0)
     x, s, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((2, 4, 3), (4,), (4,)))
@@ -59,7 +59,7 @@ def test_group_normalization_21_matches_onnx_reference_in_float32():
 
 
 def test_rms_normalization_matches_its_float64_formula():
-    from ops.rms_normalization import RMSNormalization
+    from meta.ops.rms_normalization import RMSNormalization
 
     x, scale = np.random.default_rng(1).standard_normal((2, 3, 4)), np.linspace(0.5, 2, 4)
     expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-5)) * scale
@@ -82,8 +82,8 @@ def test_windows_match_their_definition(op, formula, periodic):
 
 
 def test_opset6_broadcast_aligns_b_at_axis_and_refuses_unequal_shapes_without_it():
-    from ops.add import Add6
-    from ops.gemm import Gemm6
+    from meta.ops.add import Add6
+    from meta.ops.gemm import Gemm6
 
     a, b = np.arange(24.0).reshape(2, 3, 4), np.array([10.0, 20.0, 30.0])
     y = Add6(broadcast=1, axis=1).apply(Context(), a, b)[0]

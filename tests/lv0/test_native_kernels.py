@@ -9,9 +9,9 @@ import pytest
 import threadpoolctl
 
 from meta.lv0 import Context, native
-from ops.average_pool import AveragePool, NativeAveragePool
-from ops.conv import Conv, NativeConv
-from ops.max_pool import MaxPool, NativeMaxPool
+from meta.ops.average_pool import AveragePool, NativeAveragePool
+from meta.ops.conv import Conv, NativeConv
+from meta.ops.max_pool import MaxPool, NativeMaxPool
 
 from .test_ops import assert_close
 
@@ -81,7 +81,7 @@ def test_conv_and_gemm_split_over_threads_agree(threads):
     dW added up at the end) and large products into column blocks; one thread does neither.
     Every split gives numpy's result, and the BLAS's thread count is left as it was."""
     from meta._threads import set_threads
-    from ops.gemm import Gemm, NativeGemm
+    from meta.ops.gemm import Gemm, NativeGemm
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((9, 8, 12, 12), dtype=np.float32)  # odd batch: uneven ranges

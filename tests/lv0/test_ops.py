@@ -175,7 +175,7 @@ def test_native_matches_numpy(key, impls, dtype):
 
 
 def test_native_relu_large_noncontiguous_and_nan():
-    from ops.relu import NativeRelu, Relu
+    from meta.ops.relu import NativeRelu, Relu
 
     x = np.random.default_rng(0).standard_normal((700, 400)).astype(np.float32).T  # > 2**18
     x[0, 0] = np.nan
@@ -185,7 +185,7 @@ def test_native_relu_large_noncontiguous_and_nan():
 
 def test_native_twin_hands_other_dtypes_to_numpy_and_the_kernel_refuses_them():
     from meta.lv0 import native
-    from ops.relu import NativeRelu
+    from meta.ops.relu import NativeRelu
 
     (y,) = NativeRelu().apply(Context(), np.arange(-2, 2))
     assert y.dtype == np.int64 and y.tolist() == [0, 0, 0, 1]

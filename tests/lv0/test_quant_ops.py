@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from meta.lv0 import Context
-from ops.dequantize_linear import DequantizeLinear
-from ops.mat_mul_integer import MatMulInteger
-from ops.quantize_linear import QuantizeLinear
-from ops.unique import Unique
+from meta.ops.dequantize_linear import DequantizeLinear
+from meta.ops.mat_mul_integer import MatMulInteger
+from meta.ops.quantize_linear import QuantizeLinear
+from meta.ops.unique import Unique
 
 
 def test_unsorted_unique_of_a_matrix_keeps_first_occurrence_order():

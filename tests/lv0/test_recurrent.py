@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from meta.lv0 import Context
-from ops.gru import GRU
-from ops.lstm import LSTM
-from ops.rnn import RNN
+from meta.ops.gru import GRU
+from meta.ops.lstm import LSTM
+from meta.ops.rnn import RNN
 
 rng = np.random.default_rng(5)
 T, B, IN, H = 4, 3, 2, 3

@@ -50,8 +50,8 @@ def test_lookup_errors_name_op_domain_and_opset(scratch_registry):
 
 
 def test_backend_preference_falls_back_to_numpy():
-    from ops.relu import NativeRelu, Relu
-    from ops.reshape import Reshape
+    from meta.ops.relu import NativeRelu, Relu
+    from meta.ops.reshape import Reshape
 
     assert lookup("Relu", 17, backends=("native",)) is NativeRelu
     assert lookup("Relu", 17) is Relu
@@ -70,7 +70,7 @@ def test_duplicate_registration_is_refused(scratch_registry):
 
 
 def test_unknown_attribute_is_named():
-    from ops.gemm import Gemm
+    from meta.ops.gemm import Gemm
 
     with pytest.raises(TypeError, match=r"Gemm: unknown attribute\(s\) transC"):
         Gemm(transC=1)
@@ -153,11 +153,12 @@ def _registrations() -> list:
     ("", 6, "mine"),        # a backend of its own under the built-in's name
 ])
 def test_a_builtin_name_is_refused_before_anything_changes(domain, since, backend):
-    from ops.relu import Relu
+    from meta.ops.relu import Relu
 
     before = _registrations()
     with pytest.raises(ValueError, match=r"^operator 'Relu' \(domain 'ai.onnx'\) is built in "
-                                         r"\(ops.relu.Relu\); register yours under a domain"):
+                                         r"\(meta\.ops\.relu\.Relu\); register yours under a "
+                                         r"domain"):
         @register("Relu", since=since, domain=domain, backend=backend)
         class MyRelu(Operator):
             pass
@@ -172,7 +173,7 @@ def test_the_same_name_in_a_domain_of_ones_own_is_fine(scratch_registry):
         pass
 
     assert lookup("Relu", 1, "my.ops") is MyRelu
-    from ops.relu import Relu
+    from meta.ops.relu import Relu
 
     assert lookup("Relu", 21) is Relu
 
@@ -198,6 +199,7 @@ def test_a_builtin_name_is_refused_before_the_library_is_loaded(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert "refused: operator 'Relu' (domain 'ai.onnx') is built in" in out
-    for op, module in [("Relu", "ops.relu"), ("Sigmoid", "ops.sigmoid"), ("Tanh", "ops.tanh"),
-                       ("Softmax", "ops.softmax"), ("Gemm", "ops.gemm")]:
+    for op, module in [("Relu", "meta.ops.relu"), ("Sigmoid", "meta.ops.sigmoid"),
+                       ("Tanh", "meta.ops.tanh"), ("Softmax", "meta.ops.softmax"),
+                       ("Gemm", "meta.ops.gemm")]:
         assert f"{op} {module}" in out

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from meta.lv0 import Context
-from ops.resize import Resize, Resize10, Resize11
-from ops.upsample import Upsample, Upsample7
+from meta.ops.resize import Resize, Resize10, Resize11
+from meta.ops.upsample import Upsample, Upsample7
 
 from .cases import cases_for
 from .test_ops import _oracle
@@ -31,7 +31,7 @@ def test_float32_weight_cases_match_onnx_reference_to_float32(cls, opset):
 
 @pytest.mark.parametrize("opset", [16, 21])
 def test_grid_sample_matches_onnx_reference_to_float32(opset):
-    from ops.grid_sample import GridSample, GridSample16
+    from meta.ops.grid_sample import GridSample, GridSample16
 
     cls = GridSample if opset >= 20 else GridSample16
     cases = cases_for("GridSample", seed=1, opset=opset)
@@ -89,7 +89,7 @@ def test_integer_and_empty_inputs():
 
 
 def test_opset_10_roi_align_is_output_half_pixel():
-    from ops.roi_align import RoiAlign, RoiAlign10
+    from meta.ops.roi_align import RoiAlign, RoiAlign10
 
     x = np.random.default_rng(0).standard_normal((1, 2, 5, 5))
     rois, batch = np.array([[0.5, 1.0, 3.0, 4.5]]), np.array([0])
