@@ -12,6 +12,23 @@ from meta.bench.commands import add_commands as add_bench_commands
 from meta.bench.commands import add_run_options
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+DISTRIBUTION = "meta-dnn"  # what pip installs (pyproject.toml); the import name is meta
+
+
+def version_line() -> str:
+    """``meta --version``: the installed distribution's version (pip's record of what is
+    installed) or, run from a source tree that pip did not install, ``meta.__version__``; and
+    where the imported package lives, as ``pip --version`` says, so a shadowing copy shows."""
+    from importlib import metadata
+    from pathlib import Path
+
+    import meta
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        version = meta.__version__
+    return f"meta {version} from {Path(meta.__file__).parent} (Python {sys.version.split()[0]})"
 
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
@@ -272,6 +289,7 @@ def _attr_value(text: str):
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meta",
                                      description="meta: a deep-learning meta-framework")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a recipe, report its metrics, PASS or FAIL (exit 1)")
     run.add_argument("recipe", help="recipe file, e.g. recipes/mnist_mlp.py")

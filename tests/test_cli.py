@@ -106,3 +106,33 @@ def test_inspect_of_a_missing_file_is_one_line(capsys):
     assert main(["inspect", "/nonexistent/model.onnx"]) == EXIT_ERROR
     err = capsys.readouterr().err
     assert err.strip() == "meta: error: /nonexistent/model.onnx: no such ONNX file", err
+
+
+def test_version_names_the_distribution_version_and_where_meta_is(capsys, monkeypatch):
+    from importlib import metadata
+    from pathlib import Path
+
+    import meta
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("meta ") and f"from {Path(meta.__file__).parent} " in line
+
+    def installed(name):  # what pip recorded for the distribution meta-dnn
+        assert name == "meta-dnn"
+        return "9.8.7"
+
+    monkeypatch.setattr(metadata, "version", installed)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("meta 9.8.7 from ")
+
+    def missing(name):  # a source tree pip did not install: meta.__version__
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith(f"meta {meta.__version__} from ")
