@@ -262,11 +262,13 @@ def test_roster_reports_a_dead_worker() -> None:
 
 
 def test_a_server_drops_only_dead_workers(fake_mpi, monkeypatch: pytest.MonkeyPatch) -> None:
+    from meta.lv3.comm.survival import LostRankError
     from meta.lv3.parameter_server import shard_server
     from meta.lv3.parameter_server.shard_server import DIED, Roster
-    from meta.lv3.comm.survival import LostRankError
 
-    monkeypatch.setattr(shard_server, "_import_mpi", lambda: FakeMPI)
+    # an inactive request as MPI hands it out (the comm below stands in for the MPI one)
+    monkeypatch.setattr(SingleProcessCommunicator, "null_request",
+                        lambda self: FakeMPI.REQUEST_NULL)
     roster, active = Roster([0, 1, 2]), {0, 1, 2}
     receives, sends = ["r0", "r1", "r2"], [None, "s1", None]
     failure = FakeMPI.Exception(FakeMPI.ERR_PROC_FAILED)
@@ -316,3 +318,43 @@ def test_evaluation_is_resharded_when_a_replica_dies_in_its_sum() -> None:
                       sum_across=sum_across, eval_shard=(0, 2))
     assert trainer.evaluate(data) == {"loss": 0.5, "accuracy": 1.0}
     assert sums == [5.0, 10.0]  # its shard, then the whole test set
+
+
+def test_no_two_protocols_share_a_message_tag() -> None:
+    from meta.lv3.comm import tags
+
+    owners: dict[int, str] = {}
+    for name, block in tags.BLOCKS.items():
+        if name in tags.SHARED_ON_PURPOSE:
+            continue
+        for tag in block:
+            assert tag not in owners, f"tag {tag} is {owners[tag]}'s and {name}'s"
+            assert 0 <= tag <= 32767, f"{name}'s tag {tag} is beyond what MPI guarantees"
+            owners[tag] = name
+    assert owners[tags.HIERARCHY[0]] == "hierarchy" and owners[41] == "sandblaster"
+
+
+def test_one_polling_loop_with_an_idle_policy_and_a_deadline() -> None:
+    import time
+
+    from meta.lv3.comm.polling import poll, poll_until
+
+    calls: list[int] = []
+    state = {"left": 3}
+
+    def done() -> bool:
+        state["left"] -= 1
+        return state["left"] < 0
+
+    def idle() -> bool:  # work done: no sleep between tests
+        calls.append(1)
+        return True
+
+    assert poll_until(done, idle) and len(calls) == 3
+    start = time.monotonic()
+    assert not poll_until(lambda: False, deadline=start + 0.01)
+    assert 0.01 <= time.monotonic() - start < 1.0
+    comm = SingleProcessCommunicator()
+    assert poll(comm, [None, comm.iallreduce(np.ones(2))]) is None  # size 1: done at once
+    with pytest.raises(ValueError, match="until must be 'all' or 'any'"):
+        poll(comm, [], until="some")

@@ -144,6 +144,33 @@ class Communicator(ABC):
         A completed request is replaced by an inactive one, so the list can be waited on again.
         """
 
+    # Tests never block: ``comm.polling`` builds every wait that must leave the core to others
+    # from them. Where nothing can be pending (size 1) they complete at once.
+    def testall(self, requests: list[Any]) -> bool:
+        """Whether every request of ``requests`` has completed (completing them all if so)."""
+        self.waitall(requests)
+        return True
+
+    def testany(self, requests: list[Any]) -> tuple[int, int] | None:
+        """(index, tag) of a request of ``requests`` that has completed (replaced by an inactive
+        one), or None while none has; a ValueError when none is active."""
+        return self.waitany(requests)
+
+    def testsome(self, requests: list[Any]) -> list[int]:
+        """Indices of the requests that have completed (each replaced by an inactive one)."""
+        self.waitall(requests)
+        return list(range(len(requests)))
+
+    def cancel(self, request: Any) -> None:
+        """Cancel a pending receive (it still has to be completed, by a test or a wait)."""
+
+    def null_request(self) -> Any:
+        """An inactive request: stands in a list of requests for one that is over."""
+        return COMPLETED
+
+    def free(self) -> None:
+        """Release this communicator (one that ``split`` made); collective over its ranks."""
+
     @abstractmethod
     def split(self, color: int, key: int | None = None) -> Communicator:
         """The ranks that pass the same ``color``, ordered by ``key`` (default: rank)."""
@@ -361,6 +388,30 @@ class MPICommunicator(Communicator):
         if index == self._MPI.UNDEFINED:
             raise ValueError(f"waitany: none of the {len(requests)} requests is active")
         return index, self._status.Get_tag()
+
+    def testall(self, requests: list[Any]) -> bool:
+        return bool(self._MPI.Request.Testall(requests))
+
+    def testany(self, requests: list[Any]) -> tuple[int, int] | None:
+        status = self._MPI.Status()  # not self._status: pipeline stages test from threads
+        index, done = self._MPI.Request.Testany(requests, status)
+        if not done:
+            return None
+        if index == self._MPI.UNDEFINED:
+            raise ValueError(f"testany: none of the {len(requests)} requests is active")
+        return index, status.Get_tag()
+
+    def testsome(self, requests: list[Any]) -> list[int]:
+        return list(self._MPI.Request.Testsome(requests) or ())  # None: none is active
+
+    def cancel(self, request: Any) -> None:
+        request.Cancel()
+
+    def null_request(self) -> Any:
+        return self._MPI.REQUEST_NULL
+
+    def free(self) -> None:
+        self.comm.Free()
 
     def split(self, color: int, key: int | None = None) -> Communicator:
         return MPICommunicator(self.comm.Split(color, self._rank if key is None else key))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator
 
 PING_BYTES = (8, 1024, 16 * 1024, 128 * 1024, 1024 * 1024)
@@ -80,11 +81,11 @@ def measure_link(comm: Communicator, sizes: tuple[int, ...] = PING_BYTES,
             for _ in range(repeats + 2):
                 start = time.perf_counter()
                 if comm.rank == 0:
-                    comm.send(buf, other, tag=7)
-                    comm.recv(buf, other, tag=7)
+                    comm.send(buf, other, tag=tags.LINK_PROBE)
+                    comm.recv(buf, other, tag=tags.LINK_PROBE)
                 else:
-                    comm.recv(buf, other, tag=7)
-                    comm.send(buf, other, tag=7)
+                    comm.recv(buf, other, tag=tags.LINK_PROBE)
+                    comm.send(buf, other, tag=tags.LINK_PROBE)
                 samples.append((time.perf_counter() - start) / 2)
             times[i] = np.median(samples[2:])  # the first round trips set up the connection
     comm.bcast(times, root=0)

@@ -12,46 +12,77 @@ sleep ``POLL_S``. On a size-1 communicator there are no requests and every call 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
-from meta.lv3.comm.communicator import Communicator, MPICommunicator, _import_mpi
+from meta.lv3.comm import tags
+from meta.lv3.comm.communicator import Communicator, MPICommunicator
 
 POLL_S = 2e-4  # short enough to add little latency, long enough to yield the core
 
 
-def _mpi(comm: Communicator, what: str) -> Any:
+def _mpi(comm: Communicator, what: str) -> MPICommunicator:
     if not isinstance(comm, MPICommunicator):
         raise TypeError(f"{what}: needs an MPICommunicator, got {comm!r}")
-    return _import_mpi()
+    return comm
+
+
+def poll(comm: Communicator, requests: list[Any], until: str = "all",
+         idle: Callable[[], bool] | None = None,
+         deadline: float | None = None) -> tuple[int, int] | None:
+    """The one polling loop: test ``requests`` until ``all`` have completed (then None) or
+    ``any`` one has (then its index and its message's tag), sleeping ``POLL_S`` between tests.
+
+    ``idle``, if given, runs between tests and says whether it did some work (a server serving
+    its workers while it waits): then the loop tests again at once, without sleeping. Past
+    ``deadline`` (``time.monotonic()``) it gives up and returns None. ``all`` skips None
+    entries; ``any`` raises ValueError when none of the requests is active.
+    """
+    if until not in ("all", "any"):
+        raise ValueError(f"poll: until must be 'all' or 'any', got {until!r}")
+    if until == "any":
+        hits: list[tuple[int, int]] = []
+
+        def done() -> bool:
+            hit = comm.testany(requests)
+            if hit is not None:
+                hits.append(hit)
+            return hit is not None
+
+        return hits[0] if poll_until(done, idle, deadline) else None
+    live = [r for r in requests if r is not None]
+    if live:
+        poll_until(lambda: comm.testall(live), idle, deadline)
+    return None
+
+
+def poll_until(done: Callable[[], bool], idle: Callable[[], bool] | None = None,
+               deadline: float | None = None) -> bool:
+    """Call ``done()`` until it is true (then True), with ``poll``'s idle policy and deadline
+    (past it: False). What every wait in Level 3 is built on."""
+    while not done():
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        if idle is None or not idle():
+            time.sleep(POLL_S)
+    return True
 
 
 def poll_all(comm: Communicator, requests: list[Any]) -> None:
     """Complete every request of ``requests`` (None entries are skipped)."""
-    live = [r for r in requests if r is not None]
-    if not live:
-        return
-    MPI = _mpi(comm, "poll_all")  # noqa: N806 - the module's conventional name
-    while not MPI.Request.Testall(live):
-        time.sleep(POLL_S)
+    poll(_mpi(comm, "poll_all") if any(r is not None for r in requests) else comm, requests)
 
 
 def test_all(comm: Communicator, requests: list[Any]) -> bool:
     """Whether every request is complete (completing them if so), without waiting."""
     live = [r for r in requests if r is not None]
-    return not live or bool(_mpi(comm, "test_all").Request.Testall(live))
+    return not live or _mpi(comm, "test_all").testall(live)
 
 
 def poll_any(comm: Communicator, requests: list[Any]) -> tuple[int, int]:
     """Wait for one of ``requests``: (its index, its message's tag), as ``Communicator.waitany``."""
-    MPI = _mpi(comm, "poll_any")  # noqa: N806
-    status = MPI.Status()
-    while True:
-        index, done = MPI.Request.Testany(requests, status)
-        if done:
-            if index == MPI.UNDEFINED:
-                raise ValueError(f"poll_any: none of the {len(requests)} requests is active")
-            return index, status.Get_tag()
-        time.sleep(POLL_S)
+    hit = poll(_mpi(comm, "poll_any"), requests, "any")
+    assert hit is not None  # no deadline
+    return hit
 
 
 def poll_barrier(comm: Communicator) -> None:
@@ -64,18 +95,7 @@ def poll_barrier(comm: Communicator) -> None:
 def poll_any_until(comm: Communicator, requests: list[Any],
                    deadline: float) -> tuple[int, int] | None:
     """``poll_any`` that gives up at ``deadline`` (``time.monotonic()``): then None."""
-    MPI = _mpi(comm, "poll_any_until")  # noqa: N806
-    status = MPI.Status()
-    while True:
-        index, done = MPI.Request.Testany(requests, status)
-        if done:
-            if index == MPI.UNDEFINED:
-                raise ValueError(f"poll_any_until: none of the {len(requests)} requests is "
-                                 "active")
-            return index, status.Get_tag()
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(POLL_S)
+    return poll(_mpi(comm, "poll_any_until"), requests, "any", deadline=deadline)
 
 
 def cancel_all(comm: Communicator, requests: list[Any]) -> None:
@@ -85,7 +105,7 @@ def cancel_all(comm: Communicator, requests: list[Any]) -> None:
     if not live:
         return
     for request in live:
-        request.Cancel()
+        comm.cancel(request)
     poll_all(comm, live)
 
 
@@ -102,7 +122,7 @@ def group_comm(comm: Communicator, ranks: list[int]) -> Communicator:
     _mpi(comm, "group_comm")
     whole = comm.comm.Get_group()  # type: ignore[attr-defined]
     group = whole.Incl(list(ranks))
-    sub = comm.comm.Create_group(group, tag=77)  # type: ignore[attr-defined]
+    sub = comm.comm.Create_group(group, tag=tags.GROUP_CREATE)  # type: ignore[attr-defined]
     group.Free()
     whole.Free()
     return MPICommunicator(sub)

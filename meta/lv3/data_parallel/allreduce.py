@@ -85,7 +85,7 @@ class Allreduce(Strategy):
             if node is not None and node.size == self.comm.size:
                 self.node = NodeExchange(self, node)
             elif node is not None:  # ranks on several machines: MPI's allreduce
-                node.comm.Free()
+                node.free()
 
     def step(self, grads: Params) -> None:
         """Average ``grads`` over ranks and apply the inner optimizer's update."""

@@ -8,11 +8,12 @@ import numpy as np
 
 from meta.component import Option
 from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
 from meta.lv3.strategy import Strategy
 
-RING_TAG = 21
+RING_TAG = tags.RING
 
 
 class ModelAveraging(Strategy):

@@ -64,7 +64,7 @@ class SharedParameters:
         on_node = node.size if node is not None else 1
         if on_node != comm.size:
             if node is not None:
-                node.comm.Free()
+                node.free()
             raise ComponentError(refusal(comm.size, on_node))
         self.window = SharedSegments.on_first(node, flat.buffer)  # nobody reads before it
         self.flat = FlatBuffer(flat.shapes, flat.dtype, buffer=self.window.segments[0])
@@ -82,7 +82,7 @@ class SharedParameters:
         self.window.fence()  # every rank has its copy before the memory goes
         self.flat = None
         self.window.free()
-        self.node.comm.Free()
+        self.node.free()
 
 
 class Hogwild(Strategy):

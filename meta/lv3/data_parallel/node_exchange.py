@@ -146,5 +146,5 @@ class NodeExchange:
             self.sharded.free()
         self.shared.free()
         self.grads.free()
-        self.node.comm.Free()
+        self.node.free()
 

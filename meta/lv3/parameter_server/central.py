@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link, gather_bcast
 from meta.lv3.comm.polling import poll_all, poll_any, survivors_comm, test_all
@@ -16,7 +17,7 @@ from meta.lv3.flat import FlatBuffer
 from meta.lv3.parameter_server.shard_server import DIED, FINISHED, Roster
 from meta.lv3.strategy import Strategy
 
-GRADS, PARAMS, DONE, ORDER, ROSTER = 11, 12, 13, 14, 15  # message tags of the async server
+GRADS, PARAMS, DONE, ORDER, ROSTER = tags.ASYNC_SERVER  # message tags of the async server
 
 
 class ParameterServer(Strategy):

@@ -27,6 +27,7 @@ import numpy as np
 
 from meta.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link
 from meta.lv3.comm.polling import poll_all, poll_barrier
@@ -41,7 +42,7 @@ from meta.lv3.parameter_server.shard_server import (
 )
 from meta.lv3.strategy import Strategy
 
-UP, DOWN = 41, 42  # gradients to the aggregator, parameters back to the group
+UP, DOWN = tags.HIERARCHY  # gradients to the aggregator, parameters back to the group
 
 
 class HierarchicalParameterServer(Strategy):

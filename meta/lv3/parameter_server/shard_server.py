@@ -23,12 +23,13 @@ from typing import Sequence
 import numpy as np
 
 from meta.lv2.optimizers import Optimizer
-from meta.lv3.comm.communicator import Communicator, _import_mpi
+from meta.lv3.comm import tags
+from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import cancel_all, poll_all, poll_any_until
 from meta.lv3.comm.survival import RESTART_HINT, LostRankError, failed_ranks, is_failure, lost
 from meta.lv3.timeline import Timeline
 
-PUSH, FETCH, PARAMS, DONE, GO, EXIT, VERDICT = 31, 32, 33, 34, 35, 36, 37  # message tags
+PUSH, FETCH, PARAMS, DONE, GO, EXIT, VERDICT = tags.SHARD_SERVER  # message tags
 RUNNING, FINISHED, LEFT, LOST, DIED = 0, 1, 2, 3, 4  # a worker's status (max wins)
 MAX_STALENESS = 64  # the histogram's last bin counts this and more
 
@@ -169,7 +170,7 @@ class Roster:
         when no active worker died (then it was not about one)."""
         if not is_failure(error):
             raise error
-        dead, now, null = failed_ranks(comm), time.monotonic(), _import_mpi().REQUEST_NULL
+        dead, now, null = failed_ranks(comm), time.monotonic(), comm.null_request()
         for rank in dead:
             if rank not in self.workers:
                 raise lost(rank, comm.size, "server",

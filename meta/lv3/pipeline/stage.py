@@ -35,6 +35,7 @@ import numpy as np
 from meta import _threads
 from meta.lv1.graph import Graph, GraphError
 from meta.lv1.roles import differentiable
+from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import poll_all, test_all
 from meta.lv3.pipeline.partition import Partition, PartitionError
@@ -42,9 +43,9 @@ from meta.lv3.pipeline.schedule import SCHEDULES, schedule
 from meta.lv3.timeline import Timeline
 
 Tensors = dict[str, np.ndarray]
-TAG_PROBE = 32765
-TAG_VALUES = 32766  # MPI guarantees tags up to 32767
-MAX_MICRO_BATCHES = 16000  # forward and backward tags of every micro-batch stay below TAG_PROBE
+TAG_PROBE, TAG_VALUES = tags.PIPELINE
+# micro-batch i's forward and backward tags (2i, 2i + 1) stay in tags.PIPELINE_MICRO_BATCHES
+MAX_MICRO_BATCHES = len(tags.PIPELINE_MICRO_BATCHES) // 2
 
 
 def _base(a: np.ndarray) -> np.ndarray:

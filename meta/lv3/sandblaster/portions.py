@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meta.lv3.comm.communicator import _import_mpi
-from meta.lv3.comm.polling import POLL_S, cancel_all, poll_all
+from meta.lv3.comm.polling import cancel_all, poll_all, poll_any
 from meta.lv3.sandblaster.shards import (
     FETCH,
     PARAMS,
@@ -167,13 +166,8 @@ class PortionWorker:
 
     def run(self) -> None:
         coordinator = self.owner.coordinator
-        MPI = _import_mpi()  # noqa: N806
-        status = MPI.Status()
         while True:
-            request = self.comm.irecv(self.inbox, coordinator)
-            while not request.Test(status):
-                time.sleep(POLL_S)
-            tag = status.Get_tag()
+            _, tag = poll_any(self.comm, [self.comm.irecv(self.inbox, coordinator)])
             if tag == STOP:
                 return
             if tag == ROWS:

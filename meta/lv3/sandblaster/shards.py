@@ -4,17 +4,17 @@ message tags and command codes of the whole protocol."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from meta.lv3.comm.communicator import Communicator, _import_mpi
-from meta.lv3.comm.polling import POLL_S, cancel_all, poll_all
+from meta.lv3.comm import tags
+from meta.lv3.comm.communicator import Communicator
+from meta.lv3.comm.polling import cancel_all, poll, poll_all, poll_until
 
-# Message tags (Downpour's are 31-37).
-CMD, REPLY, ROWS, TASK, RESULT, PUSH, FETCH, PARAMS, STOP, GATHERED = range(41, 51)
+# Message tags (comm/tags.py).
+CMD, REPLY, ROWS, TASK, RESULT, PUSH, FETCH, PARAMS, STOP, GATHERED = tags.SANDBLASTER
 # Vector commands, one row [op, a, b, c, value] each; a, b, c are slot numbers.
 COPY, AXPY, SCALE, SUB, DOT, NORMS, BEGIN, SEAL, GATHER, QUIT = range(10)
 WIDTH = 5  # floats per command row
@@ -27,13 +27,9 @@ RESULT_FIELDS = 7
 def _wait_any(comm: Communicator, requests: list[Any], idle: Callable[[], bool]) -> int:
     """Index of a completed request of ``requests``; ``idle()`` (true when it did some work)
     runs between tests, and the loop sleeps when it did none (see ``meta.lv3.comm.polling``)."""
-    MPI = _import_mpi()  # noqa: N806
-    while True:
-        index, done = MPI.Request.Testany(requests)
-        if done and index != MPI.UNDEFINED:
-            return index
-        if not idle():
-            time.sleep(POLL_S)
+    hit = poll(comm, requests, "any", idle=idle)
+    assert hit is not None  # no deadline
+    return hit[0]
 
 
 class VectorShard:
@@ -94,9 +90,7 @@ class VectorShard:
                 for i, _ in ready:
                     self._answer(i)
             elif op == SEAL:  # a: rows of the batch
-                while not self.got.all():
-                    if not self.poll():
-                        time.sleep(POLL_S)
+                poll_until(self.got.all, idle=self.poll)
                 self.slot(self.grad)[...] *= 1.0 / a
             elif op == QUIT:  # a: the slot of the final x
                 np.copyto(self.slot(X_SLOT), self.slot(a))
@@ -111,8 +105,7 @@ class VectorShard:
         """Handle the workers' messages that have arrived; whether there were any."""
         if not self.workers:
             return False
-        MPI = _import_mpi()  # noqa: N806
-        done = MPI.Request.Testsome(self.receives)
+        done = self.comm.testsome(self.receives)
         if not done:
             return False
         k = len(self.workers)
@@ -207,10 +200,7 @@ class ShardVectors:
 
     def _wait(self, requests: list[Any]) -> None:
         """Complete ``requests``, handling this rank's shard's workers meanwhile."""
-        MPI = _import_mpi()  # noqa: N806
-        while requests and not MPI.Request.Testall(requests):
-            if not self.poll():
-                time.sleep(POLL_S)
+        poll(self.comm, requests, "all", idle=self.poll)
 
     def copy(self, x: int) -> int:
         y = self.alloc()

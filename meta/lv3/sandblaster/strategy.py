@@ -37,7 +37,6 @@ On one process ``step_rows`` runs the wrapped Level 2 ``LBFGS`` on the whole bat
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
@@ -48,7 +47,7 @@ from meta.lv2.optimizers import Params
 from meta.lv2.second_order import LBFGS, line_search, two_loop
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link
-from meta.lv3.comm.polling import POLL_S, poll_all
+from meta.lv3.comm.polling import poll, poll_all
 from meta.lv3.flat import shard_bounds
 from meta.lv3.sandblaster.portions import Dispatcher, PortionStats, PortionWorker
 from meta.lv3.sandblaster.rows import Evaluation, RowsEvaluator, RowsFunction, TrainerRows
@@ -317,10 +316,7 @@ class Sandblaster(Strategy):
         gathered = np.empty(shard.hi - shard.lo)
         sends: list[Any] = []
         while True:
-            request = comm.irecv(inbox, self.coordinator, CMD)
-            while not request.Test():
-                if not shard.poll():
-                    time.sleep(POLL_S)
+            poll(comm, [comm.irecv(inbox, self.coordinator, CMD)], idle=shard.poll)
             rows = inbox[1 : 1 + int(inbox[0]) * WIDTH].reshape(-1, WIDTH)
             answers = shard.execute(rows)
             for op, a, *_ in rows:
