@@ -12,7 +12,7 @@ alternate between the variants, ``--repeats`` of each:
   separate single-process runs achieve on these cores together;
 - ``allreduce``: the strategy as a recipe runs it: with every rank on one machine, the
   gradients summed in shared memory and each rank stepping 1/P of the parameters
-  (``meta/lv3/node_exchange.py``);
+  (``meta/lv3/data_parallel/node_exchange.py``);
 - ``mpi``: the same strategy with ``shared_memory`` off, as across machines: MPI's allreduce
   (buckets started during the backward with ``overlap``) before the whole optimizer step.
 
@@ -40,7 +40,7 @@ from meta import lv1
 from meta.files import write_text
 from meta.lv2 import Optimizer, sgd
 from meta.lv3 import Allreduce, world
-from meta.lv3.costmodel import measure_allreduce
+from meta.lv3.comm.costmodel import measure_allreduce
 
 MODELS = {"mlp": (lambda: lv1.mlp(seed=0), 128), "lenet5": (lambda: lv1.lenet5(seed=0), 64)}
 

@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:  # also on exit 2 and Ctrl-C; a killed run leaves a lock the next run takes over
         for lock in locks:
             lock.release()
-    from meta.lv3.survival import end_without_finalize_after_a_death
+    from meta.lv3.comm.survival import end_without_finalize_after_a_death
 
     end_without_finalize_after_a_death(code)
     return code
@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
             print(f"meta: error{where}: {message}", file=sys.stderr)
     if comm.bcast_obj(any(errors) if comm.is_root else None):
         return EXIT_ERROR
-    from meta.lv3.agreement import AgreementError, agree_on, run_payload
+    from meta.lv3.comm.agreement import AgreementError, agree_on, run_payload
 
     try:  # the ranks run one recipe, with the same definitions and data, or none starts
         agree_on(comm, run_payload(run.recipe.name, run.recipe.definitions.as_dict(),
@@ -111,7 +111,7 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
     except Exception as err:
         message = training_error(run, err)  # a NaN loss, a bad backward, a full disk: one line
         if message is None:  # a rank died (MPI with ULFM) where the run cannot survive it
-            from meta.lv3.survival import failure_message
+            from meta.lv3.comm.survival import failure_message
 
             message = failure_message(comm, err)
         if message is not None:

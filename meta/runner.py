@@ -34,9 +34,9 @@ from meta.lv2 import (
 from meta.lv2.checkpoint import CheckpointError, restore
 from meta.lv2.dataset_registry import classes
 from meta.lv3 import Communicator, DistributedSampler, Strategy, world
+from meta.lv3.comm.survival import hand_over_outputs
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
-from meta.lv3.survival import hand_over_outputs
 from meta.recipe import Outcome, Recipe, RecipeError, judge
 from meta.run_dir import RunDirError, RunLock, output_folder, write_outputs
 

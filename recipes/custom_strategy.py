@@ -36,7 +36,7 @@ class AllreduceEvery(Strategy):
         self.timeline.lap("update")
 
     def predict_comm_s(self, link):
-        from meta.lv3.costmodel import ring_allreduce
+        from meta.lv3.comm.costmodel import ring_allreduce
 
         return ring_allreduce(link, self.comm.size, self.flat_grads.nbytes) / self.every
 

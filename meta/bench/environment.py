@@ -95,7 +95,7 @@ def _version(distribution: str) -> str | None:
 
 def mpi_record() -> dict[str, Any] | None:
     """MPI library and version, without ever initialising MPI; None when MPI is not in play."""
-    from meta.lv3.communicator import launched_size
+    from meta.lv3.comm.communicator import launched_size
 
     mpi = sys.modules.get("mpi4py.MPI")
     launched = launched_size()

@@ -137,3 +137,13 @@ class TensorView(MutableMapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         return f"TensorView({self.kind}: {list(self._names)})"
+
+
+def differentiable(graph: Graph) -> set[str]:
+    """Tensors that depend on a trainable parameter: those whose gradient must flow back."""
+    roles = graph.roles
+    live = {k for k, r in roles.items() if r == "parameter"}
+    for node in graph.nodes:
+        if any(x in live for x in node.dependencies()):
+            live.update(o for o in node.outputs if o)
+    return live

@@ -7,33 +7,49 @@ gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAve
 (DistBelief's two); ``Pipeline`` cuts the network into stages, one per rank;
 ``HybridAllreduce`` and ``HybridDownpour`` run data parallelism over pipelined replicas;
 ``Partitioned`` splits the layers' neurons over the ranks.
+
+The tree: the strategy interface and its small helpers at this level (``strategy``,
+``strategies``, ``flat``, ``timeline``, ``sampler``, ``report``, ``pretraining``), MPI only in
+``comm/``, and one sub-package per kind of parallelism: ``data_parallel/``,
+``parameter_server/``, ``sandblaster/``, ``pipeline/``, ``tensor_parallel/``, ``hybrid/``.
+Modules moved there from this level in 0.x (``meta.lv3.allreduce`` is now
+``meta.lv3.data_parallel.allreduce``) still import under their old names, with a
+``DeprecationWarning``, for one release: see ``MOVED``.
 """
 
-from meta.lv3.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
-from meta.lv3.averaging import ModelAveraging, RingAveraging
-from meta.lv3.communicator import (
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+from meta.lv3.comm.communicator import (
     Communicator,
     MPICommunicator,
     SingleProcessCommunicator,
     launched_size,
     world,
 )
-from meta.lv3.compression import Compressor, Float16, Sign, TopK, make_compressor
-from meta.lv3.costmodel import Link, measure_link
-from meta.lv3.downpour import Downpour
+from meta.lv3.comm.costmodel import Link, measure_link
+from meta.lv3.data_parallel.allreduce import Allreduce, AllreduceOptimizer, allreduce_mean
+from meta.lv3.data_parallel.averaging import ModelAveraging, RingAveraging
+from meta.lv3.data_parallel.compression import Compressor, Float16, Sign, TopK, make_compressor
+from meta.lv3.data_parallel.hogwild import Hogwild
+from meta.lv3.data_parallel.neighbours import NeighbourAveraging
+from meta.lv3.data_parallel.quantization import StochasticQuantizer, Ternary
 from meta.lv3.flat import FlatBuffer
-from meta.lv3.hierarchical_server import HierarchicalParameterServer
-from meta.lv3.hogwild import Hogwild
-from meta.lv3.hybrid_allreduce import HybridAllreduce
-from meta.lv3.hybrid_downpour import HybridDownpour
-from meta.lv3.neighbours import NeighbourAveraging
-from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
-from meta.lv3.partitioned import Partitioned
-from meta.lv3.pipeline import Pipeline
-from meta.lv3.quantization import StochasticQuantizer, Ternary
-from meta.lv3.rma import AsyncRMA
+from meta.lv3.hybrid.allreduce import HybridAllreduce
+from meta.lv3.hybrid.downpour import HybridDownpour
+from meta.lv3.parameter_server.central import AsyncParameterServer, ParameterServer
+from meta.lv3.parameter_server.downpour import Downpour
+from meta.lv3.parameter_server.hierarchical import HierarchicalParameterServer
+from meta.lv3.parameter_server.rma import AsyncRMA
+from meta.lv3.pipeline.strategy import Pipeline
 from meta.lv3.sampler import DistributedSampler
-from meta.lv3.sandblaster import Sandblaster
+from meta.lv3.sandblaster.strategy import Sandblaster
 from meta.lv3.strategies import (
     STRATEGIES,
     make_strategy,
@@ -42,6 +58,7 @@ from meta.lv3.strategies import (
     strategy_class,
 )
 from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
+from meta.lv3.tensor_parallel.strategy import Partitioned
 from meta.lv3.timeline import Timeline, chrome_trace
 
 __all__ = [
@@ -88,3 +105,69 @@ __all__ = [
     "strategy_class",
     "world",
 ]
+
+# Old module (under meta.lv3) -> its new home. The four whose old name is now a sub-package
+# (parameter_server, sandblaster, pipeline, hybrid) need no entry: the package re-exports
+# what the module did.
+MOVED = {
+    "agreement": "comm.agreement",
+    "allreduce": "data_parallel.allreduce",
+    "averaging": "data_parallel.averaging",
+    "communicator": "comm.communicator",
+    "compression": "data_parallel.compression",
+    "costmodel": "comm.costmodel",
+    "downpour": "parameter_server.downpour",
+    "hierarchical_server": "parameter_server.hierarchical",
+    "hogwild": "data_parallel.hogwild",
+    "hybrid_allreduce": "hybrid.allreduce",
+    "hybrid_downpour": "hybrid.downpour",
+    "hybrid_server": "hybrid.server",
+    "neighbours": "data_parallel.neighbours",
+    "node_exchange": "data_parallel.node_exchange",
+    "partitioned": "tensor_parallel.strategy",
+    "pipeline_executor": "pipeline.stage",
+    "pipeline_partition": "pipeline.partition",
+    "pipeline_schedule": "pipeline.schedule",
+    "polling": "comm.polling",
+    "quantization": "data_parallel.quantization",
+    "rma": "parameter_server.rma",
+    "sandblaster_portions": "sandblaster.portions",
+    "sandblaster_rows": "sandblaster.rows",
+    "sandblaster_shards": "sandblaster.shards",
+    "shard_server": "parameter_server.shard_server",
+    "sharded_optimizer": "data_parallel.sharded_optimizer",
+    "shared_memory": "comm.shared_memory",
+    "survival": "comm.survival",
+    "tensor_parallel_ops": "tensor_parallel.ops",
+    "tensor_parallel_plan": "tensor_parallel.plan",
+    "topology": "comm.topology",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``meta.lv3.<old>`` as the module now at ``meta.lv3.<new>``, warning once.
+
+    Both names then refer to the same module object (no second copy, so its classes and
+    registries stay one), as ``sys.modules`` aliases do in numpy's and scipy's deprecations.
+    """
+
+    def find_spec(self, fullname: str, path: object = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        old = fullname.removeprefix(f"{__name__}.")
+        if old == fullname or old not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None  # a placeholder: exec_module puts the real module in its place
+
+    def exec_module(self, module: ModuleType) -> None:
+        new = f"{__name__}.{MOVED[module.__name__.removeprefix(__name__ + '.')]}"
+        warnings.warn(f"{module.__name__} moved to {new}; the old name goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        # the import system returns whatever sys.modules holds under the name once this ends
+        sys.modules[module.__name__] = importlib.import_module(new)
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())

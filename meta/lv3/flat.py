@@ -117,3 +117,13 @@ class FlatBuffer:
 
     def __repr__(self) -> str:
         return f"FlatBuffer({len(self.views)} arrays, {self.buffer.size} x {self.dtype})"
+
+
+def shard_bounds(n: int, servers: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each server's contiguous slice of an ``n``-value buffer (sizes differ by 1).
+
+    >>> shard_bounds(5, 2)
+    [(0, 3), (3, 5)]
+    """
+    edges = [j * (n // servers) + min(j, n % servers) for j in range(servers + 1)]
+    return list(zip(edges[:-1], edges[1:]))

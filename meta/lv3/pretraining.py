@@ -18,7 +18,7 @@ import numpy as np
 from meta import _threads
 from meta.component import Component
 from meta.lv2.optimizers import Optimizer, scale
-from meta.lv3.communicator import Communicator
+from meta.lv3.comm.communicator import Communicator
 from meta.lv3.strategy import Strategy
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from meta.lv3.communicator import Communicator
-from meta.lv3.costmodel import measure_link
+from meta.lv3.comm.communicator import Communicator
+from meta.lv3.comm.costmodel import measure_link
 from meta.lv3.strategy import Strategy
 from meta.lv3.timeline import chrome_trace
 

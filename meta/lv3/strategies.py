@@ -16,21 +16,21 @@ from typing import Any
 
 from meta.component import Option, Registry, first_sentence
 from meta.lv2.optimizers import Optimizer
-from meta.lv3.allreduce import Allreduce
-from meta.lv3.averaging import ModelAveraging, RingAveraging
-from meta.lv3.communicator import Communicator, world
-from meta.lv3.downpour import Downpour
-from meta.lv3.hierarchical_server import HierarchicalParameterServer
-from meta.lv3.hogwild import Hogwild
-from meta.lv3.hybrid_allreduce import HybridAllreduce
-from meta.lv3.hybrid_downpour import HybridDownpour
-from meta.lv3.neighbours import NeighbourAveraging
-from meta.lv3.parameter_server import AsyncParameterServer, ParameterServer
-from meta.lv3.partitioned import Partitioned
-from meta.lv3.pipeline import Pipeline
-from meta.lv3.rma import AsyncRMA
-from meta.lv3.sandblaster import Sandblaster
+from meta.lv3.comm.communicator import Communicator, world
+from meta.lv3.data_parallel.allreduce import Allreduce
+from meta.lv3.data_parallel.averaging import ModelAveraging, RingAveraging
+from meta.lv3.data_parallel.hogwild import Hogwild
+from meta.lv3.data_parallel.neighbours import NeighbourAveraging
+from meta.lv3.hybrid.allreduce import HybridAllreduce
+from meta.lv3.hybrid.downpour import HybridDownpour
+from meta.lv3.parameter_server.central import AsyncParameterServer, ParameterServer
+from meta.lv3.parameter_server.downpour import Downpour
+from meta.lv3.parameter_server.hierarchical import HierarchicalParameterServer
+from meta.lv3.parameter_server.rma import AsyncRMA
+from meta.lv3.pipeline.strategy import Pipeline
+from meta.lv3.sandblaster.strategy import Sandblaster
 from meta.lv3.strategy import Strategy
+from meta.lv3.tensor_parallel.strategy import Partitioned
 
 STRATEGIES = Registry("strategy", context=("optimizer", "comm", "trainer"))
 for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,

@@ -9,7 +9,7 @@ collective, not one per tensor. Each step records its phases in ``timeline`` and
 ``bytes_sent``: the bytes this rank hands to MPI as send buffers.
 
 >>> from meta.lv2.optimizers import Optimizer, sgd
->>> from meta.lv3.allreduce import Allreduce
+>>> from meta.lv3.data_parallel.allreduce import Allreduce
 >>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
 >>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist(), opt.bytes_sent
 ([0.8], 0)
@@ -24,8 +24,8 @@ import numpy as np
 from meta import _threads
 from meta.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params, State
-from meta.lv3.communicator import Communicator, world
-from meta.lv3.costmodel import Link
+from meta.lv3.comm.communicator import Communicator, world
+from meta.lv3.comm.costmodel import Link
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.timeline import Timeline
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from meta.files import write_text
 
 if TYPE_CHECKING:
-    from meta.lv3.communicator import Communicator
+    from meta.lv3.comm.communicator import Communicator
 
 PHASES = ("compute", "pack", "communicate", "unpack", "update")
 

@@ -12,7 +12,7 @@ from meta.component import ComponentError  # noqa: E402
 from meta.lv1 import ReferenceExecutor, mlp  # noqa: E402
 from meta.lv2 import OPTIMIZERS, TorchOptimizer, build_optimizer  # noqa: E402
 from meta.lv2.checkpoint import flatten_tree, unflatten_tree  # noqa: E402
-from meta.lv3.allreduce import Allreduce  # noqa: E402
+from meta.lv3.data_parallel.allreduce import Allreduce  # noqa: E402
 
 
 def _params(seed=0, dtype=np.float32):

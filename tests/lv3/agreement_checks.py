@@ -1,4 +1,4 @@
-"""MPI checks of ``meta.lv3.agreement`` and of what ends a job, written once.
+"""MPI checks of ``meta.lv3.comm.agreement`` and of what ends a job, written once.
 
 pytest runs the checks in-process at size 1; under MPI every rank runs them as a script:
 
@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from meta.lv3 import Communicator, world
-from meta.lv3.agreement import AgreementError, _ranks, agree_on
+from meta.lv3.comm.agreement import AgreementError, _ranks, agree_on
 from tests.checks import run_checks
 
 DEFINITIONS = {"recipe": "mnist_mlp", "lr": 0.1, "hidden": [512, 512], "epochs": 5}

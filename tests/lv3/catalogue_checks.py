@@ -24,7 +24,7 @@ from meta.lv3 import (
     NeighbourAveraging,
     RingAveraging,
 )
-from meta.lv3.topology import exponential_offsets, topology
+from meta.lv3.comm.topology import exponential_offsets, topology
 from tests.checks import main
 from tests.lv3.mpi_checks import _assert_replicas_identical, _grads, _init, _loss, _problem
 

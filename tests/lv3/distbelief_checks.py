@@ -19,7 +19,7 @@ import numpy as np
 
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import AsyncRMA, Communicator, DistributedSampler, Downpour, MPICommunicator, world
-from meta.lv3.rma import Window
+from meta.lv3.comm.window import Window
 from tests.checks import run_checks
 from tests.lv3.mpi_checks import _assert_replicas_identical, _grads, _init, _loss, _problem
 

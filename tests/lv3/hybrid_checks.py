@@ -23,11 +23,11 @@ import numpy as np
 from meta.lv1 import ReferenceExecutor
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
-from meta.lv3.hybrid import ReplicaGrid
-from meta.lv3.hybrid_allreduce import HybridAllreduce
-from meta.lv3.pipeline_executor import PipelineExecutor
-from meta.lv3.pipeline_partition import partition
-from meta.lv3.pipeline_schedule import SCHEDULES
+from meta.lv3.hybrid.allreduce import HybridAllreduce
+from meta.lv3.hybrid.grid import ReplicaGrid
+from meta.lv3.pipeline.partition import partition
+from meta.lv3.pipeline.schedule import SCHEDULES
+from meta.lv3.pipeline.stage import PipelineExecutor
 from meta.recipe import AtLeast, make_recipe
 from meta.runner import RecipeRun
 from tests import checks

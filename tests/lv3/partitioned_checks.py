@@ -18,9 +18,9 @@ from meta.lv1 import Graph, NativeExecutor, ReferenceExecutor
 from meta.lv1.builder import GraphBuilder, mlp
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
-from meta.lv3.partitioned import Partitioned, PartitionedExecutor, measured_costs
-from meta.lv3.tensor_parallel_ops import bind, groups
-from meta.lv3.tensor_parallel_plan import plan, probe
+from meta.lv3.tensor_parallel.ops import bind, groups
+from meta.lv3.tensor_parallel.plan import plan, probe
+from meta.lv3.tensor_parallel.strategy import Partitioned, PartitionedExecutor, measured_costs
 from tests import checks
 
 TOLERANCE = 1e-6  # the acceptance bound; float64 lands near 1e-15

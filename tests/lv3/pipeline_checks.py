@@ -19,10 +19,10 @@ from meta.lv1 import Graph, ReferenceExecutor
 from meta.lv1.builder import GraphBuilder, mlp
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
-from meta.lv3.pipeline import Pipeline
-from meta.lv3.pipeline_executor import PipelineExecutor
-from meta.lv3.pipeline_partition import partition
-from meta.lv3.pipeline_schedule import SCHEDULES, bubble_estimate
+from meta.lv3.pipeline.partition import partition
+from meta.lv3.pipeline.schedule import SCHEDULES, bubble_estimate
+from meta.lv3.pipeline.stage import PipelineExecutor
+from meta.lv3.pipeline.strategy import Pipeline
 from tests import checks
 
 TOLERANCE = 1e-6  # the acceptance bound; float64 lands near 1e-15

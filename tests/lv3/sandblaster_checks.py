@@ -1,4 +1,4 @@
-"""MPI checks of Sandblaster L-BFGS (``meta.lv3.sandblaster``), written once.
+"""MPI checks of Sandblaster L-BFGS (``meta.lv3.sandblaster.strategy``), written once.
 
 pytest runs them in-process at size 1 (where Sandblaster runs the Level 2 L-BFGS); under MPI
 every rank runs them as a script:
@@ -19,7 +19,7 @@ import numpy as np
 
 from meta.lv2.second_order import LBFGS
 from meta.lv3 import Communicator, world
-from meta.lv3.sandblaster import Evaluation, Sandblaster
+from meta.lv3.sandblaster.strategy import Evaluation, Sandblaster
 from tests.checks import run_checks
 
 

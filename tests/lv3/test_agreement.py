@@ -1,4 +1,4 @@
-"""Ranks agree on what they run (``meta.lv3.agreement``), and a rank that fails before a
+"""Ranks agree on what they run (``meta.lv3.comm.agreement``), and a rank that fails before a
 collective ends the job instead of leaving the others waiting: the checks of
 ``agreement_checks.py`` at size 1 and under ``mpiexec -n 2`` / ``-n 3``."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from meta.lv3 import SingleProcessCommunicator
-from meta.lv3.agreement import _disagreement, digest, fingerprint
+from meta.lv3.comm.agreement import _disagreement, digest, fingerprint
 
 from . import agreement_checks
 

@@ -23,8 +23,8 @@ from meta.lv3 import (
     SingleProcessCommunicator,
     make_strategy,
 )
-from meta.lv3.hogwild import ranks_on_this_node, refusal
-from meta.lv3.topology import SingleProcessTopology, exponential_offsets, topology
+from meta.lv3.comm.topology import SingleProcessTopology, exponential_offsets, topology
+from meta.lv3.data_parallel.hogwild import ranks_on_this_node, refusal
 from meta.recipe import AtLeast, RecipeError, make_recipe
 
 from . import catalogue_checks

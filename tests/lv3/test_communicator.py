@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from meta.lv3 import SingleProcessCommunicator, launched_size, world
-from meta.lv3.communicator import RANK_ONLY_VARIABLES, SIZE_VARIABLES
+from meta.lv3.comm.communicator import RANK_ONLY_VARIABLES, SIZE_VARIABLES
 from tests.launch import clean_env
 
 
@@ -93,7 +93,7 @@ def test_world_does_not_import_mpi4py() -> None:
     assert out.split() == ["SingleProcessCommunicator", "False"]
 
 
-# Surviving a dead rank (meta.lv3.survival): the logic, without an MPI that has ULFM. A fake
+# Surviving a dead rank (meta.lv3.comm.survival): the logic, without an MPI that has ULFM. A fake
 # mpi4py module and communicator play rank 0 of 3 whose peer, world rank 1, dies in a call.
 class FakeMPI:
     ERR_PROC_FAILED, ERR_PROC_FAILED_PENDING, ERR_REVOKED, ERR_IN_STATUS, ERR_OTHER = range(5)
@@ -161,7 +161,7 @@ class FakeComm:
 
 @pytest.fixture
 def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> type[FakeMPI]:
-    from meta.lv3 import communicator, survival
+    from meta.lv3.comm import communicator, survival
 
     monkeypatch.setattr(communicator, "_import_mpi", lambda: FakeMPI)
     monkeypatch.setattr(survival, "_import_mpi", lambda: FakeMPI)
@@ -170,7 +170,7 @@ def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> type[FakeMPI]:
 
 
 def test_a_collective_that_loses_a_rank_is_repeated_on_the_survivors(fake_mpi) -> None:
-    from meta.lv3.survival import SurvivingCommunicator
+    from meta.lv3.comm.survival import SurvivingCommunicator
 
     comm = SurvivingCommunicator(FakeComm([0, 1, 2]))
     shrinks = []
@@ -185,7 +185,7 @@ def test_a_collective_that_loses_a_rank_is_repeated_on_the_survivors(fake_mpi) -
 
 
 def test_a_broadcast_root_keeps_its_identity_across_a_shrink(fake_mpi) -> None:
-    from meta.lv3.survival import LostRankError, SurvivingCommunicator
+    from meta.lv3.comm.survival import LostRankError, SurvivingCommunicator
 
     comm = SurvivingCommunicator(FakeComm([0, 1, 2]))
     comm._shrink()
@@ -197,7 +197,7 @@ def test_a_broadcast_root_keeps_its_identity_across_a_shrink(fake_mpi) -> None:
 
 @pytest.mark.parametrize("me,takes_over", [(1, True), (2, False)])
 def test_the_first_survivor_takes_over_the_outputs_when_rank_0_dies(fake_mpi, me, takes_over):
-    from meta.lv3.survival import SurvivingCommunicator, hand_over_outputs
+    from meta.lv3.comm.survival import SurvivingCommunicator, hand_over_outputs
 
     comm = SurvivingCommunicator(FakeComm([0, 1, 2], fail=True, dies=0, me=me))
     taken = []
@@ -208,7 +208,7 @@ def test_the_first_survivor_takes_over_the_outputs_when_rank_0_dies(fake_mpi, me
 
 
 def test_a_death_that_is_not_the_writers_hands_nothing_over(fake_mpi) -> None:
-    from meta.lv3.survival import SurvivingCommunicator, hand_over_outputs
+    from meta.lv3.comm.survival import SurvivingCommunicator, hand_over_outputs
 
     comm = SurvivingCommunicator(FakeComm([0, 1, 2], fail=True, dies=2, me=1))
     taken = []
@@ -218,7 +218,7 @@ def test_a_death_that_is_not_the_writers_hands_nothing_over(fake_mpi) -> None:
 
 
 def test_other_mpi_errors_are_not_survived(fake_mpi) -> None:
-    from meta.lv3.survival import SurvivingCommunicator, is_failure
+    from meta.lv3.comm.survival import SurvivingCommunicator, is_failure
 
     comm = SurvivingCommunicator(FakeComm([0, 1, 2]))
 
@@ -234,14 +234,14 @@ def test_other_mpi_errors_are_not_survived(fake_mpi) -> None:
 
 
 def test_without_ulfm_nothing_changes(comm: SingleProcessCommunicator) -> None:
-    from meta.lv3.survival import surviving, ulfm_on
+    from meta.lv3.comm.survival import surviving, ulfm_on
 
     assert not ulfm_on({}) and not ulfm_on({"OMPI_MCA_mpi_ft_enable": "0"})
     assert surviving(comm) is comm
 
 
 def test_roster_reports_a_dead_worker() -> None:
-    from meta.lv3.shard_server import DIED, FINISHED, Roster
+    from meta.lv3.parameter_server.shard_server import DIED, FINISHED, Roster
 
     roster = Roster([0, 1, 2])
     roster.mark(0, FINISHED, steps=250, pushes=250)
@@ -262,11 +262,13 @@ def test_roster_reports_a_dead_worker() -> None:
 
 
 def test_a_server_drops_only_dead_workers(fake_mpi, monkeypatch: pytest.MonkeyPatch) -> None:
-    from meta.lv3 import shard_server
-    from meta.lv3.shard_server import DIED, Roster
-    from meta.lv3.survival import LostRankError
+    from meta.lv3.comm.survival import LostRankError
+    from meta.lv3.parameter_server import shard_server
+    from meta.lv3.parameter_server.shard_server import DIED, Roster
 
-    monkeypatch.setattr(shard_server, "_import_mpi", lambda: FakeMPI)
+    # an inactive request as MPI hands it out (the comm below stands in for the MPI one)
+    monkeypatch.setattr(SingleProcessCommunicator, "null_request",
+                        lambda self: FakeMPI.REQUEST_NULL)
     roster, active = Roster([0, 1, 2]), {0, 1, 2}
     receives, sends = ["r0", "r1", "r2"], [None, "s1", None]
     failure = FakeMPI.Exception(FakeMPI.ERR_PROC_FAILED)
@@ -316,3 +318,43 @@ def test_evaluation_is_resharded_when_a_replica_dies_in_its_sum() -> None:
                       sum_across=sum_across, eval_shard=(0, 2))
     assert trainer.evaluate(data) == {"loss": 0.5, "accuracy": 1.0}
     assert sums == [5.0, 10.0]  # its shard, then the whole test set
+
+
+def test_no_two_protocols_share_a_message_tag() -> None:
+    from meta.lv3.comm import tags
+
+    owners: dict[int, str] = {}
+    for name, block in tags.BLOCKS.items():
+        if name in tags.SHARED_ON_PURPOSE:
+            continue
+        for tag in block:
+            assert tag not in owners, f"tag {tag} is {owners[tag]}'s and {name}'s"
+            assert 0 <= tag <= 32767, f"{name}'s tag {tag} is beyond what MPI guarantees"
+            owners[tag] = name
+    assert owners[tags.HIERARCHY[0]] == "hierarchy" and owners[41] == "sandblaster"
+
+
+def test_one_polling_loop_with_an_idle_policy_and_a_deadline() -> None:
+    import time
+
+    from meta.lv3.comm.polling import poll, poll_until
+
+    calls: list[int] = []
+    state = {"left": 3}
+
+    def done() -> bool:
+        state["left"] -= 1
+        return state["left"] < 0
+
+    def idle() -> bool:  # work done: no sleep between tests
+        calls.append(1)
+        return True
+
+    assert poll_until(done, idle) and len(calls) == 3
+    start = time.monotonic()
+    assert not poll_until(lambda: False, deadline=start + 0.01)
+    assert 0.01 <= time.monotonic() - start < 1.0
+    comm = SingleProcessCommunicator()
+    assert poll(comm, [None, comm.iallreduce(np.ones(2))]) is None  # size 1: done at once
+    with pytest.raises(ValueError, match="until must be 'all' or 'any'"):
+        poll(comm, [], until="some")

@@ -12,8 +12,16 @@ import pytest
 
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import SingleProcessCommunicator, make_strategy, replica
-from meta.lv3.downpour import Downpour, shard_bounds
-from meta.lv3.shard_server import FINISHED, LEFT, LOST, MAX_STALENESS, Roster, StalenessLog
+from meta.lv3.flat import shard_bounds
+from meta.lv3.parameter_server.downpour import Downpour
+from meta.lv3.parameter_server.shard_server import (
+    FINISHED,
+    LEFT,
+    LOST,
+    MAX_STALENESS,
+    Roster,
+    StalenessLog,
+)
 
 from . import distbelief_checks
 

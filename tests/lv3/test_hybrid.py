@@ -18,10 +18,10 @@ import pytest
 from meta.component import ComponentError
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator, make_strategy
-from meta.lv3.hybrid import ReplicaGrid
-from meta.lv3.hybrid_allreduce import HybridAllreduce
-from meta.lv3.hybrid_downpour import HybridDownpour
-from meta.lv3.hybrid_server import ShardLayout
+from meta.lv3.hybrid.allreduce import HybridAllreduce
+from meta.lv3.hybrid.downpour import HybridDownpour
+from meta.lv3.hybrid.grid import ReplicaGrid
+from meta.lv3.hybrid.server import ShardLayout
 from meta.recipe import AtLeast, RecipeError, load_recipe, make_recipe
 from meta.runner import RecipeRun
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from meta.lv2.optimizers import adam, chain, clip_by_global_norm, masked, register_optimizer, sgd
-from meta.lv3.costmodel import Link, ring_allreduce, shared_reduce
-from meta.lv3.node_exchange import slice_of
+from meta.lv3.comm.costmodel import Link, ring_allreduce, shared_reduce
+from meta.lv3.data_parallel.node_exchange import slice_of
 
 
 @pytest.mark.parametrize("n, itemsize, ranks", [(100, 4, 2), (669706, 4, 2), (669706, 4, 3),

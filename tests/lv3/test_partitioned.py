@@ -14,8 +14,8 @@ import pytest
 from meta.component import ComponentError
 from meta.lv1.builder import mlp
 from meta.lv3 import STRATEGIES, Partitioned, SingleProcessCommunicator
-from meta.lv3.partitioned import check_budget
-from meta.lv3.tensor_parallel_plan import plan, probe
+from meta.lv3.tensor_parallel.plan import plan, probe
+from meta.lv3.tensor_parallel.strategy import check_budget
 from meta.recipe import AtLeast, load_recipe, make_recipe
 from meta.runner import RecipeRun
 

@@ -20,15 +20,13 @@ from meta.lv1 import ReferenceExecutor
 from meta.lv1.builder import GraphBuilder, mlp
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator
-from meta.lv3.pipeline import Pipeline
-from meta.lv3.pipeline_executor import tape_bytes
-from meta.lv3.pipeline_partition import (
+from meta.lv3.pipeline.partition import (
     PartitionError,
     balanced_bounds,
     node_costs,
     partition,
 )
-from meta.lv3.pipeline_schedule import (
+from meta.lv3.pipeline.schedule import (
     SCHEDULES,
     bubble_estimate,
     gpipe,
@@ -37,6 +35,8 @@ from meta.lv3.pipeline_schedule import (
     schedule,
     simulate,
 )
+from meta.lv3.pipeline.stage import tape_bytes
+from meta.lv3.pipeline.strategy import Pipeline
 from meta.recipe import AtLeast, RecipeError, load_recipe, make_recipe
 from meta.runner import RecipeRun
 

@@ -13,7 +13,7 @@ import pytest
 
 from meta.component import ComponentError
 from meta.lv3 import SingleProcessCommunicator, StochasticQuantizer, Ternary, make_compressor
-from meta.lv3.quantization import pack_codes, unpack_codes
+from meta.lv3.data_parallel.quantization import pack_codes, unpack_codes
 from meta.recipe import AtLeast, RecipeError, make_recipe
 
 from . import quantize_batch_checks as checks

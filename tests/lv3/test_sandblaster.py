@@ -13,9 +13,8 @@ import pytest
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv2.second_order import LBFGS, two_loop
 from meta.lv3 import SingleProcessCommunicator, make_strategy, replica
-from meta.lv3.sandblaster import Sandblaster
-from meta.lv3.sandblaster_portions import PortionStats
-from meta.lv3.sandblaster_shards import (
+from meta.lv3.sandblaster.portions import PortionStats
+from meta.lv3.sandblaster.shards import (
     AXPY,
     COPY,
     DOT,
@@ -26,6 +25,7 @@ from meta.lv3.sandblaster_shards import (
     ShardVectors,
     VectorShard,
 )
+from meta.lv3.sandblaster.strategy import Sandblaster
 
 from . import sandblaster_checks
 

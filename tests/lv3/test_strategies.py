@@ -25,7 +25,7 @@ from meta.lv3 import (
     make_strategy,
     strategy_class,
 )
-from meta.lv3.costmodel import gather_bcast, ring_allreduce
+from meta.lv3.comm.costmodel import gather_bcast, ring_allreduce
 
 
 def params() -> dict[str, np.ndarray]:

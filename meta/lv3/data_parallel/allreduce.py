@@ -1,0 +1,272 @@
+"""Synchronous data parallelism: average gradients over ranks, then step any Level 2 optimizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from meta.component import Option
+from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3.comm.communicator import Communicator
+from meta.lv3.comm.costmodel import Link, allgather, ring_allreduce, shared_reduce
+from meta.lv3.comm.shared_memory import node_of
+from meta.lv3.data_parallel import quantization  # noqa: F401  (registers qsgd and terngrad)
+from meta.lv3.data_parallel.compression import (
+    COMPRESSIONS,
+    Compressor,
+    compression_options,
+    make_compressor,
+)
+from meta.lv3.data_parallel.node_exchange import NodeExchange
+from meta.lv3.flat import FlatBuffer
+from meta.lv3.strategy import Strategy
+
+
+class Allreduce(Strategy):
+    """Every rank applies the mean gradient over all ranks: one fused, chunked allreduce.
+
+    Ranks stay bit-identical, because each applies the same update to the same values. The
+    inner optimizer's state is not broadcast: build it the same way on every rank. With a
+    ``compressor`` each rank's payload is exchanged by one allgather instead, and every rank
+    decompresses and sums all of them (in rank order, so ranks still agree bit for bit). A
+    stochastic compressor (qsgd, terngrad) draws from a stream seeded by the recipe's seed and
+    the rank. With every rank on one machine (``shared_memory``) the mean goes through shared
+    memory instead, and an elementwise optimizer's update is shared out among the ranks
+    (``NodeExchange``); ``finish`` then gives each rank its own memory back.
+
+    >>> from meta.lv2.optimizers import sgd
+    >>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
+    >>> opt.step({"w": np.array([2.0])}); opt.params["w"].tolist()
+    [0.8]
+    """
+
+    name = "allreduce"
+    options = {**Strategy.options,
+               "compression": Option("none", "of the gradient exchange: fp16, topk, sign "
+                                     "(topk and sign with error feedback), qsgd or terngrad",
+                                     choices=("none", *COMPRESSIONS.names())),
+               "overlap": Option(True, "start each bucket's allreduce as soon as the backward "
+                                 "finishes its gradients (executors that take a gradient "
+                                 "hook: planned), as DDP and Horovod do"),
+               "bucket_bytes": Option(1 << 20, "bytes of gradients per overlapped allreduce",
+                                      low=1024),
+               "shared_memory": Option(True, "when every rank is on one machine, sum the "
+                                       "gradients in shared memory and give each rank 1/P of "
+                                       "the update (elementwise optimizers: one parameter "
+                                       "copy) instead of MPI's allreduce (node_exchange.py)"),
+               **compression_options()}
+    pretraining = "average"
+
+    @classmethod
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+                    compression: str = "none", **options: Any) -> Allreduce:
+        n = sum(int(np.prod(np.shape(p))) for p in optimizer.params.values())
+        dtypes = {np.asarray(p).dtype for p in optimizer.params.values()} or {np.dtype(float)}
+        offered = compression_options()
+        chosen = {k: options.pop(k) for k in list(options) if k in offered}
+        seed = [getattr(getattr(trainer, "sampler", None), "seed", 0), comm.rank]
+        compressor = make_compressor(compression, n, dtypes.pop(), seed, **chosen)
+        return cls(optimizer, comm, compressor=compressor, **options)
+
+    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
+                 compressor: Compressor | None = None, overlap: bool = True,
+                 bucket_bytes: int = 1 << 20, shared_memory: bool = True, **options) -> None:
+        super().__init__(optimizer, comm, **options)
+        self.overlap = overlap
+        self.buckets = Buckets(self, bucket_bytes)
+        if compressor is not None and compressor.n != len(self.flat_grads):
+            raise ValueError(f"Allreduce: the compressor is for {compressor.n} values, the "
+                             f"gradients have {len(self.flat_grads)}")
+        self.compressor = compressor
+        self.node: NodeExchange | None = None
+        if shared_memory and compressor is None and self.comm.size > 1:
+            node = node_of(self.comm)
+            if node is not None and node.size == self.comm.size:
+                self.node = NodeExchange(self, node)
+            elif node is not None:  # ranks on several machines: MPI's allreduce
+                node.free()
+
+    def step(self, grads: Params) -> None:
+        """Average ``grads`` over ranks and apply the inner optimizer's update."""
+        if callable(grads):  # a line-search optimizer's closure, on one process (``check``)
+            self.optimizer.step(grads)
+            return
+        t = self.timeline
+        t.begin()
+        if self.node is not None:
+            self.node.step(grads)
+            return
+        buffer = self.flat_grads.pack(grads)
+        t.lap("pack")
+        if self.compressor is None:
+            self.average(self.grad_chunks, buffer)
+        else:
+            self._exchange_compressed(buffer)
+        # The views are overwritten by the next step: a transform must not keep them in its state.
+        self.optimizer.step(self.flat_grads.views)
+        t.lap("update")
+
+    def step_with(self, executor: Any, feeds: dict, loss: str = "loss",
+                  outputs: list[str] | None = None) -> dict:
+        """Forward, a backward that starts each bucket's allreduce as soon as its gradients
+        are final (the executor runs on while MPI moves them), the rest of the exchange, the
+        update. Without overlap, a compressor, or an executor that takes the hook: ``step``
+        after the backward. On one machine: the shared-memory exchange, the backward writing
+        its gradients straight into it where the executor takes the hook."""
+        if self.node is not None:
+            hooked = getattr(executor, "supports_gradient_hook", False)
+            values, grads = executor.inference_and_backprop(
+                feeds, loss=loss, outputs=outputs, **({"hook": self.node} if hooked else {}))
+            self.timeline.begin()
+            self.node.step(None if self.node.used else grads)
+            return values
+        if not (self.overlap and self.compressor is None and self.comm.size > 1
+                and getattr(executor, "supports_gradient_hook", False)):
+            return super().step_with(executor, feeds, loss, outputs)
+        b = self.buckets
+        b.start()
+        values, grads = executor.inference_and_backprop(feeds, loss=loss, outputs=outputs,
+                                                        hook=b)
+        t = self.timeline
+        t.begin()  # forward and backward, the overlapped allreduces under way
+        if b.flat is None or not b.used:  # the executor ran unplanned: no bucket was handed
+            buffer = self.flat_grads.pack(grads)
+            t.lap("pack")
+            self.average(self.grad_chunks, buffer)
+            self.optimizer.step(self.flat_grads.views)
+        else:
+            b.finish()
+            self.bytes_sent += b.flat.nbytes
+            t.lap("communicate")
+            self.optimizer.step(b.flat.views)
+        t.lap("update")
+        return values
+
+    @property
+    def state(self) -> Any:
+        if self.node is not None and self.node.sharded is not None:
+            return self.node.sharded.state_dict()["state"]  # a copy, as of the last step
+        return super().state
+
+    def state_dict(self) -> dict:
+        return self.node.state_dict() if self.node is not None else super().state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        if self.node is not None:
+            self.node.load_state_dict(saved)
+        else:
+            super().load_state_dict(saved)
+
+    def finish(self) -> None:
+        """Parameters and optimizer state back in each rank's own memory (collective)."""
+        if self.node is not None:
+            self.node.release()
+            self.node = None
+
+    def _exchange_compressed(self, buffer: np.ndarray) -> None:
+        payload = self.compressor.compress(buffer)
+        self.timeline.lap("pack")
+        everyone = self.comm.allgather(payload)
+        self.bytes_sent += payload.nbytes
+        self.timeline.lap("communicate")
+        buffer.fill(0)
+        for row in everyone:
+            self.compressor.decode_add(row, buffer)
+        buffer *= 1.0 / self.comm.size
+        self.timeline.lap("unpack")
+
+    def predict_comm_s(self, link: Link) -> float:
+        p = self.comm.size
+        if self.node is not None:
+            return shared_reduce(link, p, self.flat_grads.nbytes)
+        if self.compressor is None:
+            return ring_allreduce(link, p, self.flat_grads.nbytes)
+        return allgather(link, p, self.compressor.payload_bytes)
+
+
+class Buckets:
+    """The allreduce strategy's side of a backward that hands over gradients as they finish
+    (the planned executor's gradient hook). The executor gives the order in which its
+    backward finishes the parameters' gradients (``layout``) and gets arrays laid out in that
+    order, one buffer; after each bucket it calls ``ready``, which starts that bucket's
+    nonblocking allreduce and drives those already started (MPI progresses only inside its
+    calls). The loss's gradient is scaled by 1/P (``seed``), so the sum over ranks is the
+    mean; ``finish`` waits for what is still under way. Parameters the backward never
+    reaches keep zero gradients."""
+
+    def __init__(self, strategy: Allreduce, bucket_bytes: int) -> None:
+        self.strategy = strategy
+        self.bucket_bytes = int(bucket_bytes)
+        self.seed = 1.0 / strategy.comm.size
+        self.flat: FlatBuffer | None = None
+        self.layouts: dict[tuple[str, ...], tuple[FlatBuffer, dict, dict]] = {}
+        self.requests: list[tuple[Any, int]] = []
+        self.used = False
+
+    def _order(self, names: list[str]) -> tuple[str, ...]:
+        """The parameters in the order the backward finishes them, those it never reaches
+        last."""
+        shapes = self.strategy.flat_params.shapes
+        return tuple([n for n in names if n in shapes] + [n for n in shapes if n not in names])
+
+    def layout(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Arrays for the gradients, laid out in the order the backward finishes them; the
+        same order (another batch size: another plan) gets the same arrays."""
+        order = self._order(names)
+        if order not in self.layouts:
+            shapes = self.strategy.flat_params.shapes
+            flat = FlatBuffer({n: shapes[n] for n in order}, self.strategy.flat_params.dtype)
+            starts, ends, offset = {}, {}, 0
+            for name in order:
+                starts[name] = offset
+                offset += flat.views[name].size
+                ends[name] = offset
+            self.layouts[order] = (flat, starts, ends)
+        self.use(names)
+        return self.flat.views
+
+    def use(self, names: list[str]) -> None:
+        """The layout of the plan about to run (the executor says which)."""
+        self.flat, self.starts, self.ends = self.layouts[self._order(names)]
+
+    def start(self) -> None:
+        self.requests, self.used = [], False
+
+    def ready(self, names: list[str]) -> None:
+        comm, timeline = self.strategy.comm, self.strategy.timeline
+        chunk = self.flat.buffer[self.starts[names[0]]:self.ends[names[-1]]]
+        self.requests.append((comm.iallreduce(chunk), timeline.now()))
+        self.used = True
+        self._progress()
+
+    def _progress(self) -> None:
+        still = []
+        for request, began in self.requests:
+            if self.strategy.comm.test(request):
+                self.strategy.timeline.background("allreduce (overlapped)", began)
+            else:
+                still.append((request, began))
+        self.requests = still
+
+    def finish(self) -> None:
+        for request, began in self.requests:
+            self.strategy.comm.waitall([request])
+            self.strategy.timeline.background("allreduce (overlapped)", began)
+        self.requests = []
+
+
+AllreduceOptimizer = Allreduce  # the name it had before the strategy family
+
+
+def allreduce_mean(comm: Communicator, values: np.ndarray | float) -> np.ndarray:
+    """Mean of ``values`` over ranks, as a new float64 array (for metrics such as the loss).
+
+    >>> from meta.lv3 import world
+    >>> allreduce_mean(world(), [1.0, 3.0]).tolist()
+    [1.0, 3.0]
+    """
+    out = np.array(values, dtype=np.float64)  # a fresh contiguous copy: the input is untouched
+    comm.allreduce(out, op="sum")
+    out /= comm.size
+    return out

@@ -1,0 +1,10 @@
+"""Data parallelism over pipelined replicas (DistBelief's arrangement): the grid of replicas
+and stages (``grid``), allreduce over it (``allreduce``), and Downpour over it (``downpour``,
+its servers in ``server``)."""
+
+from meta.lv3.hybrid.allreduce import HybridAllreduce
+from meta.lv3.hybrid.downpour import HybridDownpour
+from meta.lv3.hybrid.grid import HybridPipeline, ReplicaGrid, refuse_without_trainer
+
+__all__ = ["HybridAllreduce", "HybridDownpour", "HybridPipeline", "ReplicaGrid",
+           "refuse_without_trainer"]

@@ -1,0 +1,14 @@
+"""Parameter servers: ranks that hold the parameters, workers that fetch and push.
+
+``central`` (one server: consistent and asynchronous), ``rma`` (the asynchronous one through
+one-sided windows), ``downpour`` (DistBelief's sharded servers, each shard a ``shard_server``)
+and ``hierarchical`` (servers as a tree).
+"""
+
+from meta.lv3.parameter_server.central import AsyncParameterServer, ParameterServer
+from meta.lv3.parameter_server.downpour import Downpour
+from meta.lv3.parameter_server.hierarchical import HierarchicalParameterServer
+from meta.lv3.parameter_server.rma import AsyncRMA
+
+__all__ = ["AsyncParameterServer", "AsyncRMA", "Downpour", "HierarchicalParameterServer",
+           "ParameterServer"]

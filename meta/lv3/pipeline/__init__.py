@@ -1,0 +1,7 @@
+"""Pipeline parallelism: the graph cut into stages (``partition``), the order of the
+micro-batches (``schedule``), one rank's stage running them (``stage``) and the strategy that
+ties them to the trainer (``strategy``)."""
+
+from meta.lv3.pipeline.strategy import Pipeline, plan, trainer_plan
+
+__all__ = ["Pipeline", "plan", "trainer_plan"]

@@ -1,0 +1,127 @@
+"""The collectives of a partitioned graph as operators (Megatron-LM's conjugate f and g).
+
+A layer split across ranks is an ordinary node of each rank's local graph; what joins the
+ranks are two operators of the domain ``ai.meta.parallel`` that the executor runs and
+differentiates like any other, so forward and backward of a partitioned step are the
+executor's own (reference or native), tape and all. Two are enough, because the planner
+splits only chains that begin at a column-parallel and end at a row-parallel layer:
+
+* ``CopyToParallel`` (Megatron's f): the identity forward; backward sums the gradient over
+  the ranks. It feeds a replicated tensor into a column-parallel layer, whose ranks each
+  contribute a part of that tensor's gradient.
+* ``AllReduceSum`` (Megatron's g): sums the partial outputs of a row-parallel layer forward;
+  backward is the identity (every rank needs the whole output's gradient).
+
+They are registered by ``register_operators`` when a graph is partitioned, not on import: they
+run only inside the job that bound their communicator, so they are not operators of the
+library that ``meta ops`` lists and the registry-driven tests walk.
+
+Operators receive only arrays and attributes, so the communicator is named by an integer
+``group`` that ``bind`` hands out; the ``Group`` also counts the bytes this rank hands to MPI
+and the seconds spent in the collectives.
+
+>>> from meta.lv3.comm.communicator import SingleProcessCommunicator
+>>> register_operators()
+>>> group = bind(SingleProcessCommunicator())
+>>> AllReduceSum(group=group).forward(None, np.ones(3)).tolist(), groups(group).bytes_sent
+([1.0, 1.0, 1.0], 24)
+>>> release(group)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from meta import _threads
+from meta.lv0 import Operator, register
+from meta.lv3.comm.communicator import Communicator
+from meta.lv3.comm.polling import poll_all
+
+DOMAIN = "ai.meta.parallel"
+
+
+@dataclass
+class Group:
+    """A communicator the operators use, with what they did on it."""
+
+    comm: Communicator
+    bytes_sent: int = 0  # send buffers handed to MPI
+    seconds: float = 0.0  # inside the collectives (transfer and waiting for the peers)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        # MPICH's blocking collectives spin: with more ranks than cores they steal the core a
+        # peer needs (see Strategy.average), so then the operators poll a nonblocking one
+        self.poll = self.comm.size > 1 and _threads.local_ranks() > _threads.cores()
+
+    def allreduce(self, buf: np.ndarray) -> np.ndarray:
+        """Sum ``buf`` over the ranks, in place."""
+        start = time.perf_counter()
+        if self.comm.size > 1:
+            if self.poll:
+                poll_all(self.comm, [self.comm.iallreduce(buf)])
+            else:
+                self.comm.allreduce(buf)
+        self.bytes_sent += buf.nbytes
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        return buf
+
+
+_GROUPS: dict[int, Group] = {}
+_IDS = itertools.count(1)
+
+
+def bind(comm: Communicator) -> int:
+    """Register ``comm`` for the operators; returns the ``group`` attribute that names it."""
+    key = next(_IDS)
+    _GROUPS[key] = Group(comm)
+    return key
+
+
+def groups(key: int) -> Group:
+    group = _GROUPS.get(key)
+    if group is None:
+        raise LookupError(f"no communicator is bound to group {key}: a partitioned graph runs "
+                          "only in the process that partitioned it "
+                          "(meta.lv3.tensor_parallel.strategy)")
+    return group
+
+
+def release(key: int) -> None:
+    _GROUPS.pop(key, None)
+
+
+class CopyToParallel(Operator):
+    """y = x; the gradient of x is the sum of every rank's gradient of y."""
+
+    attributes = {"group": 0}
+
+    def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
+        return (groups(self.group).allreduce(np.array(dy, copy=True)),)
+
+
+class AllReduceSum(Operator):
+    """y = the sum of x over the ranks; the gradient of x is the gradient of y."""
+
+    attributes = {"group": 0}
+
+    def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
+        return groups(self.group).allreduce(np.array(x, copy=True))
+
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
+        return (dy,)
+
+
+def register_operators() -> None:
+    """Make the two operators known to the executors (once; later calls do nothing)."""
+    for cls in (CopyToParallel, AllReduceSum):
+        register(cls.__name__, domain=DOMAIN)(cls)

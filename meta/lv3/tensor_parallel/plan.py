@@ -1,0 +1,390 @@
+"""Splitting a graph's layers over ranks by output features (DistBelief's partitioned model,
+Megatron-LM's tensor parallelism): which rank holds which neurons, and each rank's graph.
+
+Layers linear in their input's axis 1 (Gemm, Conv) are split in pairs, as Megatron-LM does:
+
+* a **column-parallel** layer takes a replicated input and computes this rank's share of the
+  output features (its rows of the weight, its part of the bias); its input passes through
+  ``CopyToParallel`` (the gradient of the input is summed over the ranks: one allreduce
+  backward, none at all when the input is the data);
+* the **row-parallel** layer after it (through elementwise ops, pools and Flatten, which keep
+  the split) takes the split input with the matching columns of its weight and produces a
+  partial sum, which ``AllReduceSum`` adds up (one allreduce forward); its bias lives on rank
+  0 only, so it is added once;
+* a **grouped** Conv whose groups fall on the ranks' channels (groups divisible by the ranks)
+  needs no communication at all: each rank runs its own groups, on its own channels. This is
+  the seed's "local connectivity": a chain of grouped layers between one column-parallel and
+  one row-parallel layer costs nothing on the wire.
+
+Only such chains are split (a column-parallel layer whose output reaches, through one reader
+at a time, a row-parallel one), so a split tensor never meets an operator that needs all of
+it; layers without a partner stay replicated (every rank computes them alike), and any graph
+runs. The planner is a pure function of the graph, its tensors' shapes and (rank, ranks):
+every rank derives every rank's plan without talking, which is how a rank knows every rank's
+shards (``Plan.shards``: gathering the trained model needs them).
+
+>>> from meta.lv1.builder import mlp
+>>> graph = mlp(input_shape=(4,), hidden=(6, 6), classes=3)
+>>> sample = {"input": np.zeros((2, 4), np.float32), "labels": np.zeros(2, np.int64)}
+>>> shapes = probe(graph, sample)
+>>> p = plan(graph, shapes, rank=1, ranks=2)
+>>> [(n, layer.kind) for n, layer in p.layers.items() if layer.kind != "replicated"]
+[('fc0', 'column'), ('relu0', 'split'), ('fc1', 'row')]
+>>> p.shards["fc0.weight"][1].indices.tolist(), p.shards["fc1.bias"][1].owner
+([3, 4, 5], 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from meta.component import ComponentError
+from meta.lv1.executor import ReferenceExecutor
+from meta.lv1.graph import Graph, Node
+from meta.lv1.roles import differentiable
+from meta.lv3.tensor_parallel.ops import DOMAIN, register_operators
+
+Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # per example (batch axis left out)
+
+# Operators that act on each feature (channel) of axis 1 alone: a split input stays split.
+KEEPS_SPLIT = frozenset({
+    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Softplus", "Softsign",
+    "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs", "MaxPool", "AveragePool",
+    "GlobalAveragePool", "GlobalMaxPool", "Flatten"})
+
+
+class PlanError(ComponentError):
+    """A graph that cannot be partitioned as asked (names the node or tensor)."""
+
+
+@dataclass
+class Shard:
+    """How one rank holds an initializer of the whole graph: all of it (``axis`` None), the
+    ``indices`` along ``axis``, or, when ``owner`` is set, all of it on that rank alone."""
+
+    axis: int | None = None
+    indices: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    owner: int | None = None
+
+    def held_by(self, rank: int) -> bool:
+        return self.owner is None or self.owner == rank
+
+    @property
+    def split(self) -> bool:
+        return self.axis is not None or self.owner is not None
+
+    def shape(self, full: tuple[int, ...]) -> tuple[int, ...]:
+        if self.axis is None:
+            return tuple(full)
+        return tuple(len(self.indices) if a == self.axis else d for a, d in enumerate(full))
+
+    def take(self, array: np.ndarray) -> np.ndarray:
+        """This rank's part of the whole ``array`` (a contiguous copy, or ``array`` itself)."""
+        if self.axis is None:
+            return array
+        return np.ascontiguousarray(np.take(array, self.indices, axis=self.axis))
+
+    def put(self, array: np.ndarray, part: np.ndarray) -> None:
+        """Write this rank's ``part`` into the whole ``array``."""
+        if self.axis is None:
+            array[...] = part
+        else:
+            index = [slice(None)] * array.ndim
+            index[self.axis] = self.indices
+            array[tuple(index)] = part
+
+
+@dataclass
+class Layer:
+    """What one node of the whole graph became on this rank: ``kind`` is column, row,
+    grouped (split, no communication), split (an elementwise op on split features) or
+    replicated; ``share`` is the fraction of the node's work this rank does."""
+
+    kind: str
+    share: float = 1.0
+
+
+@dataclass
+class Collective:
+    """An allreduce one step makes: of which tensor (its gradient, backward), forward or
+    backward, and the elements per example of the buffer each rank sends."""
+
+    tensor: str
+    phase: str
+    elements: int
+    itemsize: int
+
+    def nbytes(self, batch: int) -> int:
+        return batch * self.elements * self.itemsize
+
+
+@dataclass
+class Plan:
+    """This rank's nodes, every rank's shards of the initializers it reads, what each node of
+    the whole graph became here, and the collectives of a training step."""
+
+    rank: int
+    ranks: int
+    nodes: list[Node]
+    shards: dict[str, list[Shard]]  # initializer -> one Shard per rank
+    layers: dict[str, Layer]
+    collectives: list[Collective]
+
+    def bytes_of(self, graph: Graph, role: str = "parameter") -> int:
+        """Bytes of ``role`` initializers this rank holds."""
+        roles, total = graph.roles, 0
+        for name, shards in self.shards.items():
+            shard, full = shards[self.rank], graph.initializers[name]
+            if roles[name] == role and shard.held_by(self.rank):
+                total += math.prod(shard.shape(full.shape)) * full.itemsize
+        return total
+
+    def step_bytes(self, batch: int, training: bool = True) -> int:
+        """Bytes this rank sends in one step of ``batch`` examples (forward only if not
+        ``training``)."""
+        return sum(c.nbytes(batch) for c in self.collectives
+                   if training or c.phase == "forward")
+
+    def count(self, kind: str) -> int:
+        return sum(1 for layer in self.layers.values() if layer.kind == kind)
+
+    def local_graph(self, graph: Graph) -> Graph:
+        """This rank's graph: its nodes, its parts of the initializers (split ones copied,
+        whole ones shared with ``graph``), the roles of ``graph``."""
+        register_operators()
+        initializers = {}
+        for name, shards in self.shards.items():
+            shard = shards[self.rank]
+            if shard.held_by(self.rank):
+                initializers[name] = shard.take(graph.initializers[name])
+        local = Graph([dataclasses.replace(n, inputs=list(n.inputs), attrs=dict(n.attrs))
+                       for n in self.nodes], graph.inputs, graph.outputs, initializers,
+                      {**graph.opset, DOMAIN: 1}, f"{graph.name}.part{self.rank}")
+        roles = graph.roles
+        local.role_overrides = {k: roles[k] for k in initializers}
+        return local
+
+
+def probe(graph: Graph, sample: dict[str, np.ndarray],
+          make_executor: Callable[[Graph], Any] = ReferenceExecutor) -> Shapes:
+    """The per-example shape and dtype of every tensor the graph computes, from one run on
+    ``sample`` (a few examples) in inference mode."""
+    produced = [o for n in graph.nodes for o in n.outputs if o]
+    with np.errstate(all="ignore"):
+        values = make_executor(graph).eval().inference(sample, produced)
+    values = {**{k: v for k, v in sample.items()}, **values}
+    return {k: (tuple(np.shape(v)[1:]), np.asarray(v).dtype) for k, v in values.items()
+            if np.ndim(v) >= 1}
+
+
+def _linear(node: Node, graph: Graph, roles: dict[str, str]) -> tuple[str, int, int] | None:
+    """(weight, its output-feature axis, its input-feature axis) of a Gemm or Conv that is
+    linear in its input's axis 1 with a trainable weight; None for any other node."""
+    inits = graph.initializers
+    if node.op_type not in ("Gemm", "Conv") or len(node.inputs) < 2 or len(node.outputs) != 1:
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if x in inits or w not in inits or roles[w] != "parameter":
+        return None
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    if node.op_type == "Gemm":
+        a = node.attrs
+        if inits[w].ndim != 2 or a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 \
+                or a.get("beta", 1.0) != 1.0:
+            return None
+        out_axis = 0 if a.get("transB", 0) else 1
+    else:
+        if inits[w].ndim < 3:
+            return None
+        out_axis = 0
+    width = inits[w].shape[out_axis]
+    if bias and (bias not in inits or inits[bias].shape != (width,)):
+        return None
+    in_axis = 1 if node.op_type == "Conv" else 1 - out_axis
+    return w, out_axis, in_axis
+
+
+def _split(n: int, ranks: int) -> list[np.ndarray]:
+    return [np.asarray(part, np.int64) for part in np.array_split(np.arange(n), ranks)]
+
+
+class _Planner:
+    """One walk over the nodes in order, tracking which tensors are split along axis 1 and,
+    for each rank, which of their features it holds."""
+
+    def __init__(self, graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int) -> None:
+        self.graph, self.shapes, self.rank, self.ranks, self.group = \
+            graph, shapes, rank, ranks, group
+        self.roles = graph.roles
+        self.consumers = graph.consumers()
+        self.outputs = {t.name for t in graph.outputs}
+        self.needs_grad = differentiable(graph)
+        self.layout: dict[str, list[np.ndarray]] = {}  # split tensor -> indices per rank
+        self.nodes: list[Node] = []
+        self.shards: dict[str, list[Shard]] = {}
+        self.layers: dict[str, Layer] = {}
+        self.collectives: list[Collective] = []
+
+    # -- helpers -------------------------------------------------------------------------
+    def _dtype(self, name: str) -> np.dtype:
+        return np.dtype(self.shapes[name][1])
+
+    def _elements(self, name: str) -> int:
+        return math.prod(self.shapes[name][0])
+
+    def _assign(self, name: str, shards: list[Shard], node: Node) -> None:
+        if name in self.shards and (shards[0].split or self.shards[name][0].split):
+            readers = [n.name for n in self.consumers.get(name, [])]
+            raise PlanError(f"initializer {name!r} is read by nodes {readers}: a split "
+                            f"layer's weights must have one reader (node {node.name!r})")
+        self.shards[name] = shards
+
+    def _whole(self, node: Node) -> None:
+        for x in node.inputs:
+            if x in self.graph.initializers:
+                self._assign(x, [Shard()] * self.ranks, node)
+
+    def _leads_to_row_layer(self, tensor: str) -> bool:
+        """Whether ``tensor``, split, would reach a row-parallel layer through ops that keep
+        it split (grouped layers included): then splitting its producer pays."""
+        if self.ranks == 1:
+            return False
+        while True:
+            users = self.consumers.get(tensor, [])
+            if tensor in self.outputs or len(users) != 1:
+                return False
+            user = users[0]
+            if user.inputs[0] != tensor or tensor in user.inputs[1:]:
+                return False
+            if _linear(user, self.graph, self.roles) is not None:
+                groups = int(user.attrs.get("group", 1))
+                if groups == 1:
+                    return True
+                if groups % self.ranks:
+                    return False
+            elif not self._keeps_split(user):
+                return False
+            tensor = user.outputs[0]
+
+    def _keeps_split(self, node: Node) -> bool:
+        if node.op_type == "Reshape":  # (N, C) -> (N, C, 1, ...): the features stay on axis 1
+            shape = self.graph.initializers.get(node.inputs[1]) if len(node.inputs) > 1 \
+                else None
+            return (shape is not None and shape.ndim == 1 and len(shape) >= 2
+                    and shape[:2].tolist() == [0, -1] and bool(np.all(shape[2:] == 1))
+                    and not node.attrs.get("allowzero", 0) and node.outputs[0] not in self.outputs)
+        return (node.op_type in KEEPS_SPLIT and len([x for x in node.inputs if x]) == 1
+                and len([o for o in node.outputs if o]) == 1
+                and (node.op_type != "Flatten" or node.attrs.get("axis", 1) == 1)
+                and not any(o in self.outputs for o in node.outputs))
+
+    # -- the walk ------------------------------------------------------------------------
+    def run(self) -> Plan:
+        for node in self.graph.nodes:
+            x = node.inputs[0] if node.inputs else ""
+            linear = _linear(node, self.graph, self.roles)
+            if linear is not None and x in self.layout:
+                self._row_or_grouped(node, *linear)
+            elif linear is not None and node.attrs.get("group", 1) == 1 \
+                    and self._leads_to_row_layer(node.outputs[0]):
+                self._column(node, *linear)
+            elif x in self.layout and self._keeps_split(node):
+                self._keep_split(node)
+            else:
+                self._replicated(node)
+        return Plan(self.rank, self.ranks, self.nodes, self.shards, self.layers,
+                    self.collectives)
+
+    def _replicated(self, node: Node) -> None:
+        split = [x for x in node.inputs if x in self.layout]
+        if split:  # _leads_to_row_layer admits no such chain
+            raise PlanError(f"node {node.name!r} ({node.op_type}) would read {split} split "
+                            f"over the ranks")
+        self._whole(node)
+        self.nodes.append(dataclasses.replace(node))
+        self.layers[node.name] = Layer("replicated")
+
+    def _column(self, node: Node, w: str, out_axis: int, in_axis: int) -> None:
+        weight = self.graph.initializers[w]
+        width = weight.shape[out_axis]
+        if width < self.ranks:
+            self._replicated(node)
+            return
+        parts = _split(width, self.ranks)
+        x, inputs = node.inputs[0], list(node.inputs)
+        if x in self.needs_grad:  # its gradient is every rank's part summed
+            copy = f"{x}@{node.name}.copy"
+            self.nodes.append(Node("CopyToParallel", [x], [copy], f"{node.name}/copy", DOMAIN,
+                                   {"group": self.group}))
+            self.collectives.append(Collective(x, "backward", self._elements(x),
+                                               self._dtype(x).itemsize))
+            inputs[0] = copy
+        self._assign(w, [Shard(out_axis, p) for p in parts], node)
+        if len(inputs) > 2 and inputs[2]:
+            self._assign(inputs[2], [Shard(0, p) for p in parts], node)
+        self.nodes.append(dataclasses.replace(node, inputs=inputs))
+        self.layout[node.outputs[0]] = parts
+        self.layers[node.name] = Layer("column", len(parts[self.rank]) / width)
+
+    def _row_or_grouped(self, node: Node, w: str, out_axis: int, in_axis: int) -> None:
+        x = node.inputs[0]
+        parts = self.layout[x]
+        weight = self.graph.initializers[w]
+        groups = int(node.attrs.get("group", 1))
+        inputs = list(node.inputs)
+        bias = inputs[2] if len(inputs) > 2 and inputs[2] else ""
+        if groups == 1:
+            self._assign(w, [Shard(in_axis, p) for p in parts], node)
+            if bias:
+                self._assign(bias, [Shard(owner=0)] * self.ranks, node)
+                if self.rank != 0:
+                    inputs = inputs[:2]
+            y = node.outputs[0]
+            partial = f"{y}@partial"
+            self.nodes.append(dataclasses.replace(node, inputs=inputs, outputs=[partial]))
+            self.nodes.append(Node("AllReduceSum", [partial], [y], f"{node.name}/allreduce",
+                                   DOMAIN, {"group": self.group}))
+            self.collectives.append(Collective(y, "forward", self._elements(y),
+                                               self._dtype(y).itemsize))
+            self.layers[node.name] = Layer("row", len(parts[self.rank]) / weight.shape[in_axis])
+            return
+        # grouped, groups divisible by the ranks (_leads_to_row_layer): each rank's channels,
+        # an even split of the column layer's output, are whole groups, its own
+        out = weight.shape[0]
+        outs = _split(out, self.ranks)
+        self._assign(w, [Shard(0, p) for p in outs], node)
+        if bias:
+            self._assign(bias, [Shard(0, p) for p in outs], node)
+        attrs = {**node.attrs, "group": groups // self.ranks}
+        self.nodes.append(dataclasses.replace(node, attrs=attrs))
+        self.layout[node.outputs[0]] = outs
+        self.layers[node.name] = Layer("grouped", 1 / self.ranks)
+
+    def _keep_split(self, node: Node) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        parts = self.layout[x]
+        if node.op_type == "Flatten":  # (C, *spatial) -> C * spatial: channel c's block
+            size = math.prod(self.shapes[x][0][1:])
+            parts = [(p[:, None] * size + np.arange(size)).ravel() for p in parts]
+        self._whole(node)
+        self.nodes.append(dataclasses.replace(node))
+        self.layout[y] = parts
+        self.layers[node.name] = Layer("split", len(parts[self.rank])
+                                       / sum(len(p) for p in parts))
+
+
+def plan(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int = 0) -> Plan:
+    """Rank ``rank``'s part of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s);
+    ``group`` names the communicator its collectives use (``tensor_parallel_ops.bind``)."""
+    if not 0 <= rank < ranks:
+        raise PlanError(f"rank {rank} is not one of {ranks} partitions")
+    missing = [n.outputs[0] for n in graph.nodes if n.outputs and n.outputs[0]
+               and n.outputs[0] not in shapes and _linear(n, graph, graph.roles)]
+    if missing:
+        raise PlanError(f"no shapes for tensors {missing[:5]}: probe the graph first")
+    return _Planner(graph, shapes, rank, ranks, group).run()
