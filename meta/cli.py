@@ -1,5 +1,5 @@
-"""The ``meta`` command line: ``meta run RECIPE``, ``meta inspect MODEL.onnx``, ``meta ops``,
-``meta check-op OP``."""
+"""The ``meta`` command line: ``meta run RECIPE``, ``meta recipes``, ``meta inspect MODEL.onnx``,
+``meta ops``, ``meta check-op OP``."""
 
 from __future__ import annotations
 
@@ -165,6 +165,30 @@ def cmd_components(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def recipe_summary(path) -> str:
+    """A recipe's first docstring sentence, on one line, read without running the recipe (which
+    may register components)."""
+    import ast
+    import re
+
+    doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
+    text = " ".join(doc.split("\n\n")[0].split()).replace("``", "")
+    match = re.match(r"(.+?(?<! al)(?<!e\.g)(?<!i\.e)[.!?])(\s|$)", text)  # not at "et al."
+    return match.group(1) if match else text
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    """The shipped recipes, one line each: ``meta run NAME`` runs one from any folder."""
+    from meta.recipe import SHIPPED, shipped_recipes
+
+    shipped = shipped_recipes()
+    print(f"{len(shipped)} recipes in {SHIPPED.resolve()} (meta run NAME; a path runs yours)")
+    width = max(map(len, shipped), default=0)
+    for name, path in shipped.items():
+        print(f"{name:<{width}}  {recipe_summary(path)}")
+    return EXIT_PASS
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from meta.lv0 import entries
 
@@ -292,7 +316,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a recipe, report its metrics, PASS or FAIL (exit 1)")
-    run.add_argument("recipe", help="recipe file, e.g. recipes/mnist_mlp.py")
+    run.add_argument("recipe", help="recipe file, e.g. recipes/mnist_mlp.py, or the name of a "
+                     "shipped recipe, e.g. mnist_mlp (`meta recipes` lists them)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a MUTABLE definition (repeatable)")
     run.add_argument("--output-dir", metavar="DIR",
@@ -322,6 +347,9 @@ def make_parser() -> argparse.ArgumentParser:
     components.add_argument("kind", nargs="?", help="model, dataset, optimizer, executor, "
                             "distributed, events or metrics (default: all)")
     components.set_defaults(func=cmd_components)
+    recipes = sub.add_parser("recipes", help="list the shipped recipes (meta run NAME runs one "
+                             "from any folder)")
+    recipes.set_defaults(func=cmd_recipes)
     ops = sub.add_parser("ops", help="list the registered operators and their backends")
     ops.set_defaults(func=cmd_ops)
     check = sub.add_parser("check-op", help="validate an operator on random inputs: forward "

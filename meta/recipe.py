@@ -366,11 +366,35 @@ def _metric_problems(metrics: Any) -> list[str]:
     return problems
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and validate a recipe file (which may register its own components first)."""
-    path = Path(path)
-    if not path.is_file():
+SHIPPED = Path(__file__).parent / "recipes"  # the repository's recipes/, installed with meta
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes that come with meta, by name: ``meta run mnist_mlp`` from any folder."""
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.py"))}
+
+
+def find_recipe(text: str | os.PathLike) -> Path:
+    """The recipe file ``text`` names: a path as given, else a bare name (``mnist_mlp`` or
+    ``mnist_mlp.py``) of a shipped recipe. A file of that name in the current folder wins, as
+    a script's path does."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    shipped = shipped_recipes()
+    name = path.stem if path.suffix == ".py" else path.name
+    if path.parent != Path():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
+    if name not in shipped:
+        raise RecipeError(f"{unknown(name, shipped, 'recipe')}: no file {str(path)!r} here and "
+                          f"no shipped recipe of that name (`meta recipes` lists them)")
+    return shipped[name]
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
+    """Read and validate a recipe file (which may register its own components first); a bare
+    name is a shipped recipe (``find_recipe``)."""
+    path = find_recipe(path)
     folder = str(path.resolve().parent)  # the recipe may import its neighbours, as a script can
     sys.path.insert(0, folder)
     try:
