@@ -21,6 +21,7 @@ data is loaded. ``--set KEY=VALUE`` changes MUTABLE definitions, dotted keys inc
 
 from __future__ import annotations
 
+import difflib
 import os
 import runpy
 import sys
@@ -408,13 +409,15 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
         sys.path.remove(folder)
     name = path.stem
     errors = []
-    upper = [k for k in namespace if k.isupper() and not k.startswith("_")]
-    for key in upper:
-        if key not in SECTIONS:
-            errors.append(unknown(key, SECTIONS, "section"))
-    for section in SECTIONS:
-        if section not in namespace:
-            errors.append(f"missing section {section} (a recipe defines {', '.join(SECTIONS)})")
+    # Only FIXED, MUTABLE and METRICS are sections: a recipe's other names, constants in
+    # capitals and imported registries (MODELS) included, are its own. A name close to a
+    # section the recipe lacks is taken for a misspelling of it.
+    missing = [s for s in SECTIONS if s not in namespace]
+    for key in namespace:
+        if key.isupper() and not key.startswith("_") and difflib.get_close_matches(key, missing):
+            errors.append(unknown(key, missing, "section"))
+    for section in missing:
+        errors.append(f"missing section {section} (a recipe defines {', '.join(SECTIONS)})")
     if errors:
         raise RecipeError(_report(name, errors))
     return make_recipe(name, namespace["FIXED"], namespace["MUTABLE"], namespace["METRICS"], path)
