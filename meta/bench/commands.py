@@ -57,7 +57,8 @@ def add_commands(sub: Any) -> None:
     cmp.set_defaults(func=cmd_compare)
 
     op = sub.add_parser("bench-op", help="time an operator's numpy and C++ implementations, "
-                                         "forward and backward")
+                                         "forward and backward (a user's op: --module, "
+                                         "--domain)")
     op.add_argument("op", help="operator type, e.g. Relu (`meta ops` lists them)")
     op.add_argument("--shape", type=_shape, required=True, metavar="N,M,...",
                     help="shape of every input, e.g. 256,1024")
@@ -72,6 +73,9 @@ def add_commands(sub: Any) -> None:
                          "gives stabler figures)")
     op.add_argument("--output-dir", metavar="DIR",
                     help="where report.json and op_times.png go (default: runs/bench-op/OP)")
+    op.add_argument("--domain", default="", help="operator domain (custom ops)")
+    op.add_argument("--module", metavar="FILE.py", help="import this file first (it "
+                    "registers custom ops)")
     op.set_defaults(func=cmd_bench_op)
 
 
@@ -247,9 +251,17 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_ERROR
         set_threads(args.threads)
+    if args.module:
+        from meta.cli import load_module
+
+        module, problem = load_module(args.module)
+        if module is None:
+            print(f"meta: error: {problem}", file=sys.stderr)
+            return EXIT_ERROR
     env = environment(seeds={"inputs": args.seed, "bootstrap": args.seed})  # load: not ours yet
     try:
-        result = bench_op(args.op, args.shape, args.dtype, args.repeat, args.warmup, args.seed)
+        result = bench_op(args.op, args.shape, args.dtype, args.repeat, args.warmup, args.seed,
+                          domain=args.domain)
     except (OpBenchError, NativeUnavailableError, ValueError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
