@@ -21,6 +21,7 @@ data is loaded. ``--set KEY=VALUE`` changes MUTABLE definitions, dotted keys inc
 
 from __future__ import annotations
 
+import difflib
 import os
 import runpy
 import sys
@@ -366,11 +367,35 @@ def _metric_problems(metrics: Any) -> list[str]:
     return problems
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and validate a recipe file (which may register its own components first)."""
-    path = Path(path)
-    if not path.is_file():
+SHIPPED = Path(__file__).parent / "recipes"  # the repository's recipes/, installed with meta
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes that come with meta, by name: ``meta run mnist_mlp`` from any folder."""
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.py"))}
+
+
+def find_recipe(text: str | os.PathLike) -> Path:
+    """The recipe file ``text`` names: a path as given, else a bare name (``mnist_mlp`` or
+    ``mnist_mlp.py``) of a shipped recipe. A file of that name in the current folder wins, as
+    a script's path does."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    shipped = shipped_recipes()
+    name = path.stem if path.suffix == ".py" else path.name
+    if path.parent != Path():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
+    if name not in shipped:
+        raise RecipeError(f"{unknown(name, shipped, 'recipe')}: no file {str(path)!r} here and "
+                          f"no shipped recipe of that name (`meta recipes` lists them)")
+    return shipped[name]
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
+    """Read and validate a recipe file (which may register its own components first); a bare
+    name is a shipped recipe (``find_recipe``)."""
+    path = find_recipe(path)
     folder = str(path.resolve().parent)  # the recipe may import its neighbours, as a script can
     sys.path.insert(0, folder)
     try:
@@ -384,13 +409,15 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
         sys.path.remove(folder)
     name = path.stem
     errors = []
-    upper = [k for k in namespace if k.isupper() and not k.startswith("_")]
-    for key in upper:
-        if key not in SECTIONS:
-            errors.append(unknown(key, SECTIONS, "section"))
-    for section in SECTIONS:
-        if section not in namespace:
-            errors.append(f"missing section {section} (a recipe defines {', '.join(SECTIONS)})")
+    # Only FIXED, MUTABLE and METRICS are sections: a recipe's other names, constants in
+    # capitals and imported registries (MODELS) included, are its own. A name close to a
+    # section the recipe lacks is taken for a misspelling of it.
+    missing = [s for s in SECTIONS if s not in namespace]
+    for key in namespace:
+        if key.isupper() and not key.startswith("_") and difflib.get_close_matches(key, missing):
+            errors.append(unknown(key, missing, "section"))
+    for section in missing:
+        errors.append(f"missing section {section} (a recipe defines {', '.join(SECTIONS)})")
     if errors:
         raise RecipeError(_report(name, errors))
     return make_recipe(name, namespace["FIXED"], namespace["MUTABLE"], namespace["METRICS"], path)

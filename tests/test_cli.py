@@ -136,3 +136,42 @@ def test_version_names_the_distribution_version_and_where_meta_is(capsys, monkey
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.startswith(f"meta {meta.__version__} from ")
+
+
+def test_shipped_recipes_run_by_name_from_any_folder(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from meta.recipe import load_recipe, shipped_recipes
+
+    monkeypatch.chdir(tmp_path)  # an empty folder: no recipes/ here
+    shipped = shipped_recipes()
+    assert {"mnist_mlp", "mnist_lenet", "onnx_model", "arrays_npz"} <= set(shipped)
+    assert load_recipe("mnist_mlp").path == shipped["mnist_mlp"]
+    assert load_recipe("mnist_mlp.py").path == shipped["mnist_mlp"]
+    # the data and models a shipped recipe names come with it
+    data = load_recipe("arrays_npz").definitions.choices["dataset"].values()["path"]
+    model = load_recipe("onnx_model").definitions.choices["model"].values()["path"]
+    assert Path(data).is_file() and Path(model).is_file()
+    # a file of that name here wins, as a script's path does
+    (tmp_path / "mnist_mlp.py").write_text(
+        "from meta.recipe import AtLeast\nFIXED = {}\nMUTABLE = {'epochs': 1}\n"
+        "METRICS = {'test_accuracy': AtLeast(0.5)}\n")
+    assert load_recipe("mnist_mlp.py").path == Path("mnist_mlp.py")
+    assert main(["run", "mnist_mpl"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "unknown recipe 'mnist_mpl' (did you mean 'mnist_mlp'?)" in err
+    assert "`meta recipes` lists them" in err
+
+
+def test_recipes_lists_each_shipped_recipe_on_one_line(capsys):
+    from meta.recipe import shipped_recipes
+
+    assert main(["recipes"]) == EXIT_PASS
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + len(shipped_recipes())
+    assert lines[0].startswith(f"{len(shipped_recipes())} recipes in ")
+    mlp = next(line for line in lines if line.startswith("mnist_mlp "))
+    assert mlp.split(None, 1)[1] == ("MNIST with a 784-512-512-10 MLP and SGD with momentum: the "
+                                     "walking skeleton's main job.")
+    signum = next(line for line in lines if line.startswith("mnist_signum "))
+    assert signum.endswith("(signSGD with momentum, Bernstein et al. 2018).")

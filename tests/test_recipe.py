@@ -149,6 +149,24 @@ def test_recipe_files(tmp_path):
         load_recipe(tmp_path / "nope.py")
 
 
+def test_only_the_three_sections_are_sections(tmp_path):
+    # A recipe may import registries and define constants in capitals: they are its own.
+    r = load_recipe(write(tmp_path, """
+        from meta.lv1.models import MODELS
+        from meta.lv2.optimizers import OPTIMIZERS
+        from meta.recipe import AtLeast
+        HIDDEN = 32
+        EPOCHS = 2
+        FIXED = {"dataset": "mnist", "hidden": [HIDDEN]}
+        MUTABLE = {"epochs": EPOCHS}
+        METRICS = {"test_accuracy": AtLeast(0.5)}
+    """))
+    assert values(r, "model")["hidden"] == (32,) and r.definitions.epochs == 2
+    # a name close to a missing section is still caught as its misspelling
+    with pytest.raises(RecipeError, match=r"unknown section 'MUTABEL' \(did you mean 'MUTABLE'"):
+        load_recipe(write(tmp_path, "MODELS = 1\nFIXED = {}\nMUTABEL = {}\nMETRICS = {}\n"))
+
+
 def test_thresholds_and_verdict():
     assert AtLeast(0.9).accepts(0.9) and not AtLeast(0.9).accepts(0.89)
     assert AtMost(10).accepts(10) and not AtMost(10).accepts(10.1)

@@ -39,7 +39,7 @@ def add_commands(sub: Any) -> None:
         "compare", help="run two recipes, or one recipe's --variant's (any number), taking "
                         "turns; report step times, throughput, time to each bound and final "
                         "metrics with confidence intervals, ratios and plots")
-    cmp.add_argument("recipe_a", metavar="A", help="recipe file")
+    cmp.add_argument("recipe_a", metavar="A", help="recipe file or shipped recipe name")
     cmp.add_argument("recipe_b", metavar="B", nargs="?",
                      help="second recipe file (default: A again, told apart by --a/--b)")
     cmp.add_argument("--a", action="append", default=[], metavar="KEY=VALUE",
@@ -57,7 +57,8 @@ def add_commands(sub: Any) -> None:
     cmp.set_defaults(func=cmd_compare)
 
     op = sub.add_parser("bench-op", help="time an operator's numpy and C++ implementations, "
-                                         "forward and backward")
+                                         "forward and backward (a user's op: --module, "
+                                         "--domain)")
     op.add_argument("op", help="operator type, e.g. Relu (`meta ops` lists them)")
     op.add_argument("--shape", type=_shape, required=True, metavar="N,M,...",
                     help="shape of every input, e.g. 256,1024")
@@ -72,6 +73,9 @@ def add_commands(sub: Any) -> None:
                          "gives stabler figures)")
     op.add_argument("--output-dir", metavar="DIR",
                     help="where report.json and op_times.png go (default: runs/bench-op/OP)")
+    op.add_argument("--domain", default="", help="operator domain (custom ops)")
+    op.add_argument("--module", metavar="FILE.py", help="import this file first (it "
+                    "registers custom ops)")
     op.set_defaults(func=cmd_bench_op)
 
 
@@ -129,7 +133,7 @@ def run_repeated(first_run: Any, args: argparse.Namespace, comm: Any) -> int:
 
     overrides = _sets(args.set, "--set")
     recipe = first_run.recipe
-    variant = RecipeVariant(recipe.name, recipe, Path(args.recipe), overrides)
+    variant = RecipeVariant(recipe.name, recipe, recipe.path or Path(args.recipe), overrides)
     out = Path(args.output_dir) if args.output_dir else Path("runs") / recipe.name
     say = _say(comm)
     try:
@@ -139,7 +143,7 @@ def run_repeated(first_run: Any, args: argparse.Namespace, comm: Any) -> int:
         if comm.is_root:
             print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
-    env = environment({recipe.name: recipe_record(args.recipe, overrides)}, comm.size,
+    env = environment({recipe.name: recipe_record(variant.path, overrides)}, comm.size,
                       {"recipe": recipe.definitions.seed, "bootstrap": args.bootstrap_seed}) \
         if comm.is_root else {}  # before the runs: the load average then is not ours
     results = bench.run(first=first_run)
@@ -165,7 +169,7 @@ def _variants(args: argparse.Namespace) -> list[Any]:
         for text in args.variant:
             overrides = _sets([p for p in text.split(",") if p.strip()], "--variant")
             recipe = load_recipe(args.recipe_a).with_overrides({**common, **overrides})
-            variants.append(RecipeVariant(text, recipe, Path(args.recipe_a),
+            variants.append(RecipeVariant(text, recipe, recipe.path or Path(args.recipe_a),
                                           {**common, **overrides}))
         return variants
     sides = {"a": _sets(args.a, "--a"), "b": _sets(args.b, "--b")}
@@ -182,7 +186,7 @@ def _variants(args: argparse.Namespace) -> list[Any]:
             name = ",".join(f"{k}={v}" for k, v in sides[side].items()) or "defaults"
         else:
             name = recipe.name
-        variants.append(RecipeVariant(name, recipe, paths[side], overrides))
+        variants.append(RecipeVariant(name, recipe, recipe.path or paths[side], overrides))
     if variants[0].name == variants[1].name:  # the same file twice, or two of one stem
         variants = [RecipeVariant(f"{v.name}-{s}", v.recipe, v.path, v.overrides)
                     for v, s in zip(variants, "ab")]
@@ -247,9 +251,17 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_ERROR
         set_threads(args.threads)
+    if args.module:
+        from meta.cli import load_module
+
+        module, problem = load_module(args.module)
+        if module is None:
+            print(f"meta: error: {problem}", file=sys.stderr)
+            return EXIT_ERROR
     env = environment(seeds={"inputs": args.seed, "bootstrap": args.seed})  # load: not ours yet
     try:
-        result = bench_op(args.op, args.shape, args.dtype, args.repeat, args.warmup, args.seed)
+        result = bench_op(args.op, args.shape, args.dtype, args.repeat, args.warmup, args.seed,
+                          domain=args.domain)
     except (OpBenchError, NativeUnavailableError, ValueError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR

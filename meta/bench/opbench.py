@@ -8,6 +8,7 @@ a speed-up.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -26,25 +27,34 @@ class OpBenchError(ValueError):
     """The operator cannot be benchmarked as asked; the message says why and what would do."""
 
 
-def twins(op_type: str, domain: str = "") -> tuple[type[Operator], type[Operator]]:
-    """The numpy and native classes of ``op_type`` at the newest opset that has both."""
+def twins(op_type: str, domain: str = "") -> dict[str, type[Operator]]:
+    """The numpy and native classes of ``op_type`` at the newest opset that has both; for an
+    operator of a custom domain (a user's, ``--module``) without a native twin, its numpy
+    class alone, timed without a comparison."""
+    domain = "" if domain == "ai.onnx" else domain
     found = [e for e in entries() if e.op_type == op_type and e.domain == domain]
     if not found:
         known = sorted({e.op_type for e in entries() if e.domain == domain})
+        close = difflib.get_close_matches(op_type, known, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise OpBenchError(f"no operator {op_type!r} is registered (domain "
-                           f"{domain or 'ai.onnx'!r}); `meta ops` lists them: "
-                           f"{', '.join(known)}")
+                           f"{domain or 'ai.onnx'!r}){hint}; `meta ops` lists them; for "
+                           f"yours, --module FILE imports the file that registers it and "
+                           f"--domain names its domain")
     by_since: dict[int, dict[str, type[Operator]]] = {}
     for e in found:
         by_since.setdefault(e.since, {})[e.backend] = e.cls
     both = [since for since, impls in by_since.items() if set(BACKENDS) <= set(impls)]
+    alone = [since for since, impls in by_since.items() if "numpy" in impls]
+    if not both and domain and alone:
+        return {"numpy": by_since[max(alone)]["numpy"]}
     if not both:
         with_native = sorted({e.op_type for e in entries() if e.backend == "native"})
         raise OpBenchError(f"operator {op_type!r} has no native (C++) implementation, only "
                            f"{', '.join(sorted({e.backend for e in found}))}; bench-op compares "
                            f"the two. Ops with both: {', '.join(with_native) or 'none'}")
     impls = by_since[max(both)]
-    return impls["numpy"], impls["native"]
+    return {b: impls[b] for b in BACKENDS}
 
 
 def input_count(cls: type[Operator]) -> int:
@@ -83,19 +93,22 @@ def _max_diff(a: tuple, b: tuple) -> float:
 
 
 def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repeat: int = 30,
-             warmup: int = 3, seed: int = 0, resamples: int = RESAMPLES) -> OpBenchResult:
-    """Time forward and backward of both backends on random inputs of ``shape``."""
+             warmup: int = 3, seed: int = 0, resamples: int = RESAMPLES,
+             domain: str = "") -> OpBenchResult:
+    """Time forward and backward of both backends on random inputs of ``shape`` (a custom
+    domain's numpy-only operator alone)."""
     if not shape or min(shape) <= 0:
         raise OpBenchError(f"--shape must list positive sizes, got {shape}")
     try:
         np_dtype = np.dtype(dtype)
     except TypeError as err:
         raise OpBenchError(f"--dtype: {dtype!r} is not a numpy dtype") from err
-    numpy_cls, native_cls = twins(op_type)
-    if np_dtype not in native.NATIVE_DTYPES:  # the twin would hand them to numpy: no contest
+    classes = twins(op_type, domain)
+    numpy_cls = classes["numpy"]
+    if "native" in classes and np_dtype not in native.NATIVE_DTYPES:  # handed to numpy
         raise OpBenchError(f"dtype {np_dtype} is not supported by the native kernels "
                            f"({', '.join(np.dtype(d).name for d in native.NATIVE_DTYPES)})")
-    ops = {"numpy": numpy_cls(), "native": native_cls()}
+    ops = {b: cls() for b, cls in classes.items()}
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(shape).astype(np_dtype) for _ in range(input_count(numpy_cls))]
     try:
@@ -106,7 +119,7 @@ def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repea
     dys = tuple(rng.standard_normal(y.shape).astype(y.dtype) for y in results["numpy"][1])
     grads = {b: tuple(ops[b].backward(results[b][0], *dys)) for b in ops}
     diffs = {"forward": _max_diff(results["numpy"][1], results["native"][1]),
-             "backward": _max_diff(grads["numpy"], grads["native"])}
+             "backward": _max_diff(grads["numpy"], grads["native"])} if "native" in ops else {}
 
     def forward(op: Operator) -> Variant:
         return Variant(lambda ctx, *xs: op.forward(ctx, *xs), lambda: (Context(), *inputs))
@@ -120,8 +133,9 @@ def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repea
     samples, ratios = {}, {}
     for name, make in (("forward", forward), ("backward", backward)):
         samples[name] = measure_many({b: make(op) for b, op in ops.items()}, repeat, warmup)
-        ratios[name] = ratio_of_medians(samples[name]["numpy"].seconds,
-                                        samples[name]["native"].seconds, resamples, seed=seed)
+        if "native" in ops:
+            ratios[name] = ratio_of_medians(samples[name]["numpy"].seconds,
+                                            samples[name]["native"].seconds, resamples, seed=seed)
     return OpBenchResult(op_type, tuple(shape), np_dtype.name, samples, ratios, diffs)
 
 
@@ -144,6 +158,9 @@ def op_table(result: OpBenchResult, repeat: int, warmup: int) -> str:
         lines.append(format_ratio(c, f"{p} time"))
     lines += coverage_notes([s.summary().to_dict() for by in result.samples.values()
                              for s in by.values()][:1], CONFIDENCE)
-    lines.append("max |numpy - native|: " + ", ".join(
-        f"{p} {d:.3g}" for p, d in result.max_abs_diff.items()))
+    if result.max_abs_diff:
+        lines.append("max |numpy - native|: " + ", ".join(
+            f"{p} {d:.3g}" for p, d in result.max_abs_diff.items()))
+    else:
+        lines.append(f"{result.op_type} has one implementation (numpy): timed, not compared")
     return "\n".join(lines)

@@ -87,15 +87,27 @@ def time_to(result: VariantRuns) -> dict[str, list[float]]:
 
 
 def reach_summary(times: Sequence[float]) -> dict[str, Any]:
-    """Times to a bound over runs: each run's (None: never reached), how many reached it, the
-    median (inf when most never did) and, over the runs that did, the usual summary."""
+    """Times to a bound over runs: each run's (None: never reached), how many reached it, and
+    over the runs that did the median (None when none did) and the usual summary. A run that
+    never got there has no time to average in: counting it as infinite made the median of a
+    variant whose one run of two missed ``inf``, though its other run was there in 9 s."""
     finite = [t for t in times if math.isfinite(t)]
     out: dict[str, Any] = {"runs_s": [t if math.isfinite(t) else None for t in times],
                            "reached": len(finite), "of": len(times),
-                           "median": float(np.median(times))}
+                           "median": float(np.median(finite)) if finite else None}
     if finite:
         out["of_reached"] = summarize(finite).to_dict()
     return out
+
+
+def reach_cell(reach: Mapping[str, Any]) -> str:
+    """A table's time to a bound: the median over the runs that reached it, and how many did
+    when not all: ``9.3``, ``9.3 (1 of 2 runs)``, ``never (0 of 2 runs)``."""
+    if not reach["reached"]:
+        return f"never (0 of {reach['of']} runs)"
+    median = f"{reach['median']:.1f}"
+    return median if reach["reached"] == reach["of"] else \
+        f"{median} ({reach['reached']} of {reach['of']} runs)"
 
 
 def throughput(result: VariantRuns) -> dict[str, Any]:
@@ -142,13 +154,17 @@ def recipe_table(report: Mapping[str, Any]) -> str:
         step, run = v["step_time_s"], v["run_time_s"]
         metrics = [f"{v['final_metrics'][k]:.4f}" if k in v["final_metrics"] else "-"
                    for k in TABLE_METRICS]
-        times = [f"{v['time_to'][k]['median']:.1f}" if k in v.get("time_to", {}) else "-"
+        times = [reach_cell(v["time_to"][k]) if k in v.get("time_to", {}) else "-"
                  for k in reached]
         throughput = v.get("samples_per_s", {}).get("median", math.nan)
         rows.append([v["name"], str(run["n"]), str(step["n"]), *_ms(step), f"{step['cv']:.2f}",
                      str(len(step["outliers"])), f"{run['median']:.2f}", f"{throughput:.0f}",
                      *times, *metrics])
     lines = [format_table(rows)]
+    if any(r["reached"] < r["of"] for v in report["variants"] for r in v.get("time_to", {})
+           .values()):
+        lines.append("note: time to a bound is the median over the runs that reached it; "
+                     "\"k of n runs\" says how many did")
     lines += [format_ratio(c, "median step time") for c in report["comparisons"]]
     lines += coverage_notes([v["step_time_s"] for v in report["variants"]],
                             report["settings"]["confidence"])

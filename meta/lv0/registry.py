@@ -9,8 +9,13 @@ backends they prefer and fall back to numpy.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from meta.lv0.operator import Operator
@@ -40,6 +45,7 @@ class Entry:
 
 _REGISTRY: dict[tuple[str, str], dict[int, dict[str, type[Operator]]]] = {}
 _LIBRARIES: set[str] = set()  # operator libraries imported by load_library
+_FILES: dict[str, ModuleType] = {}  # ... and the files it loaded, by resolved path
 
 
 def register(
@@ -77,13 +83,15 @@ def register(
 def scratch() -> Iterator[None]:
     """Registrations made inside are forgotten on exit (tests, notebooks trying an op out)."""
     global _REGISTRY
-    saved = _REGISTRY
+    saved, files = _REGISTRY, dict(_FILES)
     _REGISTRY = {key: {since: dict(impls) for since, impls in versions.items()}
                  for key, versions in saved.items()}
     try:
         yield
     finally:
         _REGISTRY = saved
+        _FILES.clear()  # a file loaded inside registers again when loaded after
+        _FILES.update(files)
 
 
 def unregister(op_type: str, since: int = 1, domain: str = "", backend: str = "numpy") -> None:
@@ -120,10 +128,14 @@ def _builtin_of(key: tuple[str, str]) -> type[Operator] | None:
     return None
 
 
-def load_library(package: str = "meta.ops") -> None:
-    """Import an operator library: a package whose modules ``@register`` operators. meta's own
-    (``meta.ops``) is loaded by ``import meta``, in plain sight in ``meta/__init__.py``; a library
-    of yours is loaded the same way (once; a second call does nothing)."""
+def load_library(package: str = "meta.ops") -> ModuleType:
+    """Import an operator library: a package whose modules ``@register`` operators, or a Python
+    file that does (``load_library("my_ops.py")``, what ``meta check-op --module`` loads).
+    meta's own (``meta.ops``) is loaded by ``import meta``, in plain sight in
+    ``meta/__init__.py``; a library of yours is loaded the same way, once (a second call returns
+    the module loaded the first time)."""
+    if package.endswith(".py") or os.sep in package:
+        return _load_file(Path(package))
     if package not in _LIBRARIES:
         _LIBRARIES.add(package)
         try:
@@ -131,6 +143,34 @@ def load_library(package: str = "meta.ops") -> None:
         except BaseException:
             _LIBRARIES.discard(package)
             raise
+    return sys.modules[package]
+
+
+def _load_file(path: Path) -> ModuleType:
+    """A Python file imported under its own name, its folder importable while it loads (as
+    ``python file.py`` would have it); under another name if a module already has that one."""
+    key = str(path.resolve())
+    if key in _FILES:
+        return _FILES[key]
+    if not path.is_file():
+        raise FileNotFoundError(f"operator library {str(path)!r}: no such file")
+    name = path.stem if path.stem not in sys.modules else f"_meta_library_{len(_FILES)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"operator library {str(path)!r}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(folder)
+    _FILES[key] = module
+    return module
 
 
 def lookup(

@@ -311,7 +311,7 @@ def adagrad(lr: LearningRate = 0.01, eps: float = 1e-8,
     return _with_decay([scale_by_adagrad(eps)], lr, weight_decay)
 
 
-def rmsprop(lr: LearningRate = 0.001, decay: float = 0.9, eps: float = 1e-8,
+def rmsprop(lr: LearningRate = 0.01, decay: float = 0.9, eps: float = 1e-8,
             weight_decay: float = 0.0) -> GradientTransformation:
     return _with_decay([scale_by_rms(decay, eps)], lr, weight_decay)
 
@@ -387,21 +387,37 @@ OPTIMIZERS = Registry("optimizer", context=("lr",), validate=_schedule_problems,
     "lr_decay_factor": Option(0.1, "... by this factor", above=0.0),
     "warmup_epochs": Option(0, "linear learning-rate warm-up", low=0),
 })
+
+
+def lr_option(default: float, source: str) -> dict[str, Option]:
+    """An optimizer's own default learning rate, saying where it comes from. Each rule takes
+    the one its paper and PyTorch give it, so a recipe that names ``adam`` and no ``lr`` trains
+    as a PyTorch user expects (with one shared default, Adam ran at 0.05 and diverged)."""
+    return {"lr": Option(default, f"learning rate (default: {source})", above=0.0)}
+
+
 _MOMENTUM = Option(0.9, "momentum", low=0.0, below=1.0)
-OPTIMIZERS.add("sgd", sgd, {"momentum": _MOMENTUM, "nesterov": Option(False, "Nesterov momentum")})
-OPTIMIZERS.add("adagrad", adagrad, {"eps": Option(1e-8, "added to the denominator", above=0)})
+# SGD: no paper fixes a rate, and PyTorch's 1e-3 goes with its momentum 0; with meta's momentum
+# 0.9, 0.05 trains the shipped MLPs (recipes/mnist_mlp.py).
+OPTIMIZERS.add("sgd", sgd, {"momentum": _MOMENTUM, "nesterov": Option(False, "Nesterov momentum"),
+                            **lr_option(0.05, "meta's, for momentum 0.9; PyTorch 1e-3 at 0")})
+OPTIMIZERS.add("adagrad", adagrad, {"eps": Option(1e-8, "added to the denominator", above=0),
+                                    **lr_option(1e-2, "PyTorch's")})
 OPTIMIZERS.add("rmsprop", rmsprop, {"decay": Option(0.9, "of the squared-gradient average",
                                                     low=0.0, below=1.0),
-                                    "eps": Option(1e-8, "added to the denominator", above=0)})
+                                    "eps": Option(1e-8, "added to the denominator", above=0),
+                                    **lr_option(1e-2, "PyTorch's; Keras 1e-3")})
 OPTIMIZERS.add("adadelta", adadelta, {"rho": Option(0.9, "decay of the averages", low=0.0,
                                                     below=1.0),
-                                      "eps": Option(1e-6, "added inside the roots", above=0)})
+                                      "eps": Option(1e-6, "added inside the roots", above=0),
+                                      **lr_option(1.0, "Zeiler 2012 and PyTorch")})
 _ADAM = {"b1": Option(0.9, "decay of the first moment", low=0.0, below=1.0),
          "b2": Option(0.999, "decay of the second moment", low=0.0, below=1.0),
          "eps": Option(1e-8, "added to the denominator", above=0)}
-OPTIMIZERS.add("adam", adam, _ADAM)
+OPTIMIZERS.add("adam", adam, {**_ADAM, **lr_option(1e-3, "Kingma & Ba 2015 and PyTorch")})
 OPTIMIZERS.add("adamw", adamw, {**_ADAM, "weight_decay": Option(0.01, "decoupled weight decay",
-                                                                low=0.0)})
+                                                                low=0.0),
+                                **lr_option(1e-3, "Loshchilov & Hutter 2019 and PyTorch")})
 
 
 def register_optimizer(name: str, **options: Option) -> Callable[[OptimizerFactory],
@@ -419,8 +435,18 @@ def register_optimizer(name: str, **options: Option) -> Callable[[OptimizerFacto
     ...     return chain(sign, scale_by_learning_rate(lr))
     >>> "sign_sgd" in OPTIMIZERS
     True
+
+    A default ``lr`` in the factory's signature is the optimizer's default learning rate (else
+    the common 0.05).
     """
-    return OPTIMIZERS.register(name, **options)
+    def decorate(factory: OptimizerFactory) -> OptimizerFactory:
+        lr = inspect.signature(factory).parameters.get("lr")
+        own = {} if lr is None or lr.default is inspect.Parameter.empty or "lr" in options \
+            else lr_option(float(lr.default), f"{name}'s own")
+        OPTIMIZERS.add(name, factory, {**own, **options})
+        return factory
+
+    return decorate
 
 
 def learning_rate(values: dict[str, Any], steps_per_epoch: int, epochs: int) -> LearningRate:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from meta.component import ComponentError, Option
-from meta.lv2.optimizers import OPTIMIZERS, LearningRate, Params
+from meta.lv2.optimizers import OPTIMIZERS, LearningRate, Params, lr_option
 
 INSTALL = "pip install 'meta[torch]'"
 
@@ -173,24 +173,27 @@ _AMSGRAD = Option(False, "AMSGrad: the maximum of the second moments")
 _register("torch_sgd", "SGD", {
     "momentum": Option(0.0, "momentum", low=0.0, below=1.0),
     "dampening": Option(0.0, "dampening of the momentum", low=0.0, high=1.0),
-    "nesterov": Option(False, "Nesterov momentum")},
+    "nesterov": Option(False, "Nesterov momentum"), **lr_option(1e-3, "PyTorch's")},
     "torch.optim.SGD (needs PyTorch)")
 _register("torch_adam", "Adam", {
     "betas": _BETAS, "eps": Option(1e-8, "added to the denominator", above=0.0),
-    "amsgrad": _AMSGRAD},
+    "amsgrad": _AMSGRAD, **lr_option(1e-3, "PyTorch's")},
     "torch.optim.Adam, weight_decay as L2 (needs PyTorch)")
 _register("torch_adamw", "AdamW", {
     "betas": _BETAS, "eps": Option(1e-8, "added to the denominator", above=0.0),
-    "amsgrad": _AMSGRAD, "weight_decay": Option(0.01, "decoupled weight decay", low=0.0)},
+    "amsgrad": _AMSGRAD, "weight_decay": Option(0.01, "decoupled weight decay", low=0.0),
+    **lr_option(1e-3, "PyTorch's")},
     "torch.optim.AdamW, decoupled weight decay (needs PyTorch)")
 _register("torch_rmsprop", "RMSprop", {
     "alpha": Option(0.99, "decay of the squared-gradient average", low=0.0, below=1.0),
     "eps": Option(1e-8, "added to the denominator", above=0.0),
     "momentum": Option(0.0, "momentum", low=0.0, below=1.0),
-    "centered": Option(False, "divide by the gradient's estimated variance")},
+    "centered": Option(False, "divide by the gradient's estimated variance"),
+    **lr_option(1e-2, "PyTorch's")},
     "torch.optim.RMSprop (needs PyTorch)")
 _register("torch_adagrad", "Adagrad", {
     "lr_decay": Option(0.0, "learning-rate decay per step", low=0.0),
     "eps": Option(1e-10, "added to the denominator", above=0.0),
-    "initial_accumulator_value": Option(0.0, "starting sum of squares", low=0.0)},
+    "initial_accumulator_value": Option(0.0, "starting sum of squares", low=0.0),
+    **lr_option(1e-2, "PyTorch's")},
     "torch.optim.Adagrad (needs PyTorch)")

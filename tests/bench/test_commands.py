@@ -128,3 +128,38 @@ def test_bench_op_compares_numpy_and_native_relu(tmp_path, capsys):
 def test_bench_op_errors_are_clear(capsys, args, message):
     assert main(["bench-op", *args]) == EXIT_ERROR
     assert message in capsys.readouterr().err
+
+
+def test_bench_op_reaches_a_users_operator_through_module_and_domain(tmp_path, capsys):
+    from meta.lv0.registry import _REGISTRY
+
+    module = tmp_path / "silu_ops.py"
+    module.write_text(textwrap.dedent("""
+        import numpy as np
+        from meta.lv0 import Operator, register
+
+        @register("Silu", domain="test.bench")
+        class Silu(Operator):
+            def forward(self, ctx, x):
+                ctx.save(x=x)
+                return x / (1 + np.exp(-x))
+
+            def backward(self, ctx, dy):
+                s = 1 / (1 + np.exp(-ctx.x))
+                return (dy * s * (1 + ctx.x * (1 - s)),)
+    """))
+    out = tmp_path / "op"
+    try:
+        assert main(["bench-op", "Silu", "--shape", "4,4"]) == EXIT_ERROR
+        assert "--module FILE" in capsys.readouterr().err  # how to reach yours
+        code = main(["bench-op", "Silu", "--domain", "test.bench", "--module", str(module),
+                     "--shape", "16,16", "--repeat", "4", "--warmup", "1",
+                     "--output-dir", str(out)])
+        printed = capsys.readouterr().out
+        assert code == EXIT_PASS, printed
+        report = json.loads((out / "report.json").read_text())
+        assert [v["name"] for v in report["variants"]] == ["numpy forward", "numpy backward"]
+        assert report["comparisons"] == [] and report["max_abs_diff"] == {}
+        assert "Silu has one implementation (numpy): timed, not compared" in printed
+    finally:
+        _REGISTRY.pop(("test.bench", "Silu"), None)

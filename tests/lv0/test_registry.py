@@ -203,3 +203,24 @@ def test_a_builtin_name_is_refused_before_the_library_is_loaded(tmp_path):
                        ("Tanh", "meta.ops.tanh"), ("Softmax", "meta.ops.softmax"),
                        ("Gemm", "meta.ops.gemm")]:
         assert f"{op} {module}" in out
+
+
+def test_load_library_takes_a_python_file_once(tmp_path):
+    from meta.lv0 import load_library
+
+    (tmp_path / "helpers_for_lib.py").write_text("SCALE = 2\n")
+    lib = tmp_path / "lib_ops.py"
+    lib.write_text(
+        "from helpers_for_lib import SCALE\n"  # its folder is importable while it loads
+        "from meta.lv0 import Operator, register\n"
+        "LOADS = [1]\n"
+        "@register('Twice', domain='test.lib')\n"
+        "class Twice(Operator):\n"
+        "    def forward(self, ctx, x):\n"
+        "        return SCALE * x\n")
+    with registry.scratch():
+        module = load_library(str(lib))
+        assert lookup("Twice", 1, "test.lib").__module__ == module.__name__ == "lib_ops"
+        assert load_library(str(lib)) is module and module.LOADS == [1]
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_library(str(tmp_path / "absent.py"))

@@ -131,3 +131,60 @@ def test_cli_check_op_on_a_user_module(tmp_path, capsys):
         assert "output 0 float64[2, 3]" in out and "MISMATCH" in out and "FAIL" in out
     finally:
         _REGISTRY.pop(("test.cli", "WrongCube"), None)
+
+
+def test_cli_check_op_names_the_inputs_an_operator_needs(capsys):
+    assert main(["check-op", "Conv", "--shape", "2,3"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err == ("meta: error: Conv takes 2 to 3 input(s): x, w, [b]; give one --shape per "
+                   "input (1 given)\n")
+    assert main(["check-op", "Relu", "--shape", "2,3", "--shape", "2,3"]) == EXIT_ERROR
+    assert "Relu takes 1 input(s): x; give one --shape per input (2 given)" in \
+        capsys.readouterr().err
+    assert main(["check-op", "Sum", "--shape", "2,3", "--shape", "2,3", "--shape",
+                 "2,3"]) == EXIT_PASS  # variadic: any number
+
+
+CUBE = """
+    from meta.lv0 import Operator, register
+
+    @register("Cube", domain="test.noforward")
+    class Cube(Operator):
+        def forward(self, ctx, x):
+            ctx.save(x=x)
+            return x ** 3
+
+        def backward(self, ctx, dy):
+            return (3 * ctx.x ** 2 * dy,)
+"""
+
+
+def test_cli_check_op_without_an_oracle_is_not_a_pass(tmp_path, capsys):
+    """Half a check (the backward only) is no PASS unless asked for with --no-forward."""
+    module = tmp_path / "cube_ops.py"
+    module.write_text(textwrap.dedent(CUBE))
+    args = ["check-op", "Cube", "--domain", "test.noforward", "--module", str(module),
+            "--dtype", "float64"]
+    try:
+        assert main(args) == EXIT_FAIL
+        out = capsys.readouterr().out
+        head = out.splitlines()[0]
+        assert head.endswith(": forward not checked") and "PASS" not in head, out
+        assert "ORACLES = {'Cube': oracle}" in out and "--no-forward" in out
+        assert "backward: gradient check of Cube(): PASS" in out
+        assert main([*args, "--no-forward"]) == EXIT_PASS
+        out = capsys.readouterr().out
+        assert out.splitlines()[0].endswith(": PASS") and "not checked (--no-forward)" in out
+    finally:
+        _REGISTRY.pop(("test.noforward", "Cube"), None)
+
+
+def test_cli_check_op_module_errors_are_one_line(tmp_path, capsys):
+    assert main(["check-op", "Relu", "--module", str(tmp_path / "missing.py")]) == EXIT_ERROR
+    assert capsys.readouterr().err == (f"meta: error: --module {tmp_path / 'missing.py'}: cannot "
+                                       f"import it (FileNotFoundError: operator library "
+                                       f"'{tmp_path / 'missing.py'}': no such file)\n")
+    broken = tmp_path / "broken_ops.py"
+    broken.write_text("import no_such_module_here\n")
+    assert main(["check-op", "Relu", "--module", str(broken)]) == EXIT_ERROR
+    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in capsys.readouterr().err

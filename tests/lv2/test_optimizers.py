@@ -176,3 +176,42 @@ def test_fused_momentum_step_matches_the_chain():
         for k in a:
             np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-12)
     assert make_sgd(0.1, momentum=0.9, weight_decay=1e-4).in_place is None
+
+
+@pytest.mark.parametrize("name,lr", [("adam", 1e-3), ("adamw", 1e-3), ("rmsprop", 1e-2),
+                                     ("adagrad", 1e-2), ("adadelta", 1.0), ("sgd", 0.05),
+                                     ("torch_adam", 1e-3), ("torch_sgd", 1e-3),
+                                     ("torch_rmsprop", 1e-2), ("torch_adagrad", 1e-2)])
+def test_default_learning_rates_are_the_literatures(name, lr):
+    """A recipe naming an optimizer and no lr gets its paper's and PyTorch's rate (one shared
+    0.05 made Adam diverge); SGD keeps meta's 0.05, which goes with its momentum 0.9."""
+    from meta.recipe import AtLeast, make_recipe
+
+    recipe = make_recipe("t", {"optimizer": name}, {}, {"test_accuracy": AtLeast(0.5)})
+    assert recipe.definitions.choices["optimizer"].values()["lr"] == lr
+
+
+def test_adam_by_default_steps_each_weight_by_1e_3():
+    """Built from a recipe as the runner builds it: Adam's first step moves every weight by
+    its learning rate (the bias-corrected m / sqrt(v) is the gradient's sign)."""
+    from meta.lv2 import build_optimizer
+    from meta.recipe import AtLeast, make_recipe
+
+    recipe = make_recipe("t", {"optimizer": "adam"}, {}, {"test_accuracy": AtLeast(0.5)})
+    choice = recipe.definitions.choices["optimizer"]
+    params = {"w": np.array([1.0, -2.0, 3.0])}
+    opt = build_optimizer(choice.component, choice.options, params, 10, 1)
+    opt.step({"w": np.array([0.5, -4.0, 1e-3])})
+    np.testing.assert_allclose(params["w"], [1.0 - 1e-3, -2.0 + 1e-3, 3.0 - 1e-3], rtol=1e-6)
+
+
+def test_a_registered_optimizer_keeps_its_own_default_lr():
+    from meta.lv2.optimizers import OPTIMIZERS, register_optimizer
+
+    register_optimizer("own_lr_for_test")(lambda lr=3e-4: sgd(lr))
+    try:
+        assert OPTIMIZERS["own_lr_for_test"].options["lr"].default == 3e-4
+        assert OPTIMIZERS["own_lr_for_test"].options["lr"].doc == \
+            "learning rate (default: own_lr_for_test's own)"
+    finally:
+        del OPTIMIZERS["own_lr_for_test"]
