@@ -203,15 +203,13 @@ class RecipeRun:
 
     def distribute(self) -> Strategy:
         """Wrap the optimizer in the recipe's strategy (which moves the graph's parameters
-        into its flat buffer); metrics are then summed over the ranks that train."""
+        into its flat buffer); the trainer then updates through the strategy's updater, which
+        sums metrics over the ranks that train."""
         strategy = self.choice("distributed")
         wrapped = strategy.component.build(self.trainer.optimizer, self.comm, self.trainer,
                                            **strategy.options)
-        self.trainer.optimizer, group = wrapped, wrapped.group
-        self.trainer.sum_across = lambda sums: group.allreduce(np.array(sums))
-        hand_over_outputs(group, self.take_over_outputs)  # when rank 0 dies (under ULFM)
-        if hasattr(self.trainer.executor, "timeline"):  # the PyTorch executor's copies
-            self.trainer.executor.timeline = wrapped.timeline
+        self.trainer.use(wrapped.updater())
+        hand_over_outputs(wrapped.group, self.take_over_outputs)  # rank 0 dies (under ULFM)
         return wrapped
 
     def measured(self, strategy: Strategy, history: list[dict[str, Any]]) -> dict[str, float]:
