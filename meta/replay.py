@@ -17,7 +17,6 @@ Replayed: ``async_parameter_server`` runs of models without pre-training, not re
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import time
@@ -27,52 +26,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-REPLAY_JSON = "replay.json"
-FORMAT = 1
-
-
-class ReplayError(Exception):
-    """A run folder that cannot be replayed (names the file and the reason)."""
-
-
-def digest(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def record(run: Any) -> dict[str, Any] | None:
-    """What ``replay`` needs from a finished run (rank 0's RecipeRun), or None when its
-    strategy recorded no update order (a synchronous run, or one process)."""
-    strategy = run.trainer.optimizer
-    order = getattr(strategy, "update_order", None)
-    if order is None:
-        return None
-    recipe = run.recipe
-    threads = _blas_threads()
-    return {"format": FORMAT, "strategy": strategy.name, "recipe": recipe.name,
-            "recipe_file": str(Path(recipe.path).resolve()) if recipe.path else None,
-            # --set values are plain data; what the file itself holds (a class) is read again
-            "mutable": {k: v if _jsonable(v) else {"__recipe_file__": True}
-                        for k, v in recipe.mutable.items()},
-            "definitions": recipe.definitions.as_dict(), "resumed": run.resumed,
-            "ranks": strategy.comm.size, "workers": list(strategy.workers),
-            "threads": threads, "order": [int(w) for w in order],
-            "final_sha256": {k: digest(v) for k, v in
-                             run.trainer.executor.graph.parameters.items()}}
-
-
-def _blas_threads() -> int:
-    from threadpoolctl import threadpool_info
-
-    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
-    return max(counts, default=1)
+from meta.replay_record import (  # noqa: F401  (record, REPLAY_JSON: importable from here too)
+    FORMAT,
+    REPLAY_JSON,
+    ReplayError,
+    digest,
+    record,
+)
 
 
 @dataclass
@@ -111,14 +71,12 @@ def _recipe(rec: dict[str, Any], where: Path) -> Any:
 
 
 def _batches(run: Any, index: int, replicas: int) -> Iterator[dict[str, np.ndarray]]:
-    """A worker's feeds in the order its trainer took them (the runner's sampler choice)."""
-    from meta.lv2 import ShuffleSampler
-    from meta.lv3 import DistributedSampler
+    """A worker's feeds in the order its trainer took them (the runner's own sampler)."""
+    from meta.runner import make_sampler
 
     d, trainer, n = run.recipe.definitions, run.trainer, run.trainer.names
     train = trainer.train_data
-    sampler = DistributedSampler(len(train), d.batch_size, index, replicas, d.seed) \
-        if replicas > 1 else ShuffleSampler(len(train), d.batch_size, d.seed)
+    sampler = make_sampler(len(train), d, index, replicas)
     for epoch in range(d.epochs):
         sampler.set_epoch(epoch)
         for i, indices in enumerate(sampler):

@@ -178,7 +178,7 @@ def write_outputs(run: Any, outcome: Any) -> None:
     metrics.json says ``"passed": false`` when another output could not be written; that
     failure is then raised (an OutputError naming the file), so the run ends with exit 2."""
     from meta.lv1 import to_onnx
-    from meta.replay import REPLAY_JSON, record
+    from meta.replay_record import REPLAY_JSON, record
 
     out, failed = run.output_dir, []
     if run.export_onnx:

@@ -51,6 +51,17 @@ def io_names(graph: Graph) -> dict[str, str]:
     return {"input": feeds[0] if feeds else "input", "logits": logits[0] if logits else "logits"}
 
 
+def make_sampler(num_examples: int, definitions: Any, index: int,
+                 replicas: int) -> ShuffleSampler:
+    """The batches replica ``index`` of ``replicas`` trains on: its shard of every shuffled
+    epoch, or the whole epoch when there is one replica. ``meta replay`` takes a worker's
+    batches from here too, so they are the ones the run's rank took."""
+    d = definitions
+    if replicas > 1:
+        return DistributedSampler(num_examples, d.batch_size, index, replicas, d.seed)
+    return ShuffleSampler(num_examples, d.batch_size, d.seed)
+
+
 class RecipeRun:
     """A recipe made ready to train: building it loads the data and the network, so every input
     error surfaces here, before any collective call (ranks can still agree to stop cleanly);
@@ -91,8 +102,7 @@ class RecipeRun:
         strategy = self.choice("distributed")
         self.strategy_cls: type[Strategy] = strategy.component.meta["cls"]
         index, replicas = self.strategy_cls.replica(comm.rank, comm.size, **strategy.values())
-        sampler = DistributedSampler(len(train), d.batch_size, index, replicas, d.seed) \
-            if replicas > 1 else ShuffleSampler(len(train), d.batch_size, d.seed)
+        sampler = make_sampler(len(train), d, index, replicas)
         optimizer = self.choice("optimizer")
         trainer = Trainer(executor, build_optimizer(optimizer.component, optimizer.options,
                                                     graph.parameters, len(sampler), d.epochs),
@@ -193,15 +203,13 @@ class RecipeRun:
 
     def distribute(self) -> Strategy:
         """Wrap the optimizer in the recipe's strategy (which moves the graph's parameters
-        into its flat buffer); metrics are then summed over the ranks that train."""
+        into its flat buffer); the trainer then updates through the strategy's updater, which
+        sums metrics over the ranks that train."""
         strategy = self.choice("distributed")
         wrapped = strategy.component.build(self.trainer.optimizer, self.comm, self.trainer,
                                            **strategy.options)
-        self.trainer.optimizer, group = wrapped, wrapped.group
-        self.trainer.sum_across = lambda sums: group.allreduce(np.array(sums))
-        hand_over_outputs(group, self.take_over_outputs)  # when rank 0 dies (under ULFM)
-        if hasattr(self.trainer.executor, "timeline"):  # the PyTorch executor's copies
-            self.trainer.executor.timeline = wrapped.timeline
+        self.trainer.use(wrapped.updater())
+        hand_over_outputs(wrapped.group, self.take_over_outputs)  # rank 0 dies (under ULFM)
         return wrapped
 
     def measured(self, strategy: Strategy, history: list[dict[str, Any]]) -> dict[str, float]:

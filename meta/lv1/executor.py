@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar, Iterable, Mapping, Self, Sequence
 
 import numpy as np
 
@@ -117,7 +118,63 @@ class SubgraphScope:
         return [grads.get(t.name) for t in graph.inputs]
 
 
-class ReferenceExecutor:
+class Executor:
+    """What every executor is and every caller may use: the interface, declared once.
+
+    ``graph`` is the network it runs (parameters read from it on every call, so optimizer
+    updates take effect at once); ``training`` its mode (None: each node as written, see
+    ``ReferenceExecutor``), set by ``train``/``eval``; ``inference`` computes tensors,
+    ``inference_and_backprop`` also the gradients of a loss, and takes a gradient ``hook``
+    where ``supports_gradient_hook`` (a strategy then communicates during the backward:
+    ``PlannedExecutor``); ``placement`` says where each node runs; ``ops`` holds the meta
+    operators it runs (empty where it runs none: their random state goes into checkpoints);
+    ``timeline``, when a Level 3 strategy sets it, is where the executor records its own
+    phases (host copies). The reference, native, planned, PyTorch and onnxruntime executors
+    implement it, and so do Level 3's pipeline stage and partitioned graph.
+    """
+
+    graph: Graph
+    training: bool | None = None
+    timeline: Any = None
+    supports_gradient_hook: ClassVar[bool] = False
+    ops: Mapping[str, Any] = MappingProxyType({})
+
+    def train(self, mode: bool = True) -> Self:
+        """Run every node in training mode from now on (``train(False)`` is ``eval()``)."""
+        self.training = bool(mode)
+        self._mode_changed()
+        return self
+
+    def eval(self) -> Self:
+        """Run every node in inference mode from now on."""
+        return self.train(False)
+
+    def _mode_changed(self) -> None:
+        """After ``train``/``eval``: what an executor must redo for the new mode (nothing)."""
+
+    def placement(self) -> dict[str, str]:
+        """Node name -> the backend of the implementation it runs ("numpy", "native", ...)."""
+        return {name: op.backend for name, op in self.ops.items()}
+
+    def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
+        """The tensors ``outputs`` (default: the graph's outputs) computed from ``feeds``."""
+        raise NotImplementedError(f"{type(self).__name__}.inference")
+
+    def inference_and_backprop(
+        self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None,
+        micro_batches: int = 1, wrt: Sequence[str] = (), hook: Any = None,
+    ) -> tuple[Tensors, Tensors]:
+        """(values of ``loss`` and ``outputs``, gradients of the loss with respect to the
+        trainable parameters and to ``wrt``)."""
+        raise NotImplementedError(f"{type(self).__name__}.inference_and_backprop")
+
+    def _refuse_hook(self, hook: Any) -> None:
+        if hook is not None:
+            raise ValueError(f"{type(self).__name__} takes no gradient hook "
+                             "(supports_gradient_hook is False)")
+
+
+class ReferenceExecutor(Executor):
     """Runs a graph with numpy operators (or the first of ``backends`` that implements each op).
 
     Operators are resolved when the executor is built, so an unknown op fails here, naming the
@@ -175,20 +232,6 @@ class ReferenceExecutor:
             self._subexecutors[id(graph)] = sub
         sub.training = self.training
         return sub
-
-    def train(self, mode: bool = True) -> ReferenceExecutor:
-        """Run every node in training mode from now on (``train(False)`` is ``eval()``)."""
-        self.training = bool(mode)
-        return self
-
-    def eval(self) -> ReferenceExecutor:
-        """Run every node in inference mode from now on."""
-        self.training = False
-        return self
-
-    def placement(self) -> dict[str, str]:
-        """Node name -> the backend of the implementation it runs ("numpy", "native", ...)."""
-        return {name: op.backend for name, op in self.ops.items()}
 
     # -- profiling -----------------------------------------------------------------------
     def profile_table(self) -> Profile:
@@ -424,7 +467,7 @@ class ReferenceExecutor:
 
     def inference_and_backprop(
         self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None,
-        micro_batches: int = 1, wrt: Sequence[str] = (),
+        micro_batches: int = 1, wrt: Sequence[str] = (), hook: Any = None,
     ) -> tuple[Tensors, Tensors]:
         """Forward to ``loss`` (plus ``outputs``), then backward; returns (values, gradients).
 
@@ -438,8 +481,9 @@ class ReferenceExecutor:
         exactly (a loss that is a sum, or a weighted mean like ignore_index, is not matched,
         and neither is an op that mixes samples, such as BatchNormalization in training).
         The loss is combined the same way, other outputs are concatenated along axis 0
-        (scalars are weighted like the loss).
+        (scalars are weighted like the loss). No gradient ``hook``: see ``Executor``.
         """
+        self._refuse_hook(hook)
         if micro_batches == 1:
             return self._backprop(feeds, loss, outputs, wrt=wrt)
         parts = self._split(feeds, micro_batches)

@@ -143,9 +143,17 @@ class Graph:
     def roles(self) -> dict[str, str]:
         """Initializer name -> "parameter", "frozen", "state" or "constant"."""
         if self._default_roles is None or self._default_roles.keys() != self.initializers.keys():
-            self._default_roles = _roles.default_roles(self)
+            self._default_roles = _roles.default_roles(self, self._declared_operator)
         return {**self._default_roles,
                 **{k: v for k, v in self.role_overrides.items() if k in self.initializers}}
+
+    def _declared_operator(self, node: Node) -> Operator | None:
+        """``node``'s operator, or None while its op is not registered (yet): what the roles
+        read the operators' declarations from."""
+        try:
+            return make_operator(node, self.opset)
+        except (GraphError, UnknownOperatorError):
+            return None
 
     def _view(self, role: str) -> TensorView:
         roles = self.roles

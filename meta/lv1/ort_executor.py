@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Iterable, Sequence
 import numpy as np
 
 from meta.component import ComponentError, Option
-from meta.lv1.executor import EXECUTORS, ExecutionError, Tensors
+from meta.lv1.executor import EXECUTORS, ExecutionError, Executor, Tensors
 from meta.lv1.graph import Graph, GraphError, canonical_domain, make_operator
 from meta.lv1.onnx_io import to_onnx
 
@@ -45,7 +45,7 @@ def onnxruntime_missing() -> str | None:
     return None
 
 
-class OnnxRuntimeExecutor:
+class OnnxRuntimeExecutor(Executor):
     """Inference through onnxruntime (see the module docstring); ``threads`` intra-op
     threads (0: ``OMP_NUM_THREADS`` if set, as meta sets it per MPI rank, else onnxruntime's
     default), ``providers`` in order of preference."""
@@ -80,20 +80,11 @@ class OnnxRuntimeExecutor:
                              f"graph {graph.name!r}, which are meta custom operators (run them "
                              f"with the reference, native or pytorch executor):\n  - "
                              + "\n  - ".join(foreign))
-        self.training: bool | None = None
-        self.ops: dict[str, Any] = {}  # no meta operators run here (checkpoints look)
+        self.training: bool | None = None  # no meta operators run here: ``ops`` is empty
         self.sessions_built = 0
         self._sessions: dict[tuple[Any, ...], Any] = {}
         self._snapshot: dict[str, np.ndarray] = {}
         self._structure: tuple[Any, ...] = ()
-
-    def train(self, mode: bool = True) -> OnnxRuntimeExecutor:
-        self.training = bool(mode)
-        return self
-
-    def eval(self) -> OnnxRuntimeExecutor:
-        self.training = False
-        return self
 
     def placement(self) -> dict[str, str]:
         return {node.name: "onnxruntime" for node in self.graph.nodes}
@@ -174,7 +165,8 @@ class OnnxRuntimeExecutor:
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = ()) -> tuple[Tensors, Tensors]:
+                               wrt: Sequence[str] = (), hook: Any = None,
+                               ) -> tuple[Tensors, Tensors]:
         raise ExecutionError("executor 'onnxruntime' runs inference only (InferenceSession): "
                              "train with the reference, native or pytorch executor and "
                              "evaluate or serve with this one")

@@ -23,11 +23,9 @@ Rules, first match wins:
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Iterable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, MutableMapping
 
 import numpy as np
-
-from meta.lv0 import UnknownOperatorError
 
 if TYPE_CHECKING:
     from meta.lv1.graph import Graph, Node
@@ -36,25 +34,25 @@ PARAMETER, FROZEN, STATE, CONSTANT = "parameter", "frozen", "state", "constant"
 ROLES = (PARAMETER, FROZEN, STATE, CONSTANT)
 
 
-def _slots(node: Node, opset: dict[str, int]) -> tuple[set[int], set[int]]:
+def _slots(node: Node, operator_of: Callable[[Node], Any]) -> tuple[set[int], set[int]]:
     """(state input indices, non-learned input indices) that ``node``'s operator declares;
-    an operator not registered (yet) declares nothing."""
-    from meta.lv1.graph import GraphError, make_operator
-
-    try:
-        op = make_operator(node, opset)
-    except (GraphError, UnknownOperatorError):
+    an operator not registered (yet) declares nothing (``operator_of`` gives None)."""
+    op = operator_of(node)
+    if op is None:
         return set(), set()
     settings = set(getattr(op, "no_grad_inputs", ())) | set(getattr(op, "constant_inputs", ()))
     return set(op.state_inputs), settings
 
 
-def default_roles(graph: Graph) -> dict[str, str]:
-    """Every initializer's role by the rules of this module (no user overrides)."""
+def default_roles(graph: Graph, operator_of: Callable[[Node], Any]) -> dict[str, str]:
+    """Every initializer's role by the rules of this module (no user overrides).
+
+    ``operator_of(node)`` is the node's configured operator, or None where none is registered:
+    the graph passes its own, so that this module needs nothing from ``graph`` at run time."""
     state: set[str] = set()
     learned: set[str] = set()
     for node in graph.nodes:
-        state_slots, settings = _slots(node, graph.opset)
+        state_slots, settings = _slots(node, operator_of)
         for index, name in enumerate(node.inputs):
             if name in graph.initializers:
                 if index in state_slots:

@@ -24,7 +24,7 @@ and gradients come back as numpy arrays (on the CPU views of torch's memory, no 
 GPU one device-to-host copy each). So export, checkpoints, Level 2 optimizers and Level 3
 strategies (which re-point the parameters into their flat buffer) work unchanged.
 ``transfers`` counts the bytes and seconds of those copies; with ``timeline`` set to a Level 3
-strategy's timeline (the runner does) the step timeline shows the gradients' copy as its own
+strategy's timeline (``Trainer.use`` does) the step timeline shows the gradients' copy as its own
 phase, ``to_host``, after ``compute``.
 
 >>> from meta.lv1.builder import mlp
@@ -150,7 +150,7 @@ class TorchExecutor(ReferenceExecutor):
                 self.kernels[node.name] = entry.fn
         self.transfers = {"to_device_bytes": 0, "to_device_s": 0.0, "to_host_bytes": 0,
                           "to_host_s": 0.0}
-        self.timeline: Any = None  # a Level 3 Timeline: gradients' copy timed as "to_host"
+        # self.timeline (Executor's; a Level 3 Timeline): the gradients' copy timed "to_host"
         self._host_function = _host_function(torch)
         self._on_cpu = self.device.type == "cpu"
 

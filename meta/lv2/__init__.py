@@ -58,6 +58,7 @@ from meta.lv2.sampler import SequentialSampler, ShuffleSampler
 from meta.lv2.second_order import LBFGS, ConjugateGradient
 from meta.lv2.torch_optimizers import TorchOptimizer  # registers torch_*; imports no torch
 from meta.lv2.trainer import Trainer
+from meta.lv2.updater import Updater
 
 __all__ = [
     "DATASETS",
@@ -107,6 +108,7 @@ __all__ = [
     "SequentialSampler",
     "ShuffleSampler",
     "Trainer",
+    "Updater",
     "chain",
     "fashion_mnist",
     "masked",

@@ -120,7 +120,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def _random_ops(trainer: Any) -> dict[str, Any]:
-    ops = getattr(trainer.executor, "ops", {})
+    ops = trainer.executor.ops
     return {name: op for name, op in ops.items() if hasattr(op, "rng")}
 
 

@@ -342,6 +342,8 @@ class Optimizer:
     gradients from a step's and leaves the rest alone.
     """
 
+    needs_closure = False  # a step takes gradients, not a closure (the line searches do)
+
     def __init__(self, transform: GradientTransformation, params: Params) -> None:
         self.transform = transform
         self.params = params

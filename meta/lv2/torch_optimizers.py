@@ -60,6 +60,7 @@ class TorchOptimizer:
     ``state_dict()``/``load_state_dict()``. ``lr`` is a number or a schedule (step -> lr)."""
 
     framework = "pytorch"
+    needs_closure = False  # a step takes gradients (no torch line search is registered)
 
     def __init__(self, name: str, params: Params, lr: LearningRate, grad_clip: float = 0.0,
                  label: str | None = None, **options: Any) -> None:

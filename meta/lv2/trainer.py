@@ -7,61 +7,57 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
+from meta.lv1.executor import Executor
 from meta.lv2.datasets import Dataset
 from meta.lv2.events import Event, Metrics
 from meta.lv2.sampler import ShuffleSampler
-
-
-class Executor(Protocol):
-    def train(self, mode: bool = True) -> Any: ...
-    def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict: ...
-    def inference_and_backprop(self, feeds: dict, loss: str = "loss",
-                               outputs: Iterable[str] | None = None) -> tuple[dict, dict]: ...
+from meta.lv2.updater import Updater
 
 
 class Stepper(Protocol):
+    needs_closure: bool
+
     def step(self, grads: dict[str, np.ndarray]) -> None: ...
-
-
-def _identity(values: np.ndarray) -> np.ndarray:
-    return values
 
 
 class Trainer:
     """Trains a classifier graph with inputs ``input``/``labels`` and outputs ``logits``/``loss``.
 
-    ``sum_across`` adds up metric sums over replicas (identity on one process; Level 3 passes an
-    allreduce), and ``eval_shard = (rank, size)`` splits evaluation, so every replica reports
-    the same metrics without Level 2 knowing about MPI.
+    ``optimizer`` is stepped by an ``Updater`` (``meta.lv2.updater``), or is one: the updater
+    does every update, adds up metric sums over replicas (``sum_across``: the identity on one
+    process) and makes the replicas' state agree before evaluating; a Level 3 strategy hands
+    the trainer its own through ``use``. ``eval_shard = (rank, size)`` splits evaluation, so
+    every replica reports the same metrics without Level 2 knowing about MPI.
 
     Training steps run the executor in training mode, evaluation in inference mode (PyTorch's
-    ``model.train()`` / ``model.eval()``). Before evaluating, an optimizer that can
-    (``sync_state``: Level 3 strategies) makes the replicas' state (running statistics) agree.
+    ``model.train()`` / ``model.eval()``).
     """
 
     def __init__(
         self,
         executor: Executor,
-        optimizer: Stepper,
+        optimizer: Stepper | Updater,
         train_data: Dataset,
         sampler: ShuffleSampler,
         test_data: Dataset | None = None,
         events: Iterable[Event] = (),
         eval_batch_size: int = 1000,
-        sum_across: Callable[[np.ndarray], np.ndarray] = _identity,
+        sum_across: Callable[[np.ndarray], np.ndarray] | None = None,
         eval_shard: tuple[int, int] = (0, 1),
         names: dict[str, str] | None = None,
         transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
         output_dir: Any = None,
     ) -> None:
         self.executor = executor
-        self.optimizer = optimizer
+        if isinstance(optimizer, Updater) and sum_across is not None:
+            raise ValueError("Trainer: sum_across belongs to the updater given as optimizer")
+        self.updater = optimizer if isinstance(optimizer, Updater) else Updater(optimizer,
+                                                                                 sum_across)
         self.train_data = train_data
         self.sampler = sampler
         self.test_data = test_data
         self.events = sorted(events, key=lambda e: -e.priority)
         self.eval_batch_size = eval_batch_size
-        self.sum_across = sum_across
         self.eval_shard = eval_shard
         self.transform = transform  # training augmentation, drawing from the sampler's RNG
         self.output_dir = output_dir  # where the run writes its files (events may too)
@@ -75,6 +71,25 @@ class Trainer:
         self.epoch_sums = np.zeros(3)  # loss * count, correct, count
         self.epoch_elapsed = 0.0
         self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
+
+    @property
+    def optimizer(self) -> Any:
+        """What steps the parameters (a strategy, under Level 3): checkpoints save its state."""
+        return self.updater.optimizer
+
+    def sum_across(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (metric sums) added up over the replicas, by the updater."""
+        return self.updater.sum_across(values)
+
+    def use(self, updater: Updater) -> None:
+        """Update through ``updater`` from now on (a strategy's: ``Strategy.updater()``); run
+        the executor it brings, if any, and have the executor record its phases on its
+        timeline."""
+        self.updater = updater
+        if updater.executor is not None:
+            self.executor = updater.executor
+        if updater.timeline is not None:
+            self.executor.timeline = updater.timeline
 
     def add_events(self, events: Iterable[Event]) -> None:
         """Attach ``events`` from now on (in priority order with the others). A new list: an
@@ -135,11 +150,11 @@ class Trainer:
         for index, indices in enumerate(self.sampler):
             if index < skip:
                 continue
-            if getattr(self.optimizer, "evaluates_rows", False):
-                # The optimizer has these rows of train_data evaluated where the data is
+            if self.updater.evaluates_rows:
+                # The updater has these rows of train_data evaluated where the data is
                 # (Level 3 Sandblaster's workers); it returns the loss and the count correct
                 # at the parameters before its update.
-                loss, correct = self.optimizer.step_rows(indices)
+                loss, correct = self.updater.step_rows(indices)
             else:
                 x, y = self.train_data.batch(indices)
                 if self.transform is not None:
@@ -165,29 +180,10 @@ class Trainer:
                 "samples_per_s": count / elapsed}
 
     def _optimizer_step(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One update on this batch; returns the values (loss, logits) before the update.
-
-        Line-search optimizers (``needs_closure``: L-BFGS, CG) evaluate the batch as often as
-        they need through a closure; others take the gradients of one evaluation.
-        """
+        """One update on this batch (the updater's); returns the values (loss, logits) before
+        the update."""
         n = self.names
-        first: list[dict[str, np.ndarray]] = []
-
-        def closure() -> tuple[float, dict[str, np.ndarray]]:
-            values, grads = self.executor.inference_and_backprop(
-                feeds, loss=n["loss"], outputs=[n["logits"]])
-            if not first:
-                first.append(values)
-            return float(values[n["loss"]]), grads
-
-        if getattr(self.optimizer, "needs_closure", False):
-            self.optimizer.step(closure)
-        elif hasattr(self.optimizer, "step_with"):  # a strategy: it may overlap the backward
-            return self.optimizer.step_with(self.executor, feeds, loss=n["loss"],
-                                            outputs=[n["logits"]])
-        else:
-            self.optimizer.step(closure()[1])
-        return first[0]
+        return self.updater.step(self.executor, feeds, n["loss"], [n["logits"]])
 
     def evaluate(self, data: Dataset, prefix: str = "") -> Metrics:
         """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas)."""
@@ -205,9 +201,7 @@ class Trainer:
         evaluation mode for metrics such as top-k accuracy or a class's recall."""
         n = self.names
         data = self.test_data if data is None else data
-        sync_state = getattr(self.optimizer, "sync_state", None)
-        if sync_state is not None:
-            sync_state(self.executor.graph.state)
+        self.updater.sync_state(self.executor)
         self.executor.train(False)
         rank, size = self.eval_shard
         shard = np.array_split(np.arange(len(data)), size)[rank]

@@ -17,13 +17,14 @@ collective, not one per tensor. Each step records its phases in ``timeline`` and
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
 import numpy as np
 
 from meta import _threads
 from meta.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params, State
+from meta.lv2.updater import Updater
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link
 from meta.lv3.flat import FlatBuffer
@@ -53,6 +54,10 @@ class Strategy:
     # strategy's servers) or "replicate" (every rank the same stack from the same seed).
     pretraining: ClassVar[str] = "replicate"
     takes_line_search: ClassVar[bool] = False  # wraps L-BFGS/CG on several ranks
+    evaluates_rows: ClassVar[bool] = False  # trains by step_rows (Sandblaster), not step
+    # The executor the trainer runs under this strategy: a model-parallel one runs the
+    # trainer's graph its own way (a pipeline's stages, partitioned layers); None: the trainer's.
+    trainer_executor: Any = None
     # Built from the trainer's graph (cuts or partitions it), so it needs a trainer, not only
     # an optimizer: model-parallel strategies.
     needs_trainer: ClassVar[bool] = False
@@ -66,7 +71,7 @@ class Strategy:
     @classmethod
     def check(cls, trainer: Any, comm: Communicator) -> None:
         """Refuse, before any collective, what this strategy cannot run with ``trainer``."""
-        if getattr(trainer.optimizer, "needs_closure", False) and comm.size > 1 \
+        if trainer.optimizer.needs_closure and comm.size > 1 \
                 and not cls.takes_line_search:
             raise ComponentError(f"distributed {cls.name!r} cannot run a line-search optimizer "
                                  f"on {comm.size} ranks: L-BFGS and CG need every evaluation "
@@ -76,7 +81,11 @@ class Strategy:
     @property
     def needs_closure(self) -> bool:
         """On one process a line-search optimizer steps through the strategy unchanged."""
-        return getattr(self.optimizer, "needs_closure", False)
+        return self.optimizer.needs_closure
+
+    def updater(self) -> StrategyUpdater:
+        """How the trainer updates under this strategy (``Trainer.use`` takes it)."""
+        return StrategyUpdater(self)
 
     def train(self, trainer: Any, epochs: int) -> list[dict[str, Any]]:
         """This rank's part of training: workers fit (then agree on one model through
@@ -147,6 +156,10 @@ class Strategy:
         self.step(grads)
         return values
 
+    def step_rows(self, rows: np.ndarray) -> tuple[float, int]:
+        raise TypeError(f"{type(self).__name__} steps on a batch's gradients, not on rows "
+                        "evaluated elsewhere (step_rows)")
+
     def finish(self) -> None:
         """End of training (collective over ``comm``): leave every replica with the same model."""
 
@@ -205,3 +218,28 @@ class Strategy:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({len(self.flat_params.views)} tensors, "
                 f"{self.flat_params.nbytes} bytes, {self.comm!r})")
+
+
+class StrategyUpdater(Updater):
+    """The trainer's updater under ``strategy``: its step (which may overlap the backward with
+    the exchange, ``step_with``), its rows, its state sync, and metric sums over the ranks that
+    train (its ``group``); the executor it brings and its timeline."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        group = strategy.group
+        super().__init__(strategy, lambda sums: group.allreduce(np.array(sums)),
+                         strategy.trainer_executor, strategy.timeline)
+        self.strategy = strategy
+        self.evaluates_rows = strategy.evaluates_rows
+
+    def step(self, executor: Any, feeds: dict[str, np.ndarray], loss: str,
+             outputs: Iterable[str]) -> dict[str, np.ndarray]:
+        if self.strategy.needs_closure:  # one process: the line search as it is
+            return super().step(executor, feeds, loss, outputs)
+        return self.strategy.step_with(executor, feeds, loss=loss, outputs=list(outputs))
+
+    def step_rows(self, indices: np.ndarray) -> tuple[float, int]:
+        return self.strategy.step_rows(indices)
+
+    def sync_state(self, executor: Any) -> None:
+        self.strategy.sync_state(executor.graph.state)

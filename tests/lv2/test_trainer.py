@@ -113,3 +113,48 @@ def test_line_search_optimizers_get_a_closure(method):
     assert optimizer.evaluations > 10  # line searches evaluated the batch more than once
     assert history[-1]["train_loss"] < 0.5 * history[0]["train_loss"]
     assert history[-1]["train_accuracy"] > 0.9
+
+
+def test_the_trainer_asks_only_its_updater():
+    """Every update, row step, state sync and sum goes through the updater the trainer uses;
+    one it is handed later (``use``) brings its executor and gets its timeline."""
+    from meta.lv2 import Updater
+
+    calls = []
+
+    class Rows(Updater):
+        evaluates_rows = True
+
+        def step_rows(self, indices):
+            calls.append(("rows", len(indices)))
+            return 0.5, len(indices)
+
+        def sync_state(self, executor):
+            calls.append(("sync",))
+
+        def sum_across(self, values):
+            calls.append(("sum",))
+            return values
+
+    trainer = make_trainer()
+    before = trainer.executor
+
+    class Timeline:
+        pass
+
+    timeline = Timeline()
+    updater = Rows(trainer.optimizer, timeline=timeline)
+    trainer.use(updater)
+    assert trainer.updater is updater and trainer.optimizer is updater.optimizer
+    assert trainer.executor is before and before.timeline is timeline
+    history = trainer.fit(1)
+    assert calls[:16] == [("rows", 32)] * 16 and history[0]["train_accuracy"] == 1.0
+    assert calls[16:] == [("sum",), ("sync",), ("sum",)]  # the epoch's sums, then evaluation
+    other = make_trainer().executor
+    trainer.use(Updater(trainer.optimizer, executor=other))
+    assert trainer.executor is other
+    with pytest.raises(ValueError, match="sum_across belongs to the updater"):
+        Trainer(other, Updater(trainer.optimizer), trainer.train_data, trainer.sampler,
+                sum_across=lambda s: s)
+    with pytest.raises(TypeError, match="steps on a batch's gradients"):
+        Updater(trainer.optimizer).step_rows(np.arange(2))

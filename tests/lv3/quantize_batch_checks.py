@@ -74,10 +74,9 @@ def check_batch_growth_keeps_ranks_in_step(comm: Communicator) -> None:
     graph = mlp(input_shape=(8,), hidden=(16,), classes=10)
     strategy = Allreduce(Optimizer(sgd(0.05), graph.parameters), comm)
     sampler = DistributedSampler(600, 5, comm.rank, comm.size, seed=0)
-    trainer = Trainer(ReferenceExecutor(graph), strategy, synthetic(600, (8,)), sampler,
-                      synthetic(100, (8,), split=1),
+    trainer = Trainer(ReferenceExecutor(graph), strategy.updater(), synthetic(600, (8,)),
+                      sampler, synthetic(100, (8,), split=1),
                       [BatchGrowth(epochs=[1, 3], factor=4), StepsPerEpoch()],
-                      sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                       eval_shard=(comm.rank, comm.size))
     history = trainer.fit(4)
     shard = -(-600 // comm.size)

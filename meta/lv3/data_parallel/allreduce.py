@@ -115,14 +115,14 @@ class Allreduce(Strategy):
         after the backward. On one machine: the shared-memory exchange, the backward writing
         its gradients straight into it where the executor takes the hook."""
         if self.node is not None:
-            hooked = getattr(executor, "supports_gradient_hook", False)
             values, grads = executor.inference_and_backprop(
-                feeds, loss=loss, outputs=outputs, **({"hook": self.node} if hooked else {}))
+                feeds, loss=loss, outputs=outputs,
+                hook=self.node if executor.supports_gradient_hook else None)
             self.timeline.begin()
             self.node.step(None if self.node.used else grads)
             return values
         if not (self.overlap and self.compressor is None and self.comm.size > 1
-                and getattr(executor, "supports_gradient_hook", False)):
+                and executor.supports_gradient_hook):
             return super().step_with(executor, feeds, loss, outputs)
         b = self.buckets
         b.start()

@@ -54,7 +54,6 @@ class HybridAllreduce(HybridPipeline):
         pipeline_comm, data_comm = grid.split(comm)
         pipe = PipelineExecutor(trainer.executor.graph, part, pipeline_comm, make, sample,
                                 micro_batches, schedule)
-        trainer.executor = pipe
         return cls(Optimizer(optimizer.transform, pipe.stage_graph.parameters), pipe, grid,
                    comm, data_comm)
 

@@ -114,7 +114,6 @@ class HybridDownpour(HybridPipeline):
             return HybridServer(optimizer.transform, comm, data_comm, graph, grid, layout)
         pipe = PipelineExecutor(graph, part, pipeline_comm, make, sample, micro_batches,
                                 schedule)
-        trainer.executor = pipe
         return cls(Optimizer(optimizer.transform, pipe.stage_graph.parameters), pipe, grid,
                    comm, data_comm, layout, n_fetch, n_push)
 

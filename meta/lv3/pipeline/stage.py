@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from meta import _threads
+from meta.lv1.executor import Executor
 from meta.lv1.graph import Graph, GraphError
 from meta.lv1.roles import differentiable
 from meta.lv3.comm import tags
@@ -125,7 +126,7 @@ class StageStats:
         return cls(**{f.name: type(f.default)(v) for f, v in zip(fields(cls), row)})
 
 
-class PipelineExecutor:
+class PipelineExecutor(Executor):
     """This rank's stage of ``partition`` over ``comm`` (rank ``s`` runs stage ``s``), built
     collectively: the shapes of what crosses the cuts are agreed on ``sample`` (graph inputs
     with at least three examples). ``make_executor(graph)`` runs a stage's sub-graph (it must
@@ -172,13 +173,12 @@ class PipelineExecutor:
     def params(self) -> list[str]:
         return list(self.stage_graph.parameters)
 
-    def train(self, mode: bool = True) -> PipelineExecutor:
-        self.training = bool(mode)
-        self.executor.train(mode)
-        return self
+    def _mode_changed(self) -> None:
+        self.executor.train(bool(self.training))
 
-    def eval(self) -> PipelineExecutor:
-        return self.train(False)
+    def placement(self) -> dict[str, str]:
+        """Where this rank's stage runs its nodes (the other stages' run elsewhere)."""
+        return self.executor.placement()
 
     def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
         """The graph's ``outputs`` (default: all) for the batch ``feeds``, on every rank; a
@@ -189,9 +189,11 @@ class PipelineExecutor:
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = ()) -> tuple[Tensors, Tensors]:
+                               wrt: Sequence[str] = (), hook: Any = None,
+                               ) -> tuple[Tensors, Tensors]:
         """One pipelined step: (values of ``loss`` and ``outputs``, the same on every rank;
         gradients of this stage's parameters). ``micro_batches`` is the pipeline's own."""
+        self._refuse_hook(hook)
         if wrt:
             raise GraphError(f"a pipelined graph has no gradients with respect to {list(wrt)}: "
                              f"each rank holds one stage")

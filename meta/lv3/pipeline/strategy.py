@@ -143,14 +143,13 @@ class Pipeline(Strategy):
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
                     stages: int = 0, micro_batches: int = 4, schedule: str = "1f1b",
                     cuts: tuple[str, ...] = (), balance: str = "measured") -> Pipeline:
-        """Cut the trainer's graph, give this rank its stage, and make the trainer's executor
-        the pipeline's (a collective)."""
+        """Cut the trainer's graph, give this rank its stage, and bring the pipeline as the
+        executor the trainer runs (its updater's; a collective)."""
         cls.replica(comm.rank, comm.size, stages)
         cls.check(trainer, comm)
         part, make, sample = trainer_plan(trainer, comm, comm.size, micro_batches, cuts, balance)
         pipe = PipelineExecutor(trainer.executor.graph, part, comm.split(0), make, sample,
                                 micro_batches, schedule)
-        trainer.executor = pipe
         return cls(Optimizer(optimizer.transform, pipe.stage_graph.parameters), pipe)
 
     def __init__(self, optimizer: Optimizer, pipe: PipelineExecutor) -> None:
@@ -159,6 +158,7 @@ class Pipeline(Strategy):
         # identity. The base class gets a size-1 communicator (its ``group``) for both.
         super().__init__(optimizer, SingleProcessCommunicator(), timeline=pipe.timeline)
         self.pipe, self.comm = pipe, pipe.comm
+        self.trainer_executor = pipe  # the trainer runs the pipeline
         for name, view in self.flat_params.views.items():  # the whole graph reads them too
             pipe.graph.initializers[name] = view
         self.model_bytes_sent = 0  # by gather_model

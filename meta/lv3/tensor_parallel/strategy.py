@@ -31,7 +31,7 @@ import numpy as np
 
 from meta import _threads
 from meta.component import ComponentError, Option
-from meta.lv1.executor import NativeExecutor, ReferenceExecutor
+from meta.lv1.executor import Executor, NativeExecutor, ReferenceExecutor
 from meta.lv1.graph import Graph, GraphError
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
@@ -46,7 +46,7 @@ MAX_RANKS = 256  # the most ranks a budget refusal searches for a plan that fits
 MB = 1e6
 
 
-class PartitionedExecutor:
+class PartitionedExecutor(Executor):
     """What the trainer sees as its executor: ``graph`` (the whole network: evaluated,
     checkpointed and exported once gathered) run as this rank's part (``executor``, over
     ``plan``'s local graph). Measures every training step's time and bytes."""
@@ -69,12 +69,12 @@ class PartitionedExecutor:
     def params(self) -> list[str]:
         return list(self.local_graph.parameters)
 
-    def train(self, mode: bool = True) -> PartitionedExecutor:
-        self.executor.train(mode)
-        return self
+    def _mode_changed(self) -> None:
+        self.executor.train(bool(self.training))
 
-    def eval(self) -> PartitionedExecutor:
-        return self.train(False)
+    def placement(self) -> dict[str, str]:
+        """Where this rank's part runs its nodes."""
+        return self.executor.placement()
 
     def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict:
         """The graph's ``outputs`` on every rank (a collective: every rank passes the batch)."""
@@ -82,9 +82,10 @@ class PartitionedExecutor:
 
     def inference_and_backprop(self, feeds: dict, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = ()) -> tuple[dict, dict]:
+                               wrt: Sequence[str] = (), hook: Any = None) -> tuple[dict, dict]:
         """One partitioned step: (the loss and ``outputs``, alike on every rank; gradients of
         the parameters this rank holds)."""
+        self._refuse_hook(hook)
         if wrt:
             raise GraphError(f"a partitioned graph has no gradients with respect to "
                              f"{list(wrt)}: each rank holds a part of the layers")
@@ -180,8 +181,9 @@ class Partitioned(Strategy):
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
                     param_budget_mb: float = 0.0) -> Partitioned:
-        """Split the trainer's graph over ``comm``, give this rank its part and make the
-        trainer's executor the partitioned one (a collective; the budget is checked first)."""
+        """Split the trainer's graph over ``comm``, give this rank its part and bring the
+        partitioned executor for the trainer to run (a collective; the budget is checked
+        first)."""
         cls.check(trainer, comm)
         executor = trainer.executor
         graph, kind = executor.graph, type(executor)
@@ -197,7 +199,6 @@ class Partitioned(Strategy):
         mine = plan(graph, shapes, comm.rank, comm.size, key)
         local = make(mine.local_graph(graph))
         part = PartitionedExecutor(graph, mine, local, groups(key), shapes)
-        trainer.executor = part
         return cls(Optimizer(optimizer.transform, local.graph.parameters), part, costs,
                    len(next(iter(sample.values()))), param_budget_mb)
 
@@ -210,6 +211,7 @@ class Partitioned(Strategy):
         # same loss and logits, so the base class gets a size-1 communicator (``group``).
         super().__init__(optimizer, SingleProcessCommunicator())
         self.part, self.comm = part, part.group.comm
+        self.trainer_executor = part  # the trainer runs the partitioned graph
         whole = part.graph.initializers
         for name, view in self.flat_params.views.items():  # replicated: the graph reads them
             if not part.plan.shards[name][part.plan.rank].split:
