@@ -33,7 +33,8 @@ import numpy as np
 
 from meta.lv1.graph import Graph, GraphError, Node, make_operator
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
-from meta.lv1.plan.memory import Value, aligned_empty, assign_offsets, lifetimes, view_of
+from meta.lv1.plan.memory import (Value, aligned_empty, assign_offsets, lifetimes, root,
+                                  view_of)
 
 # Ops whose outputs are never folded: random, or reading a mode the plan does not fix.
 NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
@@ -191,8 +192,11 @@ def trace_phase(graph: Graph, feeds: dict[str, np.ndarray], wanted: list[str], b
     static = {n for n in graph.initializers if roles.get(n) == "constant" and n not in feeds}
     traced, folded = trace(graph, feeds, nodes, static, backends)
     for name in needed:
-        if not isinstance(traced.get(name), (np.ndarray, Traced)):
+        value = traced.get(name)
+        if not isinstance(value, (np.ndarray, Traced)):
             raise NotPlannable(f"tensor {name!r} is not a tensor (a sequence or optional)")
+        if value.dtype.kind in "OSUV":  # no fixed size per element: no place in an arena
+            raise NotPlannable(f"tensor {name!r} holds {value.dtype} (strings or objects)")
     return nodes, needed, static, traced, folded
 
 
@@ -320,8 +324,9 @@ def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
     order = [s for phase in ("prepare", "forward", "backward") for s in pb.steps
              if s.phase == phase]
     for g in gradients.values():  # handed out: arrays of their own, kept across calls
-        if values[g].storage == "arena":
-            values[g].storage = "owned"
+        base = root(values, g)  # a view's (a gradient aliased through a view): its base's
+        if values[base].storage == "arena":
+            values[base].storage = "owned"
     cuts, hook_names = bucket_cuts(order, values, gradients, set(graph.parameters), hook)
     keep_values = set(fetch.values())
     spans = lifetimes(order, values, keep_values)
@@ -348,7 +353,7 @@ def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
             count = int(np.prod(v.shape))
             v.array = b.array if v.layout != "plain" else \
                 b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
-            assert np.shares_memory(v.array, b.array), name
+            assert count == 0 or np.shares_memory(v.array, b.array), name  # empty: no bytes
     for v in values.values():
         if v.array is None and v.storage == "arena":  # declared, never touched by a step
             v.array = view_of(aligned_empty(max(v.nbytes, 64)), v)

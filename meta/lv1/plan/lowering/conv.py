@@ -11,6 +11,7 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.lowering.eltwise import activation_backward, fused_activation
 from meta.lv1.plan.lowering.norm import per_channel_chain
+from meta.lv1.plan.memory import root
 
 # Layouts a convolution is tried in, in order; the first whose kernels are all optimised wins.
 CONV_LAYOUTS = ("nhwc", "nChw16c", "any", "plain")
@@ -167,15 +168,10 @@ def residual_of(ctx: Context, node: Node, output: str) -> tuple[str | None, Node
             or ctx.shape(r) != ctx.shape(output) or ctx.shape(add.outputs[0]) != ctx.shape(r):
         return None, None
 
-    def root(name: str) -> str:
-        while values[name].storage == "view":
-            name = values[name].base
-        return name
-
-    base = root(r)
+    base = root(values, r)
     if values[base].storage != "arena":
         return None, None
-    sharing = [n for n in values if root(n) == base]  # r and every other view of its bytes
+    sharing = [n for n in values if root(values, n) == base]  # r and every other view of its bytes
     for name in sharing:
         if name in ctx.protected:
             return None, None

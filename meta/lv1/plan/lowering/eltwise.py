@@ -22,7 +22,10 @@ class Eltwise:
 
 
 def eltwise_of(ctx: Context, node: Node, op) -> Eltwise | None:
-    """The oneDNN activation computing ``node`` (None when there is none)."""
+    """The oneDNN activation computing ``node`` (None when there is none). Softplus and Mish
+    are left to their operators' stable forms: oneDNN's soft_relu and mish compute
+    log(1 + e^x) as written, which loses every digit in float32 for x <= -8 (softplus(-20) =
+    2e-9 is below 1's last bit), forward and backward."""
     t = node.op_type
     if t == "Relu":
         return Eltwise("relu")
@@ -44,14 +47,10 @@ def eltwise_of(ctx: Context, node: Node, op) -> Eltwise | None:
         return Eltwise("abs")
     if t == "Neg":
         return Eltwise("linear", -1.0, 0.0)
-    if t == "Softplus":
-        return Eltwise("soft_relu", 1.0)
     if t == "HardSigmoid":
         return Eltwise("hardsigmoid", float(op.alpha), float(op.beta))
     if t == "HardSwish":
         return Eltwise("hardswish", 1 / 6, 0.5)
-    if t == "Mish":
-        return Eltwise("mish")
     if t == "Gelu":
         return Eltwise("gelu_tanh" if op.approximate == "tanh" else "gelu_erf")
     if t == "Clip":
@@ -76,7 +75,7 @@ def eltwise_of(ctx: Context, node: Node, op) -> Eltwise | None:
 
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",
-               "Softplus", "HardSigmoid", "HardSwish", "Mish", "Gelu", "Clip")
+               "HardSigmoid", "HardSwish", "Gelu", "Clip")
 
 
 def fused_activation(ctx: Context, node: Node, output: str) -> tuple[Node, Eltwise] | None:
@@ -90,6 +89,8 @@ def fused_activation(ctx: Context, node: Node, output: str) -> tuple[Node, Eltwi
         return None
     if ctx.backprop and (ctx.needs(output)) and not ctx.rt.eltwise_has_dst_form(e.name, e.alpha):
         return None
+    if ctx.backprop and ctx.needs(output) and e.name == "relu" and e.alpha:
+        return None  # oneDNN's LeakyRelu derivative at 0 is alpha, the operator's 1
     return nxt, e
 
 
@@ -97,7 +98,7 @@ def activation_backward(pb: PlanBuilder, y: str, g: str, e: Eltwise) -> str:
     """The gradient before a fused activation, from its output's gradient (and output)."""
     v = pb.value(y)
     gz = pb.temp(y)
-    dims = list(v.shape)
+    dims = list(v.shape) or [1]
     pb.step(f"{e.name} backward", [y, g], [gz],
             lambda a: [pb.rt.eltwise_backward(dims, v.layout, e.name, e.alpha, e.beta, True,
                                               a(y), a(g), a(gz))], "backward")
@@ -110,11 +111,11 @@ def eltwise(ctx: Context, node: Node, op) -> Lowered | None:
     e = eltwise_of(ctx, node, op)
     if e is None or not ctx.float32(x, out):
         return None
-    if ctx.needs(x) and e.name in ("abs", "round"):
-        return None  # their derivative at 0 differs from the operator's
+    if ctx.needs(x) and (e.name in ("abs", "round") or e.name == "relu" and e.alpha):
+        return None  # their derivative at 0 differs from the operator's (LeakyRelu's: 1)
     v = pb.value(x)
     layout = v.layout
-    dims = list(v.shape)
+    dims = list(v.shape) or [1]  # oneDNN has no 0-d tensors: a scalar as one element
     y = pb.output(out, v.shape, F32, layout)
     pb.step(node.op_type, [x], [y],
             lambda a: [pb.rt.eltwise(dims, layout, e.name, e.alpha, e.beta, a(x), a(y))])
@@ -169,8 +170,8 @@ def binary(ctx: Context, node: Node, op) -> Lowered | None:
         if list(so) != db or alg in ("sub", "div"):
             return None
         a, b, da, db = b, a, db, da
-    if rank == 0:
-        return None
+    if rank == 0:  # oneDNN has no 0-d tensors: scalars as one element
+        da = db = [1]
     per_channel = rank == 4 and db == [1, so[1], 1, 1]
     layout = pb.value(a).layout
     if db != da and not per_channel:
@@ -257,8 +258,8 @@ def sum_node(ctx: Context, node: Node, op) -> Lowered | None:
         return None
     layout = pb.value(xs[0]).layout
     ins = [pb.require_layout(x, layout) for x in xs]
-    dims = list(ctx.shape(out))
-    y = pb.output(out, dims, F32, layout)
+    y = pb.output(out, ctx.shape(out), F32, layout)
+    dims = list(ctx.shape(out)) or [1]  # oneDNN has no 0-d tensors: a scalar as one element
     pb.step("Sum", ins, [y],
             lambda a: [pb.rt.sum(dims, layout, [1.0] * len(ins), [a(x) for x in ins], a(y))])
     if not any(ctx.needs(x) for x in xs):

@@ -10,7 +10,7 @@ import numpy as np
 
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
-from meta.lv1.plan.context import F32, Context
+from meta.lv1.plan.context import F32, Context, py_step
 
 
 def dropout_is_identity(ctx: Context, node: Node, op) -> bool:
@@ -55,10 +55,21 @@ def view_node(ctx: Context, node: Node, op) -> Lowered | None:
             return
         dest, add = target
         n = prod(ctx.shape(y))
-        if ctx.dtype(y) != F32:
+        if ctx.dtype(y) == F32:
+            pb.step("view backward", [g], [dest],
+                    lambda a: [pb.rt.copy(a(g), a(dest), n, add)], "backward")
             return
-        pb.step("view backward", [g], [dest], lambda a: [pb.rt.copy(a(g), a(dest), n, add)],
-                "backward")
+
+        def build(a):  # the runtime's copy is float32's: numpy's for the other dtypes
+            grad, out = a(g).reshape(-1), a(dest).reshape(-1)
+
+            def run() -> None:
+                if add:
+                    out[...] += grad
+                else:
+                    out[...] = grad
+            return [py_step(run, f"{node.name} backward")]
+        pb.step("view backward", [g, dest] if add else [g], [dest], build, "backward")
     return Lowered(node, backward if ctx.needs(x) else None, "view")
 
 
