@@ -68,7 +68,8 @@ class NativeMatMul(MatMul):
 
     def backward(self, ctx, dy):
         a_shape, b_shape = ctx.a_shape, ctx.b_shape
-        if not (len(a_shape) == len(b_shape) >= 2 and a_shape[:-2] == b_shape[:-2]):
+        if not (len(a_shape) == len(b_shape) >= 2 and a_shape[:-2] == b_shape[:-2]
+                and native.supports(dy)):  # float16: the forward took numpy's path too
             return super().backward(ctx, dy)
         da = self.product(dy, np.swapaxes(ctx.b, -1, -2)) if ctx.needs(0) else None
         db = self.product(np.swapaxes(ctx.a, -1, -2), dy) if ctx.needs(1) else None

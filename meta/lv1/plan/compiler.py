@@ -6,10 +6,11 @@
 2. **Fold**: nodes computed from constants only (and Shape/Size of a tensor whose shape is now
    fixed) are evaluated once; their outputs become the plan's constants, so an exporter's
    shape arithmetic (Shape, Gather, Concat, Reshape) costs nothing at run time.
-3. **Lower**: each remaining node becomes steps of C++ kernels (``kernels.KERNELS``: oneDNN
-   convolutions, matrix products, pooling, normalizations, activations, ...), fused with the
-   activation or eval-mode BatchNormalization after it where that is legal, or else one Python
-   step running the operator's own forward and backward (``kernels.python_node``).
+3. **Lower**: after the rewrites (``patterns``), each remaining node becomes steps of C++
+   kernels (``kernels.KERNELS``, by family in ``lowering/``: oneDNN convolutions, matrix
+   products, pooling, normalizations, activations, ...), fused with the activation or
+   eval-mode BatchNormalization after it where that is legal, or else one Python step running
+   the operator's own forward and backward (``kernels.python_node``).
 4. **Backward**: in training the nodes' backward steps follow in reverse order; a gradient's
    first contribution writes it, later ones add to it.
 5. **Memory**: every computed value gets its place in one arena from its lifetime across the
@@ -18,6 +19,9 @@
 6. **Bind**: the C++ steps are created against those arrays and grouped into three programs,
    each run in one call: ``prepare`` (weights into the kernels' layouts), ``forward``,
    ``backward``.
+
+``compile_plan`` runs them in this order, one function each (``trace_phase``, ``fold_phase``,
+``lower_phase``, ``backward_phase``, ``memory_phase``, ``bind_phase``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import numpy as np
 
 from meta.lv1.graph import Graph, GraphError, Node, make_operator
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
-from meta.lv1.plan.memory import Value, aligned_empty, assign_offsets, lifetimes, view_of
+from meta.lv1.plan.memory import (Value, aligned_empty, assign_offsets, lifetimes, root,
+                                  view_of)
 
 # Ops whose outputs are never folded: random, or reading a mode the plan does not fix.
 NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
@@ -150,9 +155,34 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
                  rt, hook=None) -> Plan:
-    from meta.lv1.plan import kernels, patterns
-
+    """The plan computing ``outputs`` (and, with ``loss``, the gradients of the parameters and
+    of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order."""
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
+    nodes, needed, static, traced, folded = trace_phase(graph, feeds, wanted, backends)
+    values, live, placement = fold_phase(graph, feeds, nodes, needed, traced, folded)
+    pb, context, fetch = lower_phase(graph, feeds, outputs, wanted, loss, wrt, training,
+                                     backends, rt, live, values, needed, traced, static,
+                                     placement)
+    seed, gradients = backward_phase(graph, loss, wrt, rt, pb, values)
+    order, cuts, hook_names, arena_bytes, owned_bytes = memory_phase(
+        graph, feeds, pb, values, gradients, fetch, hook)
+    programs, records, segments = bind_phase(rt, order, values, cuts)
+    external = {n: v.array for n, v in values.items() if v.storage == "external"}
+    grads = {name: values[g].array for name, g in gradients.items()}
+    internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
+    plan = Plan(values, programs, records, {n: values[n].array for n in feeds if n in values},
+                {n: fetch[n] for n in outputs}, grads, seed, external, placement, arena_bytes,
+                owned_bytes, internal, context.objects)
+    plan.parameters = tuple(p for p in graph.parameters)
+    plan.segments = segments
+    plan.hook_names, plan.hook = hook_names, hook
+    return plan
+
+
+def trace_phase(graph: Graph, feeds: dict[str, np.ndarray], wanted: list[str], backends
+                ) -> tuple[list[Node], set[str], set[str], dict, set[str]]:
+    """1. Trace (and find what folds): the nodes the request needs, the names they read, the
+    constants, every tensor's shape and dtype, the nodes computed from constants only."""
     nodes = graph.nodes_for(wanted, given=feeds)
     for node in nodes:
         if node.op_type in DATA_DEPENDENT or any(True for _ in node.subgraphs()):
@@ -162,10 +192,19 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     static = {n for n in graph.initializers if roles.get(n) == "constant" and n not in feeds}
     traced, folded = trace(graph, feeds, nodes, static, backends)
     for name in needed:
-        if not isinstance(traced.get(name), (np.ndarray, Traced)):
+        value = traced.get(name)
+        if not isinstance(value, (np.ndarray, Traced)):
             raise NotPlannable(f"tensor {name!r} is not a tensor (a sequence or optional)")
+        if value.dtype.kind in "OSUV":  # no fixed size per element: no place in an arena
+            raise NotPlannable(f"tensor {name!r} holds {value.dtype} (strings or objects)")
+    return nodes, needed, static, traced, folded
 
-    # -- values: feeds in the arena, graph arrays where they are, folded constants ----------
+
+def fold_phase(graph: Graph, feeds: dict[str, np.ndarray], nodes: list[Node], needed: set[str],
+               traced: dict, folded: set[str]
+               ) -> tuple[dict[str, Value], list[Node], dict[str, str]]:
+    """2. Fold: the plan's first values (feeds in the arena, graph arrays where they are,
+    folded nodes' outputs as constants of its own) and the nodes left to run."""
     values: dict[str, Value] = {}
     for name in needed:
         a = traced[name]
@@ -184,11 +223,20 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 a = np.array(traced[out], order="C")  # 0-d stays 0-d
                 values[out] = Value(out, a.shape, a.dtype, storage="owned", array=a)
         placement[node.name] = "folded"
+    return values, live, placement
 
-    # -- rewrites, then what needs a gradient -------------------------------------------------
+
+def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
+                wanted: list[str], loss: str | None, wrt: list[str], training: bool | None,
+                backends, rt, live: list[Node], values: dict[str, Value], needed: set[str],
+                traced: dict, static: set[str], placement: dict[str, str]):
+    """3. Lower: rewrites (patterns), what needs a gradient, then each live node into steps
+    (``kernels.lower``); returns the builder, the lowering context and the fetched values."""
+    from meta.lv1.plan import kernels, patterns
+
     backends = tuple(backends)
     live, made, merged = patterns.gelu(live, {n: traced[n] for n in static if n in traced},
-                               set(wanted) | set(feeds), backends)
+                                       set(wanted) | set(feeds), backends)
     ops = {n.name: made.get(n.name) or make_operator(n, graph.opset, backends) for n in live}
     placement.update((old, f"fused into {new}") for old, new in merged.items())
     pb = PlanBuilder(values, training, rt)
@@ -204,7 +252,6 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     reads = Counter(x for n in live for x in n.inputs if x)
     pb.consumers = dict(reads)
 
-    # -- lower --------------------------------------------------------------------------------
     keep = set(wanted)
     absorbed: set[str] = set()
     consumers: dict[str, list[Node]] = {}
@@ -232,39 +279,54 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     pb.current = None
     for name in outputs:
         fetch[name] = pb.require_layout(name, "plain")
+    return pb, context, fetch
 
-    # -- backward -----------------------------------------------------------------------------
-    seed = None
+
+def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanBuilder,
+                   values: dict[str, Value]) -> tuple[np.ndarray | None, dict[str, str]]:
+    """4. Backward: the seed d(loss)/d(loss), then each lowered node's backward in reverse
+    order; returns the seed and the value holding each parameter's (and ``wrt``'s) gradient."""
+    from meta.lv1.plan.context import py_step
+
     gradients: dict[str, str] = {}
-    if loss is not None:
-        seed = np.ones((), values[loss].dtype)
-        seed_name = "loss@seed"
-        values[seed_name] = Value(seed_name, (), seed.dtype, storage="owned", array=seed)
-        target = pb.grad_target(loss) if loss in pb.requires else None
-        if target is not None:
-            dest = target[0]
-            if seed.dtype == np.float32:
-                pb.step("loss gradient", [seed_name], [dest],
-                        lambda a: [rt.copy(a(seed_name), a(dest), 1)], "backward")
-            else:
-                pb.step("loss gradient", [seed_name], [dest],
-                        lambda a: [kernels.py_step(lambda: np.copyto(a(dest), a(seed_name)),
-                                                   "loss gradient")], "backward")
-        for lowered in reversed(pb.lowered):
-            if lowered.backward is not None:
-                pb.current = lowered.node
-                lowered.backward(pb)
-                pb.flush()
-        for name in [*graph.parameters, *wrt]:
-            if name in values and pb.grad(name) is not None and name not in gradients:
-                gradients[name] = pb.grad(name)
+    if loss is None:
+        return None, gradients
+    seed = np.ones((), values[loss].dtype)
+    seed_name = "loss@seed"
+    values[seed_name] = Value(seed_name, (), seed.dtype, storage="owned", array=seed)
+    target = pb.grad_target(loss) if loss in pb.requires else None
+    if target is not None:
+        dest = target[0]
+        if seed.dtype == np.float32:
+            pb.step("loss gradient", [seed_name], [dest],
+                    lambda a: [rt.copy(a(seed_name), a(dest), 1)], "backward")
+        else:
+            pb.step("loss gradient", [seed_name], [dest],
+                    lambda a: [py_step(lambda: np.copyto(a(dest), a(seed_name)),
+                                       "loss gradient")], "backward")
+    for lowered in reversed(pb.lowered):
+        if lowered.backward is not None:
+            pb.current = lowered.node
+            lowered.backward(pb)
+            pb.flush()
+    for name in [*graph.parameters, *wrt]:
+        if name in values and pb.grad(name) is not None and name not in gradients:
+            gradients[name] = pb.grad(name)
+    return seed, gradients
 
-    # -- memory -------------------------------------------------------------------------------
+
+def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
+                 values: dict[str, Value], gradients: dict[str, str], fetch: dict[str, str],
+                 hook) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int]:
+    """5. Memory: the steps in program order, every value's array (arena offsets from the
+    lifetimes, owned arrays, graph arrays, views of their bases), the gradient hook's cuts;
+    returns (order, cuts, hook names, arena bytes, owned bytes)."""
     order = [s for phase in ("prepare", "forward", "backward") for s in pb.steps
              if s.phase == phase]
     for g in gradients.values():  # handed out: arrays of their own, kept across calls
-        if values[g].storage == "arena":
-            values[g].storage = "owned"
+        base = root(values, g)  # a view's (a gradient aliased through a view): its base's
+        if values[base].storage == "arena":
+            values[base].storage = "owned"
     cuts, hook_names = bucket_cuts(order, values, gradients, set(graph.parameters), hook)
     keep_values = set(fetch.values())
     spans = lifetimes(order, values, keep_values)
@@ -291,12 +353,19 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
             count = int(np.prod(v.shape))
             v.array = b.array if v.layout != "plain" else \
                 b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
-            assert np.shares_memory(v.array, b.array), name
+            assert count == 0 or np.shares_memory(v.array, b.array), name  # empty: no bytes
     for v in values.values():
         if v.array is None and v.storage == "arena":  # declared, never touched by a step
             v.array = view_of(aligned_empty(max(v.nbytes, 64)), v)
+    return order, cuts, hook_names, arena_bytes, owned_bytes
 
-    # -- bind ---------------------------------------------------------------------------------
+
+def bind_phase(rt, order: list[PlannedStep], values: dict[str, Value],
+               cuts: dict[int, list[str]]
+               ) -> tuple[dict[str, object], dict[str, list[PlannedStep]], list]:
+    """6. Bind: the C++ steps created against the values' arrays and grouped into the
+    ``prepare``, ``forward`` and ``backward`` programs (and, with a hook, the backward's
+    segments: one per bucket of finished gradients)."""
     def lookup(name: str) -> np.ndarray:
         return values[name].array
 
@@ -322,16 +391,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 start = end
             if start < len(bound):
                 segments.append((rt.Program(bound[start:]), [], owners[start:]))
-    external = {n: v.array for n, v in values.items() if v.storage == "external"}
-    grads = {name: values[g].array for name, g in gradients.items()}
-    internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
-    plan = Plan(values, programs, records, {n: values[n].array for n in feeds if n in values},
-                {n: fetch[n] for n in outputs}, grads, seed, external, placement, arena_bytes,
-                owned_bytes, internal, context.objects)
-    plan.parameters = tuple(p for p in graph.parameters)
-    plan.segments = segments
-    plan.hook_names, plan.hook = hook_names, hook
-    return plan
+    return programs, records, segments
 
 
 def bucket_cuts(order: list[PlannedStep], values: dict[str, Value], gradients: dict[str, str],

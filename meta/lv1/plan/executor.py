@@ -50,6 +50,16 @@ def _unchanged(fingerprint: np.ndarray, arrays: dict[str, np.ndarray]) -> bool:
     return now.shape == fingerprint.shape and now.tobytes() == fingerprint.tobytes()
 
 
+def _signature(value) -> tuple:
+    """What a plan's key holds of a fed value: shape and dtype; a sequence's (a list, whose
+    tensors may differ in shape) item by item, so it reaches the fallback instead of numpy."""
+    if isinstance(value, list):
+        return ("sequence", *(_signature(v) for v in value))
+    if value is None:
+        return ("none",)
+    return (np.shape(value), getattr(value, "dtype", None))
+
+
 class PlannedExecutor(ReferenceExecutor):
     """Runs a graph as a compiled plan of oneDNN kernels (see the module's docstring).
 
@@ -103,7 +113,7 @@ class PlannedExecutor(ReferenceExecutor):
     # -- plans -------------------------------------------------------------------------------
     def _key(self, feeds: Tensors, outputs: Iterable[str], loss: str | None,
              wrt: Sequence[str]) -> tuple:
-        signature = tuple((k, np.shape(v), getattr(v, "dtype", None)) for k, v in feeds.items())
+        signature = tuple((k, _signature(v)) for k, v in feeds.items())
         return (self.training, loss, tuple(outputs), tuple(dict.fromkeys(wrt)), signature,
                 tuple(self.graph.parameters), self.rt.max_threads())
 

@@ -39,19 +39,20 @@ class Value:
             self.nbytes = prod(self.shape) * self.dtype.itemsize
 
 
+def root(values: dict[str, Value], name: str) -> str:
+    """The value whose bytes ``name`` is: itself, or the base its chain of views ends in."""
+    while values[name].storage == "view":
+        name = values[name].base
+    return name
+
+
 def lifetimes(steps: list, values: dict[str, Value], keep: set[str]) -> dict[str, tuple[int, int]]:
     """Arena value -> (first step that touches it, last step that reads it); a view extends its
     base's lifetime; values in ``keep`` (what the caller fetches) live to the end."""
     span: dict[str, list[int]] = {}
-
-    def root(name: str) -> str:
-        while values[name].storage == "view":
-            name = values[name].base
-        return name
-
     for i, step in enumerate(steps):
         for name in (*step.reads, *step.writes):
-            r = root(name)
+            r = root(values, name)
             if values[r].storage != "arena":
                 continue
             if r not in span:
@@ -60,7 +61,7 @@ def lifetimes(steps: list, values: dict[str, Value], keep: set[str]) -> dict[str
                 span[r][1] = i
     end = len(steps)
     for name in keep:
-        r = root(name)
+        r = root(values, name)
         if r in span:
             span[r][1] = end
     return {k: (a, b) for k, (a, b) in span.items()}

@@ -1,0 +1,162 @@
+"""Normalization lowerings: BatchNormalization (training with batch statistics, eval-mode as
+one per-channel affine pass) and LayerNormalization, forward and backward. C++ side:
+cpp/plan/norm.cpp (and eltwise.cpp's affine_fold)."""
+
+from __future__ import annotations
+
+from math import prod
+
+from meta.lv1.graph import Node
+from meta.lv1.plan.builder import Lowered, PlanBuilder
+from meta.lv1.plan.context import F32, Context
+from meta.lv1.plan.lowering.eltwise import broadcast_dims, fused_activation
+
+
+def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
+    pb = ctx.pb
+    if len(node.inputs) < 5:
+        return None
+    x, scale, bias, mean, var = node.inputs[:5]
+    out = node.outputs[0]
+    shape = ctx.shape(x)
+    if len(shape) < 2 or not ctx.float32(x, scale, bias, mean, var, out):
+        return None
+    if any(o for o in node.outputs[1:] if ctx.consumers.get(o) or o in ctx.protected):
+        return None
+    training = ctx.mode(bool(getattr(op, "training_mode", 0)))
+    backward_needed = any(ctx.needs(v) for v in (x, scale, bias))
+    if backward_needed and not training:
+        return None  # a backward through stored statistics: the operator's own code
+    layout = pb.value(x).layout if len(shape) == 4 else "plain"
+    if not training:
+        return affine(ctx, node, op, layout)
+    relu = ctx.single_consumer(out, ("Relu",))
+    if relu is not None and not ctx.float32(relu.outputs[0]):
+        relu = None
+    k = ctx.rt.BatchNorm(list(shape), layout, float(op.epsilon), float(op.momentum), training,
+                         relu is not None)
+    ctx.kernels.append(k)
+    last = out
+    if relu is not None:
+        ctx.absorb(node, relu)
+        last = relu.outputs[0]
+    y = pb.output(last, shape, F32, layout)
+    pb.step("BatchNormalization", [x, scale, bias, mean, var], [y],
+            lambda a: [k.forward(a(x), a(scale), a(bias), a(mean), a(var), a(y))])
+    if training and mean in ctx.state and var in ctx.state:
+        pb.step("running statistics", [mean, var], [mean, var],
+                lambda a: [k.update(a(mean), a(var))])
+    if not backward_needed:
+        return Lowered(node, None, "onednn")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dx, ds, db = norm_gradients(pb, ctx, x, x, scale, bias)
+        pb.step("BatchNormalization backward", [x, g, scale], [dx, ds, db],
+                lambda a: [k.backward(a(x), a(g), a(scale), a(dx), a(ds) if ds else None,
+                                      a(db) if db else None)], "backward")
+    return Lowered(node, backward, "onednn")
+
+
+def per_channel_chain(ctx: Context, into: Node, node: Node, last: str, rank: int
+                      ) -> tuple[list[tuple[str, str]], str]:
+    """The per-channel multiplications and additions reading ``last`` one after another (by
+    vectors computed before: constants or learned), absorbed into ``into``: [(kind, vector)]
+    and the last output."""
+    pb = ctx.pb
+    channels = ctx.shape(last)[1]
+    per_channel = [1, channels] + [1] * (rank - 2)
+    then: list[tuple[str, str]] = []
+    while True:
+        nxt = ctx.single_consumer(last, ("Mul", "Add"), first=False)
+        if nxt is None or len([i for i in nxt.inputs if i]) != 2:
+            break
+        other = nxt.inputs[1] if nxt.inputs[0] == last else nxt.inputs[0]
+        v = pb.values.get(other)  # a constant or a learned vector, computed before
+        if v is None or v.dtype != F32 or v.layout != "plain" or \
+                broadcast_dims(v.shape, rank) != per_channel:
+            break
+        then.append(("mul" if nxt.op_type == "Mul" else "add", other))
+        ctx.absorb(into, nxt)
+        last = nxt.outputs[0]
+    return then, last
+
+
+def norm_gradients(pb: PlanBuilder, ctx: Context, x: str, xin: str, scale: str, bias: str
+                   ) -> tuple[str, str, str]:
+    """Where a normalization's backward writes d(x), d(scale), d(bias): their gradients, or
+    a temporary for d(x) (the kernel computes it anyway) and "" for the others, when no
+    gradient is wanted. ``xin`` is the value the kernel read for ``x``."""
+    tx = pb.grad_target(xin) if ctx.needs(x) else None
+    ts = pb.grad_target(scale) if ctx.needs(scale) else None
+    tb = pb.grad_target(bias) if bias and ctx.needs(bias) else None
+    return (tx[0] if tx else pb.temp(xin)), (ts[0] if ts else ""), (tb[0] if tb else "")
+
+
+def affine(ctx: Context, node: Node, op, layout: str) -> Lowered:
+    """An eval-mode BatchNormalization as one pass: y = act(x * scale + shift) per channel,
+    absorbing the per-channel constant multiplications and additions after it (densenet
+    writes its BatchNorm's scale and shift that way) and an activation; the scale and shift
+    are folded from the statistics on every call (a few values per channel)."""
+    pb = ctx.pb
+    x, gamma, beta, mean, var = node.inputs[:5]
+    shape = ctx.shape(x)
+    channels = shape[1]
+    per_channel = [1, channels] + [1] * (len(shape) - 2)
+    then, last = per_channel_chain(ctx, node, node, node.outputs[0], len(shape))
+    post = [("binary", "add", 0.0, 0.0)]
+    act = fused_activation(ctx, node, last)
+    if act is not None:
+        ctx.absorb(node, act[0])
+        last = act[0].outputs[0]
+        post.append(("eltwise", act[1].name, act[1].alpha, act[1].beta))
+    eps = float(op.epsilon)
+    scale = pb.output(pb.fresh(f"{node.name}.scale"), (channels,))
+    shift = pb.output(pb.fresh(f"{node.name}.shift"), (channels,))
+    pb.step("batchnorm fold", [gamma, beta, mean, var, *(name for _, name in then)],
+            [scale, shift],
+            lambda a: [pb.rt.affine_fold(a(gamma), a(beta), a(mean), a(var), eps,
+                                         [(kind, a(name)) for kind, name in then],
+                                         a(scale), a(shift), channels)])
+    y = pb.output(last, shape, F32, layout)
+    pb.step("BatchNormalization", [x, scale, shift], [y],
+            lambda a: [pb.rt.binary(list(shape), per_channel, layout, "plain", "mul", a(x),
+                                    a(scale), a(y), post, [a(shift)], [per_channel])])
+    return Lowered(node, None, "onednn")
+
+
+def layernorm(ctx: Context, node: Node, op) -> Lowered | None:
+    pb = ctx.pb
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    out = node.outputs[0]
+    shape = ctx.shape(x)
+    axis = int(op.axis) % len(shape) if shape else 0
+    if not ctx.float32(x, scale, bias, out) or any(o for o in node.outputs[1:]):
+        return None
+    inner = shape[axis:]
+    if ctx.shape(scale) != inner or (bias and ctx.shape(bias) != inner):
+        return None
+    rows, cols = prod(shape[:axis]), prod(inner)
+    train = any(ctx.needs(v) for v in (x, scale, bias))
+    k = ctx.rt.LayerNorm(rows, cols, float(op.epsilon), train, bool(bias))
+    ctx.kernels.append(k)
+    xin = pb.require_layout(x, "plain")
+    y = pb.output(out, shape)
+    pb.step("LayerNormalization", [xin, scale, bias], [y],
+            lambda a: [k.forward(a(xin), a(scale), a(bias) if bias else None, a(y))])
+    if not train:
+        return Lowered(node, None, "onednn")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dx, ds, db = norm_gradients(pb, ctx, x, xin, scale, bias)
+        pb.step("LayerNormalization backward", [xin, g, scale, bias], [dx, ds, db],
+                lambda a: [k.backward(a(xin), a(g), a(scale), a(bias) if bias else None, a(dx),
+                                      a(ds) if ds else None,
+                                      a(db) if db else None)], "backward")
+    return Lowered(node, backward, "onednn")

@@ -1,0 +1,135 @@
+"""Lowerings that cost no kernel or only a copy: views (Reshape, Flatten, Squeeze, Unsqueeze,
+Identity, Dropout in inference), Gather of one constant index (a view), and Transpose (the
+runtime's transpose step). C++ side: cpp/plan/runtime.cpp (reorder, transpose, copy, fill)."""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from meta.lv1.graph import Node
+from meta.lv1.plan.builder import Lowered, PlanBuilder
+from meta.lv1.plan.context import F32, Context, py_step
+
+
+def dropout_is_identity(ctx: Context, node: Node, op) -> bool:
+    """Whether a Dropout passes its input through here: in inference, or with ratio 0."""
+    def input_value(i: int):
+        name = node.inputs[i] if len(node.inputs) > i else ""
+        return ctx.constant(name) if name else None
+
+    if "is_test" in op.attributes:  # opset 6
+        written = not op.is_test
+    elif len(node.inputs) > 2 and node.inputs[2]:  # opset 12+: the training_mode input
+        flag = input_value(2)
+        if flag is None:
+            return False
+        written = bool(flag)
+    else:
+        written = False
+    ratio = input_value(1) if len(node.inputs) > 1 and node.inputs[1] else \
+        getattr(op, "ratio", 0.5)
+    if ratio is None:
+        return False
+    return not ctx.mode(written) or float(np.asarray(ratio)) == 0
+
+
+def view_node(ctx: Context, node: Node, op) -> Lowered | None:
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout in inference: the output is the
+    input's bytes with another shape."""
+    pb = ctx.pb
+    x, y = node.inputs[0], node.outputs[0]
+    if node.op_type == "Dropout":
+        if not dropout_is_identity(ctx, node, op) or any(ctx.used(o) for o in node.outputs[1:]):
+            return None
+    src = pb.require_layout(x, "plain")
+    pb.view(y, src, ctx.shape(y))
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None or pb.alias_grad(src, y):
+            return
+        target = pb.grad_target(src, can_accumulate=True)
+        if target is None:
+            return
+        dest, add = target
+        n = prod(ctx.shape(y))
+        if ctx.dtype(y) == F32:
+            pb.step("view backward", [g], [dest],
+                    lambda a: [pb.rt.copy(a(g), a(dest), n, add)], "backward")
+            return
+
+        def build(a):  # the runtime's copy is float32's: numpy's for the other dtypes
+            grad, out = a(g).reshape(-1), a(dest).reshape(-1)
+
+            def run() -> None:
+                if add:
+                    out[...] += grad
+                else:
+                    out[...] = grad
+            return [py_step(run, f"{node.name} backward")]
+        pb.step("view backward", [g, dest] if add else [g], [dest], build, "backward")
+    return Lowered(node, backward if ctx.needs(x) else None, "view")
+
+
+def transpose(ctx: Context, node: Node, op) -> Lowered | None:
+    pb = ctx.pb
+    x, out = node.inputs[0], node.outputs[0]
+    shape = ctx.shape(x)
+    if not ctx.float32(x, out) or not shape:
+        return None
+    perm = list(op.perm) if op.perm is not None else list(range(len(shape)))[::-1]
+    xin = pb.require_layout(x, "plain")
+    y = pb.output(out, ctx.shape(out))
+    pb.step("Transpose", [xin], [y], lambda a: [pb.rt.transpose(list(shape), perm, a(xin),
+                                                                a(y))])
+    if not ctx.needs(x):
+        return Lowered(node, None, "onednn")
+    inverse = list(np.argsort(perm))
+    out_shape = list(ctx.shape(out))
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dest, _ = pb.grad_target(xin)
+        pb.step("Transpose backward", [g], [dest],
+                lambda a: [pb.rt.transpose(out_shape, inverse, a(g), a(dest))], "backward")
+    return Lowered(node, backward, "onednn")
+
+
+def gather(ctx: Context, node: Node, op) -> Lowered | None:
+    """Gather of one constant index along the first axis that has more than one element
+    before it: a contiguous block of the input, so a view (the split of PyTorch's packed
+    attention projections)."""
+    pb = ctx.pb
+    data, idx = node.inputs
+    out = node.outputs[0]
+    index = ctx.constant(idx)
+    shape = ctx.shape(data)
+    if index is None or index.size != 1 or not shape or not ctx.float32(data, out):
+        return None
+    axis = int(op.axis) % len(shape)
+    if any(d != 1 for d in shape[:axis]):
+        return None
+    i = int(index.reshape(())) % shape[axis]
+    block = prod(shape[axis + 1:])
+    src = pb.require_layout(data, "plain")
+    pb.view(out, src, ctx.shape(out), offset=i * block)
+    if not ctx.needs(data):
+        return Lowered(node, None, "view")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(out)
+        if g is None:
+            return
+        dest, add = pb.grad_target(src, can_accumulate=True)
+        total = prod(shape)
+
+        def build(a):
+            steps = [] if add else [pb.rt.fill(a(dest), total, 0.0)]
+            region = a(dest).reshape(-1)[i * block:(i + 1) * block]
+            return [*steps, pb.rt.copy(a(g), region, block, True)]
+        pb.step("Gather backward", [g, dest] if add else [g], [dest], build, "backward")
+    return Lowered(node, backward, "view")
