@@ -185,7 +185,8 @@ class RecipeRun:
         strategy = self.distribute()  # a collective: it broadcasts the initial parameters
         start = time.perf_counter()
         history = strategy.train(trainer, recipe.definitions.epochs)
-        comm = self.comm = getattr(strategy, "end_comm", comm)  # without workers that died
+        if strategy.end_comm is not None:  # the ranks left, once workers died
+            comm = self.comm = strategy.end_comm
         if strategy.group is not comm:  # a server saw no epochs: take rank 0's
             history = comm.bcast_obj(history, root=0)
         train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]

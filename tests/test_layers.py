@@ -175,10 +175,22 @@ def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
         test_no_import_circles_in_meta()
 
 
+# mpi4py's methods on communicators, requests and windows (none of meta's own is named so)
+MPI_METHODS = {"Accumulate", "Allreduce", "Bcast", "Cancel", "Create_group", "Flush", "Free",
+               "Get_group", "Get_tag", "Iallreduce", "Ibarrier", "Irecv", "Isend", "Lock",
+               "Lock_all", "Put", "Shared_query", "Shrink", "Split", "Split_type", "Sync", "Test",
+               "Testall", "Testany", "Testsome", "Unlock", "Unlock_all", "Wait", "Waitall",
+               "Waitany"}
+
+
 def _raw_mpi(path: Path) -> list[str]:
-    """Where ``path`` reaches MPI itself: mpi4py imported, ``_import_mpi`` called, ``MPI.*``."""
+    """Where ``path`` reaches MPI itself: mpi4py imported, ``_import_mpi`` called, ``MPI.*``,
+    an mpi4py method called on a raw handle (``win.Sync()``, ``request.Test()``)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MPI_METHODS):
+            found.append(f"line {node.lineno}: .{node.func.attr}()")
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

@@ -19,13 +19,7 @@ Modules that lived at this level before the split (``meta.lv3.allreduce`` is now
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.machinery
-import sys
-import warnings
-from types import ModuleType
-
+from meta._moved import alias_modules
 from meta.lv3.comm.communicator import (
     Communicator,
     MPICommunicator,
@@ -107,8 +101,8 @@ __all__ = [
 ]
 
 # Old module (under meta.lv3) -> its new home. The four whose old name is now a sub-package
-# (parameter_server, sandblaster, pipeline, hybrid) need no entry: the package re-exports
-# what the module did.
+# (parameter_server, sandblaster, pipeline, hybrid) need no entry: the package exports the
+# old module's names (its other names with a warning: ``forward_names``).
 MOVED = {
     "agreement": "comm.agreement",
     "allreduce": "data_parallel.allreduce",
@@ -143,31 +137,4 @@ MOVED = {
     "topology": "comm.topology",
 }
 
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``meta.lv3.<old>`` as the module now at ``meta.lv3.<new>``, warning once.
-
-    Both names then refer to the same module object (no second copy, so its classes and
-    registries stay one), as ``sys.modules`` aliases do in numpy's and scipy's deprecations.
-    """
-
-    def find_spec(self, fullname: str, path: object = None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        old = fullname.removeprefix(f"{__name__}.")
-        if old == fullname or old not in MOVED:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return None  # a placeholder: exec_module puts the real module in its place
-
-    def exec_module(self, module: ModuleType) -> None:
-        new = f"{__name__}.{MOVED[module.__name__.removeprefix(__name__ + '.')]}"
-        warnings.warn(f"{module.__name__} moved to {new}; the old name goes in the next "
-                      "release", DeprecationWarning, stacklevel=2)
-        # the import system returns whatever sys.modules holds under the name once this ends
-        sys.modules[module.__name__] = importlib.import_module(new)
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
+alias_modules(__name__, MOVED)

@@ -34,7 +34,7 @@ def communication_report(strategy: Strategy, comm: Communicator, stream: TextIO,
               f"meta: communication per step: measured "
               f"{report['comm_measured_ms_per_step']:.3f} ms, predicted "
               f"{report['comm_predicted_ms_per_step']:.3f} ms ({link})", file=stream, flush=True)
-    text = getattr(strategy, "report_text", lambda: "")()  # e.g. Downpour's staleness
+    text = strategy.report_text()  # e.g. Downpour's staleness
     if comm.is_root and text:
         print(text, file=stream, flush=True)
     return report

@@ -58,6 +58,8 @@ class Strategy:
     # The executor the trainer runs under this strategy: a model-parallel one runs the
     # trainer's graph its own way (a pipeline's stages, partitioned layers); None: the trainer's.
     trainer_executor: Any = None
+    # The ranks that finished the run, where a worker died (survived under ULFM); None: all.
+    end_comm: Communicator | None = None
     # Built from the trainer's graph (cuts or partitions it), so it needs a trainer, not only
     # an optimizer: model-parallel strategies.
     needs_trainer: ClassVar[bool] = False
@@ -204,6 +206,11 @@ class Strategy:
         for value in state.values():
             value[...] = buffer[offset : offset + value.size].reshape(value.shape)
             offset += value.size
+
+    def report_text(self) -> str:
+        """What the run's report prints beyond the figures (Downpour's staleness, a pipeline's
+        bubble); nothing by default."""
+        return ""
 
     def report(self) -> dict[str, float]:
         """Bytes sent per step and, per phase, its share of the time and its ms per step."""

@@ -48,3 +48,17 @@ def test_lv3_has_at_most_16_entries_at_its_top():
     root = Path(meta.lv3.__file__).parent
     entries = [p.name for p in root.iterdir() if p.name != "__pycache__"]
     assert len(entries) <= 16, sorted(entries)
+
+
+@pytest.mark.parametrize("package, home, name", [
+    ("parameter_server", "central", "ROSTER"), ("pipeline", "strategy", "MAX_MICRO_BATCHES"),
+    ("hybrid", "grid", "Pipeline"), ("sandblaster", "strategy", "Dispatcher")])
+def test_a_package_in_an_old_modules_place_forwards_its_other_names(package, home, name):
+    """``meta.lv3.pipeline`` was a module and is now a package: what the module held beyond
+    the package's exports still imports from it, with a deprecation naming the new place."""
+    new = importlib.import_module(f"meta.lv3.{package}.{home}")
+    with pytest.warns(DeprecationWarning, match=f"meta.lv3.{package}.{name} moved to "):
+        value = getattr(importlib.import_module(f"meta.lv3.{package}"), name)
+    assert value is getattr(new, name)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        importlib.import_module(f"meta.lv3.{package}").nothing

@@ -62,6 +62,11 @@ class SharedSegments:
         shared.fence()
         return shared
 
+    def sync(self) -> None:
+        """This rank's writes visible to the others, theirs to it (a memory barrier, not a lock,
+        not collective: Hogwild's ranks each call it between steps)."""
+        self.win.Sync()
+
     def fence(self) -> None:
         """Every rank's writes so far visible to every rank (collective over the node)."""
         self.win.Sync()

@@ -72,7 +72,7 @@ class SharedParameters:
 
     def fence(self) -> None:
         """Make this rank's writes visible to the others (a memory barrier, not a lock)."""
-        self.window.win.Sync()
+        self.window.sync()
 
     def release(self, into: FlatBuffer) -> None:
         """Copy the final values into ``into`` and free the window (every rank, collective)."""

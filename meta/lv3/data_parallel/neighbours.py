@@ -77,7 +77,7 @@ class NeighbourAveraging(Strategy):
         if self.oversubscribed:
             poll_all(hood, [request])
         else:
-            request.Wait()
+            hood.wait(request)
         self.bytes_sent += params.nbytes * len(hood.destinations)
         t.lap("communicate")
         params += self.inbox.sum(axis=0)

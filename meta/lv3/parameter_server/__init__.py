@@ -5,6 +5,7 @@ one-sided windows), ``downpour`` (DistBelief's sharded servers, each shard a ``s
 and ``hierarchical`` (servers as a tree).
 """
 
+from meta._moved import forward_names
 from meta.lv3.parameter_server.central import AsyncParameterServer, ParameterServer
 from meta.lv3.parameter_server.downpour import Downpour
 from meta.lv3.parameter_server.hierarchical import HierarchicalParameterServer
@@ -12,3 +13,5 @@ from meta.lv3.parameter_server.rma import AsyncRMA
 
 __all__ = ["AsyncParameterServer", "AsyncRMA", "Downpour", "HierarchicalParameterServer",
            "ParameterServer"]
+# what else the module meta.lv3.parameter_server held, before it became this package
+__getattr__ = forward_names(__name__, "meta.lv3.parameter_server.central")

@@ -47,7 +47,6 @@ may not be.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -56,7 +55,7 @@ from meta.component import Option
 from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link
-from meta.lv3.comm.polling import POLL_S, cancel_all, poll_all, survivors_comm, test_all
+from meta.lv3.comm.polling import cancel_all, poll_all, poll_until, survivors_comm, test_all
 from meta.lv3.comm.survival import follow_shrinks, is_failure, lost_peer, surviving
 from meta.lv3.flat import shard_bounds
 from meta.lv3.parameter_server.shard_server import (
@@ -340,9 +339,14 @@ class DownpourClient:
         roster = self.owner.roster
         if roster.timeout_s is not None and self.verdict is None:
             self.verdict = self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)
-        while not self.judged and not test_all(self.comm, self.fetches):
+
+        def answered() -> bool:  # the fetch, or else the verdict
+            if self.judged or test_all(self.comm, self.fetches):
+                return True
             self.judged = self.verdict is not None and test_all(self.comm, [self.verdict])
-            time.sleep(POLL_S)
+            return False
+
+        poll_until(answered)
         if self.judged:
             return False
         self.land_fetch()
@@ -379,11 +383,19 @@ class DownpourClient:
         roster = self.owner.roster
         if roster.timeout_s is not None and self.verdict is None:
             self.verdict = self.comm.irecv(roster.info, self.owner.servers[0], VERDICT)
-        while not test_all(self.comm, self.fetches + self.pushes):
-            if self.verdict is not None and test_all(self.comm, [self.verdict]):
-                cancel_all(self.comm, self.fetches[: len(self.owner.servers)])  # the receives
+        lost: list[bool] = []
+
+        def drained() -> bool:  # every fetch and push, or else the verdict
+            if test_all(self.comm, self.fetches + self.pushes):
                 return True
-            time.sleep(POLL_S)
+            if self.verdict is not None and test_all(self.comm, [self.verdict]):
+                lost.append(True)
+            return bool(lost)
+
+        poll_until(drained)
+        if lost:
+            cancel_all(self.comm, self.fetches[: len(self.owner.servers)])  # the receives
+            return True
         self.fetches, self.pushes = [], []
         cancel_all(self.comm, [self.verdict])  # no verdict is sent to a worker that left
         note = np.array([self.steps, planned_steps], self.accrued.dtype)

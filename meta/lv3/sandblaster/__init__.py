@@ -2,7 +2,10 @@
 handed to workers (``portions``), what a worker evaluates (``rows``) and the parameters and
 history kept in shards (``shards``)."""
 
+from meta._moved import forward_names
 from meta.lv3.sandblaster.rows import Evaluation
 from meta.lv3.sandblaster.strategy import Sandblaster
 
 __all__ = ["Evaluation", "Sandblaster"]
+# what else the module meta.lv3.sandblaster held, before it became this package
+__getattr__ = forward_names(__name__, "meta.lv3.sandblaster.strategy")
