@@ -16,7 +16,7 @@ rate decays over the run as planned. Momentum 0.9 diverged here (two replicas' s
 each carried by it); Adagrad at 0.02 reached 96.0 % in two epochs, at 0.05 it was unstable.
 """
 
-from meta.recipe import AtLeast, AtMost
+from meta.recipe import AtLeast
 
 FIXED = {
     "dataset": "mnist",
@@ -40,5 +40,4 @@ MUTABLE = {
 
 METRICS = {
     "test_accuracy": AtLeast(0.97),
-    "train_time_s": AtMost(120),
 }
