@@ -198,6 +198,11 @@ def write_outputs(run: Any, outcome: Any) -> None:
               "metrics": outcome.metrics, "definitions": run.recipe.definitions.as_dict(),
               "history": outcome.history, **({"not_written": [str(e) for e in failed]}
                                              if failed else {})}
+    unfinished = getattr(run, "unfinished", None)
+    if unfinished is not None:  # a metric that raised: the run is not passed, and says why
+        from meta.errors import user_error
+
+        report["not_measured"] = str(user_error(unfinished) or unfinished)
     write_text(out / METRICS_JSON, json.dumps(report, indent=2, default=list) + "\n")
     if failed:
         raise OutputError(failed[0].path, failed[0].__cause__ or failed[0],
