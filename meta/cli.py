@@ -267,6 +267,10 @@ def cmd_check_op(args: argparse.Namespace) -> int:
             spec.loader.exec_module(module)
         except (OSError, SyntaxError, ImportError) as err:
             return usage(f"--module {args.module}: cannot import it ({err})")
+        except Exception as err:  # the user's module raised while it ran: one line, exit 2
+            from meta.errors import UserCodeError
+
+            return usage(str(UserCodeError(f"--module {args.module}", "", "on import", err)))
         oracles = getattr(module, "ORACLES", {})
     try:
         cls = lookup(args.op, args.opset or NEWEST_OPSET, args.domain)

@@ -369,17 +369,29 @@ def _metric_problems(metrics: Any) -> list[str]:
 def load_recipe(path: str | os.PathLike) -> Recipe:
     """Read and validate a recipe file (which may register its own components first)."""
     path = Path(path)
+    if path.is_dir():
+        raise RecipeError(f"recipe {str(path)!r} is a directory; give a recipe file in it "
+                          f"(e.g. {str(path / 'mnist_mlp.py')!r})")
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
+    not_a_recipe = f"recipe {str(path)!r} is not a recipe: a recipe is a Python file " \
+        f"defining {', '.join(SECTIONS)}"
+    if path.suffix != ".py":
+        raise RecipeError(f"{not_a_recipe} (this file is not .py)")
     folder = str(path.resolve().parent)  # the recipe may import its neighbours, as a script can
     sys.path.insert(0, folder)
     try:
         namespace = runpy.run_path(str(path))
     except (RecipeError, ComponentError):
         raise
+    except ValueError as err:  # runpy on binary data: "source code cannot contain null bytes"
+        raise RecipeError(f"{not_a_recipe} ({err})") from err
+    except SystemExit as err:  # sys.exit() on import would end meta with its status
+        raise RecipeError(f"recipe {str(path)!r} called sys.exit({err.code!r}) while loading; "
+                          f"a recipe only defines {', '.join(SECTIONS)}") from err
     except Exception as err:
-        raise RecipeError(f"recipe {str(path)!r} failed to load: {type(err).__name__}: {err}") \
-            from err
+        raise RecipeError(f"recipe {str(path)!r} failed to load: {type(err).__name__}: "
+                          f"{' '.join(str(err).split())}") from err
     finally:
         sys.path.remove(folder)
     name = path.stem
