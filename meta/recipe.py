@@ -378,14 +378,17 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
         f"defining {', '.join(SECTIONS)}"
     if path.suffix != ".py":
         raise RecipeError(f"{not_a_recipe} (this file is not .py)")
+    try:
+        if b"\0" in path.read_bytes():
+            raise RecipeError(f"{not_a_recipe} (this file holds binary data)")
+    except OSError as err:
+        raise RecipeError(f"recipe file {str(path)!r} cannot be read ({err})") from err
     folder = str(path.resolve().parent)  # the recipe may import its neighbours, as a script can
     sys.path.insert(0, folder)
     try:
         namespace = runpy.run_path(str(path))
     except (RecipeError, ComponentError):
         raise
-    except ValueError as err:  # runpy on binary data: "source code cannot contain null bytes"
-        raise RecipeError(f"{not_a_recipe} ({err})") from err
     except SystemExit as err:  # sys.exit() on import would end meta with its status
         raise RecipeError(f"recipe {str(path)!r} called sys.exit({err.code!r}) while loading; "
                           f"a recipe only defines {', '.join(SECTIONS)}") from err

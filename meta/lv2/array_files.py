@@ -60,11 +60,11 @@ def _checked(x: np.ndarray, y: np.ndarray, path: str, names: tuple[str, str]
     if np.issubdtype(y.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if len(bad):
-            raise DatasetError(f"{where}: {names[1]!r} holds {y[bad[0]]!r} at index "
+            raise DatasetError(f"{where}: {names[1]!r} holds {float(y[bad[0]]):g} at index "
                                f"{bad[0]} ({len(bad)} label(s) not whole numbers); labels are "
                                f"class indices 0, 1, 2, ...")
     if len(y) and y.min() < 0:
-        raise DatasetError(f"{where}: {names[1]!r} holds {y.min()!r}; labels are class "
+        raise DatasetError(f"{where}: {names[1]!r} holds {y.min().item()!r}; labels are class "
                            f"indices 0, 1, 2, ...")
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
         raise DatasetError(f"{where}: {names[0]!r} holds {x.dtype}, not numbers")
