@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 from typing import Sequence
 
@@ -14,6 +15,7 @@ from meta.bench.commands import add_run_options
 # What an exit status means (README, "Runs that survive"): one thing each.
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2  # PASS; a metric missed its bound; a user error
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # interrupted (128 + the signal), as shells report it
+INTERRUPT_GRACE_S = 5.0  # under mpiexec, how long other ranks leave rank 0 to checkpoint
 
 
 class UsageError(SystemExit):
@@ -122,6 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if comm.size > 1:  # the other ranks may be waiting in a collective: end them all
             for lock in locks:
                 lock.release()
+            if not comm.is_root:  # rank 0 checkpoints, says so and ends the job; if it cannot
+                time.sleep(INTERRUPT_GRACE_S)  # (waiting in a collective), this rank does
             comm.abort(code)
     finally:  # also on exit 2 and Ctrl-C; a killed run leaves a lock the next run takes over
         for lock in locks:

@@ -570,22 +570,23 @@ def test_a_failed_resume_keeps_the_finished_runs_metrics(tmp_path: Path, capsys,
     assert (out / "metrics.previous.json").read_text() == before
 
 
-def test_sigterm_stops_at_a_step_checkpoints_releases_the_lock_and_exits_143(
-        tmp_path: Path, capsys) -> None:
-    prelude = """
+@pytest.mark.parametrize("name,code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_stops_at_a_step_checkpoints_releases_the_lock_and_exits_128_plus_it(
+        tmp_path: Path, capsys, name, code) -> None:
+    prelude = f"""
     import os, signal
     from meta.lv2 import Event
 
     class Term(Event):
         def on_step_end(self, trainer, observation):
             if observation["step"] == 3:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.{name})
     """
     recipe = _user(tmp_path, prelude, fixed=', "events": [Term]')
-    assert _run(tmp_path, recipe) == 143
+    assert _run(tmp_path, recipe) == code
     out = tmp_path / "out"
     err = capsys.readouterr().err
-    assert err == (f"meta: interrupted by SIGTERM at epoch 1, step 3; checkpoint written to "
+    assert err == (f"meta: interrupted by {name} at epoch 1, step 3; checkpoint written to "
                    f"{out / 'checkpoint.npz'} (continue with --resume)\n"), err
     assert not (out / "run.lock").exists()
     from meta.lv2 import load_checkpoint
@@ -641,3 +642,30 @@ def test_as_many_servers_as_ranks_is_refused_before_the_data_is_loaded(tmp_path:
     assert str(info.value) == ("recipe 'user': distributed 'downpour': servers=2 leaves no "
                                "rank to train among the job's 2 (mpiexec -n 2); run with at "
                                "least 3 ranks or set fewer servers")
+
+
+def test_a_loss_that_never_changed_is_warned_about() -> None:
+    """NothingLearned's verdict: parameters that never moved, a loss that never changed."""
+    import types
+
+    from meta.runner import NothingLearned
+
+    params = {"w": np.ones(3, np.float32)}
+    trainer = types.SimpleNamespace(executor=types.SimpleNamespace(
+        graph=types.SimpleNamespace(parameters=params)))
+    check = NothingLearned()
+    check.on_train_begin(trainer)
+    for step in range(1, 5):
+        check.on_step_end(trainer, {"step": step, "loss": 2.302585})
+    check.on_train_end(trainer)
+    assert check.verdict() == [
+        "training did nothing: none of the 1 parameter tensors moved in 4 step(s) (does the "
+        "strategy's step update them? is the learning rate 0?)",
+        "the training loss never changed in 4 steps (2.30259 at every step)"]
+    moved = NothingLearned()
+    moved.on_train_begin(trainer)
+    params["w"] += 1
+    moved.on_step_end(trainer, {"step": 1, "loss": 1.0})
+    moved.on_step_end(trainer, {"step": 2, "loss": 0.5})
+    moved.on_train_end(trainer)
+    assert moved.verdict() == []
