@@ -21,7 +21,9 @@ to float: 'high'
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,12 +39,14 @@ class UserCodeError(Exception):
     (``events``), ``when`` where the run was (``at epoch 1, step 4``); ``error`` is the
     original exception, whose traceback ``details`` keeps."""
 
-    def __init__(self, component: str, key: str, when: str, error: BaseException) -> None:
+    def __init__(self, component: str, key: str, when: str, error: BaseException,
+                 kind: type[BaseException] | None = None) -> None:
         self.component, self.key, self.when, self.error = component, key, when, error
         text = " ".join(str(error).split()) or "(no message)"
         where = f" ({key})" if key else ""
         at = f" {when}" if when else ""
-        super().__init__(f"{component}{where} raised {type(error).__name__}{at}: {text}")
+        kind = kind or type(error)  # what the user's code raised, if meta re-raised it
+        super().__init__(f"{component}{where} raised {kind.__name__}{at}: {text}")
         self.details = "".join(traceback.format_exception(error))
 
 
@@ -101,14 +105,37 @@ def raised_in_user_file(err: BaseException, user_dirs: list[Path]) -> UserCodeEr
     package = Path(__file__).resolve().parent
     ours = (str(package), str(package.parent / "ops"))
     users = tuple(str(Path(d).resolve()) for d in user_dirs)
-    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+    # numpy's and Python's own frames are skipped, even in a virtual environment kept in the
+    # recipe's folder
+    library = tuple(str(Path(p).resolve()) for p in
+                    {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.__file__)})
+    cause: BaseException | None = err
+    while cause is not None:  # an executor's error naming the node, from the user's kernel
+        where = _innermost(cause, ours, library, users)
+        if where == "meta":
+            return None
+        if where:
+            return UserCodeError(f"user code at {where}", "", "", err, type(cause))
+        cause = cause.__cause__
+    return None
+
+
+def _innermost(err: BaseException, ours: tuple[str, ...], library: tuple[str, ...],
+               users: tuple[str, ...]) -> str:
+    """Where the innermost frame of ``err``'s own traceback that is not a library's lies:
+    "file:line in function()" under ``users``, "meta" in meta, "" elsewhere. An error raised
+    by meta with the user's error as its cause (``raise ... from err``) is then looked up
+    through that cause."""
+    frames = traceback.extract_tb(err.__traceback__)
+    for frame in reversed(frames):
         filename = str(Path(frame.filename).resolve())
         if filename.startswith(ours):
-            return None
+            return "" if err.__cause__ is not None and frame is frames[-1] else "meta"
+        if filename.startswith(library) or "site-packages" in Path(filename).parts:
+            continue
         if filename.startswith(users):
-            where = f"{Path(filename).name}:{frame.lineno} in {frame.name}()"
-            return UserCodeError(f"user code at {where}", "", "", err)
-    return None
+            return f"{Path(filename).name}:{frame.lineno} in {frame.name}()"
+    return ""
 
 
 def keep_traceback(folder: Path | None, err: BaseException) -> Path | None:

@@ -669,3 +669,39 @@ def test_a_loss_that_never_changed_is_warned_about() -> None:
     moved.on_step_end(trainer, {"step": 2, "loss": 0.5})
     moved.on_train_end(trainer)
     assert moved.verdict() == []
+
+
+FORWARD_RAISES = """
+    import numpy as np
+    from meta import Operator, register
+    from meta.lv1 import mlp
+    from meta.lv1.graph import Node
+
+    @register("RaisingRelu28", domain="test.ops")
+    class RaisingRelu(Operator):
+        def forward(self, ctx, x):
+            raise ArithmeticError("the user's kernel gave up")
+
+        def backward(self, ctx, dy):
+            return (dy,)
+
+    def raising_mlp(input_shape, classes, seed, dtype):
+        graph = mlp(hidden=[8], input_shape=input_shape, classes=classes, seed=seed, dtype=dtype)
+        graph.replace("relu0", Node("RaisingRelu28", ["fc0"], ["relu0"], "relu0", "test.ops"))
+        return graph
+"""
+
+
+def test_a_user_operator_that_raises_names_its_file_and_line(tmp_path: Path, capsys) -> None:
+    """No component wraps an operator's forward: the innermost frame of the traceback that is
+    not a library's lies in the recipe's folder, so it is the user's code."""
+    from meta.lv0 import unregister
+
+    try:
+        assert _run(tmp_path, _user(tmp_path, FORWARD_RAISES, model="raising_mlp")) \
+            == EXIT_ERROR
+    finally:
+        unregister("RaisingRelu28", domain="test.ops")
+    _one_line_error(capsys, "user code at user.py:13 in forward() raised ArithmeticError: node "
+                    "'relu0' (RaisingRelu28) failed on inputs (fc0: float32[16, 8]): the user's "
+                    "kernel gave up; traceback in")
