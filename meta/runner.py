@@ -188,8 +188,8 @@ class RecipeRun:
                    if k in network and np.asarray(v).dtype != network[k].dtype]
         if changed:
             more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
-            raise CheckpointError(f"{path}: {'; '.join(changed[:3])}{more}; resume with the dtype it was trained in, or start again "
-                                  f"without --resume")
+            raise CheckpointError(f"{path}: {'; '.join(changed[:3])}{more}; resume with the "
+                                  f"dtype it was trained in, or start again without --resume")
         restore(self.trainer, ckpt, source=str(path))
         if self.comm.is_root:
             print(f"meta: resuming from {path} at epoch {ckpt.position['epoch'] + 1}, step "

@@ -4,7 +4,8 @@ line and one line each), never a traceback, and never loses what a finished run 
 
 Generated: malformed recipes, ``--set`` values, command lines, checkpoint, replay and lock
 files, ``.npz`` arrays, image folders and ONNX files. Bounded for CI: a fixed seed
-(``derandomize``), a few examples each, no deadline (a run that trains takes a second).
+(``derandomize``), a few examples each, no deadline (a run that trains takes a second);
+``META_HYPOTHESIS_PROFILE=meta-deep`` searches longer with random seeds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import tempfile
 import textwrap
 from pathlib import Path
@@ -30,7 +32,10 @@ settings.register_profile(
     "meta-ci", derandomize=True, deadline=None, max_examples=12, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.function_scoped_fixture])
-settings.load_profile("meta-ci")
+# A longer search on demand (META_HYPOTHESIS_PROFILE=meta-deep): random seeds, 200 examples.
+settings.register_profile("meta-deep", parent=settings.get_profile("meta-ci"),
+                          derandomize=False, max_examples=200)
+settings.load_profile(os.environ.get("META_HYPOTHESIS_PROFILE", "meta-ci"))
 
 DATASET = {"name": "synthetic", "train_examples": 48, "test_examples": 16, "input_shape": [6]}
 RECIPE = """
@@ -70,7 +75,7 @@ def _well_behaved(code: int, err: str, allowed: tuple[int, ...] = (0, 1, 2)) -> 
     assert code in allowed, (code, err)
     assert "Traceback" not in err, err
     if code == 2:
-        lines = [line for line in err.splitlines() if line.strip()]
+        lines = [line for line in err.split("\n") if line.strip()]
         errors = [line for line in lines if line.startswith("meta: error")]
         assert len(errors) == 1, err
         assert all(line.startswith(("meta: error", "  - ", "meta: warning", "meta: taking"))
