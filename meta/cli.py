@@ -23,6 +23,8 @@ class UsageError(SystemExit):
     exits 2 (argparse's status for usage errors). ``str()`` is the message."""
 
     def __init__(self, message: str) -> None:
+        # an argument holding a newline or another control character stays on the one line
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
         print(f"meta: error: {message}", file=sys.stderr, flush=True)
         super().__init__(EXIT_ERROR)
         self.message = message

@@ -165,7 +165,15 @@ class RecipeRun:
         """Continue from ``output_dir/checkpoint.npz`` (every rank reads it: replicas agree).
         How long to train may change; what is trained may not."""
         path = self.output_dir / CHECKPOINT
-        ckpt = load_checkpoint(path)
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError:
+            raise
+        except Exception as err:  # zipfile's and zlib's other complaints about a damaged file
+            raise CheckpointError(f"{path}: not a readable meta checkpoint ({type(err).__name__}"
+                                  f": {err}); resume from another checkpoint, or start again "
+                                  f"without --resume") from err
+        _check_position(path, ckpt.position)
         saved, now = ckpt.info.get("definitions", {}), self.recipe.definitions.as_dict()
         run_length = {"events"} | ({"epochs"} if now.get("optimizer.lr_schedule") != "cosine"
                                    else set())
@@ -287,6 +295,29 @@ class RecipeRun:
             return {}, None
         values, failed = self.comm.bcast_obj((values, _portable(failed)), root=0)
         return values, failed
+
+
+def _check_position(path: Path, position: Any) -> None:
+    """The checkpoint's loop position has the types the trainer reads (an edited file is a
+    CheckpointError naming the field, not a ValueError from deep inside)."""
+    counts = ("epoch", "step", "batch_in_epoch")
+    wrong = [f"position.{k}" for k in counts
+             if not isinstance(position.get(k), int) or isinstance(position.get(k), bool)
+             or position[k] < 0]
+    sums = position.get("epoch_sums")
+    if not (isinstance(sums, list) and len(sums) == 3 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in sums)):
+        wrong.append("position.epoch_sums")
+    elapsed = position.get("epoch_elapsed")
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool):
+        wrong.append("position.epoch_elapsed")
+    history = position.get("history")
+    if not (isinstance(history, list) and all(isinstance(m, dict) for m in history)):
+        wrong.append("position.history")
+    if wrong:
+        raise CheckpointError(f"{path}: {', '.join(wrong)} do(es) not hold what a checkpoint "
+                              f"writes (a damaged or edited file); resume from another "
+                              f"checkpoint, or start again without --resume")
 
 
 def _number(value: Any) -> float:

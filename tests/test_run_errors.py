@@ -705,3 +705,30 @@ def test_a_user_operator_that_raises_names_its_file_and_line(tmp_path: Path, cap
     _one_line_error(capsys, "user code at user.py:13 in forward() raised ArithmeticError: node "
                     "'relu0' (RaisingRelu28) failed on inputs (fc0: float32[16, 8]): the user's "
                     "kernel gave up; traceback in")
+
+
+# -- found by the property suite (tests/test_properties.py) -------------------------------------
+def test_an_npz_without_examples_is_one_line(tmp_path: Path, capsys) -> None:
+    data = _npz(tmp_path, x=np.zeros((0, 8), np.float32), y=np.zeros(0, np.int64))
+    assert _run(tmp_path, _user(tmp_path, dataset=data)) == EXIT_ERROR
+    _one_line_error(capsys, "'x' holds no examples")
+
+
+def test_an_argument_with_a_newline_stays_on_one_line(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        _run(tmp_path, _user(tmp_path), "\n")
+    assert info.value.code == EXIT_ERROR
+    _one_line_error(capsys, "unrecognized arguments: \\n")
+
+
+def test_a_checkpoint_position_of_the_wrong_type_exits_2(tmp_path: Path, capsys) -> None:
+    recipe, out = _finished(tmp_path)
+
+    def edit(document, arrays):
+        document["position"]["epoch"] = "x"
+
+    _edit_checkpoint(out / "checkpoint.npz", edit)
+    capsys.readouterr()
+    assert _run(tmp_path, recipe, "--resume", "--set", "epochs=3") == EXIT_ERROR
+    _one_line_error(capsys, f"{out / 'checkpoint.npz'}: position.epoch do(es) not hold what a "
+                    "checkpoint writes")

@@ -51,6 +51,8 @@ def _checked(x: np.ndarray, y: np.ndarray, path: str, names: tuple[str, str]
         raise DatasetError(f"{where}: {names[0]!r} must be examples along the first axis and "
                            f"{names[1]!r} one label per example, got shapes {list(x.shape)} "
                            f"and {list(y.shape)}")
+    if len(x) == 0:
+        raise DatasetError(f"{where}: {names[0]!r} holds no examples")
     if len(x) != len(y):
         raise DatasetError(f"{where}: {names[0]!r} has {len(x)} examples, {names[1]!r} "
                            f"{len(y)} labels; they must be as many")
