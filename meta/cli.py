@@ -5,13 +5,53 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 from typing import Sequence
 
 from meta.bench.commands import add_commands as add_bench_commands
 from meta.bench.commands import add_run_options
 
-EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+# What an exit status means (README, "Runs that survive"): one thing each.
+EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2  # PASS; a metric missed its bound; a user error
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # interrupted (128 + the signal), as shells report it
+INTERRUPT_GRACE_S = 5.0  # under mpiexec, how long other ranks leave rank 0 to checkpoint
+
+
+class UsageError(SystemExit):
+    """A command line meta cannot read: its one line is printed on stderr, then the command
+    exits 2 (argparse's status for usage errors). ``str()`` is the message."""
+
+    def __init__(self, message: str) -> None:
+        # an argument holding a newline or another control character stays on the one line
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+        print(f"meta: error: {message}", file=sys.stderr, flush=True)
+        super().__init__(EXIT_ERROR)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (``meta: error: ...``, exit 2), not the usage
+    block: a wrong option reads like every other mistake."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _count(text: str) -> int:
+    """A count option (``--checkpoint-every``, ``--repeat``): an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
 DISTRIBUTION = "meta-dnn"  # what pip installs (pyproject.toml); the import name is meta
 
 
@@ -35,10 +75,27 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"meta: error: --set expects KEY=VALUE, got {pair!r}")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
         overrides[key.strip()] = value.strip()
     return overrides
+
+
+def _user_message(args: argparse.Namespace, comm, err: BaseException, folder) -> str | None:
+    """The one line for an exception raised in code the user brought (``meta.errors``), its
+    traceback kept in ``folder/error.log`` (by rank 0) and printed with ``--debug``; None when
+    meta's own code raised."""
+    from pathlib import Path
+
+    from meta.errors import keep_traceback, raised_in_user_file, user_error
+
+    user = user_error(err) or raised_in_user_file(err, [Path(args.recipe).resolve().parent])
+    if user is None:
+        return None
+    if getattr(args, "debug", False):
+        print(user.details, file=sys.stderr, end="", flush=True)
+    log = keep_traceback(folder, user) if comm.is_root else None
+    return f"{user}; traceback in {log}" if log else f"{user} (--debug shows the traceback)"
 
 
 def _prepare(args: argparse.Namespace, comm, locks: list):
@@ -61,15 +118,36 @@ def _prepare(args: argparse.Namespace, comm, locks: list):
                          locks=locks), None
     except (RecipeError, ComponentError, DatasetError, GraphError, CheckpointError,
             RunDirError) as err:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
         return None, str(err)
+    except Exception as err:
+        message = _user_message(args, comm, err, locks[0].folder if locks else None)
+        if message is None:
+            raise
+        return None, message
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from meta.errors import SIGNALS, Interrupted
     from meta.lv3 import world
 
     comm, locks = world(), []
     try:
-        code = _run(args, comm, locks)
+        with SIGNALS:  # SIGINT/SIGTERM: stop at a step boundary, checkpoint, exit 130/143
+            code = _run(args, comm, locks)
+    except KeyboardInterrupt as err:
+        code = err.exit_code if isinstance(err, Interrupted) else EXIT_SIGINT
+        if comm.is_root:
+            name = err.name if isinstance(err, Interrupted) else "SIGINT"
+            where = getattr(err, "where", "") or "before training"
+            print(f"meta: interrupted by {name} {where}", file=sys.stderr, flush=True)
+        if comm.size > 1:  # the other ranks may be waiting in a collective: end them all
+            for lock in locks:
+                lock.release()
+            if not comm.is_root:  # rank 0 checkpoints, says so and ends the job; if it cannot
+                time.sleep(INTERRUPT_GRACE_S)  # (waiting in a collective), this rank does
+            comm.abort(code)
     finally:  # also on exit 2 and Ctrl-C; a killed run leaves a lock the next run takes over
         for lock in locks:
             lock.release()
@@ -109,7 +187,12 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
             return run_repeated(run, args, comm)
         outcome = run.execute()
     except Exception as err:
-        message = training_error(run, err)  # a NaN loss, a bad backward, a full disk: one line
+        # user code that raised (an event, a metric, an operator): one line, exit 2
+        message = _user_message(args, comm, err, run.output_dir)
+        if message is None:  # a NaN loss, a bad backward, a full disk: one line
+            message = training_error(run, err)
+            if message is not None and getattr(args, "debug", False):
+                traceback.print_exc()
         if message is None:  # a rank died (MPI with ULFM) where the run cannot survive it
             from meta.lv3.comm.survival import failure_message
 
@@ -127,6 +210,12 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
             comm.abort(EXIT_ERROR)
         if message is None:
             raise
+        return EXIT_ERROR
+    if run.unfinished is not None:  # outputs written, then a metric that raised: one line
+        message = _user_message(args, comm, run.unfinished, run.output_dir) or \
+            str(run.unfinished)
+        if comm.is_root:
+            print(f"meta: error: {message}", file=sys.stderr, flush=True)
         return EXIT_ERROR
     return EXIT_PASS if outcome.passed else EXIT_FAIL
 
@@ -210,6 +299,7 @@ def cmd_check_op(args: argparse.Namespace) -> int:
     import numpy as np
 
     from meta.lv0 import UnknownOperatorError, entries, lookup
+    from meta.lv0.registry import load_operator_file
     from meta.lv0.validate import NEWEST_OPSET, validate_operator
 
     def usage(message: str) -> int:
@@ -218,7 +308,7 @@ def cmd_check_op(args: argparse.Namespace) -> int:
 
     oracles = {}
     if args.module:
-        module, problem = load_module(args.module)
+        module, problem = load_operator_file(args.module)
         if module is None:
             return usage(problem)
         oracles = getattr(module, "ORACLES", {})
@@ -266,19 +356,6 @@ def cmd_check_op(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     print(text)
     return EXIT_PASS if report.passed else EXIT_FAIL
-
-
-def load_module(path: str):
-    """(the module, "") for ``--module FILE``, a user's file that registers operators, or
-    (None, the one-line reason it could not be imported)."""
-    from meta.lv0 import load_library
-
-    if not path.endswith(".py"):
-        return None, f"--module {path}: not a Python file (.py)"
-    try:
-        return load_library(path), ""
-    except Exception as err:  # the user's code: whatever it raises, said in one line
-        return None, f"--module {path}: cannot import it ({type(err).__name__}: {err})"
 
 
 def input_problem(cls, given: int) -> str:
@@ -353,8 +430,7 @@ def _attr_value(text: str):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meta",
-                                     description="meta: a deep-learning meta-framework")
+    parser = _Parser(prog="meta", description="meta: a deep-learning meta-framework")
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a recipe, report its metrics, PASS or FAIL (exit 1)")
@@ -366,12 +442,15 @@ def make_parser() -> argparse.ArgumentParser:
                      help="where metrics.json and model.onnx go (default: runs/<recipe>)")
     run.add_argument("--no-export", action="store_true", help="do not write model.onnx")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+    run.add_argument("--checkpoint-every", type=_count, default=0, metavar="STEPS",
                      help="also checkpoint every STEPS steps (always after each epoch)")
     run.add_argument("--resume", action="store_true",
                      help="continue from the output dir's checkpoint.npz")
-    run.add_argument("--repeat", type=int, default=0, metavar="N",
+    run.add_argument("--repeat", type=_count, default=0, metavar="N",
                      help="run N times; write report.json and plots of step times and losses")
+    run.add_argument("--debug", action="store_true",
+                     help="also print the full traceback of an error (always kept in the "
+                     "output folder's error.log)")
     add_run_options(run)
     run.set_defaults(func=cmd_run)
     inspect = sub.add_parser("inspect", help="what an ONNX model holds: inputs, outputs, "

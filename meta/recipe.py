@@ -383,6 +383,9 @@ def find_recipe(text: str | os.PathLike) -> Path:
     ``mnist_mlp.py``) of a shipped recipe. A file of that name in the current folder wins, as
     a script's path does."""
     path = Path(text)
+    if path.is_dir():
+        raise RecipeError(f"recipe {str(path)!r} is a directory; give a recipe file in it "
+                          f"(e.g. {str(path / 'mnist_mlp.py')!r})")
     if path.is_file():
         return path
     shipped = shipped_recipes()
@@ -399,15 +402,27 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     """Read and validate a recipe file (which may register its own components first); a bare
     name is a shipped recipe (``find_recipe``)."""
     path = find_recipe(path)
+    not_a_recipe = f"recipe {str(path)!r} is not a recipe: a recipe is a Python file " \
+        f"defining {', '.join(SECTIONS)}"
+    if path.suffix != ".py":
+        raise RecipeError(f"{not_a_recipe} (this file is not .py)")
+    try:
+        if b"\0" in path.read_bytes():
+            raise RecipeError(f"{not_a_recipe} (this file holds binary data)")
+    except OSError as err:
+        raise RecipeError(f"recipe file {str(path)!r} cannot be read ({err})") from err
     folder = str(path.resolve().parent)  # the recipe may import its neighbours, as a script can
     sys.path.insert(0, folder)
     try:
         namespace = runpy.run_path(str(path))
     except (RecipeError, ComponentError):
         raise
+    except SystemExit as err:  # sys.exit() on import would end meta with its status
+        raise RecipeError(f"recipe {str(path)!r} called sys.exit({err.code!r}) while loading; "
+                          f"a recipe only defines {', '.join(SECTIONS)}") from err
     except Exception as err:
-        raise RecipeError(f"recipe {str(path)!r} failed to load: {type(err).__name__}: {err}") \
-            from err
+        raise RecipeError(f"recipe {str(path)!r} failed to load: {type(err).__name__}: "
+                          f"{' '.join(str(err).split())}") from err
     finally:
         sys.path.remove(folder)
     name = path.stem

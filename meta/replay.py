@@ -70,6 +70,34 @@ def _recipe(rec: dict[str, Any], where: Path) -> Any:
     return recipe
 
 
+# What replay reads from replay.json, and the type of each: an edited file is refused up front,
+# naming the key, rather than failing midway with a KeyError.
+FIELDS = {"format": int, "strategy": str, "resumed": bool, "recipe_file": str, "mutable": dict,
+          "definitions": dict, "threads": int, "ranks": int, "workers": list, "order": list,
+          "final_sha256": dict}
+
+
+def _check_record(rec: Any, where: Path) -> None:
+    """Every field replay reads is there with its type; every update's worker is a worker."""
+    if not isinstance(rec, dict):
+        raise ReplayError(f"{where}: expected a JSON object, got {type(rec).__name__} (an "
+                          f"edited or damaged file)")
+    for key, kind in FIELDS.items():
+        value = rec.get(key)
+        if key not in rec or not isinstance(value, kind) or \
+                (kind is int and isinstance(value, bool)):
+            got = "missing" if key not in rec else f"a {type(value).__name__}"
+            raise ReplayError(f"{where}: field {key!r} should be a {kind.__name__}, it is {got} "
+                              f"(an edited or damaged file)")
+    workers = rec["workers"]
+    if not all(isinstance(w, int) and not isinstance(w, bool) for w in workers):
+        raise ReplayError(f"{where}: field 'workers' should list rank numbers, got {workers}")
+    stray = next(((i, w) for i, w in enumerate(rec["order"]) if w not in workers), None)
+    if stray is not None:
+        raise ReplayError(f"{where}: update {stray[0]} in 'order' names worker {stray[1]!r}, "
+                          f"not one of the run's workers {workers} (an edited or damaged file)")
+
+
 def _batches(run: Any, index: int, replicas: int) -> Iterator[dict[str, np.ndarray]]:
     """A worker's feeds in the order its trainer took them (the runner's own sampler)."""
     from meta.runner import make_sampler
@@ -106,6 +134,7 @@ def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | No
             from None
     except (OSError, ValueError) as err:
         raise ReplayError(f"{where}: not readable ({err})") from err
+    _check_record(rec, where)
     if rec.get("format") != FORMAT or rec.get("strategy") != "async_parameter_server":
         raise ReplayError(f"{where}: format {rec.get('format')} of strategy "
                           f"{rec.get('strategy')!r} cannot be replayed by this version")

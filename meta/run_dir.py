@@ -26,6 +26,7 @@ from meta.files import OutputError, atomic_write, write_text
 
 LOCK = "run.lock"
 METRICS_JSON = "metrics.json"
+PREVIOUS_METRICS = "metrics.previous.json"  # the last finished run's, moved aside
 STARTED = time.time()  # a checkpoint older than this process was not written by this run
 
 
@@ -58,8 +59,11 @@ def _alive(pid: int, start: str | None) -> bool:
 
 class RunLock:
     """``folder/run.lock``, created exclusively (``O_EXCL``), for as long as a run writes into
-    ``folder``; ``release()`` removes it. Taking it also removes a previous run's
-    metrics.json: that file exists only once a run has completed.
+    ``folder``; ``release()`` removes it. Taking it moves a previous run's metrics.json
+    aside to metrics.previous.json (that file exists only once a run has completed, and a run
+    that then fails must not lose what the finished one measured). A lock file that is not a
+    lock meta wrote (unreadable, not its JSON) is an error naming it, never "a run starting
+    now" forever.
 
     >>> import tempfile; folder = Path(tempfile.mkdtemp())
     >>> lock = RunLock(folder)
@@ -94,7 +98,7 @@ class RunLock:
         else:
             raise RunDirError(self._busy(self._holder()))
         with suppress(FileNotFoundError):
-            (self.folder / METRICS_JSON).unlink()
+            os.replace(self.folder / METRICS_JSON, self.folder / PREVIOUS_METRICS)
 
     def _create(self) -> bool:
         try:
@@ -117,11 +121,35 @@ class RunLock:
         return True
 
     def _holder(self) -> dict[str, Any]:
-        try:
-            holder = json.loads(self.path.read_text())
-            return holder if isinstance(holder, dict) and "pid" in holder else {}
-        except (OSError, ValueError):
-            return {}  # gone meanwhile, or being written
+        """The lock's record; {} while it is gone or being written (the writer fills it right
+        after creating it). A file that still is not a record after WRITE_S is a
+        RunDirError naming it."""
+        deadline = time.monotonic() + self.WRITE_S
+        while True:
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                return {}
+            except (OSError, ValueError) as err:  # a folder, unreadable, not text
+                raise RunDirError(self._corrupt(f"cannot be read ({err})")) from err
+            try:
+                holder = json.loads(text)
+            except ValueError:
+                holder = None
+            if isinstance(holder, dict) and isinstance(holder.get("pid"), int) and \
+                    not isinstance(holder["pid"], bool):
+                return holder
+            if time.monotonic() > deadline:
+                shown = text[:40] + ("..." if len(text) > 40 else "")
+                raise RunDirError(self._corrupt(f"is not a lock meta wrote ({len(text)} bytes: "
+                                                f"{shown!r})"))
+            time.sleep(0.05)
+
+    WRITE_S = 0.5  # how long a lock may stay empty while its run writes it
+
+    def _corrupt(self, what: str) -> str:
+        return (f"lock file {self.path} {what}; if no run is writing into {self.folder}, "
+                f"delete {self.path}")
 
     def _stale(self, holder: dict[str, Any]) -> bool:
         """Whether the holder is a process of this host that is no longer running."""
@@ -198,6 +226,11 @@ def write_outputs(run: Any, outcome: Any) -> None:
               "metrics": outcome.metrics, "definitions": run.recipe.definitions.as_dict(),
               "history": outcome.history, **({"not_written": [str(e) for e in failed]}
                                              if failed else {})}
+    unfinished = getattr(run, "unfinished", None)
+    if unfinished is not None:  # a metric that raised: the run is not passed, and says why
+        from meta.errors import user_error
+
+        report["not_measured"] = str(user_error(unfinished) or unfinished)
     write_text(out / METRICS_JSON, json.dumps(report, indent=2, default=list) + "\n")
     if failed:
         raise OutputError(failed[0].path, failed[0].__cause__ or failed[0],

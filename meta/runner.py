@@ -16,12 +16,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from meta.component import ComponentError
+from meta.errors import SIGNALS, Interrupted, keep_traceback, user_code, user_error
 from meta.lv1 import Graph, build_model
 from meta.lv2 import (
     METRICS,
     CheckpointEvent,
     CSVLog,
     EpochLog,
+    Event,
     JSONLinesLog,
     PlotMetrics,
     ProgressBar,
@@ -37,6 +39,7 @@ from meta.lv3 import Communicator, DistributedSampler, Strategy, world
 from meta.lv3.comm.survival import hand_over_outputs
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
+from meta.preflight import check_model_and_data, check_ranks
 from meta.recipe import Outcome, Recipe, RecipeError, judge
 from meta.run_dir import RunDirError, RunLock, output_folder, write_outputs
 
@@ -74,6 +77,7 @@ class RecipeRun:
         self.recipe, self.comm, self.stream = recipe, comm or world(), stream or sys.stdout
         self.output_dir = output_folder(recipe.name, output_dir)
         self.export_onnx, self.resumed, self.build_metrics = export_onnx, resume, {}
+        self.unfinished: BaseException | None = None  # a metric that raised after training
         # The output folder's locks this process holds (``meta run``'s); a rank that takes
         # over writing the outputs from a dead rank 0 adds the one it inherits.
         self.locks = locks
@@ -90,35 +94,51 @@ class RecipeRun:
 
     def _build(self) -> Trainer:
         d, comm = self.recipe.definitions, self.comm
-        data = self.choice("dataset")
-        train, test, augment = build_dataset(data.component, data.options, d.seed)
-        model = self.choice("model")
-        self.model = build_model(model.component, model.options, train.inputs.shape[1:],
-                                 classes(train, test), d.seed, train.inputs.dtype)
-        getattr(self.model, "check", lambda data: None)(train)
-        graph = getattr(self.model, "graph", self.model)
-        executor = self.choice("executor")
-        executor = executor.component.build(graph, **executor.options)
         strategy = self.choice("distributed")
+        check_ranks(self.recipe.name, strategy.component, strategy.values(), comm.size)
         self.strategy_cls: type[Strategy] = strategy.component.meta["cls"]
+        # before the data is loaded: a strategy that cannot run on these ranks says so first
         index, replicas = self.strategy_cls.replica(comm.rank, comm.size, **strategy.values())
+        data = self.choice("dataset")
+        with user_code(f"dataset {data.name!r}", "dataset", "while loading the data"):
+            train, test, augment = build_dataset(data.component, data.options, d.seed)
+        model = self.choice("model")
+        with user_code(f"model {model.name!r}", "model", "while building the model"):
+            self.model = build_model(model.component, model.options, train.inputs.shape[1:],
+                                     classes(train, test), d.seed, train.inputs.dtype)
+            getattr(self.model, "check", lambda data: None)(train)
+        graph = getattr(self.model, "graph", self.model)
+        for note in check_model_and_data(self.recipe.name, model.name, data.name, graph, train,
+                                         test, d.batch_size, io_names(graph)):
+            if comm.is_root:
+                print(f"meta: {note}", file=self.stream, flush=True)
+        executor = self.choice("executor")
+        with user_code(f"executor {executor.name!r}", "executor", "while building it"):
+            executor = executor.component.build(graph, **executor.options)
         sampler = make_sampler(len(train), d, index, replicas)
         optimizer = self.choice("optimizer")
-        trainer = Trainer(executor, build_optimizer(optimizer.component, optimizer.options,
-                                                    graph.parameters, len(sampler), d.epochs),
-                          train, sampler, test, self._events(),
+        with user_code(f"optimizer {optimizer.name!r}", "optimizer", "while building it"):
+            built = build_optimizer(optimizer.component, optimizer.options, graph.parameters,
+                                    len(sampler), d.epochs)
+        self.progress_check = NothingLearned()
+        trainer = Trainer(executor, built, train, sampler, test,
+                          [*self._events(), self.progress_check, StopOnSignal()],
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                           eval_shard=(index, replicas), transform=augment,
                           output_dir=self.output_dir)
-        self.strategy_cls.check(trainer, comm)
+        with user_code(f"distributed {strategy.name!r}", "distributed", "while checking it"):
+            self.strategy_cls.check(trainer, comm)
         return trainer
 
     def _events(self) -> list[Any]:
         """The recipe's events (on every rank: those that stop training decide alike), then
         on rank 0 the writer's."""
         d = self.recipe.definitions
-        events = [e.component.build(**e.options) for e in d.events]
+        events = []
+        for e in d.events:
+            with user_code(f"event {e.name!r}", "events", "while building it"):
+                events.append(e.component.build(**e.options))
         return events + (self._writer_events() if self.comm.is_root else [])
 
     def _writer_events(self) -> list[Any]:
@@ -155,7 +175,15 @@ class RecipeRun:
         """Continue from ``output_dir/checkpoint.npz`` (every rank reads it: replicas agree).
         How long to train may change; what is trained may not."""
         path = self.output_dir / CHECKPOINT
-        ckpt = load_checkpoint(path)
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError:
+            raise
+        except Exception as err:  # zipfile's and zlib's other complaints about a damaged file
+            raise CheckpointError(f"{path}: not a readable meta checkpoint ({type(err).__name__}"
+                                  f": {err}); resume from another checkpoint, or start again "
+                                  f"without --resume") from err
+        _check_position(path, ckpt.position)
         saved, now = ckpt.info.get("definitions", {}), self.recipe.definitions.as_dict()
         run_length = {"events"} | ({"epochs"} if now.get("optimizer.lr_schedule") != "cosine"
                                    else set())
@@ -165,6 +193,21 @@ class RecipeRun:
             raise CheckpointError(f"{path} was written by a run with other definitions "
                                   f"({', '.join(f'{k}: {saved[k]!r}' for k in changed)}); "
                                   f"resume with the same recipe and --set values")
+        done, epochs = int(ckpt.position["epoch"]), self.recipe.definitions.epochs
+        if epochs < done:
+            raise CheckpointError(f"{path} has {done} epoch(s) done and epochs is {epochs}; "
+                                  f"resume with --set epochs={done + 1} or more (epochs is "
+                                  f"the run's total), or start again without --resume")
+        graph = self.trainer.executor.graph
+        network = {**graph.parameters, **graph.frozen, **graph.state}
+        saved = {**ckpt.params, **ckpt.state}
+        changed = [f"{k!r} is {np.asarray(v).dtype} in the checkpoint, {network[k].dtype} in "
+                   f"the network" for k, v in saved.items()
+                   if k in network and np.asarray(v).dtype != network[k].dtype]
+        if changed:
+            more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+            raise CheckpointError(f"{path}: {'; '.join(changed[:3])}{more}; resume with the "
+                                  f"dtype it was trained in, or start again without --resume")
         restore(self.trainer, ckpt, source=str(path))
         if self.comm.is_root:
             print(f"meta: resuming from {path} at epoch {ckpt.position['epoch'] + 1}, step "
@@ -192,15 +235,43 @@ class RecipeRun:
         train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]
         metrics = {k: float(v) for k, v in history[-1].items()}
         trace = self.output_dir / "timeline.json" if recipe.definitions.timeline else None
-        metrics.update(train_time_s=float(train_time), **self.build_metrics,
-                       **communication_report(strategy, comm, stream, trace,
-                                              trainer.executor.graph.state.nbytes()))
-        metrics.update(self.measured(strategy, history))
+        metrics.update(train_time_s=float(train_time), **self.build_metrics)
+        # Every report below is guarded: one that fails is a warning, never a lost output.
+        metrics.update(self.report(strategy, comm, trace))
+        measured, self.unfinished = self.measured(strategy, history)
+        metrics.update(measured)
         outcome = judge(recipe, metrics, history, trainer.executor.graph.parameters)
         if comm.is_root:
+            for line in [*self.progress_check.verdict(), *trainer.finalize_failures]:
+                self.warn(line)
             write_outputs(self, outcome)  # model.onnx, then metrics.json, each atomically
             print(outcome.table(), file=stream, flush=True)
         return outcome
+
+    def warn(self, line: str, err: BaseException | None = None) -> None:
+        """One warning line on the run's stream; with ``err``, its traceback in the output
+        folder's error.log."""
+        log = keep_traceback(self.output_dir, err) if err is not None else None
+        print(f"meta: warning: {line}{f' (traceback in {log})' if log else ''}",
+              file=self.stream, flush=True)
+
+    def report(self, strategy: Strategy, comm: Communicator,
+               trace: Path | None) -> dict[str, float]:
+        """The strategy's communication report; where it fails (a strategy without the
+        optional cost model ``predict_comm_s``), a warning and the strategy's own counters
+        alone. Every rank fails alike (the same class), so the collective inside stays
+        matched."""
+        try:
+            return communication_report(strategy, comm, self.stream, trace,
+                                        self.trainer.executor.graph.state.nbytes())
+        except Exception as err:  # noqa: BLE001 - a report is not worth the outputs
+            if comm.is_root:
+                self.warn(f"no communication report: {type(err).__name__} in distributed "
+                          f"{self.choice('distributed').name!r}: {err}", err)
+        try:
+            return dict(strategy.report())
+        except Exception:  # noqa: BLE001 - already warned
+            return {}
 
     def distribute(self) -> Strategy:
         """Wrap the optimizer in the recipe's strategy (which moves the graph's parameters
@@ -213,13 +284,150 @@ class RecipeRun:
         hand_over_outputs(wrapped.group, self.take_over_outputs)  # rank 0 dies (under ULFM)
         return wrapped
 
-    def measured(self, strategy: Strategy, history: list[dict[str, Any]]) -> dict[str, float]:
+    def measured(self, strategy: Strategy, history: list[dict[str, Any]]
+                 ) -> tuple[dict[str, float], BaseException | None]:
         """The recipe's metric components (top-k accuracy, a class's recall, ...), computed by
-        the ranks that train and shared with every rank."""
+        the ranks that train and shared with every rank; and the first metric that raised or
+        returned no number (its metric is then missing: the run is not passed), or None."""
         wanted = {k: t for k, t in self.recipe.metrics.items() if k in METRICS}
-        values = {k: float(METRICS[k].build(**t.options).compute(self.trainer, history))
-                  for k, t in wanted.items()} if strategy.role == "worker" else {}
-        return self.comm.bcast_obj(values, root=0) if wanted else {}
+        values: dict[str, float] = {}
+        failed: BaseException | None = None
+        if strategy.role == "worker":
+            for key, threshold in wanted.items():
+                try:
+                    with user_code(f"metric {key!r}", f"METRICS[{key!r}]", "after training"):
+                        values[key] = _number(METRICS[key].build(**threshold.options)
+                                              .compute(self.trainer, history))
+                except Exception as err:  # noqa: BLE001 - reported once the outputs are out
+                    failed = failed or err
+        if not wanted:
+            return {}, None
+        values, failed = self.comm.bcast_obj((values, _portable(failed)), root=0)
+        return values, failed
+
+
+def _check_position(path: Path, position: Any) -> None:
+    """The checkpoint's loop position has the types the trainer reads (an edited file is a
+    CheckpointError naming the field, not a ValueError from deep inside)."""
+    counts = ("epoch", "step", "batch_in_epoch")
+    wrong = [f"position.{k}" for k in counts
+             if not isinstance(position.get(k), int) or isinstance(position.get(k), bool)
+             or position[k] < 0]
+    sums = position.get("epoch_sums")
+    if not (isinstance(sums, list) and len(sums) == 3 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in sums)):
+        wrong.append("position.epoch_sums")
+    elapsed = position.get("epoch_elapsed")
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool):
+        wrong.append("position.epoch_elapsed")
+    history = position.get("history")
+    if not (isinstance(history, list) and all(isinstance(m, dict) for m in history)):
+        wrong.append("position.history")
+    if wrong:
+        raise CheckpointError(f"{path}: {', '.join(wrong)} do(es) not hold what a checkpoint "
+                              f"writes (a damaged or edited file); resume from another "
+                              f"checkpoint, or start again without --resume")
+
+
+def _number(value: Any) -> float:
+    """A metric's value as a float; anything else names what it was."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+            and not (isinstance(value, np.ndarray) and value.size == 1):
+        raise TypeError(f"compute() returned {type(value).__name__} {value!r}, not a number")
+    return float(value)
+
+
+def _portable(err: BaseException | None) -> BaseException | None:
+    """``err`` as it can travel to other ranks (pickled): the marked original when it
+    pickles, else its one-line UserCodeError text."""
+    if err is None:
+        return None
+    user = user_error(err)
+    try:
+        import pickle
+
+        pickle.dumps(err)
+        return err
+    except Exception:  # noqa: BLE001 - unpicklable user exceptions
+        return RuntimeError(str(user or err))
+
+
+class NothingLearned(Event):
+    """Notes whether training changed anything: the parameters against a copy taken at the
+    start, and the step losses against the first. ``verdict()`` is one warning line per kind
+    of nothing (a strategy whose step updates nothing, a learning rate of 0), printed at the
+    end of the run; a model with no trainable parameter is refused before training."""
+
+    priority = -1_000
+
+    def __init__(self) -> None:
+        self.start: dict[str, np.ndarray] = {}
+        self.first: float | None = None
+        self.loss_changed = False
+        self.steps = 0
+        self.names: list[str] = []
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        params = trainer.executor.graph.parameters
+        self.start = {k: np.array(v, copy=True) for k, v in params.items()}
+
+    def on_step_end(self, trainer: Trainer, observation: dict[str, Any]) -> None:
+        loss = float(observation["loss"])
+        self.steps += 1
+        if self.first is None:
+            self.first = loss
+        elif loss != self.first:
+            self.loss_changed = True
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        params = trainer.executor.graph.parameters
+        self.names = [k for k, v in self.start.items() if k in params and
+                      np.array_equal(np.asarray(params[k]), v)]
+
+    def verdict(self) -> list[str]:
+        lines = []
+        if self.start and self.steps and len(self.names) == len(self.start):
+            lines.append(f"training did nothing: none of the {len(self.start)} parameter "
+                         f"tensors moved in {self.steps} step(s) (does the strategy's step "
+                         f"update them? is the learning rate 0?)")
+        if self.steps > 1 and not self.loss_changed:
+            lines.append(f"the training loss never changed in {self.steps} steps "
+                         f"({self.first:.6g} at every step)")
+        return lines
+
+
+class StopOnSignal(Event):
+    """Where SIGINT/SIGTERM stops a training run: at the first step boundary after the signal
+    (``meta.errors.SIGNALS``), after a checkpoint of exactly that step (rank 0, which writes
+    the outputs), so ``--resume`` continues from it. Runs last of all events."""
+
+    priority = -10_000
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        SIGNALS.deferring = True
+
+    def on_step_end(self, trainer: Trainer, observation: dict[str, Any]) -> None:
+        self.stop_if_asked(trainer)
+
+    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self.stop_if_asked(trainer)
+
+    def stop_if_asked(self, trainer: Trainer) -> None:
+        if SIGNALS.pending is None:
+            return
+        SIGNALS.deferring = False
+        where = f"at epoch {len(trainer.history) + 1}, step {trainer.step}"
+        saver = next((e for e in trainer.events if isinstance(e, CheckpointEvent)), None)
+        if saver is not None:
+            try:
+                saver.write(trainer)
+                where += f"; checkpoint written to {saver.path} (continue with --resume)"
+            except Exception as err:  # noqa: BLE001 - the interrupt is what is reported
+                where += f"; no checkpoint written ({err})"
+        raise Interrupted(SIGNALS.pending, where)
+
+    def finalize(self, trainer: Trainer) -> None:
+        SIGNALS.deferring = False
 
 
 def run_recipe(recipe: Recipe, comm: Communicator | None = None, **options: Any) -> Outcome:

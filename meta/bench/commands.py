@@ -252,9 +252,9 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         set_threads(args.threads)
     if args.module:
-        from meta.cli import load_module
+        from meta.lv0.registry import load_operator_file
 
-        module, problem = load_module(args.module)
+        module, problem = load_operator_file(args.module)
         if module is None:
             print(f"meta: error: {problem}", file=sys.stderr)
             return EXIT_ERROR

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from meta.lv0.operator import Operator
 
@@ -203,3 +203,18 @@ def entries() -> Iterator[Entry]:
         for since, impls in sorted(versions.items()):
             for backend, cls in sorted(impls.items()):
                 yield Entry(domain, op_type, since, backend, cls)
+
+
+def load_operator_file(path: str) -> tuple[Any, str]:
+    """(the module, "") for ``--module FILE``, a user's file that registers operators, or
+    (None, the one-line reason it could not be imported)."""
+    if not path.endswith(".py"):
+        return None, f"--module {path}: not a Python file (.py)"
+    try:
+        return load_library(path), ""
+    except (OSError, SyntaxError, ImportError) as err:  # the file itself cannot be imported
+        return None, f"--module {path}: cannot import it ({type(err).__name__}: {err})"
+    except Exception as err:  # the user's code raised while it ran: said in one line
+        from meta.user_code import UserCodeError
+
+        return None, str(UserCodeError(f"--module {path}", "", "on import", err))

@@ -41,10 +41,42 @@ def _load(path: str, labels: str = "") -> dict[str, np.ndarray]:
         raise DatasetError(f"dataset 'arrays': {file} cannot be read ({err})") from err
 
 
+def _checked(x: np.ndarray, y: np.ndarray, path: str, names: tuple[str, str]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and labels that pair up: as many of each, labels whole class indices (a float
+    label such as 0.5 is refused, never truncated to 0), named by file and array."""
+    x, y = np.asarray(x), np.asarray(y)
+    where = f"dataset 'arrays': {path}"
+    if x.ndim == 0 or y.ndim != 1:
+        raise DatasetError(f"{where}: {names[0]!r} must be examples along the first axis and "
+                           f"{names[1]!r} one label per example, got shapes {list(x.shape)} "
+                           f"and {list(y.shape)}")
+    if len(x) == 0:
+        raise DatasetError(f"{where}: {names[0]!r} holds no examples")
+    if len(x) != len(y):
+        raise DatasetError(f"{where}: {names[0]!r} has {len(x)} examples, {names[1]!r} "
+                           f"{len(y)} labels; they must be as many")
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)
+            or y.dtype == np.bool_):
+        raise DatasetError(f"{where}: {names[1]!r} holds {y.dtype}, not class indices")
+    if np.issubdtype(y.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
+        if len(bad):
+            raise DatasetError(f"{where}: {names[1]!r} holds {float(y[bad[0]]):g} at index "
+                               f"{bad[0]} ({len(bad)} label(s) not whole numbers); labels are "
+                               f"class indices 0, 1, 2, ...")
+    if len(y) and y.min() < 0:
+        raise DatasetError(f"{where}: {names[1]!r} holds {y.min().item()!r}; labels are class "
+                           f"indices 0, 1, 2, ...")
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+        raise DatasetError(f"{where}: {names[0]!r} holds {x.dtype}, not numbers")
+    return x, y
+
+
 def _pair(arrays: dict[str, np.ndarray], path: str) -> tuple[np.ndarray, np.ndarray]:
     for x, y in PAIRS:
         if x in arrays and y in arrays:
-            return arrays[x], arrays[y]
+            return _checked(arrays[x], arrays[y], path, (x, y))
     raise DatasetError(f"dataset 'arrays': {path} has {sorted(arrays)}; expected x_train, "
                        f"y_train, x_test, y_test, or x and y (inputs and labels)")
 
@@ -64,7 +96,8 @@ def arrays(seed: int, path: str, labels: str, test_path: str, test_labels: str,
     """Your own arrays from .npz / .npy files."""
     data = _load(path, labels)
     if {"x_train", "y_train", "x_test", "y_test"} <= data.keys():
-        train, test = (data["x_train"], data["y_train"]), (data["x_test"], data["y_test"])
+        train, test = (_checked(data[f"x_{s}"], data[f"y_{s}"], path, (f"x_{s}", f"y_{s}"))
+                       for s in ("train", "test"))
     elif test_path:
         train, test = _pair(data, path), _pair(_load(test_path, test_labels), test_path)
     else:

@@ -97,6 +97,9 @@ def build_dataset(component: Component, options: dict[str, Any],
                            f"{type(made).__name__}")
     train, test = (as_dataset(d, f"dataset {component.name!r} {split}")
                    for d, split in zip(made, ("train", "test")))
+    for split, data in (("training", train), ("test", test)):  # samplers need one at least
+        if len(data) == 0:
+            raise DatasetError(f"dataset {component.name!r} returned no {split} examples")
     if train.inputs.shape[1:] != test.inputs.shape[1:]:
         raise DatasetError(f"dataset {component.name!r}: train examples are "
                            f"{list(train.inputs.shape[1:])}, test examples "

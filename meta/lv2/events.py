@@ -23,9 +23,17 @@ if TYPE_CHECKING:
 
 Metrics = dict[str, Any]
 
+# Named priorities (Chainer's PRIORITY_WRITER/EDITOR/READER): events run in descending order.
+PRIORITY_EDITOR = 100  # changes what the epoch is (its batches) before anything reads it
+PRIORITY_WRITER = 0  # writes or prints the epoch's metrics (the default)
+PRIORITY_READER = -10  # decides from the epoch's complete metrics (early stopping)
+PRIORITY_SAVER = -100  # saves the state once everything else has run (checkpoints)
+
 
 class Event:
-    priority: int = 0
+    """A hook object; ``finalize`` runs after training whatever happened (close files)."""
+
+    priority: int = PRIORITY_WRITER
 
     def on_train_begin(self, trainer: Trainer) -> None: ...
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...
@@ -33,6 +41,7 @@ class Event:
     def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None: ...
     def on_train_end(self, trainer: Trainer) -> None: ...
     def on_error(self, trainer: Trainer, error: BaseException) -> None: ...
+    def finalize(self, trainer: Trainer) -> None: ...
 
 
 class ProgressBar(Event):
@@ -58,6 +67,9 @@ class ProgressBar(Event):
         self.close()
 
     def on_error(self, trainer: Trainer, error: BaseException) -> None:
+        self.close()
+
+    def finalize(self, trainer: Trainer) -> None:
         self.close()
 
     def close(self) -> None:
@@ -92,7 +104,7 @@ class EpochLog(Event):
 class EarlyStopping(Event):
     """Stops when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs."""
 
-    priority = -10  # after the metrics of the epoch are complete
+    priority = PRIORITY_READER  # after the metrics of the epoch are complete
 
     def __init__(self, metric: str = "test_loss", patience: int = 3, mode: str = "min",
                  min_delta: float = 0.0) -> None:

@@ -28,6 +28,7 @@ def read_folder(root: Path, mode: str, size: tuple[int, ...],
     if not root.is_dir():
         raise DatasetError(f"dataset 'image_folder': no folder {str(root)!r}")
     found = sorted(p.name for p in root.iterdir() if p.is_dir())
+    given = classes is not None  # the test folder may lack a class the training one has
     classes = classes or found
     if not classes:
         raise DatasetError(f"dataset 'image_folder': {root} has no class subfolders")
@@ -37,9 +38,13 @@ def read_folder(root: Path, mode: str, size: tuple[int, ...],
                            f"training folder does not have")
     images, labels = [], []
     for label, name in enumerate(classes):
-        for file in sorted((root / name).iterdir() if (root / name).is_dir() else []):
-            if file.suffix.lower() not in EXTENSIONS:
-                continue
+        files = [f for f in sorted((root / name).iterdir() if (root / name).is_dir() else [])
+                 if f.suffix.lower() in EXTENSIONS]
+        if not files and not given:  # a training class without images: the model would get
+            raise DatasetError(f"dataset 'image_folder': class folder {root / name} has no "
+                               f"images ({', '.join(sorted(EXTENSIONS))}); add some or "
+                               f"remove it")
+        for file in files:
             try:
                 with Image.open(file) as img:
                     img = img.convert(mode)

@@ -7,11 +7,17 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
+from meta.user_code import user_code
 from meta.lv1.executor import Executor
 from meta.lv2.datasets import Dataset
 from meta.lv2.events import Event, Metrics
 from meta.lv2.sampler import ShuffleSampler
 from meta.lv2.updater import Updater
+
+
+def _event_name(event: Any) -> str:
+    """How a message names an event: its recipe name where it has one, else its class."""
+    return str(getattr(event, "name", None) or type(event).__name__)
 
 
 class Stepper(Protocol):
@@ -71,6 +77,7 @@ class Trainer:
         self.epoch_sums = np.zeros(3)  # loss * count, correct, count
         self.epoch_elapsed = 0.0
         self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
+        self.finalize_failures: list[str] = []  # events whose finalize raised (one line each)
 
     @property
     def optimizer(self) -> Any:
@@ -104,15 +111,39 @@ class Trainer:
     def steps_per_epoch(self) -> int:
         return len(self.sampler)
 
+    def _where(self, hook: str) -> str:
+        return f"in {hook} at epoch {len(self.history) + 1}, step {self.step}"
+
     def _emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` of every event in priority order. Events are components a recipe may
+        bring: an exception one raises is marked with the event, the hook and the step
+        (``meta.errors.user_code``), which ``meta run`` reports in one line."""
         for event in self.events:
-            getattr(event, hook)(self, *args)
+            with user_code(f"event {_event_name(event)!r}", "events", self._where(hook)):
+                getattr(event, hook)(self, *args)
+
+    def _emit_isolated(self, hook: str, *args: Any) -> list[str]:
+        """Call ``hook`` of every event even when some raise (after an error, and when
+        finalizing, one failing event must not keep the others from cleaning up); returns
+        one line per failure, which the caller reports without hiding the first error."""
+        failures = []
+        for event in self.events:
+            try:
+                getattr(event, hook, lambda *_: None)(self, *args)
+            except Exception as err:  # noqa: BLE001 - reported, never swallowed silently
+                failures.append(f"event {_event_name(event)!r} raised {type(err).__name__} "
+                                f"{self._where(hook)}: {err}")
+        return failures
 
     def fit(self, epochs: int) -> list[Metrics]:
-        """Train for ``epochs`` epochs; returns the per-epoch metrics."""
+        """Train for ``epochs`` epochs; returns the per-epoch metrics.
+
+        On an error every event's ``on_error`` runs (each isolated: one that raises is noted
+        on the error, not in its place); ``finalize`` runs in ``finally`` whatever happened
+        (Chainer's ``Extension.finalize``), so files and bars are closed after an error too."""
         self.epochs = epochs
-        self._emit("on_train_begin")
         try:
+            self._emit("on_train_begin")
             for epoch in range(len(self.history), epochs):
                 if self.stop_reason:
                     break
@@ -122,10 +153,13 @@ class Trainer:
                     metrics.update(self.evaluate(self.test_data, prefix="test_"))
                 self.history.append(metrics)
                 self._emit("on_epoch_end", metrics)
+            self._emit("on_train_end")
         except BaseException as err:
-            self._emit("on_error", err)
+            for failure in self._emit_isolated("on_error", err):
+                err.add_note(f"also: {failure}")
             raise
-        self._emit("on_train_end")
+        finally:
+            self.finalize_failures = self._emit_isolated("finalize")
         return self.history
 
     def position(self) -> dict[str, Any]:

@@ -158,3 +158,62 @@ def test_the_trainer_asks_only_its_updater():
                 sum_across=lambda s: s)
     with pytest.raises(TypeError, match="steps on a batch's gradients"):
         Updater(trainer.optimizer).step_rows(np.arange(2))
+
+
+# -- fit's error handling (issue 27, item 7) ---------------------------------------------------
+class Failing(Event):
+    """Raises in ``hook``; records its on_error and finalize calls."""
+
+    def __init__(self, name, log, hook=None, priority=0):
+        self.name, self.log, self.hook, self.priority = name, log, hook, priority
+
+    def on_step_end(self, trainer, observation):
+        if self.hook == "on_step_end" and observation["step"] == 2:
+            raise ValueError(f"{self.name} broke")
+
+    def on_error(self, trainer, error):
+        self.log.append((self.name, "error", type(error).__name__))
+        if self.hook == "on_error":
+            raise RuntimeError(f"{self.name}'s on_error broke")
+
+    def finalize(self, trainer):
+        self.log.append((self.name, "finalize"))
+        if self.hook == "finalize":
+            raise OSError(f"{self.name} cannot close")
+
+
+def test_each_on_error_runs_even_when_one_raises_and_the_first_error_is_kept():
+    from meta.errors import user_error
+
+    log = []
+    events = [Failing("breaks", log, "on_step_end", 30), Failing("bad-handler", log,
+                                                                 "on_error", 20),
+              Failing("quiet", log, None, 10)]
+    with pytest.raises(ValueError, match="breaks broke") as info:
+        make_trainer(events).fit(1)
+    assert log == [("breaks", "error", "ValueError"), ("bad-handler", "error", "ValueError"),
+                   ("quiet", "error", "ValueError"), ("breaks", "finalize"),
+                   ("bad-handler", "finalize"), ("quiet", "finalize")]
+    assert info.value.__notes__ == ["also: event 'bad-handler' raised RuntimeError in on_error "
+                                    "at epoch 1, step 2: bad-handler's on_error broke"]
+    assert str(user_error(info.value)) == ("event 'breaks' (events) raised ValueError in "
+                                           "on_step_end at epoch 1, step 2: breaks broke")
+
+
+def test_finalize_runs_after_success_and_a_failing_one_is_reported_not_raised():
+    log = []
+    trainer = make_trainer([Failing("closer", log, "finalize", 5), Failing("other", log)])
+    assert len(trainer.fit(1)) == 1
+    assert log == [("closer", "finalize"), ("other", "finalize")]
+    assert trainer.finalize_failures == ["event 'closer' raised OSError in finalize at epoch 2, "
+                                         "step 16: closer cannot close"]
+
+
+def test_event_priorities_have_names_in_the_order_they_run():
+    from meta.lv2.checkpoint import CheckpointEvent
+    from meta.lv2.events import (PRIORITY_EDITOR, PRIORITY_READER, PRIORITY_SAVER,
+                                 PRIORITY_WRITER, EarlyStopping, EpochLog)
+
+    assert PRIORITY_EDITOR > PRIORITY_WRITER > PRIORITY_READER > PRIORITY_SAVER
+    assert EpochLog.priority == PRIORITY_WRITER and EarlyStopping.priority == PRIORITY_READER
+    assert CheckpointEvent.priority == PRIORITY_SAVER

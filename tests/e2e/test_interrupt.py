@@ -1,0 +1,67 @@
+"""Ctrl-C and SIGTERM end a run with one line, a checkpoint of the step it reached, the lock
+released and exit 130 / 143, under ``mpiexec`` too (issue 28): never a traceback, never exit 2
+(which means a user error). ``--resume`` then continues from that checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch import MPI_TIMEOUT_S, clean_env, find_mpiexec
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+
+RECIPE = """
+    from meta.recipe import AtLeast
+    FIXED = {"dataset": {"name": "synthetic", "train_examples": 8192, "test_examples": 64,
+                         "input_shape": [8]}, "model": {"name": "mlp", "hidden": [8]}}
+    MUTABLE = {"epochs": 40, "batch_size": 16, "lr": 0.1}
+    METRICS = {"test_accuracy": AtLeast(0.0)}
+"""
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_mpiexec_checkpoints_and_exits_with_its_code(tmp_path: Path, signum: int,
+                                                                 code: int) -> None:
+    recipe = tmp_path / "long.py"
+    recipe.write_text(textwrap.dedent(RECIPE))
+    out = tmp_path / "out"
+    run = [sys.executable, "-m", "meta", "run", str(recipe), "--output-dir", str(out),
+           "--quiet"]
+    proc = subprocess.Popen([str(find_mpiexec()), "-n", "2", *run], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:  # training has started once the header is out
+            if line.startswith("epoch"):
+                break
+        time.sleep(0.5)
+        proc.send_signal(signum)  # what a terminal's Ctrl-C or a scheduler's kill does
+        _, err = proc.communicate(timeout=MPI_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    name = signal.Signals(signum).name
+    assert proc.returncode == code, err
+    assert "Traceback" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("meta:")]
+    assert len(ours) == 1 and ours[0].startswith(f"meta: interrupted by {name} at epoch "), err
+    assert f"checkpoint written to {out / 'checkpoint.npz'} (continue with --resume)" in ours[0]
+    assert not (out / "run.lock").exists() and not list(out.glob("*.tmp"))
+    from meta.lv2 import load_checkpoint
+
+    done = load_checkpoint(out / "checkpoint.npz").position["epoch"]
+    resumed = subprocess.run([str(find_mpiexec()), "-n", "2", *run, "--resume", "--set",
+                              f"epochs={done + 1}"], capture_output=True, text=True,
+                             env=clean_env(), timeout=MPI_TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "meta: resuming from" in resumed.stdout and (out / "metrics.json").is_file()

@@ -1,0 +1,63 @@
+"""Checks before training (meta.preflight): each problem names the model's side and the
+data's, every problem in one message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta.component import ComponentError
+from meta.lv1 import mlp
+from meta.lv2 import ArrayDataset
+from meta.preflight import check_model_and_data, check_ranks
+from meta.recipe import registry
+
+
+def _data(n: int = 8, features: int = 6, classes: int = 4) -> ArrayDataset:
+    return ArrayDataset(np.zeros((n, features), np.float32), np.arange(n) % classes)
+
+
+def test_a_fitting_model_passes_without_notes() -> None:
+    graph = mlp(hidden=[4], input_shape=(6,), classes=4, seed=0)
+    assert check_model_and_data("r", "mlp", "d", graph, _data(), _data(), 4,
+                                {"input": "input", "logits": "logits"}) == []
+
+
+def test_labels_the_loss_cannot_take_name_both_sides() -> None:
+    graph = mlp(hidden=[4], input_shape=(6,), classes=4, seed=0)
+    next(t for t in graph.inputs if t.name == "labels").dtype = np.dtype(np.float32)
+    with pytest.raises(ComponentError) as info:
+        check_model_and_data("r", "mlp", "d", graph, _data(), _data(), 4,
+                             {"input": "input", "logits": "logits"})
+    assert str(info.value) == ("model 'mlp' takes labels as float32, its loss as class indices; "
+                               "dataset 'd' gives int64 class indices")
+
+
+def test_every_problem_is_in_one_line() -> None:
+    graph = mlp(hidden=[4], input_shape=(5,), classes=3, seed=0)
+    graph.select([], ["*"])  # nothing trainable
+    with pytest.raises(ComponentError) as info:
+        check_model_and_data("r", "mlp", "d", graph, _data(), _data(), 4,
+                             {"input": "input", "logits": "logits"})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(
+        "model 'mlp' and dataset 'd' do not fit: 3 problems: (1) model 'mlp' input 'input' "
+        "takes [N, 5], dataset 'd' gives batches of [N, 6]; (2) model 'mlp' logits 'logits' "
+        "give 3 classes ([N, 3]), dataset 'd' has labels 0..3 (4 classes); (3) model 'mlp' "
+        "has no trainable parameter"), message
+
+
+@pytest.mark.parametrize("name,options,size,shown", [
+    ("downpour", {"servers": 3}, 3, "servers=3 leaves no rank to train among the job's 3"),
+    ("sandblaster", {"servers": 2}, 2, "servers=2 leaves no rank to train among the job's 2"),
+    ("hybrid_downpour", {"stages": 3, "servers": 1}, 3,
+     "stages=3 needs 3 ranks that train, the job has 2 (mpiexec -n 3 with 1 server(s))"),
+], ids=["downpour", "sandblaster", "hybrid"])
+def test_servers_and_stages_against_the_ranks(name, options, size, shown) -> None:
+    component = registry("strategy")[name]
+    with pytest.raises(ComponentError, match=r".*".join(map(__import__("re").escape,
+                                                              [f"distributed {name!r}",
+                                                               shown]))):
+        check_ranks("r", component, component.resolve(options), size)
+    check_ranks("r", component, component.resolve(options), size + 3)  # enough ranks
+    check_ranks("r", component, component.resolve(options), 1)  # one process runs alone
