@@ -379,6 +379,39 @@ class Sigmoid(_Unary):
     kind, op_type = "sigmoid", "Sigmoid"
 
 
+class Silu(Layer):
+    """SiLU (swish), x * sigmoid(x): ``Sigmoid`` then ``Mul``, as PyTorch exports it."""
+
+    kind = "silu"
+
+    def build(self, net: Net, x: str) -> str:
+        name = net.name_of(self)
+        s = net.b.node("Sigmoid", [x], name=f"{name}.sigmoid")
+        return net.b.node("Mul", [x, s], name=name)
+
+
+class Op(Layer):
+    """Any operator that keeps the shape, as a layer: a user's custom operator in a model,
+    ``Op("Swish", domain="ai.meta.custom", beta=1.0)`` (attributes as keywords)."""
+
+    kind = "op"
+
+    def __init__(self, op_type: str, domain: str = "", name: str | None = None,
+                 **attrs: Any) -> None:
+        super().__init__(name)
+        self.op_type, self.domain, self.attrs = op_type, domain, attrs
+
+    def build(self, net: Net, x: str) -> str:
+        name = net.name_of(self) if self.name is not None else self._auto(net)
+        return net.b.node(self.op_type, [x], name=name, domain=self.domain, **self.attrs)
+
+    def _auto(self, net: Net) -> str:
+        prefix, counts = net._scopes[-1]
+        stem = self.op_type.lower()
+        counts[stem] = counts.get(stem, 0) + 1
+        return f"{prefix}{stem}{counts[stem]}"
+
+
 class Gelu(Layer):
     """GELU, x * Phi(x) (exact, with erf): a ``Gelu`` node from opset 20, before that the erf
     expression PyTorch exports (the planned executor fuses it back into one kernel)."""
@@ -493,5 +526,5 @@ class GlobalAvgPool(Layer):
 
 
 __all__ = ["AvgPool", "BatchNorm", "Conv", "Dropout", "Embedding", "Flatten", "Gelu",
-           "GlobalAvgPool", "Layer", "LayerNorm", "Linear", "MaxPool", "Net", "Relu",
-           "Residual", "Sequential", "Sigmoid", "Tanh"]
+           "GlobalAvgPool", "Layer", "LayerNorm", "Linear", "MaxPool", "Net", "Op", "Relu",
+           "Residual", "Sequential", "Sigmoid", "Silu", "Tanh"]
