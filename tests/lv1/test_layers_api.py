@@ -26,10 +26,12 @@ from meta.lv1.layers import (
     LayerNorm,
     Linear,
     MaxPool,
+    Op,
     Relu,
     Residual,
     Sequential,
     Sigmoid,
+    Silu,
     Tanh,
 )
 from meta.lv1.models import lenet5, resnet20, vgg_small, wide_cnn
@@ -126,7 +128,8 @@ MODELS = {
                                         shortcut=Conv(6, 1, stride=2)),
                                Relu(), GlobalAvgPool(), Flatten(), Linear(4)), (3, 8, 8)),
     "mlp_ln_gelu_dropout": (Sequential(Flatten(), Linear(16), LayerNorm(), Gelu(), Dropout(0.3),
-                                       Linear(16), Gelu(), Linear(3)), (2, 5)),
+                                       Linear(16), Silu(), Op("Elu", alpha=0.5), Linear(3)),
+                            (2, 5)),
 }
 
 
