@@ -66,6 +66,7 @@ class Net:
         self.shape = self.input_shape
         self.x = self.b.input("input", input_dtype or dtype, ("N", *self.input_shape))
         self._scopes: list[tuple[str, dict[str, int]]] = [("", {})]
+        self._taken: set[str] = set()
 
     # -- naming ----------------------------------------------------------------------------
     def name_of(self, layer: Layer) -> str:
@@ -76,7 +77,15 @@ class Net:
         else:
             counts[layer.kind] = counts.get(layer.kind, 0) + 1
             own = f"{layer.kind}{counts[layer.kind]}"
-        return f"{prefix}{own}"
+        return self.take(f"{prefix}{own}")
+
+    def take(self, name: str) -> str:
+        """``name``, refused if a layer already has it (its parameters would be replaced)."""
+        if name in self._taken:
+            raise ValueError(f"{self.name}: two layers are named {name!r}; name one of them "
+                             f"otherwise")
+        self._taken.add(name)
+        return name
 
     def enter(self, scope: str) -> None:
         self._scopes.append((f"{scope}.", {}))
@@ -409,7 +418,7 @@ class Op(Layer):
         prefix, counts = net._scopes[-1]
         stem = self.op_type.lower()
         counts[stem] = counts.get(stem, 0) + 1
-        return f"{prefix}{stem}{counts[stem]}"
+        return net.take(f"{prefix}{stem}{counts[stem]}")
 
 
 class Gelu(Layer):
@@ -468,7 +477,7 @@ class Flatten(Layer):
         prefix, counts = net._scopes[-1]
         counts["flatten"] = counts.get("flatten", 0) + 1
         n = counts["flatten"]
-        return f"{prefix}flatten" if n == 1 else f"{prefix}flatten{n}"
+        return net.take(f"{prefix}flatten" if n == 1 else f"{prefix}flatten{n}")
 
 
 class _Pool(Layer):

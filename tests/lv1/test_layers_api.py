@@ -206,6 +206,8 @@ def test_state_and_constants_are_not_parameters():
     (Sequential(Residual(Conv(4, 3, padding=1), name="block")), (2, 8, 8),
      r"block: the block gives \[4, 8, 8\] and its shortcut \[2, 8, 8\]"),
     (Sequential(Flatten(), Linear(4)), (3,), "the last layer gives \\[4\\] .* not the 10"),
+    (Sequential(Flatten(), Linear(4, name="fc1"), Linear(10)), (3,),
+     "model: two layers are named 'fc1'"),
 ])
 def test_shape_errors_name_the_layer(net, shape, message):
     with pytest.raises(ValueError, match=message):

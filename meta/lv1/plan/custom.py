@@ -52,7 +52,8 @@ def lower(ctx, node: Node) -> Lowered | None:
     outs = [pb.output(o, ctx.shape(o), ctx.dtype(o)) for o in node.outputs]
 
     def build(a):
-        kernel = op.bind_forward([a(x) for x in ins], [_writable(a(o), node, o) for o in outs])
+        kernel = op.bind_forward([_contiguous(a(x), node, x) for x in ins],
+                                 [_contiguous(a(o), node, o) for o in outs])
         return [_py_step(kernel.run, node.name)]
 
     pb.step(node.op_type, ins, outs, build)
@@ -73,8 +74,9 @@ def lower(ctx, node: Node) -> Lowered | None:
 
         def build(a):
             kernel = op.bind_backward(
-                [a(x) for x in ins], [a(o) for o in outs], [a(g) for g in dys], needs,
-                [_writable(a(d), node, d) if d else None for d in dests])
+                [_contiguous(a(x), node, x) for x in ins], [a(o) for o in outs],
+                [a(g) for g in dys], needs,
+                [_contiguous(a(d), node, d) if d else None for d in dests])
             return [_py_step(kernel.run, f"{node.name} backward")]
         pb.step(f"{node.op_type} backward", [*ins, *outs, *dys], [d for d in dests if d],
                 build, "backward")
@@ -89,8 +91,10 @@ def _zeros(pb: PlanBuilder, like: str) -> str:
     return name
 
 
-def _writable(array: np.ndarray, node: Node, name: str) -> np.ndarray:
-    if not array.flags.c_contiguous:  # plain plan values are; a kernel writes in place
+def _contiguous(array: np.ndarray, node: Node, name: str) -> np.ndarray:
+    """The array itself: a copy (what binding would make of a strided one) would be read or
+    written once, at binding, and never again."""
+    if not array.flags.c_contiguous:  # plain plan values and graph arrays are
         raise ValueError(f"{node.describe()}: the plan's buffer for {name!r} is not "
                          f"C-contiguous")
     return array
