@@ -272,6 +272,30 @@ class CppOperator(Operator):
         ctx.save(inputs=xs, outputs=ys)
         return ys[0] if len(ys) == 1 else tuple(ys)
 
+    # -- bound to a plan's buffers (meta.lv1.plan.custom runs these as compiled steps) --------
+    def bind_forward(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]
+                     ) -> Any | None:
+        """The forward kernel bound once to ``inputs`` and to ``outputs`` it writes in place:
+        an object whose ``run()`` is the kernel alone (the GIL released, no allocation, no
+        copy). None when the library predates binding (then the plan calls ``forward``)."""
+        bind = getattr(self.module, "bind_forward", None)
+        if bind is None:
+            return None
+        return bind(self._prepare(inputs), self._prepare(outputs), self._attrs())
+
+    def bind_backward(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+                      grad_outputs: Sequence[np.ndarray], needs: Sequence[bool],
+                      grad_inputs: Sequence[np.ndarray | None]) -> Any | None:
+        """The backward kernel bound the same way: it writes the gradient of input i into
+        ``grad_inputs[i]`` (None: not wanted) and reads ``grad_outputs`` (every one given;
+        zeros where nothing downstream needs an output)."""
+        bind = getattr(self.module, "bind_backward", None)
+        if bind is None or not self.module.has_backward:
+            return None
+        given = [None if g is None else self._prepare([g])[0] for g in grad_inputs]
+        return bind(self._prepare(inputs), self._prepare(outputs), self._prepare(grad_outputs),
+                    [bool(n) for n in needs], given, self._attrs())
+
     def backward(self, ctx: Context, *grad_outputs: np.ndarray | None) -> Any:
         if not self.module.has_backward:
             raise NotImplementedError(f"{self.op_type} is not differentiable "

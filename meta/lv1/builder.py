@@ -1,8 +1,8 @@
-"""Building graphs in code, and the model builders (an MLP for now)."""
+"""Building graphs node by node (``GraphBuilder``), and the MLP builder (on the layer API of
+``meta.lv1.layers``, which writes through ``GraphBuilder``)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -87,26 +87,12 @@ def mlp(
 
     Inputs ``input`` (N, *input_shape) and ``labels`` (N,) int64; outputs ``logits`` and the
     mean softmax cross-entropy ``loss``. Weights are He-uniform (suited to ReLU), biases zero,
-    all drawn from ``seed``.
+    all drawn from ``seed``; the layers' parameters are ``fc0`` ... ``fc<len(hidden)>``.
     """
-    rng = np.random.default_rng(seed)
-    b = GraphBuilder("mlp")
-    x = b.input("input", dtype, ("N", *input_shape))
-    labels = b.input("labels", np.int64, ("N",))
-    h = b.node("Flatten", [x], name="flatten", axis=1)
-    width = math.prod(input_shape)
-    sizes = [*hidden, classes]
-    for i, out in enumerate(sizes):
-        bound = math.sqrt(6.0 / width)
-        w = b.initializer(f"fc{i}.weight", rng.uniform(-bound, bound, (out, width)).astype(dtype))
-        bias = b.initializer(f"fc{i}.bias", np.zeros(out, dtype))
-        last = i == len(sizes) - 1
-        h = b.node("Gemm", [h, w, bias], name="logits" if last else f"fc{i}", transB=1)
-        if not last:
-            h = b.node("Relu", [h], name=f"relu{i}")
-        width = out
-    loss = b.node("SoftmaxCrossEntropyLoss", [h, labels], n_outputs=1, name="loss",
-                  reduction="mean")
-    b.output(h, dtype, ("N", classes))
-    b.output(loss, dtype, ())
-    return b.build()
+    from meta.lv1.layers import Flatten, Linear, Relu, Sequential  # layers build on this module
+
+    layers = [Flatten()]
+    for i, width in enumerate(hidden):
+        layers += [Linear(width, name=f"fc{i}"), Relu(name=f"relu{i}")]
+    return Sequential(*layers, Linear(classes, name=f"fc{len(hidden)}")).graph(
+        input_shape, classes, seed, dtype, init="he", name="mlp")

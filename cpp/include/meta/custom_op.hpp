@@ -38,7 +38,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -202,6 +204,17 @@ class Forward : public OpBase<T> {
   // Allocate output i (zero-filled) and return a writable view of it. Outputs are numbered
   // from 0 without gaps; each is allocated once.
   Tensor<T> output(std::size_t i, Shape shape) {
+    if (i < given_.size() && given_[i].data) {  // a plan's buffer: the shape it traced
+      if (shape != given_[i].shape)
+        throw std::invalid_argument("output " + std::to_string(i) + " has another shape than "
+                                    "the plan traced for it");
+      if (i >= written_.size()) written_.resize(i + 1);
+      if (written_[i])
+        throw std::invalid_argument("output " + std::to_string(i) + " is allocated twice");
+      written_[i] = true;
+      std::fill(given_[i].data, given_[i].data + given_[i].size, T(0));
+      return given_[i];
+    }
     if (i >= outputs_.size()) outputs_.resize(i + 1);
     if (outputs_[i].data)
       throw std::invalid_argument("output " + std::to_string(i) + " is allocated twice");
@@ -209,6 +222,9 @@ class Forward : public OpBase<T> {
   }
 
   std::vector<Buffer<T>> outputs_;
+  // Set by a plan (detail::Bound): outputs written in place into its buffers.
+  std::vector<Tensor<T>> given_;
+  std::vector<bool> written_;
 };
 
 template <typename T>
@@ -226,6 +242,12 @@ class Backward : public OpBase<T> {
   // d loss / d input i, shaped like input i and zero-filled; asking twice gives the same buffer.
   Tensor<T> grad_input(std::size_t i) {
     const auto& x = this->input(i);
+    if (i < given_.size() && given_[i].data) {  // a plan's buffer, zero-filled once
+      if (i >= written_.size()) written_.resize(i + 1);
+      if (!written_[i]) std::fill(given_[i].data, given_[i].data + given_[i].size, T(0));
+      written_[i] = true;
+      return given_[i];
+    }
     if (grads_.size() < this->num_inputs()) grads_.resize(this->num_inputs());
     Buffer<T>& buffer = grads_[i];
     if (!buffer.data) return detail::allocate(buffer, x.shape);
@@ -235,6 +257,9 @@ class Backward : public OpBase<T> {
   std::vector<Tensor<const T>> outputs_, grad_outputs_;
   std::vector<bool> needs_;
   std::vector<Buffer<T>> grads_;
+  // Set by a plan (detail::Bound): gradients written in place into its buffers.
+  std::vector<Tensor<T>> given_;
+  std::vector<bool> written_;
 };
 
 // ---- the pybind11 glue META_OP generates ----------------------------------------------------
@@ -349,10 +374,124 @@ inline py::type_error dtype_error() {
   return py::type_error("C++ custom ops take float32 or float64 arrays (at least one input)");
 }
 
+// Writable views of arrays a plan owns (None: not given, the kernel's own buffer is used).
+template <typename T>
+std::vector<Tensor<T>> targets(const py::list& arrays, const char* what) {
+  std::vector<Tensor<T>> out;
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    if (arrays[i].is_none()) {
+      out.emplace_back();
+      continue;
+    }
+    if (!py::isinstance<py::array_t<T, py::array::c_style>>(arrays[i]))
+      throw py::type_error(std::string(what) + " " + std::to_string(i) +
+                           ": expected a C-contiguous array of the op's dtype");
+    auto array = py::reinterpret_borrow<py::array>(arrays[i]);
+    if (!array.writeable())
+      throw py::type_error(std::string(what) + " " + std::to_string(i) + " is read-only");
+    Shape shape(array.shape(), array.shape() + array.ndim());
+    out.push_back(Tensor<T>{static_cast<T*>(array.mutable_data()), shape,
+                            row_major_strides(shape), static_cast<std::int64_t>(array.size())});
+  }
+  return out;
+}
+
+// A kernel bound once to a plan's buffers (meta.lv1.plan runs it as a step): the attributes
+// parsed and the views made at binding, so each run() is the kernel alone, the GIL released.
+// It holds the arrays, so they outlive it.
+struct Bound {
+  std::function<void()> kernel;
+  py::list keep;
+  std::string name;
+  void run() {
+    py::gil_scoped_release release;
+    kernel();
+  }
+};
+
+template <typename T>
+Bound bind_forward(ForwardFn<T> kernel, const py::list& inputs, const py::list& outputs,
+                   const py::dict& attrs) {
+  auto parsed = std::make_shared<Attributes>(parse_attributes(attrs));
+  auto op = std::make_shared<Forward<T>>();
+  op->inputs_ = views<T>(inputs, "input");
+  op->given_ = targets<T>(outputs, "output");
+  const std::size_t n = outputs.size();
+  Bound bound;
+  bound.keep = py::list();
+  bound.keep.append(inputs);
+  bound.keep.append(outputs);
+  bound.name = "forward";
+  bound.kernel = [kernel, parsed, op, n] {
+    op->attrs_ = parsed.get();
+    op->written_.assign(n, false);
+    op->outputs_.clear();
+    kernel(*op);
+    for (std::size_t i = 0; i < n; ++i)
+      if (i >= op->written_.size() || !op->written_[i])
+        throw std::invalid_argument("forward did not write output " + std::to_string(i));
+  };
+  return bound;
+}
+
+template <typename T>
+Bound bind_backward(BackwardFn<T> kernel, const py::list& inputs, const py::list& outputs,
+                    const py::list& grad_outputs, const py::list& needs,
+                    const py::list& grad_inputs, const py::dict& attrs) {
+  auto parsed = std::make_shared<Attributes>(parse_attributes(attrs));
+  auto op = std::make_shared<Backward<T>>();
+  op->inputs_ = views<T>(inputs, "input");
+  op->outputs_ = views<T>(outputs, "output");
+  op->grad_outputs_ = views<T>(grad_outputs, "grad_output");
+  for (auto need : needs) op->needs_.push_back(py::cast<bool>(need));
+  op->given_ = targets<T>(grad_inputs, "grad_input");
+  Bound bound;
+  bound.keep = py::list();
+  for (const auto* list : {&inputs, &outputs, &grad_outputs, &grad_inputs})
+    bound.keep.append(*list);
+  bound.name = "backward";
+  bound.kernel = [kernel, parsed, op] {
+    op->attrs_ = parsed.get();
+    op->written_.assign(op->given_.size(), false);
+    op->grads_.clear();
+    kernel(*op);
+    // A gradient the plan wants but the kernel never asked for is zero.
+    for (std::size_t i = 0; i < op->given_.size(); ++i)
+      if (op->given_[i].data && (i >= op->written_.size() || !op->written_[i]))
+        std::fill(op->given_[i].data, op->given_[i].data + op->given_[i].size, T(0));
+  };
+  return bound;
+}
+
 inline void bind(py::module_& m, ForwardFn<float> f32, ForwardFn<double> f64,
                  BackwardFn<float> b32, BackwardFn<double> b64) {
   m.doc() = "A meta custom operator compiled by meta.register_cpp_op.";
   m.attr("has_backward") = py::bool_(b32 != nullptr);
+  // module_local: every user op's module has its own Bound type, no clash between them.
+  py::class_<Bound>(m, "Bound", py::module_local(),
+                    "A kernel bound to a plan's buffers; run() runs it (the GIL released).")
+      .def("run", &Bound::run)
+      .def_readonly("name", &Bound::name);
+  m.def("bind_forward", [=](const py::list& inputs, const py::list& outputs,
+                            const py::dict& attrs) {
+    if (is<float>(inputs)) return bind_forward(f32, inputs, outputs, attrs);
+    if (is<double>(inputs)) return bind_forward(f64, inputs, outputs, attrs);
+    throw dtype_error();
+  }, py::arg("inputs"), py::arg("outputs"), py::arg("attrs"),
+     "The forward kernel bound to given output arrays (written in place by run()).");
+  if (b32) {
+    m.def("bind_backward", [=](const py::list& inputs, const py::list& outputs,
+                               const py::list& grad_outputs, const py::list& needs,
+                               const py::list& grad_inputs, const py::dict& attrs) {
+      if (is<float>(inputs))
+        return bind_backward(b32, inputs, outputs, grad_outputs, needs, grad_inputs, attrs);
+      if (is<double>(inputs))
+        return bind_backward(b64, inputs, outputs, grad_outputs, needs, grad_inputs, attrs);
+      throw dtype_error();
+    }, py::arg("inputs"), py::arg("outputs"), py::arg("grad_outputs"), py::arg("needs"),
+       py::arg("grad_inputs"), py::arg("attrs"),
+       "The backward kernel bound to given gradient arrays (None: not wanted).");
+  }
   m.def("forward", [=](const py::list& inputs, const py::dict& attrs) {
     if (is<float>(inputs)) return run_forward(f32, inputs, attrs);
     if (is<double>(inputs)) return run_forward(f64, inputs, attrs);

@@ -32,6 +32,7 @@ from meta.component import Option
 from meta.lv0 import native
 from meta.lv1.executor import EXECUTORS, ReferenceExecutor, Tensors
 from meta.lv1.graph import Graph
+from meta.lv1.plan import custom
 from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
 from meta.lv1.plan.runtime import PlanUnavailableError, module
 
@@ -146,6 +147,7 @@ class PlannedExecutor(ReferenceExecutor):
         for program in plan.programs.values():
             program.profile = self.profile
         self._plans[key] = plan
+        custom.announce(self.graph.nodes, plan.placement)  # once per op leaving oneDNN
         self._last, self.unplanned = plan, None
         self.peak_intermediate_bytes = plan.arena_bytes
         return plan, feeds, wrt
@@ -243,7 +245,8 @@ class PlannedExecutor(ReferenceExecutor):
 
     def placement(self) -> dict[str, str]:
         """Node -> where it ran in the last plan: "onednn", "native" (meta's loop),
-        "python" (the operator's code), "view", "folded", "fused into <node>"; before any
+        "compiled" (a C++ custom operator's kernel on the plan's buffers), "python" (the
+        operator's code), "view", "folded", "fused into <node>"; before any
         call, or when unplanned, the reference path's backends."""
         if self._last is None or self.unplanned:
             return super().placement()

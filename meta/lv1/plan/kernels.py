@@ -29,6 +29,7 @@ import numpy as np
 from meta.lv0 import Context as OpContext
 from meta.lv0 import InferenceContext, check_backward
 from meta.lv1.graph import Node
+from meta.lv1.plan import custom
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
 from meta.lv1.plan.lowering.conv import conv
@@ -49,7 +50,7 @@ def lower(ctx: Context, node: Node) -> Lowered:
         lowered = kernel(ctx, node, ctx.ops[node.name])
         if lowered is not None:
             return lowered
-    return python_node(ctx, node)
+    return custom.lower(ctx, node) or python_node(ctx, node)
 
 
 # -- the operator's own code, one step ---------------------------------------------------------
