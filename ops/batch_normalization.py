@@ -70,8 +70,9 @@ class BatchNormalization(Operator):
         axes = (0, *range(2, x.ndim))
         shape = (c, *(1,) * (x.ndim - 2))
         training = ctx.mode(bool(self.training_mode))
-        if training:
-            mean_used, var_used = x.mean(axis=axes), x.var(axis=axes)
+        if training:  # summed in double, as PyTorch's CPU kernel and the native twin do
+            mean_used = x.mean(axis=axes, dtype=np.float64).astype(x.dtype, copy=False)
+            var_used = x.var(axis=axes, dtype=np.float64).astype(x.dtype, copy=False)
         else:
             mean_used, var_used = mean, var
         inv_std = 1.0 / np.sqrt(var_used + self.epsilon)
@@ -85,8 +86,10 @@ class BatchNormalization(Operator):
         xhat, inv_std, shape, axes = ctx.xhat, ctx.inv_std, ctx.shape, ctx.axes
         dx = dscale = db = None
         dy = np.zeros_like(xhat) if dy is None else dy
-        sum_dy = dy.sum(axis=axes)
-        sum_dy_xhat = (dy * xhat).sum(axis=axes)
+        # the per-channel sums in double (as the statistics), then in the tensors' dtype
+        dtype = np.result_type(dy, xhat)
+        sum_dy = dy.sum(axis=axes, dtype=np.float64).astype(dtype, copy=False)
+        sum_dy_xhat = (dy * xhat).sum(axis=axes, dtype=np.float64).astype(dtype, copy=False)
         if ctx.needs(0):
             k = (ctx.scale * inv_std).reshape(shape)
             if ctx.training:

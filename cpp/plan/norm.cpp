@@ -2,9 +2,16 @@
 // statistics' update as PyTorch does it, inference with the stored ones, an optional fused
 // ReLU) and LayerNormalization over the last dimension, forward and backward. (An eval-mode
 // BatchNormalization is a per-channel scale and shift: eltwise.cpp's affine_fold.)
+//
+// Training in the plain or channels-last layout runs meta's own loops (meta/batchnorm.hpp, the
+// native twin's): they sum the batch statistics and the backward's reductions in double, as
+// PyTorch's CPU kernel does; oneDNN's sum in float32, and a train-mode CNN drifted from PyTorch
+// 24x further than PyTorch's float32 run does from its float64 one.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
+#include "meta/batchnorm.hpp"
 #include "plan.hpp"
 
 namespace meta::plan {
@@ -26,9 +33,13 @@ struct BatchNormKernel {
   bool training, fuse_relu;
   dnnl::batch_normalization_forward::primitive_desc fwd;
   dnnl::batch_normalization_backward::primitive_desc bwd;
-  Aligned mean_buf, var_buf, ws_buf, dscale_buf, dshift_buf;
-  float *mean = nullptr, *var = nullptr;
+  Aligned mean_buf, var_buf, ws_buf, dscale_buf, dshift_buf, inv_buf;
+  float *mean = nullptr, *var = nullptr, *inv_std = nullptr;
   std::string info;
+  // Training by meta's loops: X seen as (n, c, s), n * c * s elements.
+  bool own = false;
+  std::int64_t n = 0, s = 0;
+  std::vector<float> masked;  // dy through the fused ReLU
 
   BatchNormKernel(const Dims& dims, const std::string& layout, float eps, float mom, bool train,
                   bool relu)
@@ -38,6 +49,16 @@ struct BatchNormKernel {
     count = 1;
     for (std::size_t i = 0; i < dims.size(); ++i)
       if (i != 1) count *= dims[i];
+    if (training && count > 0 && (layout == "plain" || layout == "nhwc" || dims.size() == 2)) {
+      own = true;
+      s = layout == "nhwc" || dims.size() == 2 ? 1 : count / dims[0];
+      n = count / s;
+      mean = mean_buf.floats(channels);
+      var = var_buf.floats(channels);
+      inv_std = inv_buf.floats(channels);
+      info = "meta batchnorm (sums in double)";
+      return;
+    }
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     if (relu) flags |= dnnl::normalization_flags::fuse_norm_relu;
     if (!training) flags |= dnnl::normalization_flags::use_global_stats;
@@ -66,9 +87,39 @@ struct BatchNormKernel {
 
 using BatchNormPtr = std::shared_ptr<BatchNormKernel>;
 
+// Training forward by meta's loops: statistics summed in double, then y = relu?(xhat * scale +
+// shift), written as the native twin writes it.
+StepPtr own_forward(const BatchNormPtr& k, const py::array& x, const py::array& scale,
+                    const py::array& shift, const py::array& y) {
+  const std::size_t bytes = static_cast<std::size_t>(k->count * k->channels) * 4;
+  const float* px = static_cast<const float*>(address(x, bytes, "batchnorm input"));
+  float* py_ = static_cast<float*>(address(y, bytes, "batchnorm output"));
+  const float* ps = static_cast<const float*>(address(scale, k->channels * 4, "batchnorm scale"));
+  const float* pb = static_cast<const float*>(address(shift, k->channels * 4, "batchnorm B"));
+  const BatchNormPtr kp = k;  // the steps keep their kernel alive
+  return std::make_shared<LambdaStep>("batchnorm forward (meta)", [=] {
+    const std::int64_t c = kp->channels;
+    std::vector<double> m(c), v(c);
+    meta::batchnorm_statistics(px, kp->n, c, kp->s, m.data(), v.data());
+    const float eps = kp->epsilon;
+    for (std::int64_t j = 0; j < c; ++j) {
+      kp->mean[j] = static_cast<float>(m[j]);
+      kp->var[j] = static_cast<float>(v[j]);
+      kp->inv_std[j] = 1.f / std::sqrt(kp->var[j] + eps);
+    }
+    meta::batchnorm_apply(px, py_, kp->n, c, kp->s, kp->mean, kp->inv_std, ps, pb);
+    if (kp->fuse_relu) {
+      const std::int64_t total = kp->n * c * kp->s;
+#pragma omp parallel for if (total > meta::kParallelThreshold)
+      for (std::int64_t i = 0; i < total; ++i) py_[i] = std::max(py_[i], 0.f);
+    }
+  });
+}
+
 StepPtr bn_forward(const BatchNormPtr& k, const py::array& x, const py::array& scale,
                    const py::array& shift, const py::array& running_mean,
                    const py::array& running_var, const py::array& y) {
+  if (k->own) return own_forward(k, x, scale, shift, y);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->md, x, "batchnorm input")},
                                        {DNNL_ARG_DST, bind(k->md, y, "batchnorm output")},
                                        {DNNL_ARG_SCALE, bind(k->c_md, scale, "batchnorm scale")},
@@ -105,10 +156,60 @@ StepPtr bn_update(const BatchNormPtr& k, const py::array& running_mean,
   });
 }
 
+// Training backward by meta's loops: sum(dy) and sum(dy * xhat) in double, then the usual
+// three-term dx; through a fused ReLU, dy where the forward's output was positive.
+StepPtr own_backward(const BatchNormPtr& k, const py::array& x, const py::array& dy,
+                     const py::array& scale, const py::array& shift, const py::array& dx,
+                     std::optional<py::array> dscale, std::optional<py::array> dshift) {
+  const std::int64_t c = k->channels;
+  const std::size_t bytes = static_cast<std::size_t>(k->count * c) * 4;
+  const float* px = static_cast<const float*>(address(x, bytes, "batchnorm input"));
+  const float* pdy = static_cast<const float*>(address(dy, bytes, "batchnorm dy"));
+  float* pdx = static_cast<float*>(address(dx, bytes, "batchnorm dx"));
+  const float* ps = static_cast<const float*>(address(scale, c * 4, "batchnorm scale"));
+  const float* pb = k->fuse_relu ? static_cast<const float*>(address(shift, c * 4, "batchnorm B"))
+                                 : nullptr;
+  float* pds = dscale ? static_cast<float*>(address(*dscale, c * 4, "batchnorm dscale")) : nullptr;
+  float* pdb = dshift ? static_cast<float*>(address(*dshift, c * 4, "batchnorm dB")) : nullptr;
+  const BatchNormPtr kp = k;  // the steps keep their kernel alive
+  if (k->fuse_relu) k->masked.resize(static_cast<std::size_t>(k->count * c));
+  return std::make_shared<LambdaStep>("batchnorm backward (meta)", [=] {
+    const std::int64_t n = kp->n, s = kp->s;
+    const float* g = pdy;
+    if (kp->fuse_relu) {  // the forward's output, recomputed as it computed it: > 0 passes dy
+      float* gm = kp->masked.data();
+      meta::batchnorm_apply(px, gm, n, c, s, kp->mean, kp->inv_std, ps, pb);
+      const std::int64_t total = n * c * s;
+#pragma omp parallel for if (total > meta::kParallelThreshold)
+      for (std::int64_t i = 0; i < total; ++i) gm[i] = gm[i] > 0.f ? pdy[i] : 0.f;
+      g = gm;
+    }
+    std::vector<double> a(c), b(c);
+    meta::batchnorm_gradient_sums(px, g, n, c, s, kp->mean, kp->inv_std, a.data(), b.data());
+    std::vector<float> sum_dy(c), sum_dy_xhat(c), kk(c);
+    for (std::int64_t j = 0; j < c; ++j) {
+      sum_dy[j] = static_cast<float>(a[j]);
+      sum_dy_xhat[j] = static_cast<float>(b[j]);
+      kk[j] = ps[j] * kp->inv_std[j];
+      if (pds) pds[j] = sum_dy_xhat[j];
+      if (pdb) pdb[j] = sum_dy[j];
+    }
+    const float* none = nullptr;  // no running statistics' gradients
+    meta::batchnorm_dx_training(px, g, pdx, n, c, s, kp->mean, kp->inv_std, kk.data(),
+                                sum_dy.data(), sum_dy_xhat.data(), none, none);
+  });
+}
+
 StepPtr bn_backward(const BatchNormPtr& k, const py::array& x, const py::array& dy,
                     const py::array& scale, const py::array& dx,
-                    std::optional<py::array> dscale, std::optional<py::array> dshift) {
+                    std::optional<py::array> dscale, std::optional<py::array> dshift,
+                    std::optional<py::array> shift) {
   if (!k->training) throw std::invalid_argument("meta._plan.BatchNorm: built for inference");
+  if (k->own) {
+    if (k->fuse_relu && !shift)
+      throw std::invalid_argument("meta._plan.BatchNorm: a fused ReLU's backward needs B");
+    return own_backward(k, x, dy, scale, shift ? *shift : scale, dx, dscale, dshift);
+  }
   const memory ds = dscale ? bind(k->c_md, *dscale, "batchnorm dscale")
                            : memory(k->c_md, engine(), k->dscale_buf.floats(k->channels));
   const memory db = dshift ? bind(k->c_md, *dshift, "batchnorm dB")
@@ -216,7 +317,7 @@ void bind_norm(py::module_& m) {
            py::arg("mean"), py::arg("var"), py::arg("y"))
       .def("update", &bn_update, py::arg("running_mean"), py::arg("running_var"))
       .def("backward", &bn_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),
-           py::arg("dx"), py::arg("dscale"), py::arg("db"));
+           py::arg("dx"), py::arg("dscale"), py::arg("db"), py::arg("b") = py::none());
   py::class_<LayerNormKernel, LayerNormPtr>(m, "LayerNorm",
                                             "LayerNormalization over rows of (rows, cols).")
       .def(py::init<std::int64_t, std::int64_t, float, bool, bool>(), py::arg("rows"),

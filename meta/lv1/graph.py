@@ -126,6 +126,9 @@ class Graph:
         self.value_info = dict(value_info or {})
         self.outer_scope = frozenset(outer_scope)
         self.role_overrides: dict[str, str] = {}  # by name: what the user chose
+        # Bumped by every change to the initializers' values that meta makes (``touch``): an
+        # executor that keeps weights in its own layouts re-reads them when it moved.
+        self.version = 0
         self._default_roles: dict[str, str] | None = None  # derived; reset by every edit
         nodes = list(nodes)
         seen: set[str] = set()
@@ -155,10 +158,17 @@ class Graph:
         except (GraphError, UnknownOperatorError):
             return None
 
+    def touch(self) -> None:
+        """Say the initializers' values changed (``version`` moves on). Optimizers, strategies,
+        checkpoint loading and the graph's own edits call it; call it after writing into a
+        weight array yourself (``graph.initializers[name][...] = ...``), or a planned
+        executor's inference plan keeps the values it reordered before."""
+        self.version += 1
+
     def _view(self, role: str) -> TensorView:
         roles = self.roles
         return TensorView(self.initializers, [k for k in self.initializers if roles[k] == role],
-                          role)
+                          role, self.touch)
 
     @property
     def parameters(self) -> TensorView:
@@ -186,6 +196,7 @@ class Graph:
                                                                        _roles.FROZEN)],
                                 patterns, f"graph {self.name!r}: freeze")
         self.role_overrides.update(dict.fromkeys(names, _roles.FROZEN))
+        self.touch()
         return names
 
     def unfreeze(self, *patterns: str) -> list[str]:
@@ -196,6 +207,7 @@ class Graph:
                       and np.issubdtype(self.initializers[k].dtype, np.floating)]
         names = _roles.matching(candidates, patterns, f"graph {self.name!r}: unfreeze")
         self.role_overrides.update(dict.fromkeys(names, _roles.PARAMETER))
+        self.touch()
         return names
 
     def select(self, trainable: Iterable[str] = (), frozen: Iterable[str] = ()) -> None:

@@ -98,11 +98,19 @@ class TensorView(MutableMapping[str, np.ndarray]):
     the view is made: freezing later does not change an optimizer's set.
     """
 
-    def __init__(self, store: dict[str, np.ndarray], names: Iterable[str], kind: str) -> None:
+    def __init__(self, store: dict[str, np.ndarray], names: Iterable[str], kind: str,
+                 on_change: Callable[[], None] | None = None) -> None:
         self._store = store
         self._names = tuple(names)
         self._index = frozenset(self._names)
         self.kind = kind
+        self._on_change = on_change  # the graph's touch: its version stamp moves on
+
+    def touch(self) -> None:
+        """Say these arrays' values changed (an optimizer's in-place step): the graph's
+        version stamp moves on, so planned executors re-read the weights."""
+        if self._on_change is not None:
+            self._on_change()
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._index:
@@ -117,6 +125,7 @@ class TensorView(MutableMapping[str, np.ndarray]):
             raise ValueError(f"{self.kind} {name!r}: shape {np.shape(value)} does not fit "
                              f"{current.shape}")
         self._store[name] = value
+        self.touch()
 
     def __delitem__(self, name: str) -> None:
         raise TypeError(f"a {self.kind} cannot be removed through this view; edit the graph")

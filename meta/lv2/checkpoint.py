@@ -167,6 +167,7 @@ def restore(trainer: Any, ckpt: Checkpoint, source: str = "checkpoint") -> None:
     for target, saved in pairs:
         for name, value in saved.items():
             target[name][...] = value
+    graph.touch()  # written in place: executors holding the weights re-read them
     try:
         trainer.optimizer.load_state_dict(ckpt.optimizer)
     except KeyError as err:

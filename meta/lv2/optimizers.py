@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from meta.component import Component, ComponentError, Option, Registry
+from meta.lv1.roles import TensorView
 
 Params = dict[str, np.ndarray]
 State = Any
@@ -360,6 +361,8 @@ class Optimizer:
         if missing:
             raise KeyError(f"optimizer step: no gradient for parameter(s) {sorted(missing)}")
         grads = {name: grads[name] for name in self.params}
+        if isinstance(self.params, TensorView):  # the graph's version stamp moves on
+            self.params.touch()
         if self.transform.in_place is not None:
             self.state = self.transform.in_place(grads, self.state, self.params)
             return

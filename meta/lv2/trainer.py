@@ -196,6 +196,7 @@ class Trainer:
                 values = self._optimizer_step({n["input"]: x, n["labels"]: y})
                 loss = float(values[n["loss"]])
                 correct = np.count_nonzero(values[n["logits"]].argmax(1) == y)
+            self.executor.graph.touch()  # the step wrote the weights (a strategy: anyhow)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
                                          f"step {self.step + 1}")

@@ -2,7 +2,9 @@
 
 PyTorch's CPU kernel accumulates the batch statistics and the backward's per-channel sums in
 double; summed in float32 instead, a depthwise-separable CNN drifted from PyTorch by 2e-4 in 20
-SGD steps where PyTorch's own float32 run differs from its float64 run by 4e-7. Here a small
+SGD steps where PyTorch's own float32 run differs from its float64 run by 4e-7 (oneDNN's
+kernel, which the planned executor used, sums in float32: 24x PyTorch's own difference here,
+where meta's loops that sum in double are within 0.3x). Here a small
 such CNN (written in plain PyTorch, exported by the TorchScript exporter in training form) is
 trained 20 steps of SGD with momentum and weight decay by PyTorch in float32 and float64 and by
 meta on both executors: meta's parameters may differ from PyTorch's float32 ones by at most 10x
@@ -23,7 +25,7 @@ from meta.lv2 import Optimizer, sgd
 torch = pytest.importorskip("torch", reason="PyTorch makes the reference run (venv-base has it)")
 nn = torch.nn
 
-STEPS, BATCH, LR, MOMENTUM, DECAY = 20, 16, 0.05, 0.9, 5e-4
+STEPS, BATCH, LR, MOMENTUM, DECAY = 20, 32, 0.01, 0.9, 5e-4
 
 
 class SeparableNet(nn.Module):
@@ -66,7 +68,7 @@ def setup():
     model = SeparableNet()
     rng = np.random.default_rng(0)
     # inputs off zero (as unnormalised images are): the statistics' sums are large
-    data = [((rng.standard_normal((BATCH, 3, 12, 12)) * 2 + 3).astype(np.float32),
+    data = [((rng.standard_normal((BATCH, 3, 24, 24)) + 3).astype(np.float32),
              rng.integers(0, 10, BATCH).astype(np.int64)) for _ in range(STEPS)]
     buffer = io.BytesIO()
     torch.onnx.export(copy.deepcopy(model), (torch.from_numpy(data[0][0]),), buffer,
@@ -78,6 +80,7 @@ def setup():
     return buffer.getvalue(), data, initial, f32, f64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["reference", "planned"])
 def test_train_mode_batchnorm_follows_pytorch_float32(setup, executor):
     onnx_bytes, data, initial, f32, f64 = setup

@@ -72,7 +72,7 @@ class Plan:
     objects: dict = field(default_factory=dict)
     parameters: tuple[str, ...] = ()  # the graph's trainable parameters (fed ones excluded)
     prepared: bool = False
-    fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    version: int = -1  # the graph's version stamp when the prepare program last ran
     segments: list = field(default_factory=list)  # (program, parameters it finishes, owners)
     hook_names: list = field(default_factory=list)  # the order the backward finishes them
     # The gradient hook whose arrays the gradients are, held so that its id, part of the

@@ -15,10 +15,13 @@ Two things to know:
 * The gradients it returns are the executor's own arrays, overwritten by the next backward
   (as PyTorch's ``.grad``): copy one to keep it. (Micro-batching copies for you.)
 * An inference-only plan reorders the weights into its kernels' layouts once, as
-  onnxruntime's session does, and repeats that when it sees them change: on ``train()`` /
+  onnxruntime's session does, and repeats that when they change: on ``train()`` /
   ``eval()``, after a backward on this executor, when the graph's arrays are replaced, and
-  when a sample of each weight's values differs from the last call. A change that touches
-  only values outside that sample (16 per tensor) needs ``refresh()``.
+  when the graph's version stamp (``graph.version``) moved, which optimizers, strategies,
+  checkpoint loading and the graph's own API (``graph.parameters[name] = ...``, ``freeze``,
+  ``unfreeze``) move on. A raw in-place write into a weight array
+  (``graph.initializers[name][...] = ...``) moves nothing: call ``graph.touch()`` (or this
+  executor's ``refresh()``) after it.
 """
 
 from __future__ import annotations
@@ -35,21 +38,6 @@ from meta.lv1.graph import Graph
 from meta.lv1.plan import custom
 from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
 from meta.lv1.plan.runtime import PlanUnavailableError, module
-
-SAMPLES = 16  # values per weight compared to tell an inference plan its weights changed
-
-
-def _fingerprint(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """SAMPLES values of each array (evenly spaced), in one array: compared on every call of
-    an inference plan to see the weights change."""
-    parts = [a.reshape(-1)[::max(1, a.size // SAMPLES)][:SAMPLES] for a in arrays.values()]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def _unchanged(fingerprint: np.ndarray, arrays: dict[str, np.ndarray]) -> bool:
-    now = _fingerprint(arrays)
-    return now.shape == fingerprint.shape and now.tobytes() == fingerprint.tobytes()
-
 
 def _signature(value) -> tuple:
     """What a plan's key holds of a fed value: shape and dtype; a sequence's (a list, whose
@@ -106,7 +94,8 @@ class PlannedExecutor(ReferenceExecutor):
         return self
 
     def refresh(self) -> None:
-        """Reorder the weights again before the next call (after changing them yourself)."""
+        """Reorder the weights again before the next call (after writing into them yourself;
+        ``graph.touch()`` does the same for every executor of the graph)."""
         for plan in self._plans.values():
             if isinstance(plan, Plan):
                 plan.prepared = False
@@ -181,10 +170,11 @@ class PlannedExecutor(ReferenceExecutor):
                 raise ValueError(f"input {name!r}: shape {np.shape(value)}, the plan's "
                                  f"{array.shape}")
             np.copyto(array, value, casting="same_kind")
-        if backward or not plan.prepared or not _unchanged(plan.fingerprint, plan.bound):
+        version = self.graph.version
+        if backward or not plan.prepared or plan.version != version:
             self._run(plan, "prepare")
             plan.prepared = not backward
-            plan.fingerprint = np.zeros(0) if backward else _fingerprint(plan.bound)
+            plan.version = version
         if backward:  # weights move: every other plan reorders them again
             for other in self._plans.values():
                 if isinstance(other, Plan) and other is not plan:

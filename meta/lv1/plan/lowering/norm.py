@@ -19,7 +19,7 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
     x, scale, bias, mean, var = node.inputs[:5]
     out = node.outputs[0]
     shape = ctx.shape(x)
-    if len(shape) < 2 or not ctx.float32(x, scale, bias, mean, var, out):
+    if len(shape) < 2 or not ctx.float32(x, scale, bias, mean, var, out) or not prod(shape):
         return None
     if any(o for o in node.outputs[1:] if ctx.consumers.get(o) or o in ctx.protected):
         return None
@@ -30,6 +30,11 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
     layout = pb.value(x).layout if len(shape) == 4 else "plain"
     if not training:
         return affine(ctx, node, op, layout)
+    # Training runs meta's loops, which sum in double (cpp/plan/norm.cpp says why), on the
+    # plain or the channels-last layout: a blocked one is reordered to channels-last.
+    if layout not in ("plain", "nhwc"):
+        layout = "nhwc"
+    xin = pb.require_layout(x, layout)
     relu = ctx.single_consumer(out, ("Relu",))
     if relu is not None and not ctx.float32(relu.outputs[0]):
         relu = None
@@ -41,23 +46,23 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
         ctx.absorb(node, relu)
         last = relu.outputs[0]
     y = pb.output(last, shape, F32, layout)
-    pb.step("BatchNormalization", [x, scale, bias, mean, var], [y],
-            lambda a: [k.forward(a(x), a(scale), a(bias), a(mean), a(var), a(y))])
+    pb.step("BatchNormalization", [xin, scale, bias, mean, var], [y],
+            lambda a: [k.forward(a(xin), a(scale), a(bias), a(mean), a(var), a(y))])
     if training and mean in ctx.state and var in ctx.state:
         pb.step("running statistics", [mean, var], [mean, var],
                 lambda a: [k.update(a(mean), a(var))])
     if not backward_needed:
-        return Lowered(node, None, "onednn")
+        return Lowered(node, None, "native")
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
         if g is None:
             return
-        dx, ds, db = norm_gradients(pb, ctx, x, x, scale, bias)
-        pb.step("BatchNormalization backward", [x, g, scale], [dx, ds, db],
-                lambda a: [k.backward(a(x), a(g), a(scale), a(dx), a(ds) if ds else None,
-                                      a(db) if db else None)], "backward")
-    return Lowered(node, backward, "onednn")
+        dx, ds, db = norm_gradients(pb, ctx, x, xin, scale, bias)
+        pb.step("BatchNormalization backward", [xin, g, scale, bias], [dx, ds, db],
+                lambda a: [k.backward(a(xin), a(g), a(scale), a(dx), a(ds) if ds else None,
+                                      a(db) if db else None, a(bias))], "backward")
+    return Lowered(node, backward, "native")
 
 
 def per_channel_chain(ctx: Context, into: Node, node: Node, last: str, rank: int
