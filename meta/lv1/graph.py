@@ -126,6 +126,16 @@ class Graph:
         self.value_info = dict(value_info or {})
         self.outer_scope = frozenset(outer_scope)
         self.role_overrides: dict[str, str] = {}  # by name: what the user chose
+        # What the file says of its initializers (``meta.lv1.roles`` reads them): the exporter's
+        # marks (PARAMETER, BUFFER), the parameters of its graph signature, what its optimizer
+        # folded each new initializer from; ``notes``: one line per thing a user should know.
+        self.exporter_marks: dict[str, str] = {}
+        self.signature_parameters: set[str] = set()
+        self.folded_from: dict[str, list[str]] = {}
+        self.notes: list[str] = []
+        # Initializers the exporter duplicated from one tied parameter, kept as one: derived
+        # name -> (source, "equal" or "transpose", the node computing it; ``meta.lv1.ties``).
+        self.ties: dict[str, tuple[str, str, str]] = {}
         self._default_roles: dict[str, str] | None = None  # derived; reset by every edit
         nodes = list(nodes)
         seen: set[str] = set()
