@@ -67,9 +67,11 @@ def _signature(g: onnx.GraphProto) -> tuple[set[str], set[str], set[str]]:
 def _unmerge(nodes: list[Node], scopes: list[list[str]], initializers: dict[str, np.ndarray],
              marks: dict[str, str], signature: set[str]) -> list[str]:
     """Parameters the exporter's optimizer merged because they were equal at export time
-    (every LayerNorm's ones and zeros): each node reading one from outside its own module gets
-    its own copy under its module's parameter name, as in PyTorch. Returns the names made."""
-    made = []
+    (every LayerNorm's ones, zero-initialized biases): each node reading one from outside its
+    own module gets its own copy under the name of the one parameter of its module (the
+    innermost with exactly one) that the file lacks, as in PyTorch. Returns the names made."""
+    missing = {p for p in signature if p not in initializers}
+    made: list[str] = []
     for node, scope in zip(nodes, scopes):
         modules = scope[:-1]  # the last entry names the op itself
         for i, x in enumerate(node.inputs):
@@ -77,19 +79,55 @@ def _unmerge(nodes: list[Node], scopes: list[list[str]], initializers: dict[str,
                 continue
             attr = x.rsplit(".", 1)[1]
             for module in reversed(modules):
-                name = f"{module}.{attr}"
-                if name in signature and name not in initializers:
-                    initializers[name] = initializers[x].copy()
-                    marks[name] = "PARAMETER"
+                prefix = f"{module}." if module else ""
+                names = [p for p in missing if p.startswith(prefix) and
+                         (p == f"{prefix}{attr}" or p.endswith(f".{attr}"))]
+                if f"{prefix}{attr}" in names:
+                    names = [f"{prefix}{attr}"]
+                if len(names) > 1:
+                    break  # more than one would fit: leave it merged (the note says so)
+                if names:
+                    name = names[0]
+                    if name not in initializers:
+                        initializers[name] = initializers[x].copy()
+                        marks[name] = "PARAMETER"
+                        made.append(name)
                     node.inputs[i] = name
-                    made.append(name)
                     break
     return made
 
 
+def _restore_biases(nodes: list[Node], initializers: dict[str, np.ndarray],
+                    marks: dict[str, str], signature: set[str]) -> list[str]:
+    """Zero biases the exporter's optimizer removed (``x + 0`` is ``x``: a zero-initialized
+    Linear or Conv bias, as nn.MultiheadAttention's out_proj has) put back as zeros, when the
+    signature names the bias and the Gemm / Conv reading its module's weight has no bias
+    input: PyTorch trains them. Returns the names restored."""
+    restored = []
+    for name in sorted(p for p in signature if p.endswith(".bias") and p not in initializers):
+        weight = name[: -len("bias")] + "weight"
+        w = initializers.get(weight)
+        if w is None:
+            continue
+        for node in nodes:
+            if node.op_type not in ("Gemm", "Conv") or node.inputs[1:2] != [weight] or \
+                    (len(node.inputs) > 2 and node.inputs[2]):
+                continue
+            if node.op_type == "Conv":
+                size = w.shape[0]
+            else:
+                size = w.shape[0] if node.attrs.get("transB", 0) else w.shape[-1]
+            if name not in initializers:
+                initializers[name] = np.zeros(size, w.dtype)
+                marks[name] = "PARAMETER"
+                restored.append(name)
+            node.inputs[2:] = [name]
+    return restored
+
+
 def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.ndarray],
            signature: set[str], buffers: set[str], mutated: set[str], unmerged: list[str],
-           has_scopes: bool) -> list[str]:
+           has_scopes: bool, folded: dict[str, list[str]]) -> list[str]:
     """One line per way this file cannot train as the PyTorch model it was exported from."""
     notes = []
     running = sorted(b for b in buffers if b.endswith("running_mean"))
@@ -111,13 +149,14 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
                 f"optimizer: the folded weights train, not PyTorch's convolution and BatchNorm "
                 f"parameters; re-export with optimize=False (or dynamo=False) to train them "
                 f"apart")
-    made_by = {n for n in signature if n in initializers} | set(unmerged)
-    lost = sorted(p for p in signature if p not in made_by and p not in initializers)
-    if lost and not has_scopes and unmerged == []:
+    sources = {s for names in folded.values() for s in names}
+    lost = sorted(p for p in signature if p not in initializers and p not in sources)
+    if lost and not notes:
         hint = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
-        notes.append(f"the exporter's optimizer merged or folded parameters {hint} (its node "
-                     f"metadata, which would tell them apart, is gone): they may not train as in "
-                     f"PyTorch; re-export with optimize=False, or choose with trainable=/frozen=")
+        scopes = "" if has_scopes else " (the node metadata that would tell them apart is gone)"
+        notes.append(f"the exporter's optimizer merged parameters {hint} into others equal at "
+                     f"export{scopes}: they train as one, unlike in PyTorch; re-export with "
+                     f"optimize=False")
     if unmerged:
         notes.append(f"kept apart {len(unmerged)} parameters the exporter's optimizer had merged "
                      f"because they were equal at export ({', '.join(unmerged[:4])}"
@@ -303,6 +342,7 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
     scopes = [next((_literal_list(p.value) for p in n.metadata_props if p.key == SCOPES), [])
               for n in g.node]
     unmerged = _unmerge(nodes, scopes, initializers, marks, signature) if signature else []
+    restored = _restore_biases(nodes, initializers, marks, signature)
     graph = Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph", value_info,
                   outer_scope=outer)
     graph.exporter_marks = {k: v for k, v in marks.items() if k in initializers}
@@ -311,7 +351,11 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
                          for p in v.metadata_props if p.key == FOLDED_FROM}
     if signature:
         graph.notes += _notes(g, nodes, initializers, signature, buffers, mutated, unmerged,
-                              any(scopes))
+                              any(scopes), graph.folded_from)
+    if restored:
+        graph.notes.append(f"restored {len(restored)} zero biases the exporter's optimizer had "
+                           f"removed ({', '.join(restored[:4])}"
+                           f"{', ...' if len(restored) > 4 else ''}): PyTorch trains them")
     return graph
 
 

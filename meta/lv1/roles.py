@@ -35,6 +35,7 @@ Rules, first match wins:
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 from typing import TYPE_CHECKING, Iterable, Iterator, MutableMapping
 
 import numpy as np
@@ -181,13 +182,10 @@ def explain(graph: Graph) -> dict[str, str]:
     """Parameter name -> why it is one ("reaches Gemm B of node 'fc' through Transpose";
     "chosen by the user" for an override)."""
     reasons = analyse(graph)[1]
-    out = {}
-    for name, role in graph.roles.items():
-        if role == PARAMETER:
-            out[name] = reasons.get(name) if graph.role_overrides.get(name) != PARAMETER \
-                else "chosen by the user (unfreeze / trainable=)"
-            out[name] = out[name] or "chosen by the user (unfreeze / trainable=)"
-    return out
+    chosen = "chosen by the user (unfreeze / trainable=)"
+    return {name: chosen if graph.role_overrides.get(name) == PARAMETER
+            else reasons.get(name, chosen)
+            for name, role in graph.roles.items() if role == PARAMETER}
 
 
 def matching(names: Iterable[str], patterns: Iterable[str], what: str) -> list[str]:
@@ -262,24 +260,34 @@ def find_ties(graph: Graph) -> dict[str, tuple[str, str]]:
     exporter marked PARAMETER, else the first in the file."""
     roles = graph.roles
     marks = getattr(graph, "exporter_marks", {})
+    order = {k: i for i, k in enumerate(graph.initializers)}
     names = sorted((k for k in graph.initializers if roles[k] == PARAMETER),
-                   key=lambda k: (marks.get(k) != "PARAMETER", list(graph.initializers).index(k)))
-    seen: dict[tuple, str] = {}
+                   key=lambda k: (marks.get(k) != "PARAMETER", order[k]))
+    seen: dict[tuple, list[str]] = {}  # (dtype, shape, digest of the bytes) -> names
     ties: dict[str, tuple[str, str]] = {}
+
+    def key(value: np.ndarray) -> tuple:
+        digest = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
+        return value.dtype.str, value.shape, digest.digest()
+
+    def match(value: np.ndarray) -> str | None:
+        return next((k for k in seen.get(key(value), ())
+                     if np.array_equal(graph.initializers[k], value)), None)
+
     for name in names:
         value = graph.initializers[name]
         if value.size < 2 or np.all(value == value.flat[0]):
             continue
-        key = (value.dtype.str, value.shape, value.tobytes())
-        if key in seen:
-            ties[name] = (seen[key], "equal")
+        kept = match(value)
+        if kept is not None:
+            ties[name] = (kept, "equal")
             continue
         if value.ndim == 2:
-            flipped = (value.dtype.str, value.shape[::-1], np.ascontiguousarray(value.T).tobytes())
-            if flipped in seen:
-                ties[name] = (seen[flipped], "transpose")
+            kept = match(value.T)
+            if kept is not None:
+                ties[name] = (kept, "transpose")
                 continue
-        seen[key] = name
+        seen.setdefault(key(value), []).append(name)
     return ties
 
 
