@@ -30,9 +30,7 @@ TOLERANCE = 1e-5
 # issue 26, item 3): (net, export) -> reason. Filled from runs; strict, so a fix shows.
 PLANNED_XFAIL: dict[tuple[str, str], str] = {}
 # Cases no executor trains yet, for a reason outside roles and ties: (net, export) -> reason.
-SPLIT = ("the dynamo exporter without its optimizer writes Tensor.split as SplitToSequence + "
-         "SequenceAt, which have no backward (a sequence has no gradient in meta yet)")
-XFAIL: dict[tuple[str, str], str] = {("gpt", "dynamo"): SPLIT, ("bert", "dynamo"): SPLIT}
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def info(net: str) -> dict:
@@ -287,3 +285,36 @@ def test_a_constant_the_exporter_made_from_a_parameters_shape_stays_a_constant()
     graph._default_roles = None
     assert sorted(graph.parameters) == ["w", "w_t"]
     assert "zero_bias" in graph.constants
+
+
+@pytest.mark.parametrize("executor", EXECUTOR_NAMES)
+def test_a_gradient_flows_through_split_to_sequence_and_sequence_at(executor):
+    """The dynamo exporter without its optimizer writes ``q, k, v = x.split(d, 2)`` as
+    SplitToSequence + SequenceAt: their gradient, by central differences (one piece read
+    twice, one not at all)."""
+    from meta.lv1 import Node, TensorInfo
+
+    consts = {"sizes": np.array([2, 3, 1], np.int64), "first": np.array(0, np.int64),
+              "last": np.array(-1, np.int64)}
+    nodes = [Node("SplitToSequence", ["x", "sizes"], ["seq"], "split", attrs={"axis": 1}),
+             Node("SequenceAt", ["seq", "first"], ["a"], "at_a"),
+             Node("SequenceAt", ["seq", "last"], ["c"], "at_c"),
+             Node("SequenceAt", ["seq", "first"], ["a2"], "at_a2"),
+             Node("Mul", ["a", "a2"], ["aa"], "square"),
+             Node("Concat", ["aa", "c"], ["both"], "concat", attrs={"axis": 1}),
+             Node("Sin", ["both"], ["s"], "sin"),
+             Node("ReduceSum", ["s"], ["loss"], "sum", attrs={"keepdims": 0})]
+    graph = Graph(nodes, [TensorInfo("x", np.float64, (2, 6))],
+                  [TensorInfo("loss", np.float64, ())], consts, {"": 17})
+    x = np.random.default_rng(3).standard_normal((2, 6))
+    run = EXECUTORS[executor](graph)
+    _, grads = run.inference_and_backprop({"x": x}, wrt=["x"])
+    numeric = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[i] = 1e-6
+        up = run.inference({"x": x + step}, ["loss"])["loss"]
+        down = run.inference({"x": x - step}, ["loss"])["loss"]
+        numeric[i] = (up - down) / 2e-6
+    np.testing.assert_allclose(grads["x"], numeric, rtol=0, atol=1e-7)
+    assert np.all(grads["x"][:, 2:5] == 0)  # the middle piece is never read
