@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 import traceback
+import warnings
 from typing import Sequence
 
 from meta.bench.commands import add_commands as add_bench_commands
@@ -225,8 +226,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from meta.lv1.summary import summarize
 
     try:
-        graph = from_onnx(args.model, check_operators=False, trainable=args.trainable,
-                          frozen=args.frozen)
+        with warnings.catch_warnings():  # its notes are printed with the summary
+            warnings.simplefilter("ignore")
+            graph = from_onnx(args.model, check_operators=False, trainable=args.trainable,
+                              frozen=args.frozen)
     except (GraphError, OSError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR

@@ -128,6 +128,7 @@ def _time_index(steps: int, lengths: np.ndarray, reverse: bool) -> np.ndarray:
 class Recurrent(Operator):
     """Base of RNN, GRU and LSTM: subclasses set ``gates``, ``default_activations``,
     ``n_states`` and the cell's ``step``/``step_back``."""
+    learnable_inputs = (1, 2, 3)  # W, R and B; initial states are not
 
     gates: ClassVar[int] = 1
     default_activations: ClassVar[list[str]] = ["Tanh"]

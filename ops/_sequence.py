@@ -1,6 +1,7 @@
 """Sequence values: a Python list of arrays (ONNX ``seq(tensor)``), and optional values: the
-value or None. The executors hold them as they hold arrays; the sequence operators run
-forward only (no gradient flows through a sequence)."""
+value or None. The executors hold them as they hold arrays. A gradient flows through
+SplitToSequence and SequenceAt (PyTorch's dynamo exporter writes ``Tensor.split`` so) as a
+``SequenceGrad``; the other sequence operators run forward only."""
 
 from __future__ import annotations
 
@@ -23,3 +24,18 @@ def check_sequence(value, op: str) -> list:
         raise TypeError(f"{op}: expected a sequence (list of tensors), got "
                         f"{type(value).__name__}")
     return value
+
+
+class SequenceGrad(list):
+    """The gradient of a sequence: one entry per element, None where no gradient reached it.
+    Executors accumulate gradients with ``+``, which here adds element by element (a list
+    would concatenate)."""
+
+    def __add__(self, other):  # type: ignore[override]
+        if not isinstance(other, list) or len(other) != len(self):
+            raise TypeError(f"cannot add a sequence gradient of {len(self)} to "
+                            f"{type(other).__name__}")
+        return SequenceGrad(b if a is None else a if b is None else a + b
+                            for a, b in zip(self, other))
+
+    __radd__ = __add__

@@ -11,6 +11,7 @@ from ._legacy import LegacyBroadcast
 
 @register("Add", since=7)
 class Add(Operator):
+    learnable_inputs = (0, 1)  # a bias, a position embedding
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)
         ctx.save(a_shape=a.shape, b_shape=b.shape)

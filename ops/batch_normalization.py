@@ -27,6 +27,7 @@ from ._elementwise import contiguous
 
 @register("BatchNormalization", since=14)
 class BatchNormalization(Operator):
+    learnable_inputs = (1, 2)  # scale and bias
     attributes = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     no_grad_inputs = (3, 4)
     state_inputs = (3, 4)

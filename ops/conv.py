@@ -37,6 +37,7 @@ def kernel_of(op: str, w: np.ndarray, kernel_shape) -> tuple[int, ...]:
 
 @register("Conv", since=1)
 class Conv(Operator):
+    learnable_inputs = (1, 2)  # weight W and bias B
     attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                   "pads": None, "strides": None}
 

@@ -12,6 +12,7 @@ from ._legacy import LegacyBroadcast
 
 @register("Div", since=7)
 class Div(Operator):
+    learnable_inputs = ()  # a divisor is a setting, not a learned value
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)
         if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):

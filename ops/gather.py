@@ -15,6 +15,7 @@ from ._axes import normalize_axis
 
 @register("Gather", since=1)
 class Gather(Operator):
+    learnable_inputs = (0,)  # an embedding table
     attributes = {"axis": 0}
 
     def forward(self, ctx, data, indices):

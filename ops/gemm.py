@@ -10,6 +10,7 @@ from meta.lv0 import Operator, native, register, unbroadcast
 
 @register("Gemm", since=11)
 class Gemm(Operator):
+    learnable_inputs = (0, 1, 2)  # A or B (either may hold the weight) and C
     attributes = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 
     def operands(self, a, b):

@@ -14,6 +14,7 @@ from ._normalize import standardize, standardize_backward
 
 @register("GroupNormalization", since=21)
 class GroupNormalization(Operator):
+    learnable_inputs = (1, 2)  # scale and bias
     attributes = {"epsilon": 1e-5, "num_groups": None, "stash_type": 1}
     per_channel = True
 

@@ -11,6 +11,7 @@ from ._normalize import standardize, standardize_backward
 
 @register("InstanceNormalization", since=6)
 class InstanceNormalization(Operator):
+    learnable_inputs = (1, 2)  # scale and bias
     attributes = {"epsilon": 1e-5}
 
     def forward(self, ctx, x, scale, bias):

@@ -13,6 +13,7 @@ from meta.lv0 import Operator, native, register, unbroadcast
 
 @register("MatMul", since=1)
 class MatMul(Operator):
+    learnable_inputs = (0, 1)  # either factor may be a weight
     def forward(self, ctx, a, b):
         if a.ndim == 0 or b.ndim == 0:
             raise ValueError(f"MatMul: operands must have rank >= 1, got {a.shape} and {b.shape}")

@@ -11,6 +11,7 @@ from ._legacy import LegacyBroadcast
 
 @register("Mul", since=7)
 class Mul(Operator):
+    learnable_inputs = (0, 1)  # a scale vector (LayerScale, RMSNorm written out)
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)
         # Each gradient reads the other operand only.

@@ -12,6 +12,8 @@ from ._elementwise import broadcast_shape
 
 @register("PRelu", since=7)
 class PRelu(Operator):
+    learnable_inputs = (1,)  # the slope
+
     def forward(self, ctx, x, slope):
         broadcast_shape("PRelu", x, slope)
         ctx.save(x=x, slope=slope)

@@ -13,6 +13,7 @@ from ._elementwise import f32
 
 @register("RMSNormalization", since=23)
 class RMSNormalization(Operator):
+    learnable_inputs = (1,)  # scale
     attributes = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 
     def forward(self, ctx, x, scale):

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from meta.lv0 import Operator, register
 
-from ._sequence import check_sequence, position
+from ._sequence import SequenceGrad, check_sequence, position
 
 
 @register("SequenceAt", since=11)
 class SequenceAt(Operator):
-    no_grad_inputs = (0, 1)
+    no_grad_inputs = (1,)
 
     def forward(self, ctx, sequence, where):
         seq = check_sequence(sequence, "SequenceAt")
-        return seq[position(where, len(seq), "SequenceAt")]
+        at = position(where, len(seq), "SequenceAt")
+        ctx.save(length=len(seq), at=at)
+        return seq[at]
+
+    def backward(self, ctx, dy):
+        grad = SequenceGrad([None] * ctx.length)
+        grad[ctx.at] = dy
+        return grad, None

@@ -12,6 +12,7 @@ from .add import reduce_to
 
 @register("Sub", since=7)
 class Sub(Operator):
+    learnable_inputs = (0, 1)  # a bias
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)
         ctx.save(a_shape=a.shape, b_shape=b.shape)

@@ -61,7 +61,11 @@ class Operator:
     and ``constant_inputs`` (differentiable, but settings rather than learned values: Clip's
     bounds) — an initializer feeding only such inputs is a constant — and ``state_inputs``, the
     inputs the op updates in training mode (BatchNorm's running statistics) through
-    ``update_state``.
+    ``update_state``. ``learnable_inputs`` names the inputs that hold learned values (Conv's W
+    and B, Gemm's B and C, an embedding Gather's data, a normalization's scale and bias): an
+    initializer reaching one, directly or through ops that only transform initializers (a
+    Transpose, a Reshape, a Concat), is a parameter. ``None`` (the default) means every
+    differentiable input that is not a setting; ``()`` means none (Div's divisor).
 
     Example::
 
@@ -82,6 +86,7 @@ class Operator:
     no_grad_inputs: ClassVar[tuple[int, ...]] = ()
     constant_inputs: ClassVar[tuple[int, ...]] = ()
     state_inputs: ClassVar[tuple[int, ...]] = ()
+    learnable_inputs: ClassVar[tuple[int, ...] | None] = None
 
     def __init__(self, **attrs: Any) -> None:
         unknown = sorted(set(attrs) - set(self.attributes))

@@ -1,7 +1,7 @@
 """Level 1: network graphs (built in code or loaded from ONNX) and the executors that run them."""
 
 from meta.lv1 import layers  # models in code: Sequential(Conv(6, 5), Relu(), ...)
-from meta.lv1.builder import GraphBuilder, mlp
+from meta.lv1.builder import GraphBuilder
 from meta.lv1.executor import (
     EXECUTORS,
     ExecutionError,
@@ -12,7 +12,7 @@ from meta.lv1.executor import (
 )
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
 from meta.lv1.layers import Sequential
-from meta.lv1.models import MODELS, build_model, lenet5, resnet20, vgg_small, wide_cnn
+from meta.lv1.models import MODELS, build_model, lenet5, mlp, resnet20, vgg_small, wide_cnn
 from meta.lv1.onnx_io import (
     ONNXLoadError,
     from_onnx,

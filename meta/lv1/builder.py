@@ -1,5 +1,5 @@
-"""Building graphs node by node (``GraphBuilder``), and the MLP builder (on the layer API of
-``meta.lv1.layers``, which writes through ``GraphBuilder``)."""
+"""Building graphs node by node (``GraphBuilder``): what the layer API (``meta.lv1.layers``)
+and the model builders (``meta.lv1.models``) write through."""
 
 from __future__ import annotations
 
@@ -74,25 +74,3 @@ class GraphBuilder:
     def build(self) -> Graph:
         return Graph(self.nodes, self.inputs, self.outputs, self.initializers, self.opset,
                      self.name)
-
-
-def mlp(
-    input_shape: Sequence[int] = (1, 28, 28),
-    hidden: Sequence[int] = (512, 512),
-    classes: int = 10,
-    seed: int = 0,
-    dtype: Any = np.float32,
-) -> Graph:
-    """A multilayer perceptron: Flatten, then Gemm+Relu per hidden layer, then Gemm to logits.
-
-    Inputs ``input`` (N, *input_shape) and ``labels`` (N,) int64; outputs ``logits`` and the
-    mean softmax cross-entropy ``loss``. Weights are He-uniform (suited to ReLU), biases zero,
-    all drawn from ``seed``; the layers' parameters are ``fc0`` ... ``fc<len(hidden)>``.
-    """
-    from meta.lv1.layers import Flatten, Linear, Relu, Sequential  # layers build on this module
-
-    layers = [Flatten()]
-    for i, width in enumerate(hidden):
-        layers += [Linear(width, name=f"fc{i}"), Relu(name=f"relu{i}")]
-    return Sequential(*layers, Linear(classes, name=f"fc{len(hidden)}")).graph(
-        input_shape, classes, seed, dtype, init="he", name="mlp")

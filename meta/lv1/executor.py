@@ -194,7 +194,7 @@ class ReferenceExecutor(Executor):
     says; before either (``training is None``) each node runs as written, which is ONNX's
     functional meaning (state is never written then).
 
-    >>> from meta.lv1.builder import mlp
+    >>> from meta.lv1 import mlp
     >>> ex = ReferenceExecutor(mlp(hidden=[8]))
     >>> x = np.zeros((2, 1, 28, 28), np.float32)
     >>> ex.inference({"input": x}, ["logits"])["logits"].shape
@@ -525,7 +525,7 @@ class NativeExecutor(ReferenceExecutor):
     tensor) runs that node's numpy code. Results match the reference executor to rounding
     (the kernels may sum in another order); ``placement()`` says where each node runs.
 
-    >>> from meta.lv1.builder import mlp
+    >>> from meta.lv1 import mlp
     >>> NativeExecutor(mlp(hidden=[8])).placement()["fc0"]
     'native'
     """

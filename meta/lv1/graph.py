@@ -129,6 +129,16 @@ class Graph:
         # Bumped by every change to the initializers' values that meta makes (``touch``): an
         # executor that keeps weights in its own layouts re-reads them when it moved.
         self.version = 0
+        # What the file says of its initializers (``meta.lv1.roles`` reads them): the exporter's
+        # marks (PARAMETER, BUFFER), the parameters of its graph signature, what its optimizer
+        # folded each new initializer from; ``notes``: one line per thing a user should know.
+        self.exporter_marks: dict[str, str] = {}
+        self.signature_parameters: set[str] = set()
+        self.folded_from: dict[str, list[str]] = {}
+        self.notes: list[str] = []
+        # Initializers the exporter duplicated from one tied parameter, kept as one: derived
+        # name -> (source, "equal" or "transpose", the node computing it; ``meta.lv1.ties``).
+        self.ties: dict[str, tuple[str, str, str]] = {}
         self._default_roles: dict[str, str] | None = None  # derived; reset by every edit
         nodes = list(nodes)
         seen: set[str] = set()
@@ -146,11 +156,11 @@ class Graph:
     def roles(self) -> dict[str, str]:
         """Initializer name -> "parameter", "frozen", "state" or "constant"."""
         if self._default_roles is None or self._default_roles.keys() != self.initializers.keys():
-            self._default_roles = _roles.default_roles(self, self._declared_operator)
+            self._default_roles = _roles.default_roles(self, self.declared_operator)
         return {**self._default_roles,
                 **{k: v for k, v in self.role_overrides.items() if k in self.initializers}}
 
-    def _declared_operator(self, node: Node) -> Operator | None:
+    def declared_operator(self, node: Node) -> Operator | None:
         """``node``'s operator, or None while its op is not registered (yet): what the roles
         read the operators' declarations from."""
         try:

@@ -18,7 +18,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from meta.component import Component, ComponentError, Option, Registry
-from meta.lv1.builder import mlp
 from meta.lv1.graph import Graph
 from meta.lv1.layers import (
     BatchNorm,
@@ -32,6 +31,27 @@ from meta.lv1.layers import (
     Residual,
     Sequential,
 )
+
+
+def mlp(
+    input_shape: Sequence[int] = (1, 28, 28),
+    hidden: Sequence[int] = (512, 512),
+    classes: int = 10,
+    seed: int = 0,
+    dtype: Any = np.float32,
+) -> Graph:
+    """A multilayer perceptron: Flatten, then Gemm+Relu per hidden layer, then Gemm to logits.
+
+    Inputs ``input`` (N, *input_shape) and ``labels`` (N,) int64; outputs ``logits`` and the
+    mean softmax cross-entropy ``loss``. Weights are He-uniform (suited to ReLU), biases zero,
+    all drawn from ``seed``; the layers' parameters are ``fc0`` ... ``fc<len(hidden)>``.
+    """
+    layers = [Flatten()]
+    for i, width in enumerate(hidden):
+        layers += [Linear(width, name=f"fc{i}"), Relu(name=f"relu{i}")]
+    return Sequential(*layers, Linear(classes, name=f"fc{len(hidden)}")).graph(
+        input_shape, classes, seed, dtype, init="he", name="mlp")
+
 
 
 def lenet5(input_shape: Sequence[int] = (1, 28, 28), classes: int = 10, seed: int = 0,

@@ -11,7 +11,10 @@ message naming the file and the node, op, domain, opset or tensor at fault.
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -19,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
-from meta.lv1 import roles
+from meta.lv1.ties import tie, tie_note
 from meta.lv1.graph import (
     Dim,
     Graph,
@@ -34,25 +37,131 @@ MIN_OPSET = 6  # the oldest default-domain opset we read (ONNX's model suites us
 Source = onnx.ModelProto | bytes | str | os.PathLike
 
 
-# What PyTorch's dynamo exporter writes on each initializer's value_info: PARAMETER, BUFFER.
+# What PyTorch's dynamo exporter writes: each initializer's kind (PARAMETER, BUFFER) on its
+# value_info, the exported program's signature on the graph, each node's module path, and, from
+# its optimizer, what a new initializer was folded from.
 EXPORTER_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+SCOPES = "pkg.torch.onnx.name_scopes"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 
 
-def exporter_roles(marks: dict[str, str], initializers: dict[str, np.ndarray]) -> dict[str, str]:
-    """Roles the exporter declared: where a file marks its initializers (PyTorch's dynamo
-    exporter does), a PARAMETER is trainable, a BUFFER is left to the ops (state, or a
-    constant), and an unmarked float initializer is one the exporter made (a folded constant,
-    a zero bias for a bias-free convolution): a constant, whatever reads it."""
-    if not any(marks.get(name) == "PARAMETER" for name in initializers):
-        return {}
-    declared = {}
-    for name, value in initializers.items():
-        kind = marks.get(name)
-        if kind == "PARAMETER":
-            declared[name] = roles.PARAMETER
-        elif kind is None and np.issubdtype(value.dtype, np.floating):
-            declared[name] = roles.CONSTANT
-    return declared
+def _literal_list(text: str) -> list[str]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
+def _signature(g: onnx.GraphProto) -> tuple[set[str], set[str], set[str]]:
+    """(parameters, buffers, mutated buffers) of the exported program's graph signature."""
+    text = next((p.value for p in g.metadata_props if p.key == SIGNATURE), "")
+    found: dict[str, set[str]] = {"PARAMETER": set(), "BUFFER": set(), "BUFFER_MUTATION": set()}
+    for kind, target in re.findall(r":\s*(PARAMETER|BUFFER|BUFFER_MUTATION)\s+target='([^']+)'",
+                                   text):
+        found[kind].add(target)
+    return found["PARAMETER"], found["BUFFER"], found["BUFFER_MUTATION"]
+
+
+def _unmerge(nodes: list[Node], scopes: list[list[str]], initializers: dict[str, np.ndarray],
+             marks: dict[str, str], signature: set[str]) -> list[str]:
+    """Parameters the exporter's optimizer merged because they were equal at export time
+    (every LayerNorm's ones, zero-initialized biases): each node reading one from outside its
+    own module gets its own copy under the name of the one parameter of its module (the
+    innermost with exactly one) that the file lacks, as in PyTorch. Returns the names made."""
+    missing = {p for p in signature if p not in initializers}
+    made: list[str] = []
+    for node, scope in zip(nodes, scopes):
+        modules = scope[:-1]  # the last entry names the op itself
+        for i, x in enumerate(node.inputs):
+            if marks.get(x) != "PARAMETER" or "." not in x or x.rsplit(".", 1)[0] in modules:
+                continue
+            attr = x.rsplit(".", 1)[1]
+            for module in reversed(modules):
+                prefix = f"{module}." if module else ""
+                names = [p for p in missing if p.startswith(prefix) and
+                         (p == f"{prefix}{attr}" or p.endswith(f".{attr}"))]
+                if f"{prefix}{attr}" in names:
+                    names = [f"{prefix}{attr}"]
+                if len(names) > 1:
+                    break  # more than one would fit: leave it merged (the note says so)
+                if names:
+                    name = names[0]
+                    if name not in initializers:
+                        initializers[name] = initializers[x].copy()
+                        marks[name] = "PARAMETER"
+                        made.append(name)
+                    node.inputs[i] = name
+                    break
+    return made
+
+
+def _restore_biases(nodes: list[Node], initializers: dict[str, np.ndarray],
+                    marks: dict[str, str], signature: set[str]) -> list[str]:
+    """Zero biases the exporter's optimizer removed (``x + 0`` is ``x``: a zero-initialized
+    Linear or Conv bias, as nn.MultiheadAttention's out_proj has) put back as zeros, when the
+    signature names the bias and the Gemm / Conv reading its module's weight has no bias
+    input: PyTorch trains them. Returns the names restored."""
+    restored = []
+    for name in sorted(p for p in signature if p.endswith(".bias") and p not in initializers):
+        weight = name[: -len("bias")] + "weight"
+        w = initializers.get(weight)
+        if w is None:
+            continue
+        for node in nodes:
+            if node.op_type not in ("Gemm", "Conv") or node.inputs[1:2] != [weight] or \
+                    (len(node.inputs) > 2 and node.inputs[2]):
+                continue
+            if node.op_type == "Conv":
+                size = w.shape[0]
+            else:
+                size = w.shape[0] if node.attrs.get("transB", 0) else w.shape[-1]
+            if name not in initializers:
+                initializers[name] = np.zeros(size, w.dtype)
+                marks[name] = "PARAMETER"
+                restored.append(name)
+            node.inputs[2:] = [name]
+    return restored
+
+
+def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.ndarray],
+           signature: set[str], buffers: set[str], mutated: set[str], unmerged: list[str],
+           has_scopes: bool, folded: dict[str, list[str]]) -> list[str]:
+    """One line per way this file cannot train as the PyTorch model it was exported from."""
+    notes = []
+    running = sorted(b for b in buffers if b.endswith("running_mean"))
+    has_bn = any(n.op_type == "BatchNormalization" for n in nodes)
+    if running and not has_bn and not any(b in initializers for b in running):
+        layers = [b.rsplit(".", 1)[0] for b in running]
+        shown = ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3
+                                          else "")
+        if any(b.endswith(("running_mean", "running_var")) for b in mutated):
+            notes.append(
+                f"cannot train as its source did: the model was exported in train mode (its "
+                f"BatchNorm updates running statistics) but the exporter's optimizer folded "
+                f"BatchNorm {shown} with its running statistics into the convolutions, so it "
+                f"trains without batch statistics; re-export with optimize=False (or "
+                f"dynamo=False)")
+        else:
+            notes.append(
+                f"BatchNorm {shown} was folded into the convolutions by the exporter's "
+                f"optimizer: the folded weights train, not PyTorch's convolution and BatchNorm "
+                f"parameters; re-export with optimize=False (or dynamo=False) to train them "
+                f"apart")
+    sources = {s for names in folded.values() for s in names}
+    lost = sorted(p for p in signature if p not in initializers and p not in sources)
+    if lost and not notes:
+        hint = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+        scopes = "" if has_scopes else " (the node metadata that would tell them apart is gone)"
+        notes.append(f"the exporter's optimizer merged parameters {hint} into others equal at "
+                     f"export{scopes}: they train as one, unlike in PyTorch; re-export with "
+                     f"optimize=False")
+    if unmerged:
+        notes.append(f"kept apart {len(unmerged)} parameters the exporter's optimizer had merged "
+                     f"because they were equal at export ({', '.join(unmerged[:4])}"
+                     f"{', ...' if len(unmerged) > 4 else ''})")
+    return notes
 
 
 class ONNXLoadError(GraphError):
@@ -226,17 +335,33 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
     inputs = [tensor_info(v) for v in g.input]
     outputs = [tensor_info(v) for v in g.output]
     value_info = {v.name: tensor_info(v) for v in g.value_info}
+    annotated = [*g.value_info, *g.input]
+    marks = {v.name: p.value for v in annotated for p in v.metadata_props
+             if p.key == EXPORTER_KIND}
+    signature, buffers, mutated = _signature(g)
+    scopes = [next((_literal_list(p.value) for p in n.metadata_props if p.key == SCOPES), [])
+              for n in g.node]
+    unmerged = _unmerge(nodes, scopes, initializers, marks, signature) if signature else []
+    restored = _restore_biases(nodes, initializers, marks, signature)
     graph = Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph", value_info,
                   outer_scope=outer)
-    marks = {v.name: p.value for v in [*g.value_info, *g.input] for p in v.metadata_props
-             if p.key == EXPORTER_KIND}
-    graph.role_overrides.update(exporter_roles(marks, initializers))
+    graph.exporter_marks = {k: v for k, v in marks.items() if k in initializers}
+    graph.signature_parameters = signature
+    graph.folded_from = {v.name: _literal_list(p.value) for v in annotated
+                         for p in v.metadata_props if p.key == FOLDED_FROM}
+    if signature:
+        graph.notes += _notes(g, nodes, initializers, signature, buffers, mutated, unmerged,
+                              any(scopes), graph.folded_from)
+    if restored:
+        graph.notes.append(f"restored {len(restored)} zero biases the exporter's optimizer had "
+                           f"removed ({', '.join(restored[:4])}"
+                           f"{', ...' if len(restored) > 4 else ''}): PyTorch trains them")
     return graph
 
 
 def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
               check_operators: bool = True, trainable: Iterable[str] = (),
-              frozen: Iterable[str] = ()) -> Graph:
+              frozen: Iterable[str] = (), untie: bool = False) -> Graph:
     """Build a ``Graph`` from an ONNX ModelProto, serialized bytes or file path.
 
     Every node is resolved against the operator registry here, so an unknown op, an opset an
@@ -246,9 +371,12 @@ def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
     Initializers are classified as parameters, state and constants (``meta.lv1.roles``);
     ``trainable`` (train only the initializers matching these shell-style patterns) and
     ``frozen`` (do not train these) override that, as ORT-training's ``requires_grad`` and
-    ``frozen_params`` do; a pattern matching nothing is an error.
+    ``frozen_params`` do; a pattern matching nothing is an error. Initializers an exporter
+    wrote twice from one tied parameter train as one (``meta.lv1.ties``) unless ``untie=True``.
+    What keeps the file from training as its source model did (BatchNorm folded into the
+    convolutions, ties) is in ``graph.notes`` and given as a warning, one line each.
 
-    >>> from meta.lv1.builder import mlp
+    >>> from meta.lv1 import mlp
     >>> from_onnx(to_onnx(mlp(hidden=[4]))).nodes[0].op_type
     'Flatten'
     """
@@ -277,10 +405,16 @@ def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
         if problems:
             raise ONNXLoadError(f"{origin}: {len(problems)} nodes cannot be run:\n  - "
                                 + "\n  - ".join(problems), problems)
+    if not untie:
+        found = tie(graph)
+        if found:
+            graph.notes.append(tie_note(found))
     try:
         graph.select(trainable, frozen)
     except KeyError as err:
         raise ONNXLoadError(f"{origin}: {err.args[0]}") from err
+    for note in graph.notes:
+        warnings.warn(f"{origin}: {note}", UserWarning, stacklevel=2)
     return graph
 
 
@@ -320,6 +454,13 @@ def _export_attr(value: Any) -> Any:
 def _graph_proto(graph: Graph, nodes: list[Node], inputs: list[TensorInfo],
                  outputs: list[TensorInfo]) -> onnx.GraphProto:
     used = {x for n in nodes for x in n.dependencies()} | {t.name for t in outputs}
+    # A tie is written back as the file had it: both initializers, the derived one re-made.
+    ties = {node: (derived, kept, kind) for derived, (kept, kind, node) in graph.ties.items()
+            if derived in used}
+    tied = {derived: np.asarray(graph.initializers[kept]) if kind == "equal"
+            else np.ascontiguousarray(np.asarray(graph.initializers[kept]).T)
+            for derived, kept, kind in ties.values()}
+    nodes = [n for n in nodes if n.name not in ties]
     onnx_nodes = [
         helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain or None,
                          **{k: _export_attr(v) for k, v in n.attrs.items() if v is not None})
@@ -331,7 +472,7 @@ def _graph_proto(graph: Graph, nodes: list[Node], inputs: list[TensorInfo],
         onnx_nodes, graph.name, [_value_info(t) for t in inputs],
         [_value_info(t) for t in outputs],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()
-         if k in used],
+         if k in used] + [numpy_helper.from_array(v, k) for k, v in tied.items()],
         value_info=value_info,
     )
 

@@ -15,7 +15,7 @@ graph itself, changed since it was made. The check compares the arrays with a co
 weights. onnxruntime is optional: imported when the executor is built, never by
 ``import meta``.
 
->>> from meta.lv1.builder import mlp
+>>> from meta.lv1 import mlp
 >>> ex = OnnxRuntimeExecutor(mlp(hidden=[8])).eval()                        # doctest: +SKIP
 >>> ex.inference({"input": np.zeros((2, 1, 28, 28), np.float32)}, ["logits"])["logits"].shape
 (2, 10)

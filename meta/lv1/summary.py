@@ -2,7 +2,9 @@
 
 Inputs and outputs with their shapes, the operators with meta's support for each, and the
 initializers by role (trainable parameters, frozen parameters, state, constants) with shapes
-and element counts, so a user sees before training what an optimizer will move.
+and element counts, so a user sees before training what an optimizer will move, and why each
+parameter is one (``roles.explain``); first, the file's notes (``graph.notes``: what keeps it
+from training as its source model did, ties).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def summarize(graph: Graph, limit: int = 40) -> str:
     """A plain-text report of the graph (``limit`` rows per role; 0: all)."""
     lines = [f"graph {graph.name!r}: {len(graph.nodes)} nodes, opsets "
              + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(graph.opset.items()))]
+    lines += [f"note: {note}" for note in graph.notes]
     feeds = [t for t in graph.inputs if t.name not in graph.initializers]
     for title, infos in (("inputs", feeds), ("outputs", graph.outputs)):
         lines.append(f"{title}:")
@@ -66,6 +69,10 @@ def summarize(graph: Graph, limit: int = 40) -> str:
     for domain, op, count, support in operator_support(graph):
         lines.append(f"  {op:<28} {domain:<10} {count:>5}  {support}")
     by_role = graph.roles
+    why = roles.explain(graph)
+    tied: dict[str, list[str]] = {}
+    for derived, (kept, kind, _) in graph.ties.items():
+        tied.setdefault(kept, []).append(derived + ("ᵀ" if kind == "transpose" else ""))
     for role, title in ROLE_TITLES.items():
         names = [k for k in graph.initializers if by_role[k] == role]
         values = [graph.initializers[k] for k in names]
@@ -76,6 +83,9 @@ def summarize(graph: Graph, limit: int = 40) -> str:
         for name, value in zip(shown, values):
             lines.append(f"  {name:<40} {str(value.dtype):<8} {list(value.shape)!s:<18} "
                          f"{value.size:>10,}")
+            if role == roles.PARAMETER:
+                also = f"; tied: also {', '.join(tied[name])}" if name in tied else ""
+                lines.append(f"      why: {why.get(name, '?')}{also}")
         if len(shown) < len(names):
             lines.append(f"  ... {len(names) - len(shown)} more (--all lists them)")
     return "\n".join(lines)

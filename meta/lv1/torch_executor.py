@@ -27,7 +27,7 @@ strategies (which re-point the parameters into their flat buffer) work unchanged
 strategy's timeline (``Trainer.use`` does) the step timeline shows the gradients' copy as its own
 phase, ``to_host``, after ``compute``.
 
->>> from meta.lv1.builder import mlp
+>>> from meta.lv1 import mlp
 >>> ex = TorchExecutor(mlp(hidden=[8])).train()                     # doctest: +SKIP
 >>> batch = {"input": np.zeros((2, 1, 28, 28), np.float32), "labels": np.zeros(2, np.int64)}
 >>> values, grads = ex.inference_and_backprop(batch)                 # doctest: +SKIP

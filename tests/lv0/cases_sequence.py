@@ -1,6 +1,8 @@
 """Test cases for the sequence and optional operators (see cases.py). Sequences are Python
-lists of arrays, empty optionals None; these operators run forward only (no gradient flows
-through a sequence): ``SEQUENCE_OPS`` tells the registry-driven tests so."""
+lists of arrays, empty optionals None; these operators run forward only, but for
+``SEQUENCE_GRAD_OPS`` (a gradient flows through ``Tensor.split`` as PyTorch's dynamo exporter
+writes it; tests/lv1/test_default_exports.py checks it by central differences):
+``SEQUENCE_OPS`` tells the registry-driven tests so."""
 
 from __future__ import annotations
 
@@ -102,3 +104,4 @@ CASES: dict[str, Callable[[np.random.Generator], list]] = {
     "OptionalHasElement": optional_has_element, "OptionalGetElement": optional_get_element,
 }
 SEQUENCE_OPS = set(CASES)
+SEQUENCE_GRAD_OPS = {"SplitToSequence", "SequenceAt"}

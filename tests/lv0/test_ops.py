@@ -16,7 +16,7 @@ from meta.lv0 import Context, InferenceContext, Operator, check_gradients, entri
 from . import control_harness
 from .cases import CASES, cases_for
 from .cases_control import Scoped
-from .cases_sequence import SEQUENCE_OPS
+from .cases_sequence import SEQUENCE_GRAD_OPS, SEQUENCE_OPS
 from .cases_tensor import mean_squared_error
 from .cases_training import ORACLES as TRAINING_ORACLES
 from .control_harness import value_info
@@ -76,8 +76,10 @@ def test_gradients(entry):
         pytest.fail("the native extension is not built", pytrace=False)
     cases = cases_for(entry.op_type, opset=_serving_opset(entry))
     assert cases, f"{entry.name}: no test case is valid at opset {_serving_opset(entry)}"
-    if entry.op_type in SEQUENCE_OPS:  # forward only: no gradient flows through a sequence
-        assert entry.cls.backward is Operator.backward, f"{entry.name} has a backward"
+    if entry.op_type in SEQUENCE_OPS:  # forward only, but Tensor.split's two ops
+        has_backward = entry.cls.backward is not Operator.backward
+        assert has_backward == (entry.op_type in SEQUENCE_GRAD_OPS), \
+            f"{entry.name}: backward {'defined' if has_backward else 'missing'}"
         return
     for attrs, inputs in cases:
         if isinstance(attrs, Scoped):  # control flow: needs the executor's scope

@@ -12,8 +12,7 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from meta.lv1 import PlannedExecutor, ReferenceExecutor, save_onnx
-from meta.lv1.builder import mlp
+from meta.lv1 import PlannedExecutor, ReferenceExecutor, mlp, save_onnx
 from meta.lv1.layers import (
     AvgPool,
     BatchNorm,

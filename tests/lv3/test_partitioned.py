@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from meta.component import ComponentError
-from meta.lv1.builder import mlp
+from meta.lv1 import mlp
 from meta.lv3 import STRATEGIES, Partitioned, SingleProcessCommunicator
 from meta.lv3.tensor_parallel.plan import plan, probe
 from meta.lv3.tensor_parallel.strategy import check_budget

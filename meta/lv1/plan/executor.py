@@ -52,7 +52,7 @@ def _signature(value) -> tuple:
 class PlannedExecutor(ReferenceExecutor):
     """Runs a graph as a compiled plan of oneDNN kernels (see the module's docstring).
 
-    >>> from meta.lv1.builder import mlp
+    >>> from meta.lv1 import mlp
     >>> ex = PlannedExecutor(mlp(hidden=[8]))
     >>> x = np.zeros((2, 1, 28, 28), np.float32)
     >>> ex.inference({"input": x}, ["logits"])["logits"].shape

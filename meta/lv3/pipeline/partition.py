@@ -12,7 +12,7 @@ between, so a skip connection over a stage is relayed through it, and its gradie
 there with the relaying stage's own. Graph inputs (the images, the labels) are not sent: every
 rank holds the batch and each stage feeds the inputs it reads.
 
->>> from meta.lv1.builder import mlp
+>>> from meta.lv1 import mlp
 >>> part = partition(mlp(hidden=[8, 8]), 2, cuts=["relu0"])
 >>> [s.nodes for s in part.stages]
 [['flatten', 'fc0', 'relu0'], ['fc1', 'relu1', 'logits', 'loss']]

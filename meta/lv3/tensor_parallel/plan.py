@@ -23,7 +23,7 @@ runs. The planner is a pure function of the graph, its tensors' shapes and (rank
 every rank derives every rank's plan without talking, which is how a rank knows every rank's
 shards (``Plan.shards``: gathering the trained model needs them).
 
->>> from meta.lv1.builder import mlp
+>>> from meta.lv1 import mlp
 >>> graph = mlp(input_shape=(4,), hidden=(6, 6), classes=3)
 >>> sample = {"input": np.zeros((2, 4), np.float32), "labels": np.zeros(2, np.int64)}
 >>> shapes = probe(graph, sample)
