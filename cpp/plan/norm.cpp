@@ -178,10 +178,10 @@ StepPtr own_backward(const BatchNormPtr& k, const py::array& x, const py::array&
     const float* g = pdy;
     if (kp->fuse_relu) {  // the forward's output, recomputed as it computed it: > 0 passes dy
       float* gm = kp->masked.data();
-      meta::batchnorm_apply(px, gm, n, c, s, kp->mean, kp->inv_std, ps, pb);
-      const std::int64_t total = n * c * s;
-#pragma omp parallel for if (total > meta::kParallelThreshold)
-      for (std::int64_t i = 0; i < total; ++i) gm[i] = gm[i] > 0.f ? pdy[i] : 0.f;
+      const float *mean = kp->mean, *inv = kp->inv_std;
+      meta::detail::channel_map(px, pdy, gm, n, c, s, [&](std::int64_t j, float a, float d) {
+        return ((a - mean[j]) * inv[j]) * ps[j] + pb[j] > 0.f ? d : 0.f;
+      });
       g = gm;
     }
     std::vector<double> a(c), b(c);

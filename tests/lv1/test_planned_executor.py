@@ -353,3 +353,47 @@ def test_softplus_and_mish_hold_their_precision_over_the_whole_range(op):
                                    err_msg=f"{name} {op}")
         np.testing.assert_allclose(grads["x"], ws * dwant, rtol=2e-6, atol=1e-37,
                                    err_msg=f"{name} {op} backward")
+
+
+@pytest.mark.parametrize("view", ["Identity", "Flatten", "Unsqueeze"])
+@pytest.mark.parametrize("product", ["Mul", "Div"])
+def test_the_gradient_of_a_fed_input_read_through_a_view(view, product):
+    """dL/dx for x read through a view by Mul/Div: the view's gradient aliases the product's
+    gradient buffer, which must then live as long as the gradient handed out (it was the
+    arena's leftovers: x itself)."""
+    b = GraphBuilder("view", opset=17)
+    x = b.input("x", np.float32, (3, 4))
+    w = b.initializer("w", np.linspace(0.5, 1.5, 12, dtype=np.float32).reshape(3, 4))
+    axes = b.initializer("axes", np.array([0], np.int64))
+    v = b.node(view, [x, axes] if view == "Unsqueeze" else [x])
+    w_in = b.node("Unsqueeze", [w, axes]) if view == "Unsqueeze" else w
+    w_in = b.node("Flatten", [w]) if view == "Flatten" else w_in
+    b.node("ReduceSum", [b.node(product, [v, w_in])], name="loss", keepdims=0)
+    b.output("loss", np.float32, ())
+    graph = b.build()
+    feeds = {"x": np.random.default_rng(0).uniform(0.5, 2, (3, 4)).astype(np.float32)}
+    _, want = ReferenceExecutor(graph).inference_and_backprop(feeds, wrt=["x"])
+    for _ in range(2):  # the second call reuses the plan (and its arena)
+        _, got = PlannedExecutor(graph).inference_and_backprop(feeds, wrt=["x"])
+        close(got["x"], want["x"], f"{view} then {product}")
+
+
+def test_scalar_losses_added_together_are_planned():
+    """0-d tensors through oneDNN's elementwise kernels and Sum (as one element): a loss
+    made of scalar terms builds a plan and gives the reference's values and gradients."""
+    b = GraphBuilder("scalars", opset=17)
+    x = b.input("x", np.float32, (4,))
+    s1 = b.node("ReduceSum", [x], keepdims=0)
+    s2 = b.node("Sigmoid", [b.node("ReduceMean", [x], keepdims=0)], name="sigmoid")
+    b.node("Sum", [s1, s2, b.node("Mul", [s1, s2])], name="loss")
+    b.output("loss", np.float32, ())
+    graph = b.build()
+    feeds = {"x": np.array([0.5, -1.0, 2.0, 0.25], np.float32)}
+    ref_values, ref_grads = ReferenceExecutor(graph).inference_and_backprop(feeds, wrt=["x"])
+    planned = PlannedExecutor(graph)
+    values, grads = planned.inference_and_backprop(feeds, wrt=["x"])
+    assert planned.unplanned is None, planned.unplanned
+    where = planned.placement()
+    assert where["loss"] == "onednn" and where["sigmoid"] == "onednn", where
+    close(values["loss"], ref_values["loss"], "loss")
+    close(grads["x"], ref_grads["x"], "dloss/dx")
