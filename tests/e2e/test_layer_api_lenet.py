@@ -1,9 +1,13 @@
 """A LeNet-5 written in a few lines of the layer API trains to the LeNet recipe's accuracy,
-with that recipe's own settings (only its model replaced), through ``meta run``."""
+with that recipe's own settings (only its model replaced), through ``meta run``.
+
+The recipe's wall-clock bound, if it still has one, is left out: on a busy machine it fails
+correct runs (issue 31, item 5), and what is checked here is the accuracy."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -33,8 +37,9 @@ def test_a_layer_api_lenet_meets_the_lenet_recipes_bound(tmp_path, mnist_dir):
     assert '"model": "lenet",' in shipped
     head, _, rest = shipped.partition("FIXED = {")
     recipe = tmp_path / "lenet_layers.py"
-    recipe.write_text(head + MODEL + "\nFIXED = {" + rest.replace('"model": "lenet",',
-                                                                  '"model": lenet_layers,'))
+    rest = rest.replace('"model": "lenet",', '"model": lenet_layers,')
+    rest = re.sub(r'\n\s*"train_time_s": AtMost\([^)]*\),', "", rest)
+    recipe.write_text(head + MODEL + "\nFIXED = {" + rest)
     out = tmp_path / "run"
     printed = run_command([META, "run", str(recipe), "--output-dir", str(out), "--quiet"],
                           clean_env(), timeout=1800)
