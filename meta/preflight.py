@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from meta.component import Component, ComponentError
+from meta.lv1.onnx_io import CANNOT_TRAIN
 
 
 def _join(problems: list[str]) -> str:
@@ -104,6 +105,10 @@ def check_model_and_data(recipe: str, model: str, dataset: str, graph: Any, trai
             not np.issubdtype(labels.dtype, np.integer):
         problems.append(f"model {model!r} takes labels as {labels.dtype}, its loss as class "
                         f"indices; dataset {dataset!r} gives {train.labels.dtype} class indices")
+    if not getattr(graph, "role_overrides", None):  # the user chose what trains: their call
+        problems += [f"model {model!r} {note}, or choose what trains with the model's "
+                     f"'trainable'/'frozen' patterns" for note in getattr(graph, "notes", ())
+                     if note.startswith(CANNOT_TRAIN)]
     if not graph.parameters:
         frozen = len(getattr(graph, "frozen", {}))
         problems.append(f"model {model!r} has no trainable parameter ({frozen} frozen, "

@@ -61,3 +61,30 @@ def test_servers_and_stages_against_the_ranks(name, options, size, shown) -> Non
         check_ranks("r", component, component.resolve(options), size)
     check_ranks("r", component, component.resolve(options), size + 3)  # enough ranks
     check_ranks("r", component, component.resolve(options), 1)  # one process runs alone
+
+
+def test_a_file_that_cannot_train_as_its_source_is_refused_until_the_user_chooses() -> None:
+    """A train-mode BatchNorm CNN exported with torch.onnx.export's defaults: its BatchNorm is
+    folded with the running statistics into the convolutions, so it cannot train as PyTorch
+    did; meta run refuses it before training, naming the remedy, unless the recipe chose what
+    trains (then it is the user's call)."""
+    import warnings
+    from pathlib import Path
+
+    from meta.lv1 import from_onnx
+
+    path = Path(__file__).parent / "fixtures" / "pytorch" / "exports" / "bn_cnn_default.onnx"
+    with warnings.catch_warnings(record=True):
+        graph = from_onnx(path)
+    data = ArrayDataset(np.zeros((8, 3, 8, 8), np.float32), np.arange(8) % 5)
+    with pytest.raises(ComponentError) as info:
+        check_model_and_data("r", "cnn", "d", graph, data, data, 4,
+                             {"input": "input", "logits": "logits"})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("model 'cnn' cannot train as its source "
+                                                      "did: the model was exported in train mode")
+    assert "re-export with optimize=False (or dynamo=False)" in message
+    assert "'trainable'/'frozen' patterns" in message
+    graph.select(trainable=["*"])  # the user chose what trains
+    assert check_model_and_data("r", "cnn", "d", graph, data, data, 4,
+                                {"input": "input", "logits": "logits"}) == []

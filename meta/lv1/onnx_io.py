@@ -125,6 +125,11 @@ def _restore_biases(nodes: list[Node], initializers: dict[str, np.ndarray],
     return restored
 
 
+# How a note that the file cannot train as its source model did begins: ``meta run`` refuses
+# such a model before training (``meta.preflight``) unless the user chose what trains.
+CANNOT_TRAIN = "cannot train as its source did"
+
+
 def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.ndarray],
            signature: set[str], buffers: set[str], mutated: set[str], unmerged: list[str],
            has_scopes: bool, folded: dict[str, list[str]]) -> list[str]:
@@ -138,7 +143,7 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
                                           else "")
         if any(b.endswith(("running_mean", "running_var")) for b in mutated):
             notes.append(
-                f"cannot train as its source did: the model was exported in train mode (its "
+                f"{CANNOT_TRAIN}: the model was exported in train mode (its "
                 f"BatchNorm updates running statistics) but the exporter's optimizer folded "
                 f"BatchNorm {shown} with its running statistics into the convolutions, so it "
                 f"trains without batch statistics; re-export with optimize=False (or "
