@@ -83,15 +83,10 @@ class PlannedExecutor(ReferenceExecutor):
                           stacklevel=2)
 
     # -- modes -------------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> PlannedExecutor:
-        super().train(mode)
+    def _mode_changed(self) -> None:
+        """A plan is made for one mode: the next call reorders the weights for the new one."""
+        super()._mode_changed()
         self.refresh()
-        return self
-
-    def eval(self) -> PlannedExecutor:
-        super().eval()
-        self.refresh()
-        return self
 
     def refresh(self) -> None:
         """Reorder the weights again before the next call (after writing into them yourself;
