@@ -175,3 +175,14 @@ def test_recipes_lists_each_shipped_recipe_on_one_line(capsys):
                                      "walking skeleton's main job.")
     signum = next(line for line in lines if line.startswith("mnist_signum "))
     assert signum.endswith("(signSGD with momentum, Bernstein et al. 2018).")
+
+
+def test_a_reader_that_leaves_early_ends_the_listing_quietly() -> None:
+    """`meta recipes | head -1`: a closed pipe ends the command as other Unix tools end, with
+    no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m meta recipes | head -1", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
