@@ -210,6 +210,9 @@ def _variants(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``meta compare``: run two recipes (or one recipe's ``--variant``'s) taking turns and report
+    step times, throughput, time to each bound and final metrics with intervals and ratios; exit 2
+    on a bad recipe or option."""
     from meta.bench import report as reports
     from meta.bench.environment import environment, recipe_record
     from meta.bench.recipes import RecipeBench, default_factory, dir_name
@@ -253,6 +256,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_op(args: argparse.Namespace) -> int:
+    """``meta bench-op``: the numpy/C++ table of ``meta.bench.opbench`` and then the forward across
+    backends and frameworks of ``meta.bench.crossbench``; writes report.json and op_times.png. Exit
+    2 on a bad operator, shape or attribute."""
     from meta._threads import set_threads
     from meta.bench import plots
     from meta.bench import report as reports

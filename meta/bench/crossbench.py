@@ -40,6 +40,8 @@ class Row:
     note: str = ""  # where it ran ("onednn", "python"), or why not ("not installed")
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as report.json holds it (its timings, summary and difference only when it
+        ran)."""
         out: dict[str, Any] = {"name": self.name, "note": self.note}
         if self.sample is not None:
             out["time_s"] = self.sample.summary().to_dict()
@@ -56,6 +58,7 @@ class CrossResult:
     rows: list[Row] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as report.json's ``across`` key holds it."""
         return {"op": self.op_type, "shapes": [list(s) for s in self.shapes],
                 "attrs": self.attrs, "rows": [r.to_dict() for r in self.rows]}
 

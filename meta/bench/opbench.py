@@ -123,6 +123,8 @@ class OpBenchResult:
     inputs: list[np.ndarray] = field(default_factory=list, repr=False)  # what was timed
 
     def to_variants(self) -> list[dict[str, Any]]:
+        """One report entry per backend and pass (``numpy forward``, ``native backward``, ...) with
+        its timings and summary."""
         return [{"name": f"{backend} {p}", "backend": backend, "pass": p,
                  "time_s": s.summary().to_dict(), "times_s": s.seconds.tolist()}
                 for p, by_backend in self.samples.items() for backend, s in by_backend.items()]
