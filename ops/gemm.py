@@ -10,7 +10,8 @@ from meta.lv0 import Operator, native, register, unbroadcast
 
 @register("Gemm", since=11)
 class Gemm(Operator):
-    """ONNX Gemm-11: general Matrix multiplication."""
+    """ONNX Gemm-11: general matrix multiplication, Y = alpha * A' B' + beta * C, where A' and
+    B' are A and B transposed when ``transA`` / ``transB`` say so and C (optional) broadcasts."""
     learnable_inputs = (0, 1, 2)  # A or B (either may hold the weight) and C
     attributes = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 
