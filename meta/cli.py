@@ -131,6 +131,8 @@ def _prepare(args: argparse.Namespace, comm, locks: list):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``meta run``: train a recipe and judge its metrics; exit 0 PASS, 1 FAIL, 2 bad usage, 130/143
+    after SIGINT/SIGTERM (checkpointed at a step boundary)."""
     from meta.errors import SIGNALS, Interrupted
     from meta.lv3 import world
 
@@ -223,6 +225,8 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """``meta inspect``: load an ONNX model and print its summary (inputs, parameters, nodes, what
+    an executor would need)."""
     from meta.lv1 import GraphError, from_onnx
     from meta.lv1.summary import summarize
 
@@ -283,6 +287,7 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
+    """``meta ops``: every registered operator with its domain, opset version and backends."""
     from meta.lv0 import entries
 
     rows = {}
@@ -434,6 +439,7 @@ def _attr_value(text: str):
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """The ``meta`` command line: every subcommand with its options."""
     parser = _Parser(prog="meta", description="meta: a deep-learning meta-framework")
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -518,6 +524,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``meta`` command with ``argv`` (default: the process's); returns the exit status."""
     args = make_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -53,6 +53,8 @@ class Option:
 
     @property
     def kind(self) -> Any:
+        """The option's value type: the declared ``type``, else inferred from the default (a list
+        default gives a tuple of its items' type)."""
         if self.type is not None:
             return self.type
         default = self.default
@@ -66,6 +68,8 @@ class Option:
         return type(default)
 
     def type_name(self) -> str:
+        """The value type in words, for ``meta components`` (``int``, ``list of float``, ``any
+        value``)."""
         kind = self.kind
         if typing.get_origin(kind) is tuple:
             return f"list of {typing.get_args(kind)[0].__name__}"
@@ -196,6 +200,7 @@ class Component:
 
     @property
     def label(self) -> str:
+        """The component as messages name it, e.g. ``optimizer 'adam'``."""
         return f"{self.kind} {self.name!r}"
 
     def describe(self) -> str:
@@ -298,6 +303,7 @@ class Registry:
         return len(self.entries)
 
     def names(self) -> list[str]:
+        """The registered names, in registration order."""
         return list(self.entries)
 
 

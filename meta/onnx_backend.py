@@ -74,6 +74,7 @@ class MetaBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        """Whether meta can load ``model`` (its operators registered) and runs on ``device``."""
         if not cls.supports_device(device):
             return False
         try:
@@ -84,6 +85,7 @@ class MetaBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> MetaRep:
+        """Check ``model`` and load it for running on meta's reference executor (CPU only)."""
         if not cls.supports_device(device):
             raise ValueError(f"meta runs on the CPU only, not on {device!r}")
         super().prepare(model, device, **kwargs)  # onnx.checker
@@ -92,6 +94,7 @@ class MetaBackend(Backend):
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
                   **kwargs: Any) -> tuple[np.ndarray, ...]:
+        """Run ``model`` once on ``inputs``; returns its outputs in order."""
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod

@@ -82,6 +82,7 @@ class Threshold:
             raise RecipeError(f"threshold bound must be a number, got {self.bound!r}")
 
     def accepts(self, value: float) -> bool:
+        """Whether a metric's ``value`` meets the bound."""
         return value >= self.bound if self.direction == "at least" else value <= self.bound
 
     def __str__(self) -> str:
@@ -89,10 +90,20 @@ class Threshold:
 
 
 def AtLeast(bound: float, **options: Any) -> Threshold:  # noqa: N802 - reads as a word
+    """A bound a metric must reach: ``METRICS = {"test_accuracy": AtLeast(0.97)}``.
+
+        >>> AtLeast(0.97).accepts(0.98)
+        True
+    """
     return Threshold(bound, "at least", options)
 
 
 def AtMost(bound: float, **options: Any) -> Threshold:  # noqa: N802
+    """A bound a metric must not exceed: ``METRICS = {"test_loss": AtMost(0.1)}``.
+
+        >>> AtMost(0.1).accepts(0.2)
+        False
+    """
     return Threshold(bound, "at most", options)
 
 
@@ -105,9 +116,11 @@ class Choice:
 
     @property
     def name(self) -> str:
+        """The chosen component's registered name."""
         return self.component.name
 
     def values(self) -> dict[str, Any]:
+        """The component's options with the recipe's values filled in over the defaults."""
         return self.component.resolve(self.options)
 
 
@@ -453,9 +466,11 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
+        """Whether every metric met its bound."""
         return all(self.checks.values())
 
     def table(self) -> str:
+        """The metrics against their bounds as the text table ``meta run`` prints."""
         rows = [("metric", "value", "required", "")]
         for key, threshold in self.recipe.metrics.items():
             value = self.metrics.get(key)
@@ -473,5 +488,7 @@ class Outcome:
 
 def judge(recipe: Recipe, metrics: dict[str, float], history: list,
           parameters: dict[str, Any] | None = None) -> Outcome:
+    """The outcome of a run: each of the recipe's ``METRICS`` checked against the measured
+    ``metrics``."""
     checks = {k: k in metrics and t.accepts(metrics[k]) for k, t in recipe.metrics.items()}
     return Outcome(recipe, metrics, checks, history, dict(parameters or {}))

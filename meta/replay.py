@@ -46,6 +46,7 @@ class Replayed:
 
     @property
     def identical(self) -> bool:
+        """Whether every recorded array was reproduced bit for bit."""
         return not self.differing
 
 

@@ -23,6 +23,7 @@ class ReplayError(Exception):
 
 
 def digest(array: np.ndarray) -> str:
+    """The SHA-256 of an array's bytes (C order): what a replay compares."""
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 

@@ -90,6 +90,7 @@ class RecipeRun:
             self.resume()
 
     def choice(self, kind: str) -> Any:  # the recipe's Choice of a component kind
+        """The recipe's choice of a component ``kind`` (``"optimizer"``, ``"model"``, ...)."""
         return self.recipe.definitions.choices[kind]
 
     def _build(self) -> Trainer:
@@ -385,6 +386,8 @@ class NothingLearned(Event):
                       np.array_equal(np.asarray(params[k]), v)]
 
     def verdict(self) -> list[str]:
+        """Lines saying why the run learned nothing (no parameter moved, a constant loss); empty
+        when it learned."""
         lines = []
         if self.start and self.steps and len(self.names) == len(self.start):
             lines.append(f"training did nothing: none of the {len(self.start)} parameter "
@@ -413,6 +416,8 @@ class StopOnSignal(Event):
         self.stop_if_asked(trainer)
 
     def stop_if_asked(self, trainer: Trainer) -> None:
+        """After a SIGINT/SIGTERM, checkpoint (if the run checkpoints) and stop at this step
+        boundary."""
         if SIGNALS.pending is None:
             return
         SIGNALS.deferring = False

@@ -26,9 +26,12 @@ class Unary(Operator):
     keep: ClassVar[tuple[str, ...]] = ("y",)
 
     def function(self, x: np.ndarray) -> np.ndarray:
+        """f(x), elementwise (the forward)."""
         raise NotImplementedError
 
     def derivative(self, x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray:
+        """f'(x), elementwise, from the input ``x`` or the output ``y`` (whichever ``keep``
+        names; the other is ``None``)."""
         raise NotImplementedError
 
     def forward(self, ctx, x):

@@ -140,9 +140,12 @@ class Recurrent(Operator):
 
     # a cell: subclasses implement these two
     def step(self, x: np.ndarray, state: tuple, p: Params) -> tuple[tuple, Any]:
+        """One time step of the cell: (the new state, what ``step_back`` needs of it)."""
         raise NotImplementedError
 
     def step_back(self, d_state: list, cache: Any, p: Params, grads: dict) -> tuple:
+        """Back through one time step: the gradient of the previous state, given the new
+        state's and the step's ``cache``; the weights' gradients are added into ``grads``."""
         raise NotImplementedError
 
     # -- forward ------------------------------------------------------------------------------

@@ -35,9 +35,11 @@ class Reduction(Reduce):
     """Subclasses implement ``compute(x, axes)`` (keepdims) and ``gradient(x, y, dy)``."""
 
     def compute(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        """The reduction of ``x`` over ``axes``, keeping them as size-1 dimensions."""
         raise NotImplementedError
 
     def gradient(self, x: np.ndarray, y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """The gradient of ``x`` given the kept-dims output ``y`` and its gradient ``dy``."""
         raise NotImplementedError
 
     def forward(self, ctx, x, axes=None):

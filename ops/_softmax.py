@@ -39,9 +39,11 @@ class Normalizer(Operator):
     coerce_2d: ClassVar[bool] = False
 
     def compute(self, x: np.ndarray, axis: int) -> np.ndarray:
+        """The normalized output along ``axis`` (the forward)."""
         raise NotImplementedError
 
     def gradient(self, y: np.ndarray, dy: np.ndarray, axis: int) -> np.ndarray:
+        """The input's gradient from the output ``y`` and its gradient ``dy``."""
         raise NotImplementedError
 
     def forward(self, ctx, x):

@@ -12,11 +12,16 @@ from meta.lv0 import Operator
 
 
 class TrainingOptimizer(Operator):
+    """An ONNX training operator (``ai.onnx.preview.training``): one optimizer step applied to
+    each (X, G, state...) group of its inputs; subclasses give the ``rule``."""
+
     domain = "ai.onnx.preview.training"
     states = 1  # optimizer states per tensor (Adam has 2)
     no_grad_inputs = tuple(range(256))  # all of them: a step is applied, not differentiated
 
     def rule(self, r: float, t: int, x, g, *state) -> tuple[np.ndarray, ...]:
+        """One step for one tensor at learning rate ``r`` and step count ``t``: the new
+        ``x`` and the new states."""
         raise NotImplementedError
 
     def forward(self, ctx, r, t, *tensors):

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Abs", since=6)
 class Abs(Unary):
+    """ONNX Abs-6: absolute takes one input data (Tensor) and produces one output data (Tensor)
+    where the absolute is, y = abs(x), is applied to the tensor elementwise."""
     keep = ("x",)
 
     def function(self, x):

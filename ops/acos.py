@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Acos", since=7)
 class Acos(Unary):
+    """ONNX Acos-7: calculates the arccosine (inverse of cosine) of the given input tensor,
+    element-wise."""
     keep = ("x",)
 
     def function(self, x):

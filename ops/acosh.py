@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Acosh", since=9)
 class Acosh(Unary):
+    """ONNX Acosh-9: calculates the hyperbolic arccosine of the given input tensor element-wise."""
     keep = ("x",)
 
     def function(self, x):

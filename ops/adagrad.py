@@ -11,6 +11,8 @@ from ._training import TrainingOptimizer, register_training
 
 @register_training("Adagrad")
 class Adagrad(TrainingOptimizer):
+    """ai.onnx.preview.training Adagrad-1: compute one iteration of ADAGRAD, a stochastic
+    gradient based optimization algorithm."""
     attributes = {"decay_factor": 0.0, "epsilon": 0.0, "norm_coefficient": 0.0}
 
     def rule(self, r, t, x, g, h):

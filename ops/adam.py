@@ -12,6 +12,8 @@ from ._training import TrainingOptimizer, register_training
 
 @register_training("Adam")
 class Adam(TrainingOptimizer):
+    """ai.onnx.preview.training Adam-1: compute one iteration of Adam, a stochastic gradient
+    based optimization algorithm."""
     attributes = {"alpha": 0.9, "beta": 0.999, "epsilon": 0.0, "norm_coefficient": 0.0,
                   "norm_coefficient_post": 0.0}
     states = 2

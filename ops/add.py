@@ -11,6 +11,8 @@ from ._legacy import LegacyBroadcast
 
 @register("Add", since=7)
 class Add(Operator):
+    """ONNX Add-7: performs element-wise binary addition (with Numpy-style broadcasting
+    support)."""
     learnable_inputs = (0, 1)  # a bias, a position embedding
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)

@@ -26,6 +26,9 @@ def base_grid(sizes: list[int], align_corners: int) -> np.ndarray:
 
 @register("AffineGrid", since=20)
 class AffineGrid(Operator):
+    """ONNX AffineGrid-20: generates a 2D or 3D flow field (sampling grid), given a batch of
+    affine matrices theta
+    (https://pytorch.org/docs/stable/generated/torch.nn.functional.affine_grid.html)."""
     attributes = {"align_corners": 0}
     no_grad_inputs = (1,)
 

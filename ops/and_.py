@@ -11,4 +11,6 @@ from ._logic import Predicate
 
 @register("And", since=7)
 class And(Predicate):
+    """ONNX And-7: returns the tensor resulted from performing the and logical operation
+    elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.logical_and

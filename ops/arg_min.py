@@ -9,4 +9,6 @@ from ._arg import ArgExtreme
 
 @register("ArgMin", since=1)
 class ArgMin(ArgExtreme):
+    """ONNX ArgMin-1: computes the indices of the min elements of the input tensor's element
+    along the provided axis."""
     largest = False

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Asin", since=7)
 class Asin(Unary):
+    """ONNX Asin-7: calculates the arcsine (inverse of sine) of the given input tensor,
+    element-wise."""
     keep = ("x",)
 
     def function(self, x):

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Asinh", since=9)
 class Asinh(Unary):
+    """ONNX Asinh-9: calculates the hyperbolic arcsine of the given input tensor element-wise."""
     keep = ("x",)
 
     def function(self, x):

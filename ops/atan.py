@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Atan", since=7)
 class Atan(Unary):
+    """ONNX Atan-7: calculates the arctangent (inverse of tangent) of the given input tensor,
+    element-wise."""
     keep = ("x",)
 
     def function(self, x):

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Atanh", since=9)
 class Atanh(Unary):
+    """ONNX Atanh-9: calculates the hyperbolic arctangent of the given input tensor
+    element-wise."""
     keep = ("x",)
 
     def function(self, x):

@@ -72,6 +72,8 @@ def _bias(q_len, kv_len, dtype, mask, causal, offset, windows, nonpad, batch):
 
 @register("Attention", since=23)
 class Attention(Operator):
+    """ONNX Attention-23: computes scaled dot product attention on query, key and value tensors,
+    using an optional attention mask if passed."""
     attributes = {"is_causal": 0, "kv_num_heads": None, "q_num_heads": None,
                   "qk_matmul_output_mode": 0, "scale": None, "softcap": 0.0,
                   "softmax_precision": None}

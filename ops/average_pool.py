@@ -17,6 +17,8 @@ from .max_pool import pool_2d
 
 @register("AveragePool", since=1)
 class AveragePool(Operator):
+    """ONNX AveragePool-1: AveragePool consumes an input tensor X and applies average pooling
+    across the tensor according to kernel sizes, stride sizes, and pad lengths."""
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "count_include_pad": 0,
                   "dilations": None, "kernel_shape": None, "pads": None, "strides": None}
 

@@ -27,6 +27,8 @@ from ._elementwise import contiguous
 
 @register("BatchNormalization", since=14)
 class BatchNormalization(Operator):
+    """ONNX BatchNormalization-14: carries out batch normalization as described in the paper
+    https://arxiv.org/abs/1502.03167."""
     learnable_inputs = (1, 2)  # scale and bias
     attributes = {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}
     no_grad_inputs = (3, 4)
@@ -267,15 +269,21 @@ class BatchNormalization6(_BatchNormalization6, _LegacyBatchNormalization, Batch
 
 @register("BatchNormalization", since=9, backend="native")
 class NativeBatchNormalization9(_LegacyBatchNormalization, NativeBatchNormalization):
+    """BatchNormalization (opset 9+) on meta's C++ kernel: the numpy operator's semantics,
+    computed natively."""
     pass
 
 
 @register("BatchNormalization", since=7, backend="native")
 class NativeBatchNormalization7(_LegacyBatchNormalization, NativeBatchNormalization):
+    """BatchNormalization (opset 7+) on meta's C++ kernel: the numpy operator's semantics,
+    computed natively."""
     attributes = BatchNormalization7.attributes
 
 
 @register("BatchNormalization", since=6, backend="native")
 class NativeBatchNormalization6(_BatchNormalization6, _LegacyBatchNormalization,
                                 NativeBatchNormalization):
+    """BatchNormalization (opset 6+) on meta's C++ kernel: the numpy operator's semantics,
+    computed natively."""
     pass

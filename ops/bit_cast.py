@@ -11,6 +11,8 @@ from meta.lv0 import Operator, register
 
 @register("BitCast", since=26)
 class BitCast(Operator):
+    """ONNX BitCast-26: reinterprets the binary representation of a tensor as a different data
+    type, specified by the 'to' attribute."""
     attributes = {"to": None}
     no_grad_inputs = (0,)
 

@@ -11,6 +11,7 @@ from ._logic import Predicate
 
 @register("BitShift", since=11)
 class BitShift(Predicate):
+    """ONNX BitShift-11: bitwise shift operator performs element-wise operation."""
     attributes = {"direction": None}
 
     def forward(self, ctx, a, b):

@@ -12,4 +12,6 @@ from ._logic import Predicate
 
 @register("BitwiseAnd", since=18)
 class BitwiseAnd(Predicate):
+    """ONNX BitwiseAnd-18: returns the tensor resulting from performing the bitwise and
+    operation elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.bitwise_and

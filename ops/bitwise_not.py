@@ -9,6 +9,7 @@ from meta.lv0 import Operator, register
 
 @register("BitwiseNot", since=18)
 class BitwiseNot(Operator):
+    """ONNX BitwiseNot-18: returns the bitwise not of the input tensor element-wise."""
     def forward(self, ctx, x):
         return np.bitwise_not(x)
 

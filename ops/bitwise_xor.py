@@ -12,4 +12,6 @@ from ._logic import Predicate
 
 @register("BitwiseXor", since=18)
 class BitwiseXor(Predicate):
+    """ONNX BitwiseXor-18: returns the tensor resulting from performing the bitwise xor
+    operation elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.bitwise_xor

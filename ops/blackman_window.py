@@ -10,4 +10,6 @@ from ._cosine_window import CosineWindow
 
 @register("BlackmanWindow", since=17)
 class BlackmanWindow(CosineWindow):
+    """ONNX BlackmanWindow-17: generates a Blackman window as described in the paper
+    https://ieeexplore.ieee.org/document/1455106."""
     coefficients = (0.42, 0.5, 0.08)

@@ -23,6 +23,9 @@ def _is_float(dtype) -> bool:
 
 @register("Cast", since=6)
 class Cast(Operator):
+    """ONNX Cast-6: the operator casts the elements of a given input tensor to a data type
+    specified by the 'to' argument and returns an output tensor of the same size in the
+    converted type."""
     attributes = {"to": None}
 
     @property
@@ -49,4 +52,7 @@ class Cast(Operator):
 
 @register("Cast", since=19)
 class Cast19(Cast):
+    """ONNX Cast-19: the operator casts the elements of a given input tensor to a data type
+    specified by the 'to' argument and returns an output tensor of the same size in the
+    converted type."""
     attributes = {"to": None, "saturate": 1}

@@ -11,6 +11,8 @@ from meta.lv0 import Operator, register
 
 @register("CastLike", since=15)
 class CastLike(Operator):
+    """ONNX CastLike-15: the operator casts the elements of a given input tensor (the first
+    input) to the same data type as the elements of the second input tensor."""
     attributes = {"saturate": 1}
     no_grad_inputs = (1,)
 

@@ -19,6 +19,7 @@ from meta.lv0 import Operator, register
 
 @register("CausalConvWithState", since=27)
 class CausalConvWithState(Operator):
+    """ONNX CausalConvWithState-27: stateful causal 1D depthwise convolution."""
     attributes = {"activation": "none"}
 
     def forward(self, ctx, x, weight, bias=None, past_state=None):

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Ceil", since=6)
 class Ceil(Unary):
+    """ONNX Ceil-6: Ceil takes one input data (Tensor) and produces one output data (Tensor)
+    where the ceil is, y = ceil(x), is applied to the tensor elementwise."""
     keep = ("x",)
 
     def function(self, x):

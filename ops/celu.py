@@ -11,6 +11,7 @@ from ._elementwise import Unary, f32
 
 @register("Celu", since=12)
 class Celu(Unary):
+    """ONNX Celu-12: continuously Differentiable Exponential Linear Units."""
     attributes = {"alpha": 1.0}
     keep = ("x",)
 

@@ -11,6 +11,7 @@ from meta.lv0 import Operator, register
 
 @register("CenterCropPad", since=18)
 class CenterCropPad(Operator):
+    """ONNX CenterCropPad-18: center crop or pad an input to given dimensions."""
     attributes = {"axes": None}
     no_grad_inputs = (1,)
 

@@ -15,6 +15,7 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 @register("Clip", since=11)
 class Clip(Operator):
+    """ONNX Clip-11: Clip operator limits the given input within an interval."""
     constant_inputs = (1, 2)  # ReLU6's bounds: an initializer here is a constant, not learned
 
     def forward(self, ctx, x, lo=None, hi=None):
@@ -41,6 +42,7 @@ class Clip(Operator):
 
 @register("Clip", since=6)
 class Clip6(Clip):
+    """ONNX Clip-6: Clip operator limits the given input within an interval."""
     attributes = {"min": -FLT_MAX, "max": FLT_MAX}
 
     def forward(self, ctx, x):

@@ -19,6 +19,9 @@ from . import _window
 
 @register("Col2Im", since=18)
 class Col2Im(Operator):
+    """ONNX Col2Im-18: the operator rearranges column blocks back into a multidimensional image
+    Col2Im behaves similarly to PyTorch's fold
+    https://pytorch.org/docs/stable/generated/torch.nn.Fold.html, but it only supports ..."""
     attributes = {"dilations": None, "pads": None, "strides": None}
     no_grad_inputs = (1, 2)
 

@@ -12,6 +12,8 @@ from ._axes import normalize_axis
 
 @register("Compress", since=9)
 class Compress(Operator):
+    """ONNX Compress-9: selects slices from an input tensor along a given axis where condition
+    evaluates to True for each axis index."""
     attributes = {"axis": None}
     no_grad_inputs = (1,)
 

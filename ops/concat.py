@@ -11,6 +11,7 @@ from ._axes import normalize_axis
 
 @register("Concat", since=4)
 class Concat(Operator):
+    """ONNX Concat-4: concatenate a list of tensors into a single tensor."""
     attributes = {"axis": None}
 
     def forward(self, ctx, *inputs):

@@ -13,6 +13,7 @@ from ._sequence import check_sequence
 
 @register("ConcatFromSequence", since=11)
 class ConcatFromSequence(Operator):
+    """ONNX ConcatFromSequence-11: concatenate a sequence of tensors into a single tensor."""
     attributes = {"axis": None, "new_axis": 0}
     no_grad_inputs = (0,)
 

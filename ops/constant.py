@@ -16,6 +16,7 @@ _TYPED = {"value_float": np.float32, "value_floats": np.float32, "value_int": np
 
 @register("Constant", since=1)
 class Constant(Operator):
+    """ONNX Constant-1: A constant tensor."""
     attributes = {"value": None, "sparse_value": None, **dict.fromkeys(_TYPED)}
 
     def __init__(self, **attrs):

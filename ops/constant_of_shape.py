@@ -14,6 +14,7 @@ from ._axes import as_ints
 
 @register("ConstantOfShape", since=9)
 class ConstantOfShape(Operator):
+    """ONNX ConstantOfShape-9: generate a tensor with given value and shape."""
     attributes = {"value": None}
 
     def forward(self, ctx, shape):

@@ -37,6 +37,8 @@ def kernel_of(op: str, w: np.ndarray, kernel_shape) -> tuple[int, ...]:
 
 @register("Conv", since=1)
 class Conv(Operator):
+    """ONNX Conv-1: the convolution operator consumes an input tensor and a filter, and computes
+    the output."""
     learnable_inputs = (1, 2)  # weight W and bias B
     attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                   "pads": None, "strides": None}

@@ -25,6 +25,8 @@ def integer_conv(attrs: dict, x, w, x_zero_point=None, w_zero_point=None) -> np.
 
 @register("ConvInteger", since=10)
 class ConvInteger(Operator):
+    """ONNX ConvInteger-10: the integer convolution operator consumes an input tensor, its
+    zero-point, a filter, and its zero-point, and computes the output."""
     attributes = dict(Conv.attributes)
     no_grad_inputs = (0, 1, 2, 3)
 

@@ -20,6 +20,8 @@ from .conv import check_conv_shapes, kernel_of
 
 @register("ConvTranspose", since=1)
 class ConvTranspose(Operator):
+    """ONNX ConvTranspose-1: the convolution transpose operator consumes an input tensor and a
+    filter, and computes the output."""
     learnable_inputs = (1, 2)  # weight W and bias B
     attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                   "output_padding": None, "output_shape": None, "pads": None, "strides": None}

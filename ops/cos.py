@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Cos", since=7)
 class Cos(Unary):
+    """ONNX Cos-7: calculates the cosine of the given input tensor, element-wise."""
     keep = ("x",)
 
     def function(self, x):

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Cosh", since=9)
 class Cosh(Unary):
+    """ONNX Cosh-9: calculates the hyperbolic cosine of the given input tensor element-wise."""
     keep = ("x",)
 
     def function(self, x):

@@ -24,6 +24,7 @@ def cumprod(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndar
 
 @register("CumProd", since=26)
 class CumProd(Operator):
+    """ONNX CumProd-26: performs cumulative product of the input elements along the given axis."""
     attributes = {"exclusive": 0, "reverse": 0}
     no_grad_inputs = (1,)
 

@@ -23,6 +23,7 @@ def cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarr
 
 @register("CumSum", since=11)
 class CumSum(Operator):
+    """ONNX CumSum-11: performs cumulative sum of the input elements along the given axis."""
     attributes = {"exclusive": 0, "reverse": 0}
     no_grad_inputs = (1,)
 

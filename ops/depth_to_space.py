@@ -10,6 +10,8 @@ from ._blocks import depth_to_space, space_to_depth
 
 @register("DepthToSpace", since=1)
 class DepthToSpace(Operator):
+    """ONNX DepthToSpace-1: DepthToSpace rearranges (permutes) data from depth into blocks of
+    spatial data."""
     attributes = {"blocksize": None, "mode": "DCR"}
 
     def forward(self, ctx, x):

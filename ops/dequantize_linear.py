@@ -17,6 +17,7 @@ from ._quantize import broadcast_param
 
 @register("DequantizeLinear", since=10)
 class DequantizeLinear(Operator):
+    """ONNX DequantizeLinear-10: the linear dequantization operator."""
     attributes = {"axis": 1, "block_size": 0, "output_dtype": 0}
     no_grad_inputs = (0, 2)
 

@@ -10,6 +10,7 @@ from meta.lv0 import Operator, register
 
 @register("Det", since=11)
 class Det(Operator):
+    """ONNX Det-11: Det calculates determinant of a square matrix or batches of square matrices."""
     def forward(self, ctx, x):
         y = np.linalg.det(x).astype(x.dtype)
         ctx.save(x=x, y=y)

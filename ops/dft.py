@@ -39,6 +39,7 @@ def _pairs(z: np.ndarray) -> np.ndarray:
 
 @register("DFT", since=20)
 class DFT(Operator):
+    """ONNX DFT-20: computes the discrete Fourier Transform (DFT) of the input."""
     attributes = {"inverse": 0, "onesided": 0}
     no_grad_inputs = (1, 2)
 

@@ -12,6 +12,8 @@ from ._legacy import LegacyBroadcast
 
 @register("Div", since=7)
 class Div(Operator):
+    """ONNX Div-7: performs element-wise binary division (with Numpy-style broadcasting
+    support)."""
     learnable_inputs = ()  # a divisor is a setting, not a learned value
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)

@@ -19,6 +19,8 @@ from meta.lv0 import Operator, register
 
 @register("Dropout", since=12)
 class Dropout(Operator):
+    """ONNX Dropout-12: Dropout takes an input floating-point tensor, an optional input ratio
+    (floating-point scalar) and an optional input training_mode (boolean scalar)."""
     attributes = {"seed": None}
     no_grad_inputs = (1, 2)  # ratio: a hyperparameter, not learned; training_mode: a flag
 

@@ -13,6 +13,8 @@ from meta.lv0 import Operator, register
 
 @register("DynamicQuantizeLinear", since=11)
 class DynamicQuantizeLinear(Operator):
+    """ONNX DynamicQuantizeLinear-11: A Function to fuse calculation for Scale, Zero Point and
+    FP32->8Bit conversion of FP32 Input data."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, x):

@@ -63,6 +63,9 @@ def plan(equation: str, shapes: list[tuple[int, ...]]) -> Plan:
 
 @register("Einsum", since=12)
 class Einsum(Operator):
+    """ONNX Einsum-12: an einsum of the form term1, term2 -> output-term produces an output
+    tensor using the following equation output[output-term] = reduce-sum( input1[term1] *
+    input2[term2] ) where the reduce-sum ..."""
     attributes = {"equation": None}
 
     def forward(self, ctx, *xs):

@@ -11,6 +11,9 @@ from ._elementwise import Unary, f32
 
 @register("Elu", since=6)
 class Elu(Unary):
+    """ONNX Elu-6: Elu takes one input data (Tensor) and produces one output data (Tensor) where
+    the function f(x) = alpha * (exp(x) - 1.) for x < 0, f(x) = x for x >= 0., is applied to the
+    tensor elementwise."""
     attributes = {"alpha": 1.0}
     keep = ("x",)
 

@@ -11,4 +11,6 @@ from ._logic import Predicate
 
 @register("Equal", since=7)
 class Equal(Predicate):
+    """ONNX Equal-7: returns the tensor resulted from performing the equal logical operation
+    elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.equal

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Erf", since=9)
 class Erf(Unary):
+    """ONNX Erf-9: computes the error function of the given input tensor element-wise."""
     keep = ("x",)
 
     def function(self, x):

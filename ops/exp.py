@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Exp", since=6)
 class Exp(Unary):
+    """ONNX Exp-6: calculates the exponential of the given input tensor, element-wise."""
     def function(self, x):
         return np.exp(x)
 

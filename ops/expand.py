@@ -12,6 +12,8 @@ from ._axes import as_ints
 
 @register("Expand", since=8)
 class Expand(Operator):
+    """ONNX Expand-8: broadcast the input tensor following the given shape and the broadcast
+    rule."""
     no_grad_inputs = (1,)
 
     def forward(self, ctx, x, shape):

@@ -12,6 +12,8 @@ from .cast import DTYPES
 
 @register("EyeLike", since=9)
 class EyeLike(Operator):
+    """ONNX EyeLike-9: generate a 2D tensor (matrix) with ones on the diagonal and zeros
+    everywhere else."""
     attributes = {"dtype": None, "k": 0}
     no_grad_inputs = (0,)
 

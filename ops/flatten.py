@@ -9,6 +9,7 @@ from meta.lv0 import Operator, register
 
 @register("Flatten", since=1)
 class Flatten(Operator):
+    """ONNX Flatten-1: flattens the input tensor into a 2D matrix."""
     attributes = {"axis": 1}
 
     def forward(self, ctx, x):

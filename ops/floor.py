@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Floor", since=6)
 class Floor(Unary):
+    """ONNX Floor-6: Floor takes one input data (Tensor) and produces one output data (Tensor)
+    where the floor is, y = floor(x), is applied to the tensor elementwise."""
     keep = ("x",)
 
     def function(self, x):

@@ -15,6 +15,9 @@ from ._axes import normalize_axis
 
 @register("Gather", since=1)
 class Gather(Operator):
+    """ONNX Gather-1: given data tensor of rank r >= 1, and indices tensor of rank q, gather
+    entries of the axis dimension of data (by default outer-most one as axis=0) indexed by
+    indices, and concatenates them in an ..."""
     learnable_inputs = (0,)  # an embedding table
     attributes = {"axis": 0}
 

@@ -13,6 +13,9 @@ from ._index import along_axis, wrap
 
 @register("GatherElements", since=11)
 class GatherElements(Operator):
+    """ONNX GatherElements-11: GatherElements takes two inputs data and indices of the same rank
+    r >= 1 and an optional attribute axis that identifies an axis of data (by default, the
+    outer-most axis, that is axis 0)."""
     attributes = {"axis": 0}
     no_grad_inputs = (1,)
 

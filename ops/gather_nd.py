@@ -26,6 +26,9 @@ def nd_index(data_shape, indices: np.ndarray, batch_dims: int, op: str):
 
 @register("GatherND", since=11)
 class GatherND(Operator):
+    """ONNX GatherND-11: given data tensor of rank r >= 1, and indices tensor of rank q >= 1,
+    this operator gathers slices of data into an output tensor of rank q + r - indices_shape[-1]
+    - 1."""
     attributes = {"batch_dims": 0}
     no_grad_inputs = (1,)
 

@@ -15,6 +15,9 @@ _SQRT_2_OVER_PI = np.sqrt(2 / np.pi)
 
 @register("Gelu", since=20)
 class Gelu(Unary):
+    """ONNX Gelu-20: Gelu takes one input data (Tensor) and produces one output data (Tensor)
+    where the gaussian error linear units function, $y = 0.5 * x * (1 + erf(x/sqrt(2)))$ is
+    applied to the tensor elementwise."""
     attributes = {"approximate": "none"}
     keep = ("x",)
 

@@ -10,6 +10,8 @@ from meta.lv0 import Operator, native, register, unbroadcast
 
 @register("Gemm", since=11)
 class Gemm(Operator):
+    """ONNX Gemm-11: general matrix multiplication, Y = alpha * A' B' + beta * C, where A' and
+    B' are A and B transposed when ``transA`` / ``transB`` say so and C (optional) broadcasts."""
     learnable_inputs = (0, 1, 2)  # A or B (either may hold the weight) and C
     attributes = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 
@@ -102,6 +104,7 @@ class Gemm7(Gemm):
 
 @register("Gemm", since=7, backend="native")
 class NativeGemm7(NativeGemm):
+    """Gemm (opset 7+) on meta's C++ kernel: the numpy operator's semantics, computed natively."""
     def forward(self, ctx, a, b, c=None):
         if c is None:
             raise ValueError("Gemm: input C is required before opset 11")

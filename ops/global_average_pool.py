@@ -9,6 +9,8 @@ from meta.lv0 import Operator, register
 
 @register("GlobalAveragePool", since=1)
 class GlobalAveragePool(Operator):
+    """ONNX GlobalAveragePool-1: GlobalAveragePool consumes an input tensor X and applies
+    average pooling across the values in the same channel."""
     def forward(self, ctx, x):
         if x.ndim < 3:
             raise ValueError(f"GlobalAveragePool: X {list(x.shape)} needs spatial dims "

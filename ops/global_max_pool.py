@@ -10,6 +10,8 @@ from meta.lv0 import Operator, register
 
 @register("GlobalMaxPool", since=1)
 class GlobalMaxPool(Operator):
+    """ONNX GlobalMaxPool-1: GlobalMaxPool consumes an input tensor X and applies max pooling
+    across the values in the same channel."""
     def forward(self, ctx, x):
         axes = tuple(range(2, x.ndim))
         y = np.max(x, axis=axes, keepdims=True)

@@ -11,4 +11,6 @@ from ._logic import Predicate
 
 @register("Greater", since=7)
 class Greater(Predicate):
+    """ONNX Greater-7: returns the tensor resulted from performing the greater logical operation
+    elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.greater

@@ -11,4 +11,7 @@ from ._logic import Predicate
 
 @register("GreaterOrEqual", since=12)
 class GreaterOrEqual(Predicate):
+    """ONNX GreaterOrEqual-12: returns the tensor resulted from performing the greater_equal
+    logical operation elementwise on the input tensors A and B (with Numpy-style broadcasting
+    support)."""
     fn = np.greater_equal

@@ -56,6 +56,8 @@ def _reflect(x, low, high):
 
 @register("GridSample", since=20)
 class GridSample(Operator):
+    """ONNX GridSample-20: given an input X and a flow-field grid, computes the output Y using X
+    values and pixel locations from the grid."""
     attributes = {"align_corners": 0, "mode": "linear", "padding_mode": "zeros"}
     no_grad_inputs = ()
 

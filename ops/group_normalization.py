@@ -14,6 +14,7 @@ from ._normalize import standardize, standardize_backward
 
 @register("GroupNormalization", since=21)
 class GroupNormalization(Operator):
+    """ONNX GroupNormalization-21: A GroupNormalization function."""
     learnable_inputs = (1, 2)  # scale and bias
     attributes = {"epsilon": 1e-5, "num_groups": None, "stash_type": 1}
     per_channel = True
@@ -50,5 +51,6 @@ class GroupNormalization(Operator):
 
 @register("GroupNormalization", since=18)
 class GroupNormalization18(GroupNormalization):
+    """ONNX GroupNormalization-18: A GroupNormalization function."""
     attributes = {"epsilon": 1e-5, "num_groups": None}
     per_channel = False

@@ -22,6 +22,7 @@ from ._recurrent import Params, Recurrent
 
 @register("GRU", since=7)
 class GRU(Recurrent):
+    """ONNX GRU-7: computes an one-layer GRU."""
     gates = 3
     default_activations = ["Sigmoid", "Tanh"]
     attributes = {**Recurrent.attributes, "linear_before_reset": 0}

@@ -10,4 +10,6 @@ from ._cosine_window import CosineWindow
 
 @register("HammingWindow", since=17)
 class HammingWindow(CosineWindow):
+    """ONNX HammingWindow-17: generates a Hamming window as described in the paper
+    https://ieeexplore.ieee.org/document/1455106."""
     coefficients = (25 / 46, 21 / 46)

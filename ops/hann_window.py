@@ -9,4 +9,6 @@ from ._cosine_window import CosineWindow
 
 @register("HannWindow", since=17)
 class HannWindow(CosineWindow):
+    """ONNX HannWindow-17: generates a Hann window as described in the paper
+    https://ieeexplore.ieee.org/document/1455106."""
     coefficients = (0.5, 0.5)

@@ -11,6 +11,9 @@ from ._elementwise import Unary, f32
 
 @register("HardSigmoid", since=6)
 class HardSigmoid(Unary):
+    """ONNX HardSigmoid-6: HardSigmoid takes one input data (Tensor) and produces one output
+    data (Tensor) where the HardSigmoid function, y = max(0, min(1, alpha * x + beta)), is
+    applied to the tensor elementwise."""
     attributes = {"alpha": 0.2, "beta": 0.5}
     keep = ("x",)
 

@@ -14,6 +14,9 @@ ALPHA = f32(1 / 6)
 
 @register("HardSwish", since=14)
 class HardSwish(Unary):
+    """ONNX HardSwish-14: HardSwish takes one input data (Tensor) and produces one output data
+    (Tensor) where the HardSwish function, y = x * max(0, min(1, alpha * x + beta)) = x *
+    HardSigmoid(x), where alpha = 1/6 and beta = ..."""
     keep = ("x",)
 
     def function(self, x):

@@ -22,6 +22,7 @@ def hardmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 @register("Hardmax", since=13)
 class Hardmax(Operator):
+    """ONNX Hardmax-13: the operator computes the hardmax values for the given input."""
     attributes = {"axis": -1}
 
     def forward(self, ctx, x):
@@ -36,6 +37,8 @@ class Hardmax(Operator):
 
 @register("Hardmax", since=1)
 class Hardmax1(Hardmax):
+    """ONNX Hardmax-1: the operator computes the hardmax (1 for the first maximum value, and 0
+    for all others) values for each layer in the batch of the given input."""
     attributes = {"axis": 1}
 
     def forward(self, ctx, x):

@@ -7,6 +7,7 @@ from meta.lv0 import Operator, register
 
 @register("Identity", since=1)
 class Identity(Operator):
+    """ONNX Identity-1: Identity operator."""
     def forward(self, ctx, x):
         return x
 

@@ -13,6 +13,7 @@ from meta.lv0 import Operator, register
 
 @register("If", since=1)
 class If(Operator):
+    """ONNX If-1: If conditional."""
     attributes = {"then_branch": None, "else_branch": None}
     no_grad_inputs = (0,)
 

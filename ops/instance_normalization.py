@@ -11,6 +11,8 @@ from ._normalize import standardize, standardize_backward
 
 @register("InstanceNormalization", since=6)
 class InstanceNormalization(Operator):
+    """ONNX InstanceNormalization-6: carries out instance normalization as described in the
+    paper https://arxiv.org/abs/1607.08022."""
     learnable_inputs = (1, 2)  # scale and bias
     attributes = {"epsilon": 1e-5}
 

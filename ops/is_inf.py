@@ -10,6 +10,7 @@ from meta.lv0 import Operator, register
 
 @register("IsInf", since=10)
 class IsInf(Operator):
+    """ONNX IsInf-10: map infinity to true and other values to false."""
     attributes = {"detect_negative": 1, "detect_positive": 1}
     no_grad_inputs = (0,)
 

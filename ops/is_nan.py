@@ -9,6 +9,7 @@ from meta.lv0 import Operator, register
 
 @register("IsNaN", since=9)
 class IsNaN(Operator):
+    """ONNX IsNaN-9: returns which elements of the input are NaN."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, x):

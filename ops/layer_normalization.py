@@ -16,6 +16,7 @@ from ._normalize import standardize, standardize_backward
 
 @register("LayerNormalization", since=17)
 class LayerNormalization(Operator):
+    """ONNX LayerNormalization-17: this is layer normalization defined in ONNX as function."""
     learnable_inputs = (1, 2)  # scale and bias
     attributes = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 

@@ -11,6 +11,9 @@ from ._elementwise import NativeUnary, Unary
 
 @register("LeakyRelu", since=6)
 class LeakyRelu(Unary):
+    """ONNX LeakyRelu-6: LeakyRelu takes input data (Tensor) and an argument alpha, and produces
+    one output data (Tensor) where the function f(x) = alpha * x for x < 0, f(x) = x for x >= 0,
+    is applied to the data tensor ..."""
     attributes = {"alpha": 0.01}
     keep = ("x",)
 

@@ -11,4 +11,6 @@ from ._logic import Predicate
 
 @register("LessOrEqual", since=12)
 class LessOrEqual(Predicate):
+    """ONNX LessOrEqual-12: returns the tensor resulted from performing the less_equal logical
+    operation elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.less_equal

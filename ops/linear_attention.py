@@ -40,6 +40,8 @@ def _unheads(x: np.ndarray) -> np.ndarray:
 
 @register("LinearAttention", since=27)
 class LinearAttention(Operator):
+    """ONNX LinearAttention-27: unified linear attention operator for autoregressive decoding
+    (T=1) and prefill (T>1)."""
     attributes = {"chunk_size": 64, "kv_num_heads": None, "q_num_heads": None, "scale": 0.0,
                   "update_rule": "gated_delta"}
 

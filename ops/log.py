@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Log", since=6)
 class Log(Unary):
+    """ONNX Log-6: calculates the natural log of the given input tensor, element-wise."""
     keep = ("x",)
 
     def function(self, x):

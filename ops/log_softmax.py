@@ -12,6 +12,7 @@ from ._softmax import NATIVE_MAX_SIZE, Normalizer, log_softmax
 
 @register("LogSoftmax", since=13)
 class LogSoftmax(Normalizer):
+    """ONNX LogSoftmax-13: the operator computes the log of softmax values for the given input."""
     def compute(self, x, axis):
         return log_softmax(x, axis)
 
@@ -21,6 +22,8 @@ class LogSoftmax(Normalizer):
 
 @register("LogSoftmax", since=1)
 class LogSoftmax1(LogSoftmax):
+    """ONNX LogSoftmax-1: the operator computes the logsoftmax (log of softmax) values for each
+    layer in the batch of the given input."""
     attributes = {"axis": 1}
     coerce_2d = True
 
@@ -42,5 +45,7 @@ class NativeLogSoftmax(LogSoftmax):
 
 @register("LogSoftmax", since=1, backend="native")
 class NativeLogSoftmax1(NativeLogSoftmax):
+    """LogSoftmax (opset 1+) on meta's C++ kernel: the numpy operator's semantics, computed
+    natively."""
     attributes = {"axis": 1}
     coerce_2d = True

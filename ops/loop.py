@@ -18,6 +18,7 @@ from meta.lv0 import Operator, register
 
 @register("Loop", since=1)
 class Loop(Operator):
+    """ONNX Loop-1: generic Looping construct."""
     attributes = {"body": None}
     no_grad_inputs = (0, 1)
 

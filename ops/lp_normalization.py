@@ -12,6 +12,7 @@ from ._axes import normalize_axis
 
 @register("LpNormalization", since=1)
 class LpNormalization(Operator):
+    """ONNX LpNormalization-1: given a matrix, apply Lp-normalization along the provided axis."""
     attributes = {"axis": -1, "p": 2}
 
     def forward(self, ctx, x):

@@ -16,6 +16,8 @@ from . import _window
 
 @register("LpPool", since=2)
 class LpPool(Operator):
+    """ONNX LpPool-2: LpPool consumes an input tensor X and applies Lp pooling across the tensor
+    according to kernel sizes, stride sizes, and pad lengths."""
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": None,
                   "p": 2, "pads": None, "strides": None}
 

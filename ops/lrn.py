@@ -25,6 +25,7 @@ def channel_window_sum(a: np.ndarray, before: int, after: int) -> np.ndarray:
 
 @register("LRN", since=1)
 class LRN(Operator):
+    """ONNX LRN-1: local Response Normalization proposed in the AlexNet paper."""
     attributes = {"alpha": 0.0001, "beta": 0.75, "bias": 1.0, "size": None}
 
     def span(self) -> tuple[int, int]:

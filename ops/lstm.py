@@ -21,6 +21,7 @@ from ._recurrent import Params, Recurrent
 
 @register("LSTM", since=7)
 class LSTM(Recurrent):
+    """ONNX LSTM-7: computes an one-layer LSTM."""
     gates = 4
     n_states = 2
     clipped = 2  # clip bounds the gates' inputs, not the cell state h() reads

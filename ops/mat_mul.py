@@ -13,6 +13,7 @@ from meta.lv0 import Operator, native, register, unbroadcast
 
 @register("MatMul", since=1)
 class MatMul(Operator):
+    """ONNX MatMul-1: matrix product that behaves like numpy.matmul."""
     learnable_inputs = (0, 1)  # either factor may be a weight
     def forward(self, ctx, a, b):
         if a.ndim == 0 or b.ndim == 0:

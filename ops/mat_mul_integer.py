@@ -21,6 +21,7 @@ def shifted(x: np.ndarray, zero_point, per_row: bool) -> np.ndarray:
 
 @register("MatMulInteger", since=10)
 class MatMulInteger(Operator):
+    """ONNX MatMulInteger-10: matrix product that behaves like numpy.matmul."""
     no_grad_inputs = (0, 1, 2, 3)
 
     def forward(self, ctx, a, b, a_zero_point=None, b_zero_point=None):

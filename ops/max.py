@@ -12,4 +12,5 @@ from ._variadic import Choose
 
 @register("Max", since=6)
 class Max(Choose):
+    """ONNX Max-6: element-wise max of each of the input tensors."""
     pick = np.maximum

@@ -34,6 +34,8 @@ def spatial_index(win: _window.Window, arg: np.ndarray, order: str) -> np.ndarra
 
 @register("MaxPool", since=1)
 class MaxPool(Operator):
+    """ONNX MaxPool-1: MaxPool consumes an input tensor X and applies max pooling across the
+    tensor according to kernel sizes, stride sizes, and pad lengths."""
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": None,
                   "pads": None, "storage_order": 0, "strides": None}
 

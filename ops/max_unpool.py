@@ -15,6 +15,7 @@ from meta.lv0 import Operator, register
 
 @register("MaxUnpool", since=9)
 class MaxUnpool(Operator):
+    """ONNX MaxUnpool-9: MaxUnpool essentially computes the partial inverse of the MaxPool op."""
     attributes = {"kernel_shape": None, "pads": None, "strides": None}
     no_grad_inputs = (1, 2)
 

@@ -11,6 +11,7 @@ from ._elementwise import broadcast_shape
 
 @register("Mean", since=6)
 class Mean(Operator):
+    """ONNX Mean-6: element-wise mean of each of the input tensors."""
     def forward(self, ctx, *xs):
         broadcast_shape("Mean", *xs)
         total = xs[0]

@@ -14,6 +14,8 @@ from ._loss import check_reduction, per_element_grad, reduce_loss
 
 @register("MeanSquaredError", since=1, domain="ai.meta")
 class MeanSquaredError(Operator):
+    """ai.meta MeanSquaredError-1: MeanSquaredError (domain ai.meta): (prediction - target)^2,
+    reduced by ``reduction``."""
     attributes = {"reduction": "mean"}
 
     def forward(self, ctx, prediction, target):

@@ -15,6 +15,7 @@ EPSILON = f32(1e-9)
 
 @register("MeanVarianceNormalization", since=9)
 class MeanVarianceNormalization(Operator):
+    """ONNX MeanVarianceNormalization-9: A MeanVarianceNormalization Function."""
     attributes = {"axes": [0, 2, 3]}
 
     def forward(self, ctx, x):

@@ -12,4 +12,5 @@ from ._variadic import Choose
 
 @register("Min", since=6)
 class Min(Choose):
+    """ONNX Min-6: element-wise min of each of the input tensors."""
     pick = np.minimum

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Mish", since=18)
 class Mish(Unary):
+    """ONNX Mish-18: Mish."""
     keep = ("x",)
 
     def function(self, x):

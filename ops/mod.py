@@ -16,6 +16,8 @@ from ._elementwise import broadcast_shape
 
 @register("Mod", since=10)
 class Mod(Operator):
+    """ONNX Mod-10: performs element-wise binary modulus (with Numpy-style broadcasting
+    support)."""
     attributes = {"fmod": 0}
 
     def forward(self, ctx, a, b):

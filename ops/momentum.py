@@ -9,6 +9,8 @@ from ._training import TrainingOptimizer, register_training
 
 @register_training("Momentum")
 class Momentum(TrainingOptimizer):
+    """ai.onnx.preview.training Momentum-1: compute one iteration of stochastic gradient update
+    with momentum."""
     attributes = {"alpha": None, "beta": None, "mode": None, "norm_coefficient": None}
 
     def rule(self, r, t, x, g, v):

@@ -11,6 +11,8 @@ from ._legacy import LegacyBroadcast
 
 @register("Mul", since=7)
 class Mul(Operator):
+    """ONNX Mul-7: performs element-wise binary multiplication (with Numpy-style broadcasting
+    support)."""
     learnable_inputs = (0, 1)  # a scale vector (LayerScale, RMSNorm written out)
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Neg", since=6)
 class Neg(Unary):
+    """ONNX Neg-6: Neg takes one input data (Tensor) and produces one output data (Tensor) where
+    each element flipped sign, y = -x, is applied to the tensor elementwise."""
     keep = ("x",)
 
     def function(self, x):

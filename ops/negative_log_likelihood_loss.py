@@ -17,6 +17,8 @@ from ._loss import check_reduction, per_element_grad, reduce_loss
 
 @register("NegativeLogLikelihoodLoss", since=12)
 class NegativeLogLikelihoodLoss(Operator):
+    """ONNX NegativeLogLikelihoodLoss-12: A NegativeLogLikelihoodLoss operator computes
+    (weighted) negative log likelihood loss."""
     attributes = {"ignore_index": None, "reduction": "mean"}
 
     def forward(self, ctx, x, target, weight=None):

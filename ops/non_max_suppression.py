@@ -38,6 +38,8 @@ def iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
 
 @register("NonMaxSuppression", since=10)
 class NonMaxSuppression(Operator):
+    """ONNX NonMaxSuppression-10: filter out boxes that have high intersection-over-union (IOU)
+    overlap with previously selected boxes."""
     attributes = {"center_point_box": 0}
     no_grad_inputs = (0, 1, 2, 3, 4)
 

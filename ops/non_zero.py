@@ -10,6 +10,8 @@ from meta.lv0 import Operator, register
 
 @register("NonZero", since=9)
 class NonZero(Operator):
+    """ONNX NonZero-9: returns the indices of the elements that are non-zero (in row-major order
+    - by dimension)."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, x):

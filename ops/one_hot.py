@@ -13,6 +13,7 @@ from ._axes import normalize_axis
 
 @register("OneHot", since=9)
 class OneHot(Operator):
+    """ONNX OneHot-9: produces a one-hot tensor based on inputs."""
     attributes = {"axis": -1}
     no_grad_inputs = (0, 1)
     constant_inputs = (2,)  # the off/on values are settings, not learned weights

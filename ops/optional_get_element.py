@@ -8,6 +8,7 @@ from meta.lv0 import Operator, register
 
 @register("OptionalGetElement", since=15)
 class OptionalGetElement(Operator):
+    """ONNX OptionalGetElement-15: outputs the element in the optional-type input."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, value=None):

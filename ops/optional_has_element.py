@@ -10,6 +10,7 @@ from meta.lv0 import Operator, register
 
 @register("OptionalHasElement", since=15)
 class OptionalHasElement(Operator):
+    """ONNX OptionalHasElement-15: returns true if the optional-type input contains an element."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, value=None):

@@ -11,4 +11,6 @@ from ._logic import Predicate
 
 @register("Or", since=7)
 class Or(Predicate):
+    """ONNX Or-7: returns the tensor resulted from performing the or logical operation
+    elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.logical_or

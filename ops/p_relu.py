@@ -12,6 +12,9 @@ from ._elementwise import broadcast_shape
 
 @register("PRelu", since=7)
 class PRelu(Operator):
+    """ONNX PRelu-7: PRelu takes input data (Tensor) and slope tensor as input, and produces one
+    output data (Tensor) where the function f(x) = slope * x for x < 0, f(x) = x for x >= 0., is
+    applied to the data tensor ..."""
     learnable_inputs = (1,)  # the slope
 
     def forward(self, ctx, x, slope):

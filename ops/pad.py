@@ -17,6 +17,9 @@ from ._axes import as_ints, normalize_axis
 
 @register("Pad", since=19)
 class Pad(Operator):
+    """ONNX Pad-19: given a tensor containing the data to be padded (data), a tensor containing
+    the number of start and end pad values for axis (pads), (optionally) a mode, and
+    (optionally) constant_value, a padded ..."""
     attributes = {"mode": "constant"}
     modes = ("constant", "reflect", "edge", "wrap")
 
@@ -74,17 +77,24 @@ class Pad(Operator):
 
 @register("Pad", since=18)
 class Pad18(Pad):
+    """ONNX Pad-18: given a tensor containing the data to be padded (data), a tensor containing
+    the number of start and end pad values for axis (pads), (optionally) a mode, and
+    (optionally) constant_value, a padded ..."""
     modes = ("constant", "reflect", "edge")
 
 
 @register("Pad", since=11)
 class Pad11(Pad18):
+    """ONNX Pad-11: given a tensor containing the data to be padded (data), a tensor containing
+    the number of start and end pad values for axis (pads), (optionally) a mode, and
+    (optionally) constant_value, a padded ..."""
     def forward(self, ctx, x, pads, constant_value=None):
         return super().forward(ctx, x, pads, constant_value)
 
 
 @register("Pad", since=2)
 class Pad2(Pad18):
+    """ONNX Pad-2: given data tensor, pads, mode, and value."""
     attributes = {"mode": "constant", "pads": None, "value": 0.0}
 
     def forward(self, ctx, x):

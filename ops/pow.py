@@ -12,6 +12,9 @@ from ._legacy import LegacyBroadcast
 
 @register("Pow", since=7)
 class Pow(Operator):
+    """ONNX Pow-7: Pow takes input data (Tensor) and exponent Tensor, and produces one output
+    data (Tensor) where the function f(x) = x^exponent, is applied to the data tensor
+    elementwise."""
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)
         y = np.power(a, b).astype(a.dtype, copy=False)

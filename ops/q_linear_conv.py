@@ -15,6 +15,9 @@ from .conv_integer import integer_conv
 
 @register("QLinearConv", since=10)
 class QLinearConv(Operator):
+    """ONNX QLinearConv-10: the convolution operator consumes a quantized input tensor, its
+    scale and zero point, a quantized filter, its scale and zero point, and output's scale and
+    zero point, and computes the quantized output."""
     attributes = dict(Conv.attributes)
     no_grad_inputs = tuple(range(9))
 

@@ -14,6 +14,7 @@ from .mat_mul_integer import shifted
 
 @register("QLinearMatMul", since=10)
 class QLinearMatMul(Operator):
+    """ONNX QLinearMatMul-10: matrix product that behaves like numpy.matmul."""
     no_grad_inputs = tuple(range(8))
 
     def forward(self, ctx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,

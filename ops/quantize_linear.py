@@ -17,6 +17,7 @@ from ._quantize import broadcast_param, quantized_type, saturate
 
 @register("QuantizeLinear", since=10)
 class QuantizeLinear(Operator):
+    """ONNX QuantizeLinear-10: the linear per-tensor/layer quantization operator."""
     attributes = {"axis": 1, "saturate": 1, "block_size": 0, "output_dtype": 0}
     no_grad_inputs = (0, 1, 2)
     precision = 0

@@ -12,6 +12,8 @@ from meta.lv0 import Operator, register
 
 @register("Range", since=11)
 class Range(Operator):
+    """ONNX Range-11: generate a tensor containing a sequence of numbers that begin at start and
+    extends by increments of delta up to limit (exclusive)."""
     no_grad_inputs = (0, 1, 2)
 
     def forward(self, ctx, start, limit, delta):

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Reciprocal", since=6)
 class Reciprocal(Unary):
+    """ONNX Reciprocal-6: Reciprocal takes one input data (Tensor) and produces one output data
+    (Tensor) where the reciprocal is, y = 1/x, is applied to the tensor elementwise."""
     keep = ("y",)
 
     def function(self, x):

@@ -13,6 +13,8 @@ from ._reductions import Reduction
 
 @register("ReduceL1", since=18)
 class ReduceL1(Reduction):
+    """ONNX ReduceL1-18: computes the L1 norm of the input tensor's elements along the provided
+    axes."""
     def compute(self, x, axes):
         return np.sum(np.abs(x), axis=axes, keepdims=True)
 
@@ -22,5 +24,7 @@ class ReduceL1(Reduction):
 
 @register("ReduceL1", since=1)
 class ReduceL11(ReduceL1):
+    """ONNX ReduceL1-1: computes the L1 norm of the input tensor's element along the provided
+    axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

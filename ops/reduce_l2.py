@@ -13,6 +13,8 @@ from ._reductions import Reduction
 
 @register("ReduceL2", since=18)
 class ReduceL2(Reduction):
+    """ONNX ReduceL2-18: computes the L2 norm of the input tensor's elements along the provided
+    axes."""
     def compute(self, x, axes):
         return np.sqrt(np.sum(np.square(x), axis=axes, keepdims=True))
 
@@ -22,5 +24,7 @@ class ReduceL2(Reduction):
 
 @register("ReduceL2", since=1)
 class ReduceL21(ReduceL2):
+    """ONNX ReduceL2-1: computes the L2 norm of the input tensor's element along the provided
+    axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

@@ -13,6 +13,8 @@ from ._reductions import Reduction
 
 @register("ReduceLogSum", since=18)
 class ReduceLogSum(Reduction):
+    """ONNX ReduceLogSum-18: computes the log sum of the input tensor's elements along the
+    provided axes."""
     def compute(self, x, axes):
         return np.log(np.sum(x, axis=axes, keepdims=True))
 
@@ -22,5 +24,7 @@ class ReduceLogSum(Reduction):
 
 @register("ReduceLogSum", since=1)
 class ReduceLogSum1(ReduceLogSum):
+    """ONNX ReduceLogSum-1: computes the log sum of the input tensor's element along the
+    provided axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

@@ -13,6 +13,8 @@ from ._reductions import Reduction
 
 @register("ReduceLogSumExp", since=18)
 class ReduceLogSumExp(Reduction):
+    """ONNX ReduceLogSumExp-18: computes the log sum exponent of the input tensor's elements
+    along the provided axes."""
     def compute(self, x, axes):
         if x.dtype.kind != "f":
             return np.log(np.sum(np.exp(x), axis=axes, keepdims=True))
@@ -26,5 +28,7 @@ class ReduceLogSumExp(Reduction):
 
 @register("ReduceLogSumExp", since=1)
 class ReduceLogSumExp1(ReduceLogSumExp):
+    """ONNX ReduceLogSumExp-1: computes the log sum exponent of the input tensor's element along
+    the provided axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

@@ -11,10 +11,13 @@ from ._reductions import Extreme
 
 @register("ReduceMin", since=18)
 class ReduceMin(Extreme):
+    """ONNX ReduceMin-18: computes the min of the input tensor's elements along the provided
+    axes."""
     largest = False
 
 
 @register("ReduceMin", since=1)
 class ReduceMin1(ReduceMin):
+    """ONNX ReduceMin-1: computes the min of the input tensor's element along the provided axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

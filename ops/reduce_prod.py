@@ -13,6 +13,8 @@ from ._reductions import Reduction
 
 @register("ReduceProd", since=18)
 class ReduceProd(Reduction):
+    """ONNX ReduceProd-18: computes the product of the input tensor's elements along the
+    provided axes."""
     def compute(self, x, axes):
         return np.prod(x, axis=axes, keepdims=True)
 
@@ -29,5 +31,7 @@ class ReduceProd(Reduction):
 
 @register("ReduceProd", since=1)
 class ReduceProd1(ReduceProd):
+    """ONNX ReduceProd-1: computes the product of the input tensor's element along the provided
+    axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

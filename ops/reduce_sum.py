@@ -9,10 +9,13 @@ from ._reduce import Reduce
 
 @register("ReduceSum", since=13)
 class ReduceSum(Reduce):
+    """ONNX ReduceSum-13: computes the sum of the input tensor's elements along the provided
+    axes."""
     pass
 
 
 @register("ReduceSum", since=1)
 class ReduceSum1(Reduce):
+    """ONNX ReduceSum-1: computes the sum of the input tensor's element along the provided axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

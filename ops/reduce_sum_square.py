@@ -13,6 +13,8 @@ from ._reductions import Reduction
 
 @register("ReduceSumSquare", since=18)
 class ReduceSumSquare(Reduction):
+    """ONNX ReduceSumSquare-18: computes the sum square of the input tensor's elements along the
+    provided axes."""
     def compute(self, x, axes):
         return np.sum(np.square(x), axis=axes, keepdims=True)
 
@@ -22,5 +24,7 @@ class ReduceSumSquare(Reduction):
 
 @register("ReduceSumSquare", since=1)
 class ReduceSumSquare1(ReduceSumSquare):
+    """ONNX ReduceSumSquare-1: computes the sum square of the input tensor's element along the
+    provided axes."""
     attributes = {"axes": None, "keepdims": 1}
     axes_from = "attribute"

@@ -9,6 +9,8 @@ from meta.lv0 import Operator, native, register
 
 @register("Relu", since=6)
 class Relu(Operator):
+    """ONNX Relu-6: Relu takes one input data (Tensor) and produces one output data (Tensor)
+    where the rectified linear function, y = max(0, x), is applied to the tensor elementwise."""
     def forward(self, ctx, x):
         y = np.maximum(x, 0)
         ctx.save(y=y)

@@ -9,6 +9,7 @@ from meta.lv0 import Operator, register
 
 @register("Reshape", since=5)
 class Reshape(Operator):
+    """ONNX Reshape-5: Reshape the input tensor similar to numpy.reshape."""
     attributes = {"allowzero": 0}
 
     def forward(self, ctx, data, shape):

@@ -18,6 +18,7 @@ from ._resize import axis_plan, is_identity, resample, resample_backward
 
 @register("Resize", since=18)
 class Resize(Operator):
+    """ONNX Resize-18: Resize the input tensor."""
     attributes = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
                   "nearest_mode": "round_prefer_floor", "cubic_coeff_a": -0.75,
                   "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0,

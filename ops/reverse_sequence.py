@@ -10,6 +10,8 @@ from meta.lv0 import Operator, register
 
 @register("ReverseSequence", since=10)
 class ReverseSequence(Operator):
+    """ONNX ReverseSequence-10: reverse batch of sequences having different lengths specified by
+    sequence_lens."""
     attributes = {"batch_axis": 1, "time_axis": 0}
     no_grad_inputs = (1,)
 

@@ -13,6 +13,8 @@ from ._elementwise import f32
 
 @register("RMSNormalization", since=23)
 class RMSNormalization(Operator):
+    """ONNX RMSNormalization-23: this is RMS normalization defined in ONNX as function as
+    described in the paper https://arxiv.org/pdf/1910.07467."""
     learnable_inputs = (1,)  # scale
     attributes = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
 

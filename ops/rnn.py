@@ -11,6 +11,7 @@ from ._recurrent import Params, Recurrent
 
 @register("RNN", since=7)
 class RNN(Recurrent):
+    """ONNX RNN-7: computes an one-layer simple RNN."""
     gates = 1
     default_activations = ["Tanh"]
 

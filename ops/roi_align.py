@@ -40,6 +40,8 @@ def _axis_samples(start: float, size: float, bins: int, grid: int, length: int):
 
 @register("RoiAlign", since=16)
 class RoiAlign(Operator):
+    """ONNX RoiAlign-16: region of Interest (RoI) align operation described in the Mask R-CNN
+    paper."""
     attributes = {"coordinate_transformation_mode": "half_pixel", "mode": "avg",
                   "output_height": 1, "output_width": 1, "sampling_ratio": 0,
                   "spatial_scale": 1.0}

@@ -19,6 +19,8 @@ from meta.lv0 import Operator, register
 
 @register("RotaryEmbedding", since=23)
 class RotaryEmbedding(Operator):
+    """ONNX RotaryEmbedding-23: RotaryEmbedding is the implementation of rotary positional
+    embeddings (RoPE) based on the paper https://arxiv.org/pdf/2104.09864."""
     attributes = {"interleaved": 0, "num_heads": None, "rotary_embedding_dim": 0}
     no_grad_inputs = (3,)
 

@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Round", since=11)
 class Round(Unary):
+    """ONNX Round-11: Round takes one input Tensor and rounds the values, element-wise, meaning
+    it finds the nearest integer for each value."""
     keep = ("x",)
 
     def function(self, x):

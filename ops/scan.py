@@ -26,6 +26,8 @@ def _axis(axis: int, ndim: int) -> int:
 
 @register("Scan", since=9)
 class Scan(Operator):
+    """ONNX Scan-9: Scan can be used to iterate over one or more scan_input tensors,
+    constructing zero or more scan_output tensors."""
     attributes = {"body": None, "num_scan_inputs": 1, "scan_input_axes": None,
                   "scan_input_directions": None, "scan_output_axes": None,
                   "scan_output_directions": None}

@@ -20,6 +20,9 @@ REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimu
 
 @register("ScatterElements", since=11)
 class ScatterElements(Operator):
+    """ONNX ScatterElements-11: ScatterElements takes three inputs data, updates, and indices of
+    the same rank r >= 1 and an optional attribute axis that identifies an axis of data (by
+    default, the outer-most axis, that is axis 0)."""
     attributes = {"axis": 0, "reduction": "none"}
     no_grad_inputs = (1,)
 
@@ -60,5 +63,8 @@ class ScatterElements(Operator):
 
 @register("Scatter", since=9)
 class Scatter(ScatterElements):
+    """ONNX Scatter-9: given data, updates and indices input tensors of rank r >= 1, write the
+    values provided by updates into the first input, data, along axis dimension of data (by
+    default outer-most one as axis=0) at ..."""
     attributes = {"axis": 0}
     reduction = "none"

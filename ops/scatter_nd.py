@@ -13,6 +13,8 @@ from .scatter_elements import REDUCE
 
 @register("ScatterND", since=11)
 class ScatterND(Operator):
+    """ONNX ScatterND-11: ScatterND takes three inputs data tensor of rank r >= 1, indices
+    tensor of rank q >= 1, and updates tensor of rank q + r - indices.shape[-1] - 1."""
     attributes = {"reduction": "none"}
     no_grad_inputs = (1,)
 

@@ -11,6 +11,9 @@ from ._elementwise import Unary, f32
 
 @register("Selu", since=6)
 class Selu(Unary):
+    """ONNX Selu-6: Selu takes one input data (Tensor) and produces one output data (Tensor)
+    where the scaled exponential linear unit function, y = gamma * (alpha * e^x - alpha) for x
+    <= 0, y = gamma * x for x > 0, is ..."""
     attributes = {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214050292968750}
     keep = ("x",)
 

@@ -9,6 +9,8 @@ from ._sequence import SequenceGrad, check_sequence, position
 
 @register("SequenceAt", since=11)
 class SequenceAt(Operator):
+    """ONNX SequenceAt-11: outputs a tensor copy from the tensor at 'position' in
+    'input_sequence'."""
     no_grad_inputs = (1,)
 
     def forward(self, ctx, sequence, where):

@@ -8,6 +8,7 @@ from meta.lv0 import Operator, register
 
 @register("SequenceEmpty", since=11)
 class SequenceEmpty(Operator):
+    """ONNX SequenceEmpty-11: construct an empty tensor sequence, with given data type."""
     attributes = {"dtype": None}
 
     def forward(self, ctx):

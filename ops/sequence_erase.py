@@ -10,6 +10,8 @@ from ._sequence import check_sequence, position
 
 @register("SequenceErase", since=11)
 class SequenceErase(Operator):
+    """ONNX SequenceErase-11: outputs a tensor sequence that removes the tensor at 'position'
+    from 'input_sequence'."""
     no_grad_inputs = (0, 1)
 
     def forward(self, ctx, sequence, where=None):

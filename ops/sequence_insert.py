@@ -10,6 +10,8 @@ from ._sequence import check_sequence, position
 
 @register("SequenceInsert", since=11)
 class SequenceInsert(Operator):
+    """ONNX SequenceInsert-11: outputs a tensor sequence that inserts 'tensor' into
+    'input_sequence' at 'position'."""
     no_grad_inputs = (0, 1, 2)
 
     def forward(self, ctx, sequence, tensor, where=None):

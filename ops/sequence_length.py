@@ -11,6 +11,8 @@ from ._sequence import check_sequence
 
 @register("SequenceLength", since=11)
 class SequenceLength(Operator):
+    """ONNX SequenceLength-11: produces a scalar(tensor of empty shape) containing the number of
+    tensors in 'input_sequence'."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, sequence):

@@ -12,6 +12,7 @@ from ._sequence import check_sequence
 
 @register("SequenceMap", since=17)
 class SequenceMap(Operator):
+    """ONNX SequenceMap-17: applies a sub-graph to each sample in the input sequence(s)."""
     attributes = {"body": None}
     no_grad_inputs = tuple(range(256))
 

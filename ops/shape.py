@@ -13,6 +13,8 @@ from meta.lv0 import Operator, register
 
 @register("Shape", since=15)
 class Shape(Operator):
+    """ONNX Shape-15: takes a tensor as input and outputs an 1D int64 tensor containing the
+    shape of the input tensor."""
     attributes = {"start": 0, "end": None}
     no_grad_inputs = (0,)
 
@@ -28,5 +30,7 @@ class Shape(Operator):
 
 @register("Shape", since=1)
 class Shape1(Shape):
+    """ONNX Shape-1: takes a tensor as input and outputs an 1D int64 tensor containing the shape
+    of the input tensor."""
     attributes = {}
     start, end = 0, None

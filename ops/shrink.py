@@ -11,6 +11,8 @@ from ._elementwise import Unary, f32
 
 @register("Shrink", since=9)
 class Shrink(Unary):
+    """ONNX Shrink-9: Shrink takes one input data (Tensor) and produces one Tensor output,
+    having same datatype and shape with input."""
     attributes = {"bias": 0.0, "lambd": 0.5}
     keep = ("x",)
 

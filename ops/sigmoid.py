@@ -11,6 +11,9 @@ from ._elementwise import NativeUnary, Unary
 
 @register("Sigmoid", since=6)
 class Sigmoid(Unary):
+    """ONNX Sigmoid-6: Sigmoid takes one input data (Tensor) and produces one output data
+    (Tensor) where the sigmoid function, y = 1 / (1 + exp(-x)), is applied to the tensor
+    elementwise."""
     def function(self, x):
         # e^-|x| never overflows, and each branch keeps full relative precision.
         e = np.exp(-np.abs(x))

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Sign", since=9)
 class Sign(Unary):
+    """ONNX Sign-9: calculate the sign of the given input tensor element-wise."""
     keep = ("x",)
 
     def function(self, x):

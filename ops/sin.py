@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Sin", since=7)
 class Sin(Unary):
+    """ONNX Sin-7: calculates the sine of the given input tensor, element-wise."""
     keep = ("x",)
 
     def function(self, x):

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Sinh", since=9)
 class Sinh(Unary):
+    """ONNX Sinh-9: calculates the hyperbolic sine of the given input tensor element-wise."""
     keep = ("x",)
 
     def function(self, x):

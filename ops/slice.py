@@ -16,6 +16,7 @@ from ._axes import as_ints, normalize_axes
 
 @register("Slice", since=10)
 class Slice(Operator):
+    """ONNX Slice-10: produces a slice of the input tensor along multiple axes."""
     def forward(self, ctx, x, starts, ends, axes=None, steps=None):
         starts, ends = as_ints(starts), as_ints(ends)
         axes = as_ints(axes) if axes is not None else list(range(len(starts)))
@@ -43,6 +44,7 @@ class Slice(Operator):
 
 @register("Slice", since=1)
 class Slice1(Slice):
+    """ONNX Slice-1: produces a slice of the input tensor along multiple axes."""
     attributes = {"starts": None, "ends": None, "axes": None}
 
     def forward(self, ctx, x):

@@ -10,6 +10,8 @@ from ._softmax import NATIVE_MAX_SIZE, Normalizer, softmax
 
 @register("Softmax", since=13)
 class Softmax(Normalizer):
+    """ONNX Softmax-13: the operator computes the normalized exponential values for the given
+    input."""
     def compute(self, x, axis):
         return softmax(x, axis)
 
@@ -19,6 +21,8 @@ class Softmax(Normalizer):
 
 @register("Softmax", since=1)
 class Softmax1(Softmax):
+    """ONNX Softmax-1: the operator computes the softmax (normalized exponential) values for
+    each layer in the batch of the given input."""
     attributes = {"axis": 1}
     coerce_2d = True
 
@@ -40,5 +44,7 @@ class NativeSoftmax(Softmax):
 
 @register("Softmax", since=1, backend="native")
 class NativeSoftmax1(NativeSoftmax):
+    """Softmax (opset 1+) on meta's C++ kernel: the numpy operator's semantics, computed
+    natively."""
     attributes = {"axis": 1}
     coerce_2d = True

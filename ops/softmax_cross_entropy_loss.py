@@ -19,6 +19,8 @@ from .negative_log_likelihood_loss import NegativeLogLikelihoodLoss
 
 @register("SoftmaxCrossEntropyLoss", since=12)
 class SoftmaxCrossEntropyLoss(Operator):
+    """ONNX SoftmaxCrossEntropyLoss-12: loss function that measures the softmax cross entropy
+    between 'scores' and 'labels'."""
     attributes = {"ignore_index": None, "reduction": "mean"}
 
     def nll(self) -> NegativeLogLikelihoodLoss:

@@ -11,6 +11,9 @@ from ._elementwise import Unary
 
 @register("Softplus", since=1)
 class Softplus(Unary):
+    """ONNX Softplus-1: Softplus takes one input data (Tensor) and produces one output data
+    (Tensor) where the softplus function, y = ln(exp(x) + 1), is applied to the tensor
+    elementwise."""
     keep = ("x",)
 
     def function(self, x):

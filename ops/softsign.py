@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Softsign", since=1)
 class Softsign(Unary):
+    """ONNX Softsign-1: calculates the softsign (x/(1+|x|)) of the given input tensor
+    element-wise."""
     keep = ("x",)
 
     def function(self, x):

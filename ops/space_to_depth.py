@@ -10,6 +10,7 @@ from ._blocks import depth_to_space, space_to_depth
 
 @register("SpaceToDepth", since=1)
 class SpaceToDepth(Operator):
+    """ONNX SpaceToDepth-1: SpaceToDepth rearranges blocks of spatial data into depth."""
     attributes = {"blocksize": None, "mode": "DCR"}
 
     def forward(self, ctx, x):

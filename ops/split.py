@@ -20,6 +20,7 @@ from ._axes import as_ints, normalize_axis
 
 @register("Split", since=18)
 class Split(Operator):
+    """ONNX Split-18: Split a tensor into a list of tensors, along the specified 'axis'."""
     attributes = {"axis": 0, "num_outputs": None}
     n_outputs: int | None = None  # the node's output count, for even splits before opset 18
 
@@ -65,11 +66,13 @@ class Split(Operator):
 
 @register("Split", since=13)
 class Split13(Split):
+    """ONNX Split-13: Split a tensor into a list of tensors, along the specified 'axis'."""
     attributes = {"axis": 0}
 
 
 @register("Split", since=2)
 class Split2(Split):
+    """ONNX Split-2: Split a tensor into a list of tensors, along the specified 'axis'."""
     attributes = {"axis": 0, "split": None}
 
     def forward(self, ctx, x):

@@ -13,6 +13,8 @@ from ._axes import normalize_axis
 
 @register("SplitToSequence", since=11)
 class SplitToSequence(Operator):
+    """ONNX SplitToSequence-11: split a tensor into a sequence of tensors, along the specified
+    'axis'."""
     attributes = {"axis": 0, "keepdims": 1}
     no_grad_inputs = (1,)
 

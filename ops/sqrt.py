@@ -11,6 +11,8 @@ from ._elementwise import Unary
 
 @register("Sqrt", since=6)
 class Sqrt(Unary):
+    """ONNX Sqrt-6: square root takes one input data (Tensor) and produces one output data
+    (Tensor) where the square root is, y = x^0.5, is applied to the tensor elementwise."""
     def function(self, x):
         return np.sqrt(x)
 

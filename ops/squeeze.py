@@ -12,6 +12,7 @@ from ._axes import as_ints, normalize_axes
 
 @register("Squeeze", since=13)
 class Squeeze(Operator):
+    """ONNX Squeeze-13: remove single-dimensional entries from the shape of a tensor."""
     def forward(self, ctx, x, axes=None):
         axes = as_ints(axes)
         if axes is None:
@@ -30,6 +31,7 @@ class Squeeze(Operator):
 
 @register("Squeeze", since=1)
 class Squeeze1(Squeeze):
+    """ONNX Squeeze-1: remove single-dimensional entries from the shape of a tensor."""
     attributes = {"axes": None}
 
     def forward(self, ctx, x):

@@ -21,6 +21,7 @@ from .dft import _complex, _fit, _pairs
 
 @register("STFT", since=17)
 class STFT(Operator):
+    """ONNX STFT-17: computes the Short-time Fourier Transform of the signal."""
     attributes = {"onesided": 1}
     no_grad_inputs = (1, 3)
 

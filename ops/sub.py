@@ -12,6 +12,8 @@ from .add import reduce_to
 
 @register("Sub", since=7)
 class Sub(Operator):
+    """ONNX Sub-7: performs element-wise binary subtraction (with Numpy-style broadcasting
+    support)."""
     learnable_inputs = (0, 1)  # a bias
     def forward(self, ctx, a, b):
         broadcast_shape(self.op_type, a, b)

@@ -16,6 +16,7 @@ from ._elementwise import broadcast_shape
 
 @register("Sum", since=6)
 class Sum(Operator):
+    """ONNX Sum-6: element-wise sum of each of the input tensors."""
     def forward(self, ctx, *inputs):
         if not inputs:
             raise ValueError("Sum: needs at least one input")

@@ -10,6 +10,8 @@ from meta.lv0 import Operator, register
 
 @register("SwiGLU", since=28)
 class SwiGLU(Operator):
+    """ONNX SwiGLU-28: SwiGLU is a gated activation that takes two inputs, a gate A and a linear
+    (value) input B, and produces one output Y."""
     attributes = {"alpha": 1.0}
 
     def forward(self, ctx, a, b):

@@ -16,6 +16,8 @@ def _sigmoid(z):
 
 @register("Swish", since=24)
 class Swish(Unary):
+    """ONNX Swish-24: Swish function takes one input data (Tensor) and produces one output data
+    (Tensor) of the same shape, where $Swish(x) = x * sigmoid(alpha * x)$."""
     attributes = {"alpha": 1.0}
     keep = ("x",)
 

@@ -11,6 +11,7 @@ from ._elementwise import Unary
 
 @register("Tan", since=7)
 class Tan(Unary):
+    """ONNX Tan-7: calculates the tangent of the given input tensor, element-wise."""
     keep = ("x", "y")
 
     def function(self, x):

@@ -11,6 +11,7 @@ from ._elementwise import NativeUnary, Unary
 
 @register("Tanh", since=6)
 class Tanh(Unary):
+    """ONNX Tanh-6: calculates the hyperbolic tangent of the given input tensor element-wise."""
     def function(self, x):
         return np.tanh(x)
 

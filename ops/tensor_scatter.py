@@ -15,6 +15,8 @@ from meta.lv0 import Operator, register
 
 @register("TensorScatter", since=24)
 class TensorScatter(Operator):
+    """ONNX TensorScatter-24: TensorScatter is a generic tensor update operation, motivated by
+    the requirements for KV cache updates for Attention ops commonly found in LLMs."""
     attributes = {"axis": -2, "mode": "linear"}
     no_grad_inputs = (2,)
 

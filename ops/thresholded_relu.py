@@ -11,6 +11,9 @@ from ._elementwise import Unary, f32
 
 @register("ThresholdedRelu", since=10)
 class ThresholdedRelu(Unary):
+    """ONNX ThresholdedRelu-10: ThresholdedRelu takes one input data (Tensor) and produces one
+    output data (Tensor) where the rectified linear function, y = x for x > alpha, y = 0
+    otherwise, is applied to the tensor elementwise."""
     attributes = {"alpha": 1.0}
     keep = ("x",)
 

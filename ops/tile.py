@@ -12,6 +12,7 @@ from ._axes import as_ints
 
 @register("Tile", since=6)
 class Tile(Operator):
+    """ONNX Tile-6: constructs a tensor by tiling a given tensor."""
     no_grad_inputs = (1,)
 
     def forward(self, ctx, x, repeats):

@@ -13,6 +13,7 @@ from ._axes import normalize_axis
 
 @register("TopK", since=11)
 class TopK(Operator):
+    """ONNX TopK-11: retrieve the top-K largest or smallest elements along a specified axis."""
     attributes = {"axis": -1, "largest": 1, "sorted": 1}
     no_grad_inputs = (1,)
 
@@ -40,12 +41,14 @@ class TopK(Operator):
 
 @register("TopK", since=10)
 class TopK10(TopK):
+    """ONNX TopK-10: retrieve the top-K elements along a specified axis."""
     attributes = {"axis": -1}
     largest, sorted = 1, 1
 
 
 @register("TopK", since=1)
 class TopK1(TopK):
+    """ONNX TopK-1: retrieve the top-K elements along a specified axis."""
     attributes = {"axis": -1, "k": None}
     largest, sorted = 1, 1
 

@@ -9,6 +9,7 @@ from meta.lv0 import Operator, register
 
 @register("Transpose", since=1)
 class Transpose(Operator):
+    """ONNX Transpose-1: returns a transpose of the input tensor."""
     attributes = {"perm": None}
 
     def forward(self, ctx, x):

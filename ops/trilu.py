@@ -10,6 +10,8 @@ from meta.lv0 import Operator, register
 
 @register("Trilu", since=14)
 class Trilu(Operator):
+    """ONNX Trilu-14: given a 2-D matrix or batches of 2-D matrices, returns the upper or lower
+    triangular part of the tensor(s)."""
     attributes = {"upper": 1}
     no_grad_inputs = (1,)
 

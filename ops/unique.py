@@ -17,6 +17,7 @@ from ._axes import normalize_axis
 
 @register("Unique", since=11)
 class Unique(Operator):
+    """ONNX Unique-11: find the unique elements of a tensor."""
     attributes = {"axis": None, "sorted": 1}
     no_grad_inputs = (0,)
 

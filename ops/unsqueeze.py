@@ -13,6 +13,8 @@ from ._axes import as_ints, normalize_axes
 
 @register("Unsqueeze", since=13)
 class Unsqueeze(Operator):
+    """ONNX Unsqueeze-13: insert single-dimensional entries to the shape of an input tensor
+    (data)."""
     def forward(self, ctx, x, axes=None):
         axes = as_ints(axes)
         if axes is None:
@@ -29,6 +31,7 @@ class Unsqueeze(Operator):
 
 @register("Unsqueeze", since=1)
 class Unsqueeze1(Unsqueeze):
+    """ONNX Unsqueeze-1: insert single-dimensional entries to the shape of a tensor."""
     attributes = {"axes": None}
 
     def forward(self, ctx, x):

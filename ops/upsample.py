@@ -13,6 +13,7 @@ from ._resize import axis_plan, is_identity, resample, resample_backward
 
 @register("Upsample", since=9)
 class Upsample(Operator):
+    """ONNX Upsample-9: Upsample the input tensor."""
     attributes = {"mode": "nearest"}
     no_grad_inputs = (1,)
 

@@ -12,6 +12,7 @@ from ._elementwise import broadcast_shape
 
 @register("Where", since=9)
 class Where(Operator):
+    """ONNX Where-9: return elements, either from X or Y, depending on condition."""
     no_grad_inputs = (0,)
 
     def forward(self, ctx, condition, x, y):

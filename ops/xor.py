@@ -11,4 +11,6 @@ from ._logic import Predicate
 
 @register("Xor", since=7)
 class Xor(Predicate):
+    """ONNX Xor-7: returns the tensor resulted from performing the xor logical operation
+    elementwise on the input tensors A and B (with Numpy-style broadcasting support)."""
     fn = np.logical_xor

@@ -56,12 +56,28 @@ def add_commands(sub: Any) -> None:
                      help="where report.json and the plots go (default: runs/compare/A-vs-B)")
     cmp.set_defaults(func=cmd_compare)
 
-    op = sub.add_parser("bench-op", help="time an operator's numpy and C++ implementations, "
-                                         "forward and backward (a user's op: --module, "
-                                         "--domain)")
+    from meta.bench.opbench import default_inputs_help
+
+    op = sub.add_parser(
+        "bench-op", help="time an operator's numpy and C++ implementations, forward and "
+                         "backward, then its forward across meta's backends (reference, native, "
+                         "planned) and the frameworks installed (PyTorch, onnxruntime), with a "
+                         "check that they agree (a user's op: --module, --domain)",
+        description="Times the numpy and C++ implementations, forward and backward, then "
+                    "the forward across meta's backends (reference, native, planned) and the "
+                    "frameworks installed (PyTorch, onnxruntime; one line 'not installed' "
+                    "otherwise), on the same inputs, with the largest difference from the "
+                    "reference. Without --shape, these ops run on typical sizes (one shape "
+                    "per input; attributes): " + default_inputs_help())
     op.add_argument("op", help="operator type, e.g. Relu (`meta ops` lists them)")
-    op.add_argument("--shape", type=_shape, required=True, metavar="N,M,...",
-                    help="shape of every input, e.g. 256,1024")
+    op.add_argument("--shape", type=_shape, action="append", default=[], metavar="N,M,...",
+                    help="shape of an input, repeated once per input (e.g. --shape 8,3,32,32 "
+                         "--shape 16,3,3,3 for Conv's X and W), or given once for every "
+                         "input; default: the table above")
+    op.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                    help="a node attribute (repeatable; ints, floats, comma lists, strings)")
+    op.add_argument("--no-frameworks", action="store_true",
+                    help="skip the forward comparison across backends and frameworks")
     op.add_argument("--dtype", default="float32", help="input dtype (default float32)")
     op.add_argument("--repeat", type=int, default=30, metavar="N",
                     help="timed calls per backend and pass (default 30)")
@@ -194,6 +210,9 @@ def _variants(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``meta compare``: run two recipes (or one recipe's ``--variant``'s) taking turns and report
+    step times, throughput, time to each bound and final metrics with intervals and ratios; exit 2
+    on a bad recipe or option."""
     from meta.bench import report as reports
     from meta.bench.environment import environment, recipe_record
     from meta.bench.recipes import RecipeBench, default_factory, dir_name
@@ -237,6 +256,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_op(args: argparse.Namespace) -> int:
+    """``meta bench-op``: the numpy/C++ table of ``meta.bench.opbench`` and then the forward across
+    backends and frameworks of ``meta.bench.crossbench``; writes report.json and op_times.png. Exit
+    2 on a bad operator, shape or attribute."""
     from meta._threads import set_threads
     from meta.bench import plots
     from meta.bench import report as reports
@@ -258,13 +280,34 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
         if module is None:
             print(f"meta: error: {problem}", file=sys.stderr)
             return EXIT_ERROR
+    from meta.bench import crossbench
+    from meta.bench.opbench import DEFAULT_INPUTS, twins
+    from meta.cli import _attr_value
+
+    shapes, attrs = args.shape, {}
+    if not shapes:
+        if args.op not in DEFAULT_INPUTS or args.domain:
+            print(f"meta: error: bench-op {args.op} needs --shape (one per input, or one for "
+                  f"all); ops with default shapes: {', '.join(DEFAULT_INPUTS)}",
+                  file=sys.stderr)
+            return EXIT_ERROR
+        shapes, attrs = DEFAULT_INPUTS[args.op]
+    try:
+        attrs = {**attrs, **{k: _attr_value(v) for k, v in _sets(args.attr, "--attr").items()}}
+    except ValueError as err:
+        print(f"meta: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
     env = environment(seeds={"inputs": args.seed, "bootstrap": args.seed})  # load: not ours yet
     try:
-        result = bench_op(args.op, args.shape, args.dtype, args.repeat, args.warmup, args.seed,
-                          domain=args.domain)
+        result = bench_op(args.op, shapes, args.dtype, args.repeat, args.warmup, args.seed,
+                          domain=args.domain, attrs=attrs)
     except (OpBenchError, NativeUnavailableError, ValueError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
+    cross = None
+    if not args.no_frameworks:
+        cross = crossbench.compare(result.op_type, twins(args.op, args.domain), result.inputs,
+                                   attrs, args.domain, args.repeat, args.warmup, args.threads)
     shape = "x".join(map(str, result.shape))
     out = Path(args.output_dir) if args.output_dir else \
         Path("runs") / "bench-op" / dir_name(f"{result.op_type}-{shape}-{result.dtype}")
@@ -272,17 +315,20 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
         "schema": reports.SCHEMA, "kind": "op",
         "environment": env,
         "settings": {**reports.settings(args.repeat, args.warmup, args.seed),
-                     "op": result.op_type, "shape": list(result.shape), "dtype": result.dtype},
+                     "op": result.op_type, "shape": list(result.shape), "dtype": result.dtype,
+                     "shapes": [list(s) for s in result.shapes], "attrs": attrs},
         "variants": result.to_variants(),
         "comparisons": [reports.comparison(f"numpy {p}", f"native {p}", "time_s", r)
                         for p, r in result.ratios.items()],
-        "max_abs_diff": result.max_abs_diff}
+        "max_abs_diff": result.max_abs_diff,
+        **({"across": cross.to_dict()} if cross is not None else {})}
     written = [reports.write_json(report, out / REPORT)]
     title = f"{result.op_type} {result.dtype} {shape}"
     written.append(plots.box_plot(
         {v["name"]: [t * 1e6 for t in v["times_s"]] for v in report["variants"]},
         out / OP_PLOT, f"{title}: {args.repeat} calls each", "time per call (µs)"))
     print("\n".join([op_table(result, args.repeat, args.warmup),
+                     *([crossbench.table(cross)] if cross is not None else []),
                      *reports.load_note(report["environment"])]))
     print(f"meta: wrote {', '.join(str(p) for p in written)}")
     return EXIT_OK

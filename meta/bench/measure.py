@@ -26,6 +26,7 @@ from meta.bench.stats import Summary, summarize
 
 
 def _no_arguments() -> tuple:
+    """No arguments: the default ``setup`` of a ``Variant``."""
     return ()
 
 
@@ -46,9 +47,12 @@ class Sample:
 
     @property
     def seconds(self) -> np.ndarray:
+        """The timings in seconds, as a float64 array."""
         return np.asarray(self.times_ns, dtype=np.float64) * 1e-9
 
     def summary(self) -> Summary:
+        """Median, bootstrap interval, spread and outliers of the timings
+        (``meta.bench.stats.summarize``)."""
         return summarize(self.seconds)
 
 

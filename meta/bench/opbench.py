@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,46 @@ from meta.lv0 import Context, Operator, entries, native
 
 BACKENDS = ("numpy", "native")
 PASSES = ("forward", "backward")
+
+# What ``meta bench-op OP`` runs without --shape: one shape per input (a CNN's layer sizes) and
+# the attributes that make the case typical. ``meta bench-op --help`` prints this table.
+DEFAULT_INPUTS: dict[str, tuple[list[tuple[int, ...]], dict[str, Any]]] = {
+    "Conv": ([(8, 16, 32, 32), (32, 16, 3, 3), (32,)], {"pads": [1, 1, 1, 1]}),
+    "Gemm": ([(64, 512), (512, 256), (256,)], {}),
+    "MatMul": ([(64, 512), (512, 256)], {}),
+    "Relu": ([(64, 4096)], {}),
+    "Sigmoid": ([(64, 4096)], {}),
+    "Tanh": ([(64, 4096)], {}),
+    "Softmax": ([(64, 1000)], {}),
+    "MaxPool": ([(8, 32, 32, 32)], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    "AveragePool": ([(8, 32, 32, 32)], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    "BatchNormalization": ([(8, 32, 32, 32), (32,), (32,), (32,), (32,)], {}),
+    "Add": ([(64, 4096), (64, 4096)], {}),
+    "Mul": ([(64, 4096), (64, 4096)], {}),
+}
+# Inputs that must be positive (a variance): drawn as |N(0, 1)| + 0.5.
+POSITIVE_INPUTS = {"BatchNormalization": (4,)}
+
+
+def default_inputs_help() -> str:
+    """The DEFAULT_INPUTS table as one line per op, for ``--help``."""
+    def shapes(s: list[tuple[int, ...]]) -> str:
+        return " ".join(",".join(map(str, x)) for x in s)
+    return "; ".join(f"{op} {shapes(s)}{' ' + str(a) if a else ''}"
+                     for op, (s, a) in DEFAULT_INPUTS.items())
+
+
+def make_inputs(op_type: str, shapes: list[tuple[int, ...]], count: int, dtype: np.dtype,
+                rng: np.random.Generator) -> list[np.ndarray]:
+    """Standard-normal inputs, one per shape; one shape for an op of ``count`` inputs gives
+    every input that shape."""
+    if len(shapes) == 1 and count > 1:
+        shapes = shapes * count
+    inputs = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    for i in POSITIVE_INPUTS.get(op_type, ()):
+        if i < len(inputs):
+            inputs[i] = (np.abs(inputs[i]) + 0.5).astype(dtype)
+    return inputs
 
 
 class OpBenchError(ValueError):
@@ -79,8 +119,12 @@ class OpBenchResult:
     samples: dict[str, dict[str, Sample]]  # pass -> backend -> timings
     ratios: dict[str, Ratio]  # pass -> median(native) / median(numpy)
     max_abs_diff: dict[str, float]  # pass -> largest |numpy - native| over outputs
+    shapes: list[tuple[int, ...]] = field(default_factory=list)  # one per input
+    inputs: list[np.ndarray] = field(default_factory=list, repr=False)  # what was timed
 
     def to_variants(self) -> list[dict[str, Any]]:
+        """One report entry per backend and pass (``numpy forward``, ``native backward``, ...) with
+        its timings and summary."""
         return [{"name": f"{backend} {p}", "backend": backend, "pass": p,
                  "time_s": s.summary().to_dict(), "times_s": s.seconds.tolist()}
                 for p, by_backend in self.samples.items() for backend, s in by_backend.items()]
@@ -92,13 +136,19 @@ def _max_diff(a: tuple, b: tuple) -> float:
                 for x, y in pairs), default=0.0)
 
 
-def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repeat: int = 30,
-             warmup: int = 3, seed: int = 0, resamples: int = RESAMPLES,
-             domain: str = "") -> OpBenchResult:
-    """Time forward and backward of both backends on random inputs of ``shape`` (a custom
-    domain's numpy-only operator alone)."""
-    if not shape or min(shape) <= 0:
-        raise OpBenchError(f"--shape must list positive sizes, got {shape}")
+def bench_op(op_type: str, shape: tuple[int, ...] | list[tuple[int, ...]],
+             dtype: str = "float32", repeat: int = 30, warmup: int = 3, seed: int = 0,
+             resamples: int = RESAMPLES, domain: str = "",
+             attrs: dict[str, Any] | None = None) -> OpBenchResult:
+    """Time forward and backward of both backends on random inputs of ``shape`` (one shape for
+    every input) or of each of a list of shapes (one per input), with the node attributes
+    ``attrs`` (a custom domain's numpy-only operator alone)."""
+    shapes = [tuple(s) for s in shape] if shape and isinstance(shape[0], (tuple, list)) \
+        else [tuple(shape)]  # type: ignore[arg-type]
+    for s in shapes:
+        if not s or min(s) <= 0:
+            raise OpBenchError(f"--shape must list positive sizes, got {s}")
+    shape = shapes[0]
     try:
         np_dtype = np.dtype(dtype)
     except TypeError as err:
@@ -108,9 +158,13 @@ def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repea
     if "native" in classes and np_dtype not in native.NATIVE_DTYPES:  # handed to numpy
         raise OpBenchError(f"dtype {np_dtype} is not supported by the native kernels "
                            f"({', '.join(np.dtype(d).name for d in native.NATIVE_DTYPES)})")
-    ops = {b: cls() for b, cls in classes.items()}
+    try:
+        ops = {b: cls(**(attrs or {})) for b, cls in classes.items()}
+    except TypeError as err:
+        raise OpBenchError(f"--attr: {err}") from err
+    count = len(shapes) if len(shapes) > 1 else input_count(numpy_cls)
     rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal(shape).astype(np_dtype) for _ in range(input_count(numpy_cls))]
+    inputs = make_inputs(op_type, shapes, count, np_dtype, rng)
     try:
         results = {b: _outputs(op, inputs) for b, op in ops.items()}
     except (TypeError, ValueError) as err:
@@ -136,14 +190,15 @@ def bench_op(op_type: str, shape: tuple[int, ...], dtype: str = "float32", repea
         if "native" in ops:
             ratios[name] = ratio_of_medians(samples[name]["numpy"].seconds,
                                             samples[name]["native"].seconds, resamples, seed=seed)
-    return OpBenchResult(op_type, tuple(shape), np_dtype.name, samples, ratios, diffs)
+    return OpBenchResult(op_type, tuple(shape), np_dtype.name, samples, ratios, diffs,
+                         [tuple(x.shape) for x in inputs], inputs)
 
 
 def op_table(result: OpBenchResult, repeat: int, warmup: int) -> str:
     """Medians with their intervals per pass and backend, then native/numpy per pass."""
     from meta.bench.report import coverage_notes, format_ratio, format_table
 
-    shape = "x".join(map(str, result.shape))
+    shape = ", ".join("x".join(map(str, s)) for s in result.shapes or [result.shape])
     head = (f"{result.op_type} {result.dtype} {shape}: {repeat} timed calls per backend and "
             f"pass after {warmup} warm-up calls, backends taking turns")
     rows = [["pass", "backend", "median us", "95% CI", "min us", "cv", "outliers"]]

@@ -56,6 +56,8 @@ class RunRecord:
         return np.asarray(steps, dtype=np.float64) * 1e-9
 
     def to_dict(self, skip: int = SKIP_STEPS) -> dict[str, Any]:
+        """The run as report.json holds it; the first ``skip`` steps are left out of the median step
+        time (warm-up)."""
         return {"wall_s": self.wall_s, "passed": self.passed, "metrics": self.metrics,
                 "median_step_s": float(np.median(self.step_seconds(skip))),
                 "step_time_s": [t * 1e-9 for t in self.step_ns],

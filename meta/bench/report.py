@@ -31,6 +31,8 @@ TABLE_METRICS = ("test_accuracy", "test_loss")
 
 def settings(repeat: int, warmup: int, seed: int, resamples: int = RESAMPLES,
              skip_steps: int | None = None) -> dict[str, Any]:
+    """The report's ``settings``: how it was measured (repeats, warm-up, bootstrap confidence,
+    resamples, seed, timer)."""
     out = {"repeat": repeat, "warmup": warmup, "confidence": CONFIDENCE,
            "resamples": resamples, "seed": seed, "timer": "time.perf_counter_ns"}
     if skip_steps is not None:
@@ -39,6 +41,8 @@ def settings(repeat: int, warmup: int, seed: int, resamples: int = RESAMPLES,
 
 
 def comparison(baseline: str, candidate: str, quantity: str, ratio: Ratio) -> dict[str, Any]:
+    """One entry of the report's ``comparisons``: ``median(candidate) / median(baseline)`` of
+    ``quantity`` with its bootstrap interval."""
     return {"baseline": baseline, "candidate": candidate, "quantity": quantity,
             "ratio": f"median({candidate}) / median({baseline})", **ratio.to_dict()}
 
@@ -118,6 +122,7 @@ def throughput(result: VariantRuns) -> dict[str, Any]:
 
 
 def write_json(report: Mapping[str, Any], path: Path) -> Path:
+    """Write ``report`` as indented JSON to ``path`` atomically; returns the path."""
     return write_text(path, json.dumps(report, indent=1) + "\n")
 
 
@@ -128,6 +133,13 @@ def _ms(s: Summary | Mapping[str, Any]) -> tuple[str, str]:
 
 
 def format_table(rows: list[list[str]]) -> str:
+    """Rows of strings as an aligned text table, the first row its header.
+
+            >>> print(format_table([["op", "us"], ["Relu", "1.5"]]))
+            op     us
+            ----  ---
+            Relu  1.5
+    """
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
              .rstrip() for r in rows]
@@ -136,6 +148,8 @@ def format_table(rows: list[list[str]]) -> str:
 
 
 def format_ratio(c: Mapping[str, Any], what: str) -> str:
+    """A comparison (``comparison``'s dict) as one line: the ratio, its interval and the verdict
+    (faster, slower, or no difference shown when the interval holds 1)."""
     kind = "two-stage " if c["method"].startswith("two-stage") else ""
     verdict = "no difference shown" if c["ci_low"] <= 1 <= c["ci_high"] else (
         f"{c['candidate']} {'slower' if c['ratio'] > 1 else 'faster'}")

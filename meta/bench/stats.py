@@ -100,6 +100,7 @@ class Summary:
     outlier_rule: str = OUTLIER_RULE
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict."""
         d = asdict(self)
         d["outliers"] = list(self.outliers)
         return d
@@ -153,9 +154,11 @@ class Ratio:
     method: str = "percentile bootstrap of the ratio of medians, a and b resampled independently"
 
     def contains(self, value: float) -> bool:
+        """Whether ``value`` lies within the interval (1.0 inside: no difference shown)."""
         return self.ci_low <= value <= self.ci_high
 
     def to_dict(self) -> dict[str, Any]:
+        """The ratio as a JSON-ready dict."""
         return asdict(self)
 
 

@@ -29,6 +29,7 @@ class GradCheckReport:
 
     @property
     def passed(self) -> bool:
+        """Whether every input's gradient matched its finite differences."""
         return all(i.passed for i in self.inputs)
 
     def __str__(self) -> str:

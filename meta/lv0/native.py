@@ -120,6 +120,11 @@ def blas() -> str:
 
 
 def available() -> bool:
+    """Whether meta's C++ extension (``meta._native``) loads on this machine.
+
+        >>> isinstance(available(), bool)
+        True
+    """
     try:
         module()
     except NativeUnavailableError:

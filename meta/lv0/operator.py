@@ -30,9 +30,17 @@ class Context:
         return as_written if self.training is None else self.training
 
     def save(self, **tensors: Any) -> None:
+        """Keep ``tensors`` for backward, read back as attributes (``ctx.save(y=y)``; ``ctx.y``).
+
+        >>> ctx = Context()
+        >>> ctx.save(y=2.0)
+        >>> ctx.y
+        2.0
+        """
         self.__dict__.update(tensors)
 
     def needs(self, index: int) -> bool:
+        """Whether input ``index`` wants a gradient (all do unless the executor said which)."""
         grads = self.needs_input_grad
         return grads is None or (index < len(grads) and grads[index])
 
@@ -41,7 +49,7 @@ class InferenceContext(Context):
     """A context that keeps nothing: inference holds no activations for backward."""
 
     def save(self, **tensors: Any) -> None:
-        pass
+        """Keep nothing: no backward follows an inference forward."""
 
 
 class Operator:
@@ -100,12 +108,26 @@ class Operator:
 
     @property
     def attrs(self) -> dict[str, Any]:
+        """The node's attributes, each given value or its ONNX default.
+
+        >>> from meta.ops.leaky_relu import LeakyRelu
+        >>> LeakyRelu(alpha=0.1).attrs
+        {'alpha': 0.1}
+        """
         return {name: getattr(self, name) for name in self.attributes}
 
     def forward(self, ctx: Context, *inputs: Array | None) -> Array | tuple[Array, ...]:
+        """The node's outputs from its inputs (ONNX semantics): an array, or a tuple of one
+        array per output. Keeps in ``ctx`` (``ctx.save``) only what ``backward`` needs; an
+        optional input not given is ``None``. Executors call ``apply``, which always returns a
+        tuple."""
         raise NotImplementedError(f"{type(self).__name__}.forward")
 
     def backward(self, ctx: Context, *grad_outputs: Array | None) -> Sequence[Array | None]:
+        """One entry per input given one gradient per output (``None`` for an output nothing
+        downstream uses): the gradient with the input's shape, or ``None`` for an input that
+        has none (indices, shapes) or that was not given. The base class raises: the operator
+        is not differentiable."""
         raise NotImplementedError(f"{self.op_type} is not differentiable")
 
     def update_state(self, ctx: Context, *state: Array) -> tuple[Array, ...] | None:
@@ -121,7 +143,12 @@ class Operator:
         return attrs, inputs, outputs
 
     def apply(self, ctx: Context, *inputs: Array | None) -> tuple[Array, ...]:
-        """Run forward and always return a tuple of outputs."""
+        """Run forward and always return a tuple of outputs.
+
+        >>> from meta.ops.relu import Relu
+        >>> Relu().apply(Context(), np.array([-1.0, 2.0]))
+        (array([0., 2.]),)
+        """
         if not isinstance(ctx, InferenceContext):  # what check_backward compares against
             ctx.input_shapes = tuple(getattr(x, "shape", None) for x in inputs)  # arrays
         out = self.forward(ctx, *inputs)

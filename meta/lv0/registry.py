@@ -39,6 +39,8 @@ class Entry:
 
     @property
     def name(self) -> str:
+        """The entry as messages show it: ``domain::OpType-since[backend]`` (no domain for
+        ai.onnx)."""
         domain = f"{self.domain}::" if self.domain else ""
         return f"{domain}{self.op_type}-{self.since}[{self.backend}]"
 

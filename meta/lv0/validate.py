@@ -57,24 +57,30 @@ class ValidationReport:
 
     @property
     def forward_passed(self) -> bool:
+        """Whether every output matched the oracle within tolerance (true when the forward was not
+        checked: ``forward_checked`` says so)."""
         if not self.forward_checked:
             return True
         return not self.forward_problem and all(o.passed for o in self.outputs)
 
     @property
     def backward_passed(self) -> bool:
+        """Whether the gradients matched finite differences (true when there were none to check)."""
         return self.gradients is None or self.gradients.passed
 
     @property
     def passed(self) -> bool:
+        """Both checks passed."""
         return self.forward_passed and self.backward_passed
 
     @property
     def max_abs_error(self) -> float:
+        """The largest absolute difference from the oracle over the outputs."""
         return max((o.max_abs_error for o in self.outputs), default=0.0)
 
     @property
     def max_rel_error(self) -> float:
+        """The largest relative difference from the oracle over the outputs."""
         return max((o.max_rel_error for o in self.outputs), default=0.0)
 
     def __str__(self) -> str:

@@ -42,13 +42,18 @@ class GraphBuilder:
         self.nodes: list[Node] = []
 
     def opset_import(self, domain: str, version: int) -> None:
+        """Import ``domain`` at ``version`` (ai.onnx is ``""``); a custom domain is imported at 1
+        unless this says otherwise."""
         self.opset[domain] = version
 
     def input(self, name: str, dtype: Any, shape: Sequence[Dim]) -> str:
+        """Declare a graph input fed at run time; returns its name for ``node``."""
         self.inputs.append(TensorInfo(name, dtype, tuple(shape)))
         return name
 
     def initializer(self, name: str, value: np.ndarray) -> str:
+        """Add a named constant or parameter value (kept C-contiguous); returns its name for
+        ``node``."""
         value = np.asarray(value)  # (np.ascontiguousarray would make a 0-d array 1-d)
         self.initializers[name] = value if value.flags.c_contiguous else value.copy(order="C")
         return name
@@ -69,8 +74,18 @@ class GraphBuilder:
         return outs[0] if len(outs) == 1 else outs
 
     def output(self, name: str, dtype: Any, shape: Sequence[Dim] | None = None) -> None:
+        """Declare ``name`` a graph output (its shape may be left unknown)."""
         self.outputs.append(TensorInfo(name, dtype, None if shape is None else tuple(shape)))
 
     def build(self) -> Graph:
+        """The ``Graph`` built so far.
+
+                >>> import numpy as np
+                >>> b = GraphBuilder("tiny")
+                >>> x = b.input("x", np.float32, (1, 4))
+                >>> b.output(b.node("Relu", [x], name="y"), np.float32)
+                >>> [n.op_type for n in b.build().nodes]
+                ['Relu']
+        """
         return Graph(self.nodes, self.inputs, self.outputs, self.initializers, self.opset,
                      self.name)

@@ -43,6 +43,8 @@ class Profile:
 
     @classmethod
     def from_records(cls, records: Iterable[tuple[str, str, str, int]]) -> Profile:
+        """Total time and calls per (op type, phase) from the executor's ``(node, op type, phase,
+        ns)`` records, each row's share of the total."""
         calls: dict[tuple[str, str], int] = defaultdict(int)
         ns: dict[tuple[str, str], int] = defaultdict(int)
         for _node, op_type, phase, elapsed in records:
@@ -85,6 +87,9 @@ class SubgraphScope:
         self.outer_grads: Tensors = {}
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], object]:
+        """Run a subgraph (an If branch, a Loop body) on ``inputs`` with the enclosing graph's
+        values in scope; returns its outputs and what its backward needs (``None`` when not
+        recording)."""
         names = [t.name for t in graph.inputs]
         if len(inputs) != len(names):
             raise GraphError(f"subgraph {graph.name!r} takes {len(names)} inputs {names}, "
@@ -103,6 +108,8 @@ class SubgraphScope:
 
     def backward(self, record: object, grad_outputs: Sequence[np.ndarray | None]
                  ) -> list[np.ndarray | None]:
+        """The gradients of the subgraph's inputs and of the outer values it read, from its outputs'
+        gradients and the record ``run`` returned."""
         if record is None:
             raise GraphError("a subgraph run without recording (its node is not on the tape) "
                              "has no backward")
@@ -239,6 +246,7 @@ class ReferenceExecutor(Executor):
         return Profile.from_records(self.records)
 
     def reset_profile(self) -> None:
+        """Forget the per-node timings recorded so far (``profile=True``)."""
         self.records.clear()
 
     # -- feeds ---------------------------------------------------------------------------

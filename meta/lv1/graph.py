@@ -28,6 +28,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
+        """The node as messages name it: ``node 'conv1' (Conv)``."""
         return f"node {self.name!r} ({self.op_type})"
 
     def subgraphs(self) -> Iterator[Graph]:
@@ -193,10 +194,13 @@ class Graph:
 
     @property
     def frozen(self) -> TensorView:
+        """The parameters frozen (kept out of training): a view of the graph's arrays by name."""
         return self._view(_roles.FROZEN)
 
     @property
     def constants(self) -> TensorView:
+        """The initializers that are constants (settings such as Reshape's shape, not learned): a
+        view by name."""
         return self._view(_roles.CONSTANT)
 
     def freeze(self, *patterns: str) -> list[str]:
@@ -238,6 +242,7 @@ class Graph:
 
     # -- reading -------------------------------------------------------------------------
     def producers(self) -> dict[str, Node]:
+        """Each tensor name -> the node that writes it."""
         return {out: node for node in self.nodes for out in node.outputs if out}
 
     def consumers(self) -> dict[str, list[Node]]:
@@ -249,6 +254,7 @@ class Graph:
         return users
 
     def node(self, name: str) -> Node:
+        """The node called ``name``; a ``GraphError`` naming the graph and its nodes if none is."""
         for node in self.nodes:
             if node.name == name:
                 return node

@@ -17,8 +17,11 @@ weights. onnxruntime is optional: imported when the executor is built, never by
 
 >>> from meta.lv1 import mlp
 >>> ex = OnnxRuntimeExecutor(mlp(hidden=[8])).eval()                        # doctest: +SKIP
->>> ex.inference({"input": np.zeros((2, 1, 28, 28), np.float32)}, ["logits"])["logits"].shape
+>>> ex.inference({"input": np.zeros((2, 1, 28, 28), np.float32)},
+...              ["logits"])["logits"].shape                                   # doctest: +SKIP
 (2, 10)
+
+(Skipped as a doctest: onnxruntime is optional.)
 """
 
 from __future__ import annotations

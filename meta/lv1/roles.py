@@ -251,6 +251,7 @@ class TensorView(MutableMapping[str, np.ndarray]):
         return name in self._index
 
     def nbytes(self) -> int:
+        """The bytes of the arrays in the view."""
         return sum(self._store[n].nbytes for n in self._names)
 
     def __repr__(self) -> str:

@@ -113,6 +113,7 @@ class Call:
     device: Any
 
     def mode(self, as_written: bool) -> bool:
+        """Whether the node runs in training mode: the executor's mode, else the node's own."""
         return as_written if self.training is None else self.training
 
 
@@ -396,6 +397,8 @@ class HostCall:
         self.needs: list[bool] = []
 
     def forward(self, inputs: Sequence[Any], needs: Sequence[bool]) -> tuple[Any, ...]:
+        """Run meta's own operator for the node on host copies of ``inputs`` inside PyTorch's
+        autograd; ``needs`` says which inputs want a gradient."""
         ex, node, n = self.executor, self.node, len(self.node.inputs)
         host = [ex.to_host(a) for a in inputs]
         self.needs = [bool(w) for w in needs]
@@ -435,6 +438,8 @@ class HostCall:
                     tensor.copy_(ex.torch.from_numpy(np.ascontiguousarray(target)))
 
     def to_tensors(self, results: Sequence[Any]) -> tuple[Any, ...]:
+        """The host results as tensors on the executor's device (values torch cannot hold are handed
+        on as numpy)."""
         tensors = []
         for i, value in enumerate(results):
             tensor = self.executor.to_device(value)
@@ -445,6 +450,8 @@ class HostCall:
         return tuple(tensors)
 
     def backward(self, grads: Sequence[Any]) -> list[Any]:
+        """The operator's backward for autograd: gradients of the node's inputs (and of the outer
+        values a subgraph read), as tensors."""
         ex, node, n = self.executor, self.node, len(self.node.inputs)
         count = n + len(self.free)
         if self.ctx is None or all(g is None for g in grads):

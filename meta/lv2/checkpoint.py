@@ -55,6 +55,8 @@ def flatten_tree(tree: Any, arrays: dict[str, np.ndarray], prefix: str = "t") ->
 
 
 def unflatten_tree(spec: Any, arrays: Any) -> Any:
+    """Rebuild the nested dicts, lists and tuples that ``spec`` describes from the named ``arrays``
+    of a checkpoint."""
     (kind, body), = spec.items()
     if kind == "array":
         return np.array(arrays[body])
@@ -92,6 +94,8 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """The checkpoint saved at ``path``; ``CheckpointError`` naming the file when it is missing or
+    unreadable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
@@ -191,6 +195,8 @@ class CheckpointEvent(Event):
         self.info = info or {}
 
     def write(self, trainer: Any) -> None:
+        """Save the trainer's state (parameters, optimizer, samplers, step, history) to the event's
+        path now."""
         save_checkpoint(self.path, capture(trainer, self.info))
 
     def on_step_end(self, trainer: Any, observation: Metrics) -> None:

@@ -57,7 +57,8 @@ class ParameterExchange(Protocol):
     role: str
 
     @property
-    def params(self) -> dict[str, np.ndarray]: ...
+    def params(self) -> dict[str, np.ndarray]:
+        """The server's arrays by name (their initial values)."""
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
         """Add ``grads`` (an update step) to ``params`` and the server's copy; ``params`` may

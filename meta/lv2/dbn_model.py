@@ -30,6 +30,8 @@ class PretrainedDBN:
     settings: dict[str, Any]
 
     def check(self, train: Dataset) -> None:
+        """Refuse a training set whose inputs leave [0, 1] (the visible units are binary), naming
+        its range."""
         inputs = getattr(train, "inputs", None)
         if inputs is None:
             return

@@ -35,13 +35,28 @@ class Event:
 
     priority: int = PRIORITY_WRITER
 
-    def on_train_begin(self, trainer: Trainer) -> None: ...
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...
-    def on_step_end(self, trainer: Trainer, observation: Metrics) -> None: ...
-    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None: ...
-    def on_train_end(self, trainer: Trainer) -> None: ...
-    def on_error(self, trainer: Trainer, error: BaseException) -> None: ...
-    def finalize(self, trainer: Trainer) -> None: ...
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Called once before the first step."""
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        """Called at the start of each epoch (``epoch`` counts from 0)."""
+
+    def on_step_end(self, trainer: Trainer, observation: Metrics) -> None:
+        """Called after each step with its observation (``step``, ``loss`` and what the step
+        measured)."""
+
+    def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
+        """Called after each epoch with its metrics (training and test loss and accuracy, ...);
+        events may add their own."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """Called once after the last epoch when training ended normally."""
+
+    def on_error(self, trainer: Trainer, error: BaseException) -> None:
+        """Called when training raised ``error`` (before it propagates)."""
+
+    def finalize(self, trainer: Trainer) -> None:
+        """Called after training whatever happened: close files, bars, plots."""
 
 
 class ProgressBar(Event):
@@ -73,6 +88,7 @@ class ProgressBar(Event):
         self.close()
 
     def close(self) -> None:
+        """Close the epoch's bar, if one is open."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -171,6 +187,8 @@ class _FileLog(Event):
             self.write(f, [{k: float(v) for k, v in m.items()} for m in trainer.history])
 
     def write(self, f: Any, records: list[dict[str, float]]) -> None:
+        """Write the epoch records so far to the open file ``f`` (the whole file is rewritten each
+        epoch)."""
         raise NotImplementedError
 
 

@@ -309,16 +309,22 @@ def _fused_momentum(lr: float, momentum: float, nesterov: bool
 
 def adagrad(lr: LearningRate = 0.01, eps: float = 1e-8,
             weight_decay: float = 0.0) -> GradientTransformation:
+    """Adagrad (Duchi et al., 2011): steps scaled by the root of each parameter's summed squared
+    gradients."""
     return _with_decay([scale_by_adagrad(eps)], lr, weight_decay)
 
 
 def rmsprop(lr: LearningRate = 0.01, decay: float = 0.9, eps: float = 1e-8,
             weight_decay: float = 0.0) -> GradientTransformation:
+    """RMSProp (Tieleman and Hinton, 2012): steps scaled by a moving root mean square of the
+    gradients (``decay``)."""
     return _with_decay([scale_by_rms(decay, eps)], lr, weight_decay)
 
 
 def adadelta(lr: LearningRate = 1.0, rho: float = 0.9, eps: float = 1e-6,
              weight_decay: float = 0.0) -> GradientTransformation:
+    """Adadelta (Zeiler, 2012): step sizes from moving averages of squared gradients and squared
+    updates; ``lr`` 1.0 as in the paper."""
     return _with_decay([scale_by_adadelta(rho, eps)], lr, weight_decay)
 
 
@@ -351,12 +357,16 @@ class Optimizer:
         self.state = transform.init(params)
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state, for a checkpoint."""
         return {"state": self.state}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Restore the state ``state_dict`` returned."""
         self.state = saved["state"]
 
     def step(self, grads: Params) -> None:
+        """Update the parameters in place from ``grads`` (one per parameter; a ``KeyError`` names
+        any missing)."""
         missing = set(self.params) - set(grads)
         if missing:
             raise KeyError(f"optimizer step: no gradient for parameter(s) {sorted(missing)}")

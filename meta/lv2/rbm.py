@@ -186,14 +186,17 @@ class RBM:
 
     @property
     def n_visible(self) -> int:
+        """The number of visible units."""
         return self.W.shape[1]
 
     @property
     def n_hidden(self) -> int:
+        """The number of hidden units."""
         return self.W.shape[0]
 
     @property
     def params(self) -> dict[str, np.ndarray]:
+        """The weights ``W`` (hidden x visible) and the visible and hidden biases ``b``, ``c``."""
         return {"W": self.W, "b": self.b, "c": self.c}
 
     def __repr__(self) -> str:
@@ -213,6 +216,7 @@ class RBM:
         return sigmoid(a) if self.visible == "binary" else a
 
     def sample_hidden(self, p: np.ndarray) -> np.ndarray:
+        """Binary hidden states drawn with probabilities ``p``."""
         return bernoulli(p, self.rng, self.replica)
 
     def reconstruct(self, mean: np.ndarray) -> np.ndarray:

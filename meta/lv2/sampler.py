@@ -31,6 +31,8 @@ class ShuffleSampler:
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        """Set the epoch, which seeds this epoch's order (so a resumed run draws the same
+        batches)."""
         self.epoch = epoch
 
     def batch_rng(self, batch_index: int) -> np.random.Generator:

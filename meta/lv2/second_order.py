@@ -127,25 +127,36 @@ class VectorOps(Protocol):
     """The vector operations the two-loop recursion needs, on vectors it never looks into:
     numpy arrays here, slot numbers of vectors sharded over servers in Level 3's Sandblaster."""
 
-    def copy(self, x: Any) -> Any: ...
-    def dots(self, pairs: list[tuple[Any, Any]]) -> list[float]: ...
-    def axpy(self, alpha: float, x: Any, y: Any) -> None: ...  # y += alpha * x
-    def scale(self, alpha: float, x: Any) -> None: ...  # x *= alpha
+    def copy(self, x: Any) -> Any:
+        """A copy of the vector ``x``."""
+
+    def dots(self, pairs: list[tuple[Any, Any]]) -> list[float]:
+        """The dot product of each pair, in one pass (one allreduce when distributed)."""
+
+    def axpy(self, alpha: float, x: Any, y: Any) -> None:
+        """``y += alpha * x`` in place."""
+
+    def scale(self, alpha: float, x: Any) -> None:
+        """``x *= alpha`` in place."""
 
 
 class NumpyOps:
     """``VectorOps`` on numpy arrays."""
 
     def copy(self, x: np.ndarray) -> np.ndarray:
+        """A copy of ``x``."""
         return x.copy()
 
     def dots(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        """``a @ b`` of each pair."""
         return [float(a @ b) for a, b in pairs]
 
     def axpy(self, alpha: float, x: np.ndarray, y: np.ndarray) -> None:
+        """``y += alpha * x`` in place."""
         y += alpha * x
 
     def scale(self, alpha: float, x: np.ndarray) -> None:
+        """``x *= alpha`` in place."""
         x *= alpha
 
 
@@ -228,14 +239,17 @@ class LBFGS(_LineSearchOptimizer):
         self.pairs: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=history)
 
     def state_dict(self) -> dict:
+        """The curvature pairs and evaluation count, for a checkpoint."""
         return {"pairs": [list(pair) for pair in self.pairs], "evaluations": self.evaluations}
 
     def load_state_dict(self, saved: dict) -> None:
+        """Restore what ``state_dict`` returned."""
         self.pairs.clear()
         self.pairs.extend((np.asarray(s), np.asarray(y)) for s, y in saved["pairs"])
         self.evaluations = saved["evaluations"]
 
     def step(self, closure: Closure) -> float:
+        """One L-BFGS iteration (two-loop direction, line search); returns the loss before it."""
         if not self._start(closure):
             return self.f
         loss, x, g = self.f, self.x, self.g
@@ -249,15 +263,18 @@ class LBFGS(_LineSearchOptimizer):
 
 
 def fletcher_reeves(g: np.ndarray, g_prev: np.ndarray, d_prev: np.ndarray) -> float:
+    """Fletcher-Reeves' beta: ``|g|^2 / |g_prev|^2``."""
     return float(g @ g) / float(g_prev @ g_prev)
 
 
 def hestenes_stiefel(g: np.ndarray, g_prev: np.ndarray, d_prev: np.ndarray) -> float:
+    """Hestenes-Stiefel's beta: ``g.y / y.d_prev`` with ``y = g - g_prev``."""
     y = g - g_prev
     return float(g @ y) / float(y @ d_prev)
 
 
 def polak_ribiere_plus(g: np.ndarray, g_prev: np.ndarray, d_prev: np.ndarray) -> float:
+    """Polak-Ribiere's beta, clipped at 0 (a restart when negative)."""
     return max(0.0, float(g @ (g - g_prev)) / float(g_prev @ g_prev))
 
 
@@ -283,14 +300,19 @@ class ConjugateGradient(_LineSearchOptimizer):
         self.slope_step = 0.0  # alpha * g.d of the last step, for the next initial step
 
     def state_dict(self) -> dict:
+        """The last direction and gradient, line-search step and evaluation count, for a
+        checkpoint."""
         return {"direction": self.direction, "g_prev": self.g_prev,
                 "slope_step": self.slope_step, "evaluations": self.evaluations}
 
     def load_state_dict(self, saved: dict) -> None:
+        """Restore what ``state_dict`` returned."""
         self.direction, self.g_prev = saved["direction"], saved["g_prev"]
         self.slope_step, self.evaluations = saved["slope_step"], saved["evaluations"]
 
     def step(self, closure: Closure) -> float:
+        """One nonlinear conjugate-gradient iteration (line search included); returns the loss
+        before it."""
         if not self._start(closure):
             return self.f
         loss, g = self.f, self.g

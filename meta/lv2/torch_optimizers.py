@@ -98,6 +98,8 @@ class TorchOptimizer:
                 self._arrays[key] = array
 
     def step(self, grads: Params) -> None:
+        """Update the parameters in place with PyTorch's optimizer from ``grads`` (clipped first by
+        meta's rule when ``grad_clip`` is set)."""
         missing = set(self.params) - set(grads)
         if missing:
             raise KeyError(f"optimizer step: no gradient for parameter(s) {sorted(missing)}")
@@ -122,10 +124,13 @@ class TorchOptimizer:
 
     @property
     def state(self) -> dict[str, Any]:
+        """PyTorch's optimizer state as ``state_dict`` gives it."""
         return self.state_dict()
 
     @property
     def transform(self) -> Any:
+        """Always raises: a PyTorch optimizer has no meta update rule to run elsewhere (a parameter
+        server's)."""
         raise ComponentError(f"optimizer {self.label!r} steps PyTorch's own tensors and has no "
                              f"meta update rule to run elsewhere (Downpour's parameter "
                              f"servers need one): use a meta optimizer there")
@@ -138,6 +143,7 @@ class TorchOptimizer:
         return {"torch": _tree(self.optimizer.state_dict(), to_numpy), "steps": self.steps}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (PyTorch's state and the step count)."""
         def to_tensor(v: Any) -> Any:
             return self.torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
 

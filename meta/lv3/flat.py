@@ -85,6 +85,7 @@ class FlatBuffer:
 
     @property
     def nbytes(self) -> int:
+        """The bytes of the fused buffer."""
         return self.buffer.nbytes
 
     def _check(self, arrays: Mapping[str, np.ndarray], what: str) -> None:

@@ -57,6 +57,7 @@ class Timeline:
 
     @staticmethod
     def now() -> int:
+        """The clock the timeline uses: ``time.perf_counter_ns()``."""
         return time.perf_counter_ns()
 
     def background(self, phase: str, start_ns: int) -> None:
@@ -74,6 +75,7 @@ class Timeline:
                         "share": ns / everything} for phase, ns in totals.items()}
 
     def format_summary(self) -> str:
+        """Total and per-step time of each phase and its share, longest first, as a text table."""
         rows = [f"{'phase':<12} {'total s':>9} {'per step':>10} {'share':>7}"]
         for phase, s in sorted(self.summary().items(), key=lambda kv: -kv[1]["total_s"]):
             rows.append(f"{phase:<12} {s['total_s']:>9.3f} {s['per_step_s'] * 1e3:>8.3f}ms "
