@@ -92,12 +92,17 @@ def _static(graph: Graph) -> set[str]:
 def _reach(graph: Graph, name: str, static: set[str], consumers: dict[str, list[Node]],
            slots: dict[str, _Slots]) -> tuple[bool, str | None]:
     """(read at a state input, where it reaches a learnable input: "Gemm B of node 'fc'
-    through Transpose", or None), following ``name`` through the static nodes."""
+    through Transpose", or None), following ``name`` through the static nodes. A graph that
+    computes from initializers alone (no fed input: everything is static) still learns where
+    its initializer is read at a learnable input on the way to one of the graph's outputs."""
     is_state = False
-    stack: list[tuple[str, tuple[str, ...]]] = [(name, ())]
+    outputs = {t.name for t in graph.outputs}
+    stack: list[tuple[str, tuple[str, ...], str | None]] = [(name, (), None)]
     seen = {name}
     while stack:
-        tensor, path = stack.pop()
+        tensor, path, passed = stack.pop()
+        if passed and tensor in outputs:
+            return is_state, passed
         for node in consumers.get(tensor, []):
             if tensor not in node.inputs:  # read inside a branch or loop body
                 return is_state, f"read by a subgraph of node {node.name!r} ({node.op_type})"
@@ -106,18 +111,19 @@ def _reach(graph: Graph, name: str, static: set[str], consumers: dict[str, list[
             if not path and any(i in slot.state for i in indices):
                 is_state = True
                 continue
+            learned = [i for i in indices if slot.learns(i)]
+            via = f" through {', '.join(dict.fromkeys(path))}" if path else ""
+            where = (f"{node.op_type} {slot_name(node, learned[0], graph.opset)} of node "
+                     f"{node.name!r}{via}") if learned else None
             if all(o in static for o in node.outputs if o) and node.outputs:
                 if any(i not in slot.settings and i not in slot.state for i in indices):
                     for out in node.outputs:
                         if out and out not in seen:
                             seen.add(out)
-                            stack.append((out, (*path, node.op_type)))
+                            stack.append((out, (*path, node.op_type), passed or where))
                 continue
-            learned = [i for i in indices if slot.learns(i)]
-            if learned:
-                via = f" through {', '.join(dict.fromkeys(path))}" if path else ""
-                where = slot_name(node, learned[0], graph.opset)
-                return is_state, f"{node.op_type} {where} of node {node.name!r}{via}"
+            if where:
+                return is_state, where
     return is_state, None
 
 
