@@ -83,7 +83,7 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"meta plan: compute {work.source}; one rank's step "
           f"{(work.compute_s + work.update_s) * 1e3:.3f} ms at batch {work.batch}")
     print(table(predictions, args.top))
-    print(best_sets(predictions[0], recipe))
+    print(best_sets(predictions, recipe))
     if args.plot:
         plot_scaling(work, machine, args.plot, recipe.name)
         print(f"meta plan: wrote {args.plot}")
