@@ -169,8 +169,11 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
                    sched: str, replicas: int, servers: int = 0) -> Prediction:
     groups = cut(work.layers, stages)
     link = machine.link(stages)
-    fwd = [sum(x.forward_s for x in g) / m for g in groups]
-    bwd = [sum(x.backward_s for x in g) / m for g in groups]
+    # the step's time no node owns (copies, the executor's own work) shared out by node time
+    owned = work.forward_s + work.backward_s
+    grow = 1 + work.extra_s / owned if owned > 0 else 1.0
+    fwd = [sum(x.forward_s for x in g) * grow / m for g in groups]
+    bwd = [sum(x.backward_s for x in g) * grow / m for g in groups]
     edge = [g[-1].activation_bytes * work.batch / m if g else 0 for g in groups[:-1]]
     act = [link.message(b) for b in edge]
     sim = simulate([schedule(sched, s, stages, m) for s in range(stages)], fwd, bwd, act, act)
