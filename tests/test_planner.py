@@ -27,6 +27,7 @@ nodes = 4
 ranks_per_node = 8
 flops = 1e11
 memory_gib = 2
+copy_beta = 1e-10
 
 [intra]
 alpha = 1e-6
@@ -55,7 +56,7 @@ def work(param_mb: float = 4.0, layers: int = 4, ms: float = 1.0) -> Workload:
 
 def test_machine_file_reads_and_round_trips(cluster, tmp_path):
     assert (cluster.nodes, cluster.ranks_per_node, cluster.ranks) == (4, 8, 32)
-    assert cluster.memory_bytes == 2 * (1 << 30)
+    assert cluster.memory_bytes == 2 * (1 << 30) and cluster.copy_beta == 1e-10
     assert cluster.inter == Link(2e-5, 1e-9) and cluster.intra == Link(1e-6, 1e-10)
     assert cluster.link(8) == cluster.intra and cluster.link(9) == cluster.inter
     assert cluster.sized(100).nodes == 13
@@ -86,8 +87,9 @@ def test_allreduce_prediction_is_the_seeds_formula(cluster):
     assert tree < ring
     plain = allreduce_models(w, cluster.sized(p), p)[0]
     assert plain.label == "allreduce"
-    assert plain.comm_s == pytest.approx(tree)
-    assert plain.step_s == pytest.approx(4e-3 + 8e-3 + tree + 0.5e-3)
+    packed = 2 * n * 1e-10  # into one buffer, and scaled by 1/P
+    assert plain.comm_s == pytest.approx(tree + packed)
+    assert plain.step_s == pytest.approx(4e-3 + 8e-3 + tree + packed + 0.5e-3)
     assert plain.bytes_sent == pytest.approx(2 * 31 / 32 * n)
     # overlapped: the backward (8 ms) hides the transfer but its last bucket (1 MiB of 4)
     overlapped = allreduce_models(w, cluster.sized(p), p)[1]

@@ -44,7 +44,8 @@ class RecipeCosts:
 class Machine:
     """A cluster as the planner sees it. ``flops`` is a rank's sustained rate on the recipe's
     kind of work (used only when a recipe has no measured costs), ``memory_bytes`` what a rank
-    may hold; ``intra`` links two ranks of one node, ``inter`` two nodes."""
+    may hold; ``intra`` links two ranks of one node, ``inter`` two nodes; ``copy_beta`` is
+    a memory copy's time per byte (a strategy packs its gradients into one buffer)."""
 
     name: str = "default"
     nodes: int = 1
@@ -53,6 +54,7 @@ class Machine:
     memory_bytes: float = 4 * GIB
     intra: Link = Link(alpha=1e-6, beta=1e-10)  # shared memory: ~1 us, 10 GB/s
     inter: Link = Link(alpha=5e-6, beta=8e-11)  # a 100 Gb/s network: ~5 us, 12.5 GB/s
+    copy_beta: float = 2e-10  # s/byte of a rank's memory copy (packing gradients): 5 GB/s
     source: str = "the cost model's defaults (not measured)"
     costs: dict[str, RecipeCosts] = field(default_factory=dict)
 
@@ -105,8 +107,9 @@ def load_machine(path: str | Path) -> Machine:
                 kw[key] = int(data[key])
                 if kw[key] < 1:
                     raise MachineError(f"machine file {str(path)!r}: {key} must be >= 1")
-        if "flops" in data:
-            kw["flops"] = float(data["flops"])
+        for key in ("flops", "copy_beta"):
+            if key in data:
+                kw[key] = float(data[key])
         if "memory_gib" in data:
             kw["memory_bytes"] = float(data["memory_gib"]) * GIB
         if "memory_bytes" in data:
@@ -145,7 +148,8 @@ def _toml_value(value: Any) -> str:
 def machine_toml(machine: Machine) -> str:
     """The TOML text ``load_machine`` reads back to an equal Machine."""
     lines = [f"# meta plan machine description ({machine.source})"]
-    for key in ("name", "source", "nodes", "ranks_per_node", "flops", "memory_bytes"):
+    for key in ("name", "source", "nodes", "ranks_per_node", "flops", "memory_bytes",
+                "copy_beta"):
         lines.append(f"{key} = {_toml_value(getattr(machine, key))}")
     for key in ("intra", "inter"):
         link = getattr(machine, key)

@@ -83,7 +83,9 @@ def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Predictio
         if overlap:  # buckets go during the backward; the last one after it
             tail = comm * min(1.0, (1 << 20) / max(n, 1))
             hidden = work.forward_s + max(work.backward_s, comm) + tail + work.extra_s
-        else:
+        else:  # packed into one buffer, scaled by 1/P after (the overlapped backward
+            # writes into the buckets, its loss seeded with 1/P)
+            comm += 2 * n * machine.copy_beta if p > 1 else 0.0
             hidden = work.compute_s + comm
         step = hidden + work.update_s
         out.append(Prediction(
@@ -108,7 +110,7 @@ def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Predictio
 def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     n, link = work.param_bytes, machine.link(p)
     out = []
-    comm = gather_bcast(link, p, n)
+    comm = gather_bcast(link, p, n) + (2 * n * machine.copy_beta if p > 1 else 0.0)
     step = work.compute_s + comm + work.update_s
     out.append(Prediction("parameter_server", "consistent parameter server (rank 0)",
                           {"distributed": "parameter_server"}, p, work.batch * p, step,
