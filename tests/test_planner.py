@@ -13,6 +13,8 @@ from meta.lv3.comm.costmodel import Link
 from meta.planner.machine import Machine, MachineError, load_machine, save_machine
 from meta.planner.models import (
     allreduce_models,
+    allreduce_s,
+    averaging_models,
     pipeline_model,
     rank_configurations,
     sharded_server_s,
@@ -100,6 +102,15 @@ def test_allreduce_prediction_is_the_seeds_formula(cluster):
     assert zero.step_s == pytest.approx(12e-3 + zero.comm_s + 0.5e-3 / 8)
 
 
+def test_model_averaging_divides_the_exchange_by_its_interval(cluster):
+    w, p, n = work(), 16, 4 * (1 << 20)
+    every_4 = next(pr for pr in averaging_models(w, cluster.sized(p), p)
+                   if pr.sets["distributed.average_every"] == "4")
+    exchange = allreduce_s(cluster.sized(p), p, n) + 2 * n * 1e-10
+    assert every_4.comm_s == pytest.approx(exchange / 4)
+    assert every_4.step_s == pytest.approx(12e-3 + 0.5e-3 + exchange / 4)
+
+
 def test_sharded_server_is_the_seeds_formula():
     link = Link(2e-5, 1e-9)
     assert sharded_server_s(link, 30, 2, 4e6) == pytest.approx(2 * 2e-5 + 2 * 30 * 1e-9
@@ -141,7 +152,7 @@ def test_set_lines_parse_with_the_recipe(cluster):
     recipe = load_recipe("recipes/mnist_allreduce.py")
     ranked = rank_configurations(work(), cluster, 16)
     ok = [pr for pr in ranked if pr.strategy in ("allreduce", "downpour", "pipeline",
-                                                  "hybrid_allreduce")]
+                                                  "hybrid_allreduce", "model_averaging")]
     assert ok and all(settable(pr, recipe) for pr in ok)
     allreduce = [pr for pr in ranked if pr.strategy == "allreduce"]
     text = best_sets(allreduce, recipe)

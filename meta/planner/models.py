@@ -107,6 +107,23 @@ def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Predictio
     return out
 
 
+def averaging_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    """``model_averaging``: local steps, the parameters averaged every k steps (the
+    strategy's own ``predict_comm_s``: an allreduce of them over k)."""
+    if p < 2:
+        return []
+    n, out = work.param_bytes, []
+    for every in (4, 16):
+        comm = (allreduce_s(machine, p, n) + 2 * n * machine.copy_beta) / every
+        step = work.compute_s + work.update_s + comm
+        out.append(Prediction(
+            "model_averaging", f"model averaging every {every} steps",
+            {"distributed": "model_averaging", "distributed.average_every": str(every)}, p,
+            work.batch * p, step, work.compute_s + work.update_s, comm,
+            _replica_memory(work, n, work.batch) + n, 2 * (p - 1) / p * n / every))
+    return out
+
+
 def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     n, link = work.param_bytes, machine.link(p)
     out = []
@@ -255,7 +272,8 @@ def tensor_parallel_models(work: Workload, machine: Machine, p: int) -> list[Pre
 
 def predict_all(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     machine = machine.sized(p)
-    out = allreduce_models(work, machine, p) + parameter_server_models(work, machine, p)
+    out = allreduce_models(work, machine, p) + averaging_models(work, machine, p)
+    out += parameter_server_models(work, machine, p)
     out += pipeline_models(work, machine, p) + tensor_parallel_models(work, machine, p)
     return [pr if pr.memory_bytes <= machine.memory_bytes else
             Prediction(**{**pr.__dict__, "fits": False}) for pr in out]
