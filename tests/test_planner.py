@@ -4,7 +4,9 @@ the ranking, --set lines the recipe accepts, and --calibrate on this machine."""
 from __future__ import annotations
 
 import math
+import sys
 import time
+from typing import Callable
 
 import pytest
 
@@ -162,7 +164,7 @@ def test_set_lines_parse_with_the_recipe(cluster):
     assert "does not let --set choose it" in fixed and '"distributed": {' in fixed
 
 
-def test_meta_plan_mnist_mlp_at_1024_ranks(cluster, tmp_path, capsys):
+def test_meta_plan_mnist_mlp_at_1024_ranks(cluster, tmp_path, capsys, mnist_dir):
     """The acceptance command, on a described cluster, with the plot."""
     path = tmp_path / "cluster.toml"
     save_machine(cluster, path)
@@ -182,7 +184,7 @@ def test_meta_plan_names_a_bad_machine_file(tmp_path, capsys):
     assert "m.toml" in capsys.readouterr().err
 
 
-def test_calibrate_measures_this_machine(tmp_path, capsys):
+def test_calibrate_measures_this_machine(tmp_path, capsys, mnist_dir):
     """One process, a small batch, one timed step: per-node costs written and used."""
     out = tmp_path / "here.toml"
     assert main(["plan", "mnist_mlp", "--calibrate", str(out), "--steps", "1",
@@ -197,3 +199,18 @@ def test_calibrate_measures_this_machine(tmp_path, capsys):
     assert main(["plan", "mnist_mlp", "--ranks", "4", "--machine", str(out),
                  "--set", "batch_size=8"]) == 0
     assert "compute measured on planned at batch 8" in capsys.readouterr().out
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_calibrate_under_mpi_measures_the_link(tmp_path, mpirun: Callable[..., str],
+                                               mnist_dir) -> None:
+    """Two ranks: the link between them fitted (not the defaults), written once by rank 0."""
+    out = tmp_path / "two.toml"
+    env = {"META_MNIST_DIR": str(mnist_dir)} if mnist_dir else None
+    log = mpirun(2, [sys.executable, "-m", "meta", "plan", "mnist_mlp", "--calibrate",
+                     str(out), "--steps", "1", "--set", "batch_size=8"], env=env, timeout=120)
+    machine = load_machine(out)
+    assert "links measured with 2 ranks" in machine.source, log
+    assert machine.intra != Machine().intra and machine.intra.beta > 0
+    assert log.count("meta plan: wrote") == 1
