@@ -3,6 +3,7 @@ the ranking, --set lines the recipe accepts, and --calibrate on this machine."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -21,7 +22,7 @@ from meta.planner.models import (
     rank_configurations,
     sharded_server_s,
 )
-from meta.planner.report import best_sets, settable, table
+from meta.planner.report import best_sets, load_validation, settable, table
 from meta.planner.workload import Layer, Workload
 from meta.recipe import load_recipe
 
@@ -214,3 +215,19 @@ def test_calibrate_under_mpi_measures_the_link(tmp_path, mpirun: Callable[..., s
     assert "links measured with 2 ranks" in machine.source, log
     assert machine.intra != Machine().intra and machine.intra.beta > 0
     assert log.count("meta plan: wrote") == 1
+
+
+def test_measured_errors_are_shown_and_marked_beyond_the_bound(cluster, tmp_path):
+    ranked = allreduce_models(work(), cluster, 2)
+    rows = [{"recipe": "synthetic", "ranks": 2, "configuration": "allreduce", "error": -0.31},
+            {"recipe": "synthetic", "ranks": 2, "configuration": "allreduce overlapped",
+             "error": 0.05},
+            {"recipe": "other", "ranks": 2, "configuration": "allreduce", "error": 0.0}]
+    path = tmp_path / "validation.json"
+    path.write_text(json.dumps(rows))
+    validation = load_validation(path, "synthetic")
+    text = table(ranked, validation=validation, bound=0.2)
+    lines = {line.split("  ")[1].strip(): line for line in text.splitlines()[2:]}
+    assert lines["allreduce"].rstrip().endswith("-31% at P=2 beyond")
+    assert lines["allreduce overlapped"].rstrip().endswith("+5% at P=2")
+    assert lines["allreduce ZeRO-1 (shared memory)"].rstrip().endswith("-")

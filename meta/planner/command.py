@@ -22,6 +22,11 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override the recipe's MUTABLE values (as meta run)")
     plan.add_argument("--top", type=int, default=15, help="rows of the ranking shown")
+    plan.add_argument("--validated", metavar="JSON", help="measured model errors "
+                      "(benchmarks/plan_validation.py's JSON): shown per configuration, "
+                      "marked beyond --bound")
+    plan.add_argument("--bound", type=float, default=0.20, help="the model error bound "
+                      "(default 0.20)")
     plan.add_argument("--plot", metavar="PNG", help="plot predicted throughput against P "
                       "(1 to 4,096) for each strategy")
     plan.set_defaults(func=cmd_plan)
@@ -73,7 +78,7 @@ def _plan(args: argparse.Namespace) -> int:
         print("meta plan: give a RECIPE and --ranks P (or --calibrate [OUT])", file=sys.stderr)
         return 2
     from meta.planner.models import rank_configurations
-    from meta.planner.report import best_sets, plot_scaling, table
+    from meta.planner.report import best_sets, load_validation, plot_scaling, table
     from meta.planner.workload import make_workload
 
     work = make_workload(recipe, machine)
@@ -82,7 +87,8 @@ def _plan(args: argparse.Namespace) -> int:
           f"({machine.ranks_per_node} ranks per node; {machine.source})")
     print(f"meta plan: compute {work.source}; one rank's step "
           f"{(work.compute_s + work.update_s) * 1e3:.3f} ms at batch {work.batch}")
-    print(table(predictions, args.top))
+    validation = load_validation(args.validated, recipe.name) if args.validated else None
+    print(table(predictions, args.top, validation, args.bound))
     print(best_sets(predictions, recipe))
     if args.plot:
         plot_scaling(work, machine, args.plot, recipe.name)

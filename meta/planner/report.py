@@ -3,9 +3,10 @@ predicted throughput against P (1 to 4,096) for each strategy's best option."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from meta.planner.machine import Machine
+from meta.planner.machine import Machine, MachineError
 from meta.planner.models import Prediction, predict_all
 from meta.planner.workload import Workload
 from meta.recipe import Recipe, RecipeError
@@ -14,15 +15,36 @@ MB = 1 << 20
 SCALES = tuple(2 ** k for k in range(13))  # 1 ... 4,096
 
 
-def table(predictions: list[Prediction], top: int = 15) -> str:
+def load_validation(path: str | Path, recipe: str) -> dict[str, dict]:
+    """Rows of ``benchmarks/plan_validation.py``'s JSON for ``recipe``, by configuration."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise MachineError(f"validation file {str(path)!r} cannot be read: {err}") from err
+    return {r["configuration"]: r for r in rows if r.get("recipe") == recipe}
+
+
+def _validated(pr: Prediction, validation: dict[str, dict], bound: float) -> str:
+    row = validation.get(pr.label)
+    if row is None:
+        return "-"
+    flag = " beyond" if abs(row["error"]) > bound else ""
+    return f"{row['error']:+.0%} at P={row['ranks']}{flag}"
+
+
+def table(predictions: list[Prediction], top: int = 15,
+          validation: dict[str, dict] | None = None, bound: float = 0.20) -> str:
+    """The ranking; with ``validation`` (measured rows), each configuration's model error
+    where it was measured, marked "beyond" past ``bound``."""
     rows = [("#", "configuration", "samples/s", "step ms", "comm ms", "MB/rank", "MB sent",
-             "batch")]
+             "batch") + (("measured error",) if validation is not None else ())]
     for i, pr in enumerate(predictions[:top], 1):
         name = pr.label + ("" if pr.fits else " (does not fit)") + (
             f" [{', '.join(pr.notes)}]" if pr.notes else "")
         rows.append((str(i), name, f"{pr.throughput:,.0f}", f"{pr.step_s * 1e3:.3f}",
                      f"{pr.comm_s * 1e3:.3f}", f"{pr.memory_bytes / MB:.1f}",
-                     f"{pr.bytes_sent / MB:.2f}", str(pr.samples)))
+                     f"{pr.bytes_sent / MB:.2f}", str(pr.samples))
+                    + ((_validated(pr, validation, bound),) if validation is not None else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
