@@ -231,3 +231,14 @@ def test_measured_errors_are_shown_and_marked_beyond_the_bound(cluster, tmp_path
     assert lines["allreduce"].rstrip().endswith("-31% at P=2 beyond")
     assert lines["allreduce overlapped"].rstrip().endswith("+5% at P=2")
     assert lines["allreduce ZeRO-1 (shared memory)"].rstrip().endswith("-")
+
+
+def test_calibrate_into_a_described_cluster_keeps_its_shape(cluster, tmp_path, mnist_dir):
+    path = tmp_path / "cluster.toml"
+    save_machine(cluster, path)
+    assert main(["plan", "mnist_mlp", "--machine", str(path), "--calibrate",
+                 str(tmp_path / "out.toml"), "--steps", "1", "--set", "batch_size=8"]) == 0
+    out = load_machine(tmp_path / "out.toml")
+    assert (out.nodes, out.ranks_per_node, out.inter, out.intra) == (4, 8, cluster.inter,
+                                                                      cluster.intra)
+    assert out.costs["mnist_mlp"].batch == 8 and "compute measured" in out.source

@@ -98,10 +98,13 @@ def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, str]:
 
 def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = None,
               steps: int = 5, stream: TextIO | None = None) -> Machine:
-    """``base`` (default: this machine as the defaults describe it) with this machine's
-    measured figures: ranks per node (the CPUs), memory, the intra-node link, and the
-    recipe's step costs. Collective over ``comm``: every rank calls it."""
+    """This machine measured: ranks per node (the CPUs), memory, the intra-node link, the
+    compute and copy rates and the recipe's step costs. Given ``base`` (a described cluster
+    whose nodes are like this one), only the compute figures and the recipe's costs are
+    added to it; its shape, memory and links stay as described. Collective over ``comm``:
+    every rank calls it."""
     comm = comm if comm is not None else world()
+    described = base is not None
     base = base or Machine(name=os.uname().nodename)
     cores = os.cpu_count() or 1
     try:
@@ -137,10 +140,15 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         copies.append(time.perf_counter() - start)
     copy_beta = float(np.median(copies[2:])) / src.nbytes
     copy_beta = float(comm.allreduce(np.array([copy_beta]))[0] / comm.size)
-    machine = replace(base, nodes=1, ranks_per_node=cores, memory_bytes=float(memory),
-                      flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
-                      source="measured by meta plan --calibrate; " + "; ".join(notes)
-                      + "; inter: not measurable on one machine (default)")
+    if described:  # a cluster of nodes like this one: its shape and links are the user's
+        machine = replace(base, flops=flops, costs=costs, copy_beta=copy_beta,
+                          source=f"{base.source}; compute measured by meta plan --calibrate"
+                          f" on {os.uname().nodename}: " + "; ".join(notes[:-1]))
+    else:
+        machine = replace(base, nodes=1, ranks_per_node=cores, memory_bytes=float(memory),
+                          flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
+                          source="measured by meta plan --calibrate; " + "; ".join(notes)
+                          + "; inter: not measurable on one machine (default)")
     if stream is not None and comm.rank == 0:
         for note in notes:
             print(f"meta plan: {note}", file=stream)
