@@ -2,6 +2,7 @@
 strategy at the ranks this machine runs (item 4 of issue 30, the part that runs here).
 
     mpiexec -n 2 python benchmarks/plan_validation.py          # writes docs/plan_validation.md
+    python benchmarks/plan_validation.py --pipelines           # adds the pipeline rows
 
 Per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at 64):
 
@@ -14,8 +15,12 @@ Per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5
    with those options, in blocks of ``--steps`` steps that alternate between the options
    (``--repeats`` blocks each, the median block kept).
 
-A row whose error is beyond ``--bound`` (20 %, the issue's acceptance) is marked. Pipelines,
-Downpour and the asynchronous parameter server are not validated by this script.
+With ``--pipelines`` (not under mpiexec): ``mnist_pipeline`` at 2 stages, 4 and 8
+micro-batches, GPipe and 1F1B, each a ``meta run`` of one epoch under ``mpiexec -n 2``
+against the planner's prediction from a calibration of that recipe on 2 ranks.
+
+A row whose error is beyond ``--bound`` (20 %, the issue's acceptance) is marked. Downpour
+and the asynchronous parameter server are not validated by this script.
 """
 
 from __future__ import annotations
@@ -110,39 +115,102 @@ def table(rows: list[dict], bound: float) -> str:
         mark = f" **beyond ±{bound:.0%}**" if r["beyond_bound"] else ""
         lines.append(f"| {r['recipe']} | {r['ranks']} | {r['configuration']} | "
                      f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} | "
-                     f"{r['error']:+.0%}{mark} | {r['alone_ms']:.2f} | "
-                     f"{r['beside_ms']:.2f} | {r['beside_error']:+.0%} |")
+                     f"{r['error']:+.0%}{mark} | " + (
+                         f"{r['alone_ms']:.2f} | {r['beside_ms']:.2f} | "
+                         f"{r['beside_error']:+.0%} |" if "alone_ms" in r else "- | - | - |"))
     return "\n".join(lines)
+
+
+def pipelines(args) -> list[dict]:
+    """Pipelines of 2 stages on 2 ranks: each a ``meta run`` of ``mnist_pipeline`` for one
+    epoch (the stages' executor, its messages, the recipe's own step), against the planner's
+    prediction from a calibration of the same recipe on the same 2 ranks just before. The
+    measured step is rank 0's phases per step (forward, backward, waiting, update) summed."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from meta.planner.machine import load_machine
+    from meta.planner.models import pipeline_model
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        toml = Path(tmp) / "machine.toml"
+        base = ["mpiexec", "-n", "2", sys.executable, "-m", "meta"]
+        subprocess.run(base + ["plan", "mnist_pipeline", "--calibrate", str(toml), "--steps",
+                               str(args.steps)], check=True, capture_output=True)
+        machine = load_machine(toml)
+        recipe = load_recipe(REPO / "recipes" / "mnist_pipeline.py")
+        work = make_workload(recipe, machine)
+        for m, sched in ((4, "1f1b"), (8, "1f1b"), (4, "gpipe"), (8, "gpipe")):
+            out = Path(tmp) / f"run_{m}_{sched}"
+            load = os.getloadavg()[0]
+            subprocess.run(base + ["run", str(REPO / "recipes" / "mnist_pipeline.py"),
+                                   "--set", "epochs=1", "--set",
+                                   f"distributed.micro_batches={m}", "--set",
+                                   f"distributed.schedule={sched}", "--output-dir", str(out),
+                                   "--no-export", "--no-plots"], capture_output=True)
+            metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+            measured = sum(metrics[f"{k}_ms_per_step"] / 1e3 for k in
+                           ("forward", "backward", "communicate", "update", "compute")
+                           if f"{k}_ms_per_step" in metrics)
+            pr = pipeline_model(work, machine, 2, 2, m, sched, 1)
+            error = pr.step_s / measured - 1
+            rows.append({"recipe": "mnist_pipeline", "ranks": 2, "configuration": pr.label,
+                         "predicted_ms": pr.step_s * 1e3, "measured_ms": measured * 1e3,
+                         "error": error, "beyond_bound": abs(error) > args.bound,
+                         "link": str(machine.intra), "compute": work.source,
+                         "load": f"load average {load:.1f}"})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def write_report(rows: list[dict], args, ranks: int) -> None:
+    text = table(rows, args.bound)
+    print(text)
+    out = Path(args.out)
+    notes = sorted({f"{r['recipe']}: {r['link']}; compute {r['compute']}; {r['load']}"
+                    for r in rows})
+    write_text(out, "# `meta plan` against measured step times\n\n"
+               f"Produced by `mpiexec -n {ranks} python benchmarks/plan_validation.py` "
+               "(allreduce)\nand `python benchmarks/plan_validation.py --pipelines` "
+               f"(pipelines) on this machine\n({time.strftime('%Y-%m-%d')}, "
+               f"{os.cpu_count()} cores, shared with other jobs); rows whose model error is "
+               f"beyond\n±{args.bound:.0%} are marked. The planner's calibration on the "
+               "same ranks, just before each recipe's\nmeasurement, and the load:\n\n"
+               + "\n".join(f"- {x}" for x in notes) + "\n\n" + text + "\n")
+    write_text(out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipes", default="mnist_mlp,mnist_lenet")
+    parser.add_argument("--pipelines", action="store_true", help="(without mpiexec) the "
+                        "pipeline rows instead, each a meta run under mpiexec -n 2")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bound", type=float, default=0.20)
     parser.add_argument("--out", default=str(REPO / "docs" / "plan_validation.md"))
     args = parser.parse_args()
+    old = Path(args.out).with_suffix(".json")
+    kept = json.loads(old.read_text()) if old.exists() else []
+    if args.pipelines:
+        rows = pipelines(args)
+        kept = [r for r in kept if r["recipe"] != "mnist_pipeline"]
+        write_report(kept + rows, args, 2)
+        return
     comm = world()
     load_before = os.getloadavg()[0]
     rows = [r for name in args.recipes.split(",") for r in measure(name, args, comm)]
     load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
     if comm.rank:
         return
-    text = table(rows, args.bound)
-    print(text)
-    out = Path(args.out)
-    links = sorted({f"{r['recipe']}: {r['link']}; compute {r['compute']}" for r in rows})
-    write_text(out, "# `meta plan` against measured step times\n\n"
-               f"Produced by `mpiexec -n {comm.size} python benchmarks/plan_validation.py`\n"
-               f"on this machine ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
-               f"{load}); rows whose\nmodel error is beyond ±{args.bound:.0%} are marked. "
-               "The planner's calibration on the same ranks,\njust before each recipe's "
-               "measurement:\n\n" + "\n".join(f"- {x}" for x in links) + "\n\n"
-               + text + "\n")
-    write_text(out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {out}")
+    for r in rows:
+        r["load"] = load
+    names = {r["recipe"] for r in rows}
+    write_report(rows + [r for r in kept if r["recipe"] not in names], args, comm.size)
 
 
 if __name__ == "__main__":
