@@ -134,6 +134,24 @@ def test_gpipe_bubble_is_s_minus_1_over_m_plus_s_minus_1(stages, m):
     assert one_f.memory_bytes < pr.memory_bytes  # 1F1B keeps at most S micro-batches
 
 
+def test_a_micro_batch_keeps_each_call_s_fixed_cost():
+    """Half of each node's time is per call: a micro-batch of 1/M costs fixed + rest/M, not
+    1/M of the whole (the executor's overhead does not shrink with the batch)."""
+    stages, m = 2, 8
+    w = work(layers=stages)
+    w = Workload(w.recipe, w.batch, tuple(Layer(x.name, x.op_type, x.forward_s, x.backward_s,
+                                                x.param_bytes, x.activation_bytes,
+                                                x.forward_s / 2, x.backward_s / 2)
+                                          for x in w.layers), w.param_bytes, w.state_slots,
+                 w.update_s, w.source)
+    assert w.layers[0].at(1 / m).forward_s == pytest.approx(0.5e-3 + 0.5e-3 / m)
+    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    micro = 1.5e-3 + 1.5e-3 / m  # a stage's forward and backward of one micro-batch
+    assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)
+    assert w.at_batch(32).layers[0].forward_s == pytest.approx(0.5e-3 + 0.5e-3 / 2)
+
+
 def test_ranking_is_sane(cluster):
     ranked = rank_configurations(work(), cluster, 32)
     speeds = [pr.throughput for pr in ranked if pr.fits]

@@ -33,7 +33,10 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
     """Per-node forward/backward seconds and step seconds of ``steps`` training steps at the
     recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). Each figure is
     its median over the steps: what a run sees (the fastest step predicted a run 30 % too
-    fast on this shared machine, benchmarks/plan_validation.py)."""
+    fast on this shared machine, benchmarks/plan_validation.py). The same at an eighth of
+    the batch fits each figure as a fixed time per call plus a part linear in the batch: a
+    pipeline's micro-batch of 16 samples costs more than an eighth of 128 (mnist_pipeline's
+    were predicted 45-69 % fast without it)."""
     d = recipe.definitions
     graph, train = build_network(recipe)
     choice = d.choices["executor"]
@@ -44,7 +47,40 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
     executor.train(True)
     opt = d.choices["optimizer"]
     optimizer = build_optimizer(opt.component, opt.options, graph.parameters, 1000, 1)
-    feeds = feeds_for(graph, train, int(d.batch_size))
+    big = int(d.batch_size)
+    small = max(1, big // 8)
+    fwd, bwd, step, update, profiled = _timed(graph, executor, optimizer,
+                                              feeds_for(graph, train, big), steps, warmup)
+    if not profiled:  # an executor without profiling: the whole step, on the nodes by size
+        sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
+                             if x in graph.parameters) for n in graph.nodes}
+        total = sum(sizes.values()) or 1
+        fwd = {k: (step - update) / 3 * v / total for k, v in sizes.items()}
+        bwd = {k: 2 * x for k, x in fwd.items()}
+    fixed_f: dict[str, float] = {}
+    fixed_b: dict[str, float] = {}
+    extra_fixed = 0.0
+    if small < big and profiled:
+        f2, b2, step2, update2, _ = _timed(graph, executor, optimizer,
+                                           feeds_for(graph, train, small), steps, warmup)
+        fixed_f = {k: _intercept(f2.get(k, 0.0), v, small, big) for k, v in fwd.items()}
+        fixed_b = {k: _intercept(b2.get(k, 0.0), v, small, big) for k, v in bwd.items()}
+        extra = max(step - update - sum(fwd.values()) - sum(bwd.values()), 0.0)
+        extra2 = max(step2 - update2 - sum(f2.values()) - sum(b2.values()), 0.0)
+        extra_fixed = _intercept(extra2, extra, small, big)
+    return RecipeCosts(graph_signature(graph), choice.name, big, fwd, bwd, step, update,
+                       fixed_f, fixed_b, extra_fixed)
+
+
+def _intercept(t_small: float, t_big: float, small: int, big: int) -> float:
+    """The time at batch 0 of the line through two measurements, kept within [0, t_big]."""
+    slope = (t_big - t_small) / (big - small)
+    return float(min(max(t_big - slope * big, 0.0), t_big))
+
+
+def _timed(graph: Any, executor: Any, optimizer: Any, feeds: dict, steps: int,
+           warmup: int) -> tuple[dict[str, float], dict[str, float], float, float, bool]:
+    """Median per-node forward and backward, step and update seconds over ``steps``."""
     fwd: dict[str, list[float]] = defaultdict(list)
     bwd: dict[str, list[float]] = defaultdict(list)
     step_s, update_s = [], []
@@ -69,19 +105,10 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
             for n in graph.nodes:
                 fwd[n.name].append(f.get(n.name, 0.0))
                 bwd[n.name].append(b.get(n.name, 0.0))
-    update = float(np.median(update_s))
-    if profiled and any(any(v) for v in fwd.values()):
-        forward = {k: float(np.median(v)) for k, v in fwd.items()}
-        backward = {k: float(np.median(v)) for k, v in bwd.items()}
-    else:  # an executor without profiling: the whole step, on the nodes by their parameters
-        whole = float(np.median(step_s)) - update
-        sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
-                             if x in graph.parameters) for n in graph.nodes}
-        total = sum(sizes.values()) or 1
-        forward = {k: whole / 3 * v / total for k, v in sizes.items()}
-        backward = {k: 2 * x for k, x in forward.items()}
-    return RecipeCosts(graph_signature(graph), choice.name, int(d.batch_size), forward,
-                       backward, float(np.median(step_s)), update)
+    profiled = profiled and any(any(v) for v in fwd.values())
+    return ({k: float(np.median(v)) for k, v in fwd.items()},
+            {k: float(np.median(v)) for k, v in bwd.items()},
+            float(np.median(step_s)), float(np.median(update_s)), profiled)
 
 
 def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, str]:

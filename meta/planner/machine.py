@@ -38,6 +38,11 @@ class RecipeCosts:
     backward_s: dict[str, float]
     step_s: float
     update_s: float = 0.0
+    # per call, whatever the batch (the executor's own overhead): fitted from a second
+    # batch size, so a pipeline's micro-batches are not taken to cost batch/M of a batch
+    forward_fixed_s: dict[str, float] = field(default_factory=dict)
+    backward_fixed_s: dict[str, float] = field(default_factory=dict)
+    extra_fixed_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,10 @@ def load_machine(path: str | Path) -> Machine:
                 str(table["signature"]), str(table["executor"]), int(table["batch"]),
                 {k: float(v) for k, v in table["forward_s"].items()},
                 {k: float(v) for k, v in table["backward_s"].items()},
-                float(table["step_s"]), float(table.get("update_s", 0.0)))
+                float(table["step_s"]), float(table.get("update_s", 0.0)),
+                {k: float(v) for k, v in table.get("forward_fixed_s", {}).items()},
+                {k: float(v) for k, v in table.get("backward_fixed_s", {}).items()},
+                float(table.get("extra_fixed_s", 0.0)))
         except KeyError as err:
             raise MachineError(f"{where}: missing key {err.args[0]!r}") from err
     kw["costs"] = costs
@@ -156,9 +164,9 @@ def machine_toml(machine: Machine) -> str:
         lines += ["", f"[{key}]  # {link}", f"alpha = {link.alpha!r}", f"beta = {link.beta!r}"]
     for recipe, c in machine.costs.items():
         lines += ["", f"[costs.{recipe}]"]
-        for key in ("signature", "executor", "batch", "step_s", "update_s"):
+        for key in ("signature", "executor", "batch", "step_s", "update_s", "extra_fixed_s"):
             lines.append(f"{key} = {_toml_value(getattr(c, key))}")
-        for key in ("forward_s", "backward_s"):
+        for key in ("forward_s", "backward_s", "forward_fixed_s", "backward_fixed_s"):
             lines += ["", f"[costs.{recipe}.{key}]"]
             lines += [f"{_toml_value(k)} = {v!r}" for k, v in getattr(c, key).items()]
     return "\n".join(lines) + "\n"

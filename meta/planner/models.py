@@ -188,17 +188,27 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
                    sched: str, replicas: int, servers: int = 0) -> Prediction:
     groups = cut(work.layers, stages)
     link = machine.link(stages)
-    # the step's time no node owns (copies, the executor's own work) shared out by node time
+    # a micro-batch's node times: each node's fixed part per call, the rest over M; the step's
+    # time no node owns (the executor's own work around each node, copies): its fixed part
+    # shared out by the stages' numbers of nodes, the rest by their node time
+    f = 1 / m
     owned = work.forward_s + work.backward_s
-    grow = 1 + work.extra_s / owned if owned > 0 else 1.0
-    fwd = [sum(x.forward_s for x in g) * grow / m for g in groups]
-    bwd = [sum(x.backward_s for x in g) * grow / m for g in groups]
+    rest = (work.extra_s - work.extra_fixed_s) * f
+    fwd, bwd = [], []
+    for g in groups:
+        share = sum(x.forward_s + x.backward_s for x in g) / owned if owned > 0 else 0.0
+        nodes = len(g) / len(work.layers)
+        fw = sum(x.at(f).forward_s for x in g)
+        bw = sum(x.at(f).backward_s for x in g)
+        added = work.extra_fixed_s * nodes + rest * share
+        fwd.append(fw + added * (fw / (fw + bw) if fw + bw > 0 else 0.5))
+        bwd.append(bw + added * (bw / (fw + bw) if fw + bw > 0 else 0.5))
     edge = [g[-1].activation_bytes * work.batch / m if g else 0 for g in groups[:-1]]
     act = [link.message(b) for b in edge]
     sim = simulate([schedule(sched, s, stages, m) for s in range(stages)], fwd, bwd, act, act)
     stage_params = [sum(x.param_bytes for x in g) for g in groups]
     update = work.update_s * max(stage_params) / max(work.param_bytes, 1)
-    compute = max(f + b for f, b in zip(fwd, bwd)) * m
+    compute = max(fw + bw for fw, bw in zip(fwd, bwd)) * m
     stored = [m if sched == "gpipe" else min(m, stages - s) for s in range(stages)]
     memory = max(sp * (2 + work.state_slots) + sum(x.activation_bytes for x in g)
                  * work.batch / m * k for sp, g, k in zip(stage_params, groups, stored))

@@ -38,6 +38,20 @@ class Layer:
     backward_s: float
     param_bytes: int
     activation_bytes: int  # its outputs, per sample
+    forward_fixed_s: float = 0.0  # of forward_s, what a call costs whatever its batch
+    backward_fixed_s: float = 0.0
+
+    def at(self, f: float) -> Layer:
+        """This node on ``f`` times the batch: the fixed part stays, the rest scales."""
+        return Layer(self.name, self.op_type, scale(self.forward_s, self.forward_fixed_s, f),
+                     scale(self.backward_s, self.backward_fixed_s, f), self.param_bytes,
+                     self.activation_bytes, self.forward_fixed_s, self.backward_fixed_s)
+
+
+def scale(t: float, fixed: float, f: float) -> float:
+    """A time of ``fixed`` per call plus a part linear in the batch, at ``f`` times it."""
+    fixed = min(fixed, t)
+    return fixed + (t - fixed) * f
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class Workload:
     update_s: float
     source: str  # "measured ..." or "estimated ..."
     extra_s: float = 0.0  # measured step time no node owns, besides the update
+    extra_fixed_s: float = 0.0  # of extra_s, per executor call whatever the batch
 
     @property
     def forward_s(self) -> float:
@@ -72,10 +87,9 @@ class Workload:
     def at_batch(self, batch: int) -> Workload:
         """The same step on ``batch`` samples: node times scale linearly, the update not."""
         f = batch / self.batch
-        layers = tuple(Layer(x.name, x.op_type, x.forward_s * f, x.backward_s * f,
-                             x.param_bytes, x.activation_bytes) for x in self.layers)
-        return Workload(self.recipe, batch, layers, self.param_bytes, self.state_slots,
-                        self.update_s, self.source, self.extra_s * f)
+        return Workload(self.recipe, batch, tuple(x.at(f) for x in self.layers),
+                        self.param_bytes, self.state_slots, self.update_s, self.source,
+                        scale(self.extra_s, self.extra_fixed_s, f), self.extra_fixed_s)
 
 
 def graph_signature(graph: Any) -> str:
@@ -147,13 +161,16 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     costs: RecipeCosts | None = machine.costs.get(recipe.name)
     if costs is not None and costs.signature == graph_signature(graph):
         f = batch / costs.batch
-        layers = tuple(Layer(n.name, n.op_type, costs.forward_s.get(n.name, 0.0) * f,
-                             costs.backward_s.get(n.name, 0.0) * f, param_bytes[n.name],
-                             act[n.name]) for n in graph.nodes)
+        layers = tuple(Layer(n.name, n.op_type, costs.forward_s.get(n.name, 0.0),
+                             costs.backward_s.get(n.name, 0.0), param_bytes[n.name],
+                             act[n.name], costs.forward_fixed_s.get(n.name, 0.0),
+                             costs.backward_fixed_s.get(n.name, 0.0)).at(f)
+                       for n in graph.nodes)
         owned = sum(costs.forward_s.values()) + sum(costs.backward_s.values())
-        extra = max(costs.step_s - owned - costs.update_s, 0.0) * f
+        extra = max(costs.step_s - owned - costs.update_s, 0.0)
         return Workload(recipe.name, batch, layers, total_params, slots, costs.update_s,
-                        f"measured on {costs.executor} at batch {costs.batch}", extra)
+                        f"measured on {costs.executor} at batch {costs.batch}",
+                        scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra))
     # 2 flops per multiply-add; a weight is used once per sample (convolutions: once per
     # output position, which this estimate misses: it errs low for them)
     layers = []
