@@ -520,6 +520,9 @@ def make_parser() -> argparse.ArgumentParser:
     replay.add_argument("--save", metavar="FILE.npz", help="write the replayed weights")
     replay.set_defaults(func=cmd_replay)
     add_bench_commands(sub)  # compare, bench-op
+    from meta.planner.command import add_plan_parser
+
+    add_plan_parser(sub)  # meta plan: predict and rank strategies (meta/planner/)
     return parser
 
 

@@ -1,0 +1,187 @@
+"""``meta plan --calibrate``: measure this machine for the planner.
+
+Two things are measured. (1) A recipe's step on one rank: a few training steps of its network
+on its executor with the executor's profiling on (the reference and planned executors record
+every node's forward and backward time), plus the optimizer's update, timed apart. (2) Under
+``mpiexec -n 2`` (or more), the link between two ranks of this node: ping-pongs for α and β
+(``measure_link``) and blocking allreduces of the recipe's gradient size read back through the
+ring formula (``measure_allreduce``), the larger of the two fits kept, since the strategies
+send both kinds of message. Without MPI (one process) the links stay the cost model's
+defaults and the written file says so; the network between nodes is never measured here (one
+machine has none), so ``inter`` is always the default or what the user typed in.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any, TextIO
+
+import numpy as np
+
+from meta.lv2 import build_optimizer
+from meta.lv3 import world
+from meta.lv3.comm.costmodel import Link, measure_allreduce, measure_link
+from meta.planner.machine import GIB, Machine, RecipeCosts
+from meta.planner.workload import build_network, feeds_for, graph_signature
+from meta.recipe import Recipe
+
+
+def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCosts:
+    """Per-node forward/backward seconds and step seconds of ``steps`` training steps at the
+    recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). Each figure is
+    its median over the steps: what a run sees (the fastest step predicted a run 30 % too
+    fast on this shared machine, benchmarks/plan_validation.py). The same at an eighth of
+    the batch fits each figure as a fixed time per call plus a part linear in the batch: a
+    pipeline's micro-batch of 16 samples costs more than an eighth of 128 (mnist_pipeline's
+    were predicted 45-69 % fast without it)."""
+    d = recipe.definitions
+    graph, train = build_network(recipe)
+    choice = d.choices["executor"]
+    options = dict(choice.options)
+    if "profile" in choice.component.options:
+        options["profile"] = True
+    executor = choice.component.build(graph, **options)
+    executor.train(True)
+    opt = d.choices["optimizer"]
+    optimizer = build_optimizer(opt.component, opt.options, graph.parameters, 1000, 1)
+    big = int(d.batch_size)
+    small = max(1, big // 8)
+    fwd, bwd, step, update, profiled = _timed(graph, executor, optimizer,
+                                              feeds_for(graph, train, big), steps, warmup)
+    if not profiled:  # an executor without profiling: the whole step, on the nodes by size
+        sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
+                             if x in graph.parameters) for n in graph.nodes}
+        total = sum(sizes.values()) or 1
+        fwd = {k: (step - update) / 3 * v / total for k, v in sizes.items()}
+        bwd = {k: 2 * x for k, x in fwd.items()}
+    fixed_f: dict[str, float] = {}
+    fixed_b: dict[str, float] = {}
+    extra_fixed = 0.0
+    if small < big and profiled:
+        f2, b2, step2, update2, _ = _timed(graph, executor, optimizer,
+                                           feeds_for(graph, train, small), steps, warmup)
+        fixed_f = {k: _intercept(f2.get(k, 0.0), v, small, big) for k, v in fwd.items()}
+        fixed_b = {k: _intercept(b2.get(k, 0.0), v, small, big) for k, v in bwd.items()}
+        extra = max(step - update - sum(fwd.values()) - sum(bwd.values()), 0.0)
+        extra2 = max(step2 - update2 - sum(f2.values()) - sum(b2.values()), 0.0)
+        extra_fixed = _intercept(extra2, extra, small, big)
+    return RecipeCosts(graph_signature(graph), choice.name, big, fwd, bwd, step, update,
+                       fixed_f, fixed_b, extra_fixed)
+
+
+def _intercept(t_small: float, t_big: float, small: int, big: int) -> float:
+    """The time at batch 0 of the line through two measurements, kept within [0, t_big]."""
+    slope = (t_big - t_small) / (big - small)
+    return float(min(max(t_big - slope * big, 0.0), t_big))
+
+
+def _timed(graph: Any, executor: Any, optimizer: Any, feeds: dict, steps: int,
+           warmup: int) -> tuple[dict[str, float], dict[str, float], float, float, bool]:
+    """Median per-node forward and backward, step and update seconds over ``steps``."""
+    fwd: dict[str, list[float]] = defaultdict(list)
+    bwd: dict[str, list[float]] = defaultdict(list)
+    step_s, update_s = [], []
+    profiled = hasattr(executor, "records")
+    for i in range(warmup + steps):
+        if profiled:
+            executor.reset_profile()
+        start = time.perf_counter()
+        _values, grads = executor.inference_and_backprop(feeds)
+        middle = time.perf_counter()
+        optimizer.step(grads)
+        end = time.perf_counter()
+        if i < warmup:
+            continue
+        step_s.append(end - start)
+        update_s.append(end - middle)
+        if profiled:
+            f: dict[str, float] = defaultdict(float)
+            b: dict[str, float] = defaultdict(float)
+            for node, _op, phase, ns in executor.records:
+                (f if phase == "forward" else b)[node] += ns / 1e9
+            for n in graph.nodes:
+                fwd[n.name].append(f.get(n.name, 0.0))
+                bwd[n.name].append(b.get(n.name, 0.0))
+    profiled = profiled and any(any(v) for v in fwd.values())
+    return ({k: float(np.median(v)) for k, v in fwd.items()},
+            {k: float(np.median(v)) for k, v in bwd.items()},
+            float(np.median(step_s)), float(np.median(update_s)), profiled)
+
+
+def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, str]:
+    """This node's link between two ranks, or the default with the reason (one process)."""
+    if comm.size < 2:
+        return Machine().intra, "links: the cost model's defaults (no MPI: run under " \
+            "mpiexec -n 2 to measure them)"
+    ping = measure_link(comm)
+    sizes = sorted({4096, max(grad_bytes // 4, 8192), max(grad_bytes, 16384)})
+    ring = measure_allreduce(comm, sizes)
+    link = Link(max(ping.alpha, ring.alpha), max(ping.beta, ring.beta))
+    return link, f"links measured with {comm.size} ranks (ping-pong {ping}; allreduce {ring})"
+
+
+def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = None,
+              steps: int = 5, stream: TextIO | None = None) -> Machine:
+    """This machine measured: ranks per node (the CPUs), memory, the intra-node link, the
+    compute and copy rates and the recipe's step costs. Given ``base`` (a described cluster
+    whose nodes are like this one), only the compute figures and the recipe's costs are
+    added to it; its shape, memory and links stay as described. Collective over ``comm``:
+    every rank calls it."""
+    comm = comm if comm is not None else world()
+    described = base is not None
+    base = base or Machine(name=os.uname().nodename)
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / cores
+    except (ValueError, OSError):
+        memory = 4 * GIB
+    costs = dict(base.costs)
+    grad_bytes = 1 << 20
+    notes = []
+    if recipe is not None:
+        measured = measure_recipe(recipe, steps=steps)
+        costs[recipe.name] = measured
+        notes.append(f"{recipe.name} measured on {measured.executor}: step "
+                     f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
+        grad_bytes = _gradient_bytes(recipe)
+    link, how = measure_links(comm, grad_bytes)
+    notes.append(how)
+    # the compute rate, for recipes without measured costs: a float32 matrix product
+    a = np.ones((512, 512), np.float32)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(5):
+        a @ a
+    flops = 5 * 2 * 512 ** 3 / (time.perf_counter() - start)
+    flops = float(comm.allreduce(np.array([flops]))[0] / comm.size)
+    # a memory copy of the gradients' size (a strategy's pack into its flat buffer)
+    src = np.ones(max(grad_bytes, 1 << 20) // 4, np.float32)
+    dst = np.empty_like(src)
+    copies = []
+    for _ in range(7):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        copies.append(time.perf_counter() - start)
+    copy_beta = float(np.median(copies[2:])) / src.nbytes
+    copy_beta = float(comm.allreduce(np.array([copy_beta]))[0] / comm.size)
+    if described:  # a cluster of nodes like this one: its shape and links are the user's
+        machine = replace(base, flops=flops, costs=costs, copy_beta=copy_beta,
+                          source=f"{base.source}; compute measured by meta plan --calibrate"
+                          f" on {os.uname().nodename}: " + "; ".join(notes[:-1]))
+    else:
+        machine = replace(base, nodes=1, ranks_per_node=cores, memory_bytes=float(memory),
+                          flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
+                          source="measured by meta plan --calibrate; " + "; ".join(notes)
+                          + "; inter: not measurable on one machine (default)")
+    if stream is not None and comm.rank == 0:
+        for note in notes:
+            print(f"meta plan: {note}", file=stream)
+    return machine
+
+
+def _gradient_bytes(recipe: Recipe) -> int:
+    graph, _train = build_network(recipe)
+    return int(sum(v.nbytes for v in graph.parameters.values()))

@@ -1,0 +1,97 @@
+"""The ``meta plan`` subcommand: its arguments and what it does (``meta/cli.py`` only hooks it
+in). Heavy imports wait inside ``cmd_plan`` so ``meta --help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    plan = sub.add_parser("plan", help="predict and rank parallel strategies for a recipe at P "
+                          "ranks (--calibrate: measure this machine first)")
+    plan.add_argument("recipe", nargs="?", help="recipe file or shipped recipe name")
+    plan.add_argument("--ranks", type=int, default=0, help="P, the ranks to plan for")
+    plan.add_argument("--machine", metavar="FILE", help="machine TOML (default: the cost "
+                      "model's defaults, or what --calibrate writes)")
+    plan.add_argument("--calibrate", metavar="OUT", nargs="?", const="machine.toml",
+                      help="measure this machine (and RECIPE's step) into OUT "
+                      "(default machine.toml); under mpiexec -n 2 the links too")
+    plan.add_argument("--steps", type=int, default=5, help="steps timed by --calibrate")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override the recipe's MUTABLE values (as meta run)")
+    plan.add_argument("--top", type=int, default=15, help="rows of the ranking shown")
+    plan.add_argument("--validated", metavar="JSON", help="measured model errors "
+                      "(benchmarks/plan_validation.py's JSON): shown per configuration, "
+                      "marked beyond --bound")
+    plan.add_argument("--bound", type=float, default=0.20, help="the model error bound "
+                      "(default 0.20)")
+    plan.add_argument("--plot", metavar="PNG", help="plot predicted throughput against P "
+                      "(1 to 4,096) for each strategy")
+    plan.set_defaults(func=cmd_plan)
+    return plan
+
+
+def _sets(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"meta plan: --set expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``meta plan``; a bad recipe, machine file or option is one line and exit status 2."""
+    from meta.component import ComponentError
+    from meta.planner.machine import MachineError
+    from meta.recipe import RecipeError
+
+    try:
+        return _plan(args)
+    except (RecipeError, MachineError, ComponentError) as err:
+        print(f"meta plan: {err}", file=sys.stderr)
+        return 2
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from meta.lv3 import world
+    from meta.planner.calibrate import calibrate
+    from meta.planner.machine import Machine, load_machine, save_machine
+    from meta.recipe import load_recipe
+
+    start = time.perf_counter()
+    recipe = load_recipe(args.recipe).with_overrides(_sets(args.set)) if args.recipe else None
+    machine = load_machine(args.machine) if args.machine else Machine()
+    if args.calibrate:
+        comm = world()
+        machine = calibrate(recipe, machine if args.machine else None, comm, args.steps,
+                            sys.stdout)
+        if comm.rank == 0:
+            save_machine(machine, args.calibrate)
+            print(f"meta plan: wrote {args.calibrate} ({machine.source})")
+        if not args.ranks:
+            return 0
+    if recipe is None or args.ranks < 1:
+        print("meta plan: give a RECIPE and --ranks P (or --calibrate [OUT])", file=sys.stderr)
+        return 2
+    from meta.planner.models import rank_configurations
+    from meta.planner.report import best_sets, load_validation, plot_scaling, table
+    from meta.planner.workload import make_workload
+
+    work = make_workload(recipe, machine)
+    predictions = rank_configurations(work, machine, args.ranks)
+    print(f"meta plan: {recipe.name} at P = {args.ranks} on {machine.name} "
+          f"({machine.ranks_per_node} ranks per node; {machine.source})")
+    print(f"meta plan: compute {work.source}; one rank's step "
+          f"{(work.compute_s + work.update_s) * 1e3:.3f} ms at batch {work.batch}")
+    validation = load_validation(args.validated, recipe.name) if args.validated else None
+    print(table(predictions, args.top, validation, args.bound))
+    print(best_sets(predictions, recipe))
+    if args.plot:
+        plot_scaling(work, machine, args.plot, recipe.name)
+        print(f"meta plan: wrote {args.plot}")
+    print(f"meta plan: planned in {time.perf_counter() - start:.2f} s")
+    return 0

@@ -1,0 +1,295 @@
+"""One performance model per strategy and option: step time, memory per rank, bytes sent.
+
+Compute comes from the workload (measured per-node costs, or the machine's rate);
+communication from Level 3's α-β formulas (``meta.lv3.comm.costmodel``: ring allreduce, the
+shared-memory exchange, gather + broadcast) and the seeds' (the Deep500 slides: an
+allreduce's 2L·log2(P) + 2γmG(P−1)/P, a sharded parameter server's 2L + 2Pγm/s·G); pipelines
+are played by the pipeline wing's own simulator (``meta.lv3.pipeline.schedule.simulate``), so
+GPipe's bubble (S−1)/(M+S−1) and 1F1B's come out of the same schedules the strategy runs.
+The strategies' ``predict_comm_s`` need a live communicator of P ranks; these mirror them
+for any P. A collective over ranks of more than one node is costed on the ``inter`` link,
+within one node on ``intra``.
+
+Throughput (samples per second over the whole job) ranks the configurations, since they
+train different global batches in a step: the table says each one's samples per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meta.lv3.comm.costmodel import Link, gather_bcast, ring_allreduce, shared_reduce
+from meta.lv3.pipeline.schedule import schedule, simulate
+from meta.planner.machine import Machine
+from meta.planner.workload import Layer, Workload
+
+MICRO_BATCHES = (4, 8, 16, 32)
+STAGES = (2, 4, 8)
+INTERVALS = ((1, 1), (4, 4), (16, 16), (1, 16))  # Downpour's (n_push, n_fetch)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str  # the registry's name (distributed: NAME)
+    label: str
+    sets: dict[str, str]  # the recipe's --set lines that choose it
+    ranks: int
+    samples: int  # samples per step over the whole job
+    step_s: float
+    compute_s: float
+    comm_s: float
+    memory_bytes: float
+    bytes_sent: float  # per rank per step (the busiest rank)
+    fits: bool = True
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def throughput(self) -> float:
+        return self.samples / self.step_s if self.step_s > 0 else math.inf
+
+
+def tree_allreduce(link: Link, p: int, nbytes: float) -> float:
+    """The seeds' allreduce (recursive halving and doubling, Rabenseifner): 2 log2(P)
+    latencies and the bandwidth term 2(P-1)/P n β."""
+    if p < 2:
+        return 0.0
+    return 2 * math.log2(p) * link.alpha + 2 * (p - 1) / p * nbytes * link.beta
+
+
+def allreduce_s(machine: Machine, p: int, nbytes: float) -> float:
+    """An MPI allreduce of n bytes over p ranks: the faster of ring and tree (MPI picks its
+    algorithm by size), on the slowest link the group crosses."""
+    link = machine.link(p)
+    return min(ring_allreduce(link, p, nbytes), tree_allreduce(link, p, nbytes))
+
+
+def sharded_server_s(link: Link, workers: int, servers: int, nbytes: float) -> float:
+    """The seeds' sharded parameter server: 2L + 2Pγ(m/s)G, every worker's push and fetch of
+    its 1/s share queueing at each of the s servers."""
+    return 2 * link.alpha + 2 * workers * nbytes / servers * link.beta
+
+
+def _replica_memory(work: Workload, params: float, act_samples: float) -> float:
+    """Parameters, gradients, optimizer state and the activations a backward keeps."""
+    return params * (2 + work.state_slots) + work.activation_bytes * act_samples
+
+
+def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    n = work.param_bytes
+    out = []
+    for overlap in (False, True):
+        comm = allreduce_s(machine, p, n)
+        if overlap:  # buckets go during the backward; the last one after it
+            tail = comm * min(1.0, (1 << 20) / max(n, 1))
+            hidden = work.forward_s + max(work.backward_s, comm) + tail + work.extra_s
+        else:  # packed into one buffer, scaled by 1/P after (the overlapped backward
+            # writes into the buckets, its loss seeded with 1/P)
+            comm += 2 * n * machine.copy_beta if p > 1 else 0.0
+            hidden = work.compute_s + comm
+        step = hidden + work.update_s
+        out.append(Prediction(
+            "allreduce", f"allreduce{' overlapped' if overlap else ''}",
+            {"distributed": "allreduce", "distributed.overlap": str(overlap).lower(),
+             "distributed.shared_memory": "false"}, p, work.batch * p, step,
+            work.compute_s + work.update_s, step - work.compute_s - work.update_s,
+            _replica_memory(work, n, work.batch) + n, 2 * (p - 1) / p * n if p > 1 else 0))
+    if p <= machine.ranks_per_node:  # ZeRO-1 in shared memory: one machine only
+        comm = shared_reduce(machine.intra, p, n)
+        update = work.update_s / p
+        step = work.compute_s + comm + update
+        memory = n * 2 + n * work.state_slots / p + work.activation_bytes * work.batch
+        out.append(Prediction(
+            "allreduce", "allreduce ZeRO-1 (shared memory)",
+            {"distributed": "allreduce", "distributed.shared_memory": "true"}, p,
+            work.batch * p, step, work.compute_s + update, comm, memory,
+            (p - 1) / p * n if p > 1 else 0))
+    return out
+
+
+def averaging_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    """``model_averaging``: local steps, the parameters averaged every k steps (the
+    strategy's own ``predict_comm_s``: an allreduce of them over k)."""
+    if p < 2:
+        return []
+    n, out = work.param_bytes, []
+    for every in (4, 16):
+        comm = (allreduce_s(machine, p, n) + 2 * n * machine.copy_beta) / every
+        step = work.compute_s + work.update_s + comm
+        out.append(Prediction(
+            "model_averaging", f"model averaging every {every} steps",
+            {"distributed": "model_averaging", "distributed.average_every": str(every)}, p,
+            work.batch * p, step, work.compute_s + work.update_s, comm,
+            _replica_memory(work, n, work.batch) + n, 2 * (p - 1) / p * n / every))
+    return out
+
+
+def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    n, link = work.param_bytes, machine.link(p)
+    out = []
+    comm = gather_bcast(link, p, n) + (2 * n * machine.copy_beta if p > 1 else 0.0)
+    step = work.compute_s + comm + work.update_s
+    out.append(Prediction("parameter_server", "consistent parameter server (rank 0)",
+                          {"distributed": "parameter_server"}, p, work.batch * p, step,
+                          work.compute_s + work.update_s, comm,
+                          _replica_memory(work, n, work.batch) + n * (p > 1),
+                          (p - 1) * n if p > 1 else 0))
+    if p < 2:
+        return out
+    workers = p - 1
+    # a worker's round trip, and the server's queue: every worker's gradient and parameters
+    own = 2 * link.message(n)
+    server = workers * (2 * link.message(n) + work.update_s)
+    comm = max(own, server - work.compute_s)
+    out.append(Prediction("async_parameter_server", "asynchronous parameter server (1)",
+                          {"distributed": "async_parameter_server"}, p, work.batch * workers,
+                          work.compute_s + comm, work.compute_s, comm,
+                          max(_replica_memory(work, n, work.batch), n * (1 + work.state_slots)),
+                          workers * n))
+    for servers in sorted({1, 2, 4, 8, 16, 64}):
+        if servers >= p:
+            break
+        w = p - servers
+        for n_push, n_fetch in INTERVALS:
+            worker = (servers * link.alpha + n * link.beta) * (1 / n_push + 1 / n_fetch)
+            queue = sharded_server_s(link, w, servers, n) / 2 * (1 / n_push + 1 / n_fetch) \
+                + w * work.update_s / servers / n_push
+            comm = max(worker, queue)
+            step = max(work.compute_s + work.update_s, comm)  # nonblocking push and fetch
+            out.append(Prediction(
+                "downpour", f"Downpour, {servers} server(s), push/{n_push} fetch/{n_fetch}",
+                {"distributed": "downpour", "distributed.servers": str(servers),
+                 "distributed.n_push": str(n_push), "distributed.n_fetch": str(n_fetch)},
+                p, work.batch * w, step, work.compute_s + work.update_s,
+                max(step - work.compute_s - work.update_s, 0.0),
+                max(_replica_memory(work, n, work.batch) + 3 * n,
+                    n / servers * (1 + work.state_slots)),
+                w * n / servers * (1 / n_push + 1 / n_fetch) if servers else 0))
+    return out
+
+
+def cut(layers: tuple[Layer, ...], stages: int) -> list[list[Layer]]:
+    """Contiguous groups of layers with balanced forward+backward time (greedy: a group
+    closes once it reaches its share of what is left)."""
+    groups: list[list[Layer]] = []
+    rest = list(layers)
+    for s in range(stages, 0, -1):
+        total = sum(x.forward_s + x.backward_s for x in rest)
+        target, group, acc = total / s, [], 0.0
+        while rest and (len(rest) > s - 1) and (not group or acc + (
+                rest[0].forward_s + rest[0].backward_s) / 2 <= target):
+            acc += rest[0].forward_s + rest[0].backward_s
+            group.append(rest.pop(0))
+        groups.append(group)
+    return groups
+
+
+def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int,
+                   sched: str, replicas: int, servers: int = 0) -> Prediction:
+    groups = cut(work.layers, stages)
+    link = machine.link(stages)
+    # a micro-batch's node times: each node's fixed part per call, the rest over M; the step's
+    # time no node owns (the executor's own work around each node, copies): its fixed part
+    # shared out by the stages' numbers of nodes, the rest by their node time
+    f = 1 / m
+    owned = work.forward_s + work.backward_s
+    rest = (work.extra_s - work.extra_fixed_s) * f
+    fwd, bwd = [], []
+    for g in groups:
+        share = sum(x.forward_s + x.backward_s for x in g) / owned if owned > 0 else 0.0
+        nodes = len(g) / len(work.layers)
+        fw = sum(x.at(f).forward_s for x in g)
+        bw = sum(x.at(f).backward_s for x in g)
+        added = work.extra_fixed_s * nodes + rest * share
+        fwd.append(fw + added * (fw / (fw + bw) if fw + bw > 0 else 0.5))
+        bwd.append(bw + added * (bw / (fw + bw) if fw + bw > 0 else 0.5))
+    edge = [g[-1].activation_bytes * work.batch / m if g else 0 for g in groups[:-1]]
+    act = [link.message(b) for b in edge]
+    sim = simulate([schedule(sched, s, stages, m) for s in range(stages)], fwd, bwd, act, act)
+    stage_params = [sum(x.param_bytes for x in g) for g in groups]
+    update = work.update_s * max(stage_params) / max(work.param_bytes, 1)
+    compute = max(fw + bw for fw, bw in zip(fwd, bwd)) * m
+    stored = [m if sched == "gpipe" else min(m, stages - s) for s in range(stages)]
+    memory = max(sp * (2 + work.state_slots) + sum(x.activation_bytes for x in g)
+                 * work.batch / m * k for sp, g, k in zip(stage_params, groups, stored))
+    sent = max(2 * sum(edge), 0)
+    comm = sim.step_s - compute
+    sets = {"distributed": "pipeline", "distributed.stages": str(stages),
+            "distributed.micro_batches": str(m), "distributed.schedule": sched}
+    label = f"pipeline {stages} stages x {m} micro-batches, {sched}"
+    step, samples = sim.step_s + update, work.batch
+    if replicas > 1 and servers == 0:
+        grads = allreduce_s(machine, p, max(stage_params))
+        step += grads
+        comm += grads
+        sent += 2 * max(stage_params)
+        sets["distributed"] = "hybrid_allreduce"
+        label = f"hybrid: {replicas} x {label}, allreduce"
+        samples = work.batch * replicas
+    elif servers:
+        n = work.param_bytes
+        queue = sharded_server_s(machine.link(p), replicas, servers, n)
+        step = max(step, queue)
+        comm = step - compute - update
+        sent += 2 * max(stage_params)
+        sets.update({"distributed": "hybrid_downpour", "distributed.servers": str(servers)})
+        label = f"hybrid: {replicas} x {label}, Downpour {servers} server(s)"
+        samples = work.batch * replicas
+    return Prediction(sets["distributed"], label, sets, p, samples, step, compute + update,
+                      max(comm, 0.0), memory, sent,
+                      notes=(f"bubble {sim.bubble:.3f}",))
+
+
+def pipeline_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    weighted = sum(1 for x in work.layers if x.param_bytes)
+    out = []
+    for stages in STAGES:
+        if stages > weighted or stages > p or p % stages:
+            continue
+        replicas = p // stages
+        for m in MICRO_BATCHES:
+            if m > work.batch:
+                continue
+            for sched in ("gpipe", "1f1b"):
+                out.append(pipeline_model(work, machine, p, stages, m, sched, replicas))
+            if replicas > 2:  # the servers take ranks of their own: a replica fewer
+                servers = max(1, replicas // 16)
+                trained = (p - servers) // stages
+                out.append(pipeline_model(work, machine, p, stages, m, "1f1b", trained,
+                                          servers))
+    return out
+
+
+def tensor_parallel_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    """``partitioned``: every rank holds 1/P of each fully connected layer and takes the
+    whole batch; Megatron's pairing, one allreduce of a pair's output forward and one
+    backward."""
+    if p < 2 or p > 64:
+        return []
+    gemms = [x for x in work.layers if x.param_bytes]
+    split = sum(x.forward_s + x.backward_s for x in gemms) / p
+    rest = sum(x.forward_s + x.backward_s for x in work.layers if not x.param_bytes)
+    pairs = gemms[1::2]
+    volume = [x.activation_bytes * work.batch for x in pairs]
+    comm = sum(2 * allreduce_s(machine, p, v) for v in volume)
+    compute = split + rest + work.extra_s + work.update_s / p
+    n = work.param_bytes
+    memory = n / p * (2 + work.state_slots) + work.activation_bytes * work.batch
+    return [Prediction("partitioned", f"tensor parallel over {p} ranks",
+                       {"distributed": "partitioned"}, p, work.batch, compute + comm, compute,
+                       comm, memory, sum(2 * 2 * (p - 1) / p * v for v in volume))]
+
+
+def predict_all(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    machine = machine.sized(p)
+    out = allreduce_models(work, machine, p) + averaging_models(work, machine, p)
+    out += parameter_server_models(work, machine, p)
+    out += pipeline_models(work, machine, p) + tensor_parallel_models(work, machine, p)
+    return [pr if pr.memory_bytes <= machine.memory_bytes else
+            Prediction(**{**pr.__dict__, "fits": False}) for pr in out]
+
+
+def rank_configurations(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    """Every configuration at P ranks, fastest (samples/s) first; those that do not fit in a
+    rank's memory last."""
+    return sorted(predict_all(work, machine, p), key=lambda x: (not x.fits, -x.throughput))

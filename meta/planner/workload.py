@@ -1,0 +1,184 @@
+"""What one training step of a recipe costs on one rank: per graph node, its forward and
+backward seconds, parameter bytes and activation bytes per sample.
+
+Times come from the machine's measured costs of this recipe (``meta plan --calibrate``)
+when their network signature matches, scaled linearly to the batch asked for; otherwise from
+the machine's compute rate and a node's multiply-adds (2 per weight per sample forward, twice
+that backward), which is what a roofline-free planner can say without measuring. Either way
+the step is attributed per node, so a pipeline cut or a tensor-parallel split can be costed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from meta.lv1 import build_model
+from meta.lv1.executor import ReferenceExecutor
+from meta.lv2 import build_dataset
+from meta.lv2.dataset_registry import classes
+from meta.planner.machine import Machine, RecipeCosts
+from meta.recipe import Recipe
+
+# optimizer -> slots of state per parameter (momentum: 1, Adam: 2); unknown: 2, erring high
+STATE_SLOTS = {"sgd": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2,
+               "adadelta": 2, "lbfgs": 2}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One graph node as the planner costs it (times at the workload's batch)."""
+
+    name: str
+    op_type: str
+    forward_s: float
+    backward_s: float
+    param_bytes: int
+    activation_bytes: int  # its outputs, per sample
+    forward_fixed_s: float = 0.0  # of forward_s, what a call costs whatever its batch
+    backward_fixed_s: float = 0.0
+
+    def at(self, f: float) -> Layer:
+        """This node on ``f`` times the batch: the fixed part stays, the rest scales."""
+        return Layer(self.name, self.op_type, scale(self.forward_s, self.forward_fixed_s, f),
+                     scale(self.backward_s, self.backward_fixed_s, f), self.param_bytes,
+                     self.activation_bytes, self.forward_fixed_s, self.backward_fixed_s)
+
+
+def scale(t: float, fixed: float, f: float) -> float:
+    """A time of ``fixed`` per call plus a part linear in the batch, at ``f`` times it."""
+    fixed = min(fixed, t)
+    return fixed + (t - fixed) * f
+
+
+@dataclass(frozen=True)
+class Workload:
+    recipe: str
+    batch: int
+    layers: tuple[Layer, ...]
+    param_bytes: int
+    state_slots: int
+    update_s: float
+    source: str  # "measured ..." or "estimated ..."
+    extra_s: float = 0.0  # measured step time no node owns, besides the update
+    extra_fixed_s: float = 0.0  # of extra_s, per executor call whatever the batch
+
+    @property
+    def forward_s(self) -> float:
+        return sum(layer.forward_s for layer in self.layers)
+
+    @property
+    def backward_s(self) -> float:
+        return sum(layer.backward_s for layer in self.layers)
+
+    @property
+    def compute_s(self) -> float:
+        """Forward, backward and the rest of a step on one rank, the update excluded."""
+        return self.forward_s + self.backward_s + self.extra_s
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes a backward keeps per sample (every node's outputs)."""
+        return sum(layer.activation_bytes for layer in self.layers)
+
+    def at_batch(self, batch: int) -> Workload:
+        """The same step on ``batch`` samples: node times scale linearly, the update not."""
+        f = batch / self.batch
+        return Workload(self.recipe, batch, tuple(x.at(f) for x in self.layers),
+                        self.param_bytes, self.state_slots, self.update_s, self.source,
+                        scale(self.extra_s, self.extra_fixed_s, f), self.extra_fixed_s)
+
+
+def graph_signature(graph: Any) -> str:
+    """The network's identity for measured costs: its nodes and its parameters' shapes."""
+    text = ";".join(f"{n.name}:{n.op_type}" for n in graph.nodes) + "|" + ";".join(
+        f"{k}:{tuple(v.shape)}" for k, v in sorted(graph.parameters.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_network(recipe: Recipe) -> tuple[Any, Any]:
+    """The recipe's graph and its training data, as ``meta run`` builds them."""
+    d = recipe.definitions
+    data = d.choices["dataset"]
+    train, test, _augment = build_dataset(data.component, data.options, d.seed)
+    model = d.choices["model"]
+    built = build_model(model.component, model.options, train.inputs.shape[1:],
+                        classes(train, test), d.seed, train.inputs.dtype)
+    return getattr(built, "graph", built), train
+
+
+def feeds_for(graph: Any, train: Any, batch: int) -> dict[str, np.ndarray]:
+    """A batch of the training data under the graph's input names."""
+    inputs, labels = train.batch(np.arange(min(batch, len(train))))
+    reps = -(-batch // len(inputs))
+    inputs, labels = np.concatenate([inputs] * reps)[:batch], np.concatenate([labels] * reps)[
+        :batch]
+    names = [t.name for t in graph.inputs if t.name not in graph.initializers]
+    data = [n for n in names if n != "labels"]
+    feeds = {data[0]: inputs}
+    if "labels" in names:
+        feeds["labels"] = labels
+    return feeds
+
+
+def node_shapes(graph: Any, train: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Per node: its parameters' bytes and its outputs' bytes per sample (a forward of two
+    samples on the reference executor)."""
+    params = graph.parameters
+    param_bytes = {n.name: int(sum(params[x].nbytes for x in n.inputs if x in params))
+                   for n in graph.nodes}
+    wanted = [o for n in graph.nodes for o in n.outputs if o]
+    ex = ReferenceExecutor(graph)
+    ex.train(False)
+    values = ex.inference(feeds_for(graph, train, 2), outputs=wanted)
+    out = {}
+    for n in graph.nodes:
+        total = 0
+        for o in n.outputs:
+            v = values.get(o)
+            if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == 2:
+                total += v.nbytes // 2
+        out[n.name] = total
+    return param_bytes, out
+
+
+def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
+                  train: Any = None) -> Workload:
+    """The recipe's step on one rank of ``machine``, at the recipe's batch size."""
+    if graph is None:
+        graph, train = build_network(recipe)
+    d = recipe.definitions
+    batch = int(d.batch_size)
+    param_bytes, act = node_shapes(graph, train)
+    total_params = int(sum(v.nbytes for v in graph.parameters.values()))
+    opt = d.choices["optimizer"]
+    slots = STATE_SLOTS.get(opt.name, 2)
+    if opt.name == "sgd" and not opt.values().get("momentum", 0.0):
+        slots = 0
+    costs: RecipeCosts | None = machine.costs.get(recipe.name)
+    if costs is not None and costs.signature == graph_signature(graph):
+        f = batch / costs.batch
+        layers = tuple(Layer(n.name, n.op_type, costs.forward_s.get(n.name, 0.0),
+                             costs.backward_s.get(n.name, 0.0), param_bytes[n.name],
+                             act[n.name], costs.forward_fixed_s.get(n.name, 0.0),
+                             costs.backward_fixed_s.get(n.name, 0.0)).at(f)
+                       for n in graph.nodes)
+        owned = sum(costs.forward_s.values()) + sum(costs.backward_s.values())
+        extra = max(costs.step_s - owned - costs.update_s, 0.0)
+        return Workload(recipe.name, batch, layers, total_params, slots, costs.update_s,
+                        f"measured on {costs.executor} at batch {costs.batch}",
+                        scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra))
+    # 2 flops per multiply-add; a weight is used once per sample (convolutions: once per
+    # output position, which this estimate misses: it errs low for them)
+    layers = []
+    for n in graph.nodes:
+        weights = param_bytes[n.name] / 4
+        fwd = 2 * weights * batch / machine.flops + act[n.name] * batch / 4 / machine.flops
+        layers.append(Layer(n.name, n.op_type, fwd, 2 * fwd, param_bytes[n.name], act[n.name]))
+    update = 4 * total_params / 4 / machine.flops  # a few flops per weight
+    return Workload(recipe.name, batch, tuple(layers), total_params, slots, update,
+                    f"estimated from {machine.flops:.3g} flop/s (no measured costs for "
+                    f"{recipe.name!r}: run meta plan --calibrate)")

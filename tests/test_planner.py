@@ -1,0 +1,262 @@
+"""meta plan (meta/planner/): a described cluster, predictions against hand-computed formulas,
+the ranking, --set lines the recipe accepts, and --calibrate on this machine."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Callable
+
+import pytest
+
+from meta.cli import main
+from meta.lv3.comm.costmodel import Link
+from meta.planner.machine import Machine, MachineError, load_machine, save_machine
+from meta.planner.models import (
+    allreduce_models,
+    allreduce_s,
+    averaging_models,
+    pipeline_model,
+    rank_configurations,
+    sharded_server_s,
+)
+from meta.planner.report import best_sets, load_validation, settable, table
+from meta.planner.workload import Layer, Workload
+from meta.recipe import load_recipe
+
+CLUSTER = """
+name = "cluster"
+nodes = 4
+ranks_per_node = 8
+flops = 1e11
+memory_gib = 2
+copy_beta = 1e-10
+
+[intra]
+alpha = 1e-6
+beta = 1e-10
+
+[inter]
+alpha = 2e-5
+beta = 1e-9
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Machine:
+    path = tmp_path / "cluster.toml"
+    path.write_text(CLUSTER)
+    return load_machine(path)
+
+
+def work(param_mb: float = 4.0, layers: int = 4, ms: float = 1.0) -> Workload:
+    """``layers`` equal fully connected layers: each ``ms`` forward, twice that backward."""
+    per = int(param_mb * (1 << 20) / layers)
+    return Workload("synthetic", 64, tuple(
+        Layer(f"fc{i}", "Gemm", ms / 1e3, 2 * ms / 1e3, per, 4096) for i in range(layers)),
+        per * layers, 1, 0.5e-3, "given")
+
+
+def test_machine_file_reads_and_round_trips(cluster, tmp_path):
+    assert (cluster.nodes, cluster.ranks_per_node, cluster.ranks) == (4, 8, 32)
+    assert cluster.memory_bytes == 2 * (1 << 30) and cluster.copy_beta == 1e-10
+    assert cluster.inter == Link(2e-5, 1e-9) and cluster.intra == Link(1e-6, 1e-10)
+    assert cluster.link(8) == cluster.intra and cluster.link(9) == cluster.inter
+    assert cluster.sized(100).nodes == 13
+    back = load_machine(save_machine(cluster, tmp_path / "again.toml"))
+    assert back == cluster
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes = 2\nspeed = 3\n", "unknown key 'speed'"),
+    ("[inter]\nalpha = 1e-6\n", r"\[inter\]: missing key 'beta'"),
+    ("nodes = 0\n", "nodes must be >= 1"),
+    ("nodes = [\n", "is not TOML"),
+])
+def test_machine_file_errors_name_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(MachineError, match=message):
+        load_machine(path)
+
+
+def test_allreduce_prediction_is_the_seeds_formula(cluster):
+    """P = 32 over 4 nodes: the inter link; n = 4 MiB: the tree's 2 log2(P) α + 2 (P-1)/P n β
+    beats the ring's 2 (P-1) α + the same bandwidth term."""
+    w, p, n = work(), 32, 4 * (1 << 20)
+    a, b = 2e-5, 1e-9
+    tree = 2 * math.log2(p) * a + 2 * (p - 1) / p * n * b
+    ring = 2 * (p - 1) * a + 2 * (p - 1) / p * n * b
+    assert tree < ring
+    plain = allreduce_models(w, cluster.sized(p), p)[0]
+    assert plain.label == "allreduce"
+    packed = 2 * n * 1e-10  # into one buffer, and scaled by 1/P
+    assert plain.comm_s == pytest.approx(tree + packed)
+    assert plain.step_s == pytest.approx(4e-3 + 8e-3 + tree + packed + 0.5e-3)
+    assert plain.bytes_sent == pytest.approx(2 * 31 / 32 * n)
+    # overlapped: the backward (8 ms) hides the transfer but its last bucket (1 MiB of 4)
+    overlapped = allreduce_models(w, cluster.sized(p), p)[1]
+    assert overlapped.step_s == pytest.approx(4e-3 + max(8e-3, tree) + tree / 4 + 0.5e-3)
+    # within one node: ZeRO-1 through shared memory, 2 α + (P-1)/P n β and 1/P of the update
+    zero = allreduce_models(w, cluster, 8)[2]
+    assert zero.comm_s == pytest.approx(2 * 1e-6 + 7 / 8 * n * 1e-10)
+    assert zero.step_s == pytest.approx(12e-3 + zero.comm_s + 0.5e-3 / 8)
+
+
+def test_model_averaging_divides_the_exchange_by_its_interval(cluster):
+    w, p, n = work(), 16, 4 * (1 << 20)
+    every_4 = next(pr for pr in averaging_models(w, cluster.sized(p), p)
+                   if pr.sets["distributed.average_every"] == "4")
+    exchange = allreduce_s(cluster.sized(p), p, n) + 2 * n * 1e-10
+    assert every_4.comm_s == pytest.approx(exchange / 4)
+    assert every_4.step_s == pytest.approx(12e-3 + 0.5e-3 + exchange / 4)
+
+
+def test_sharded_server_is_the_seeds_formula():
+    link = Link(2e-5, 1e-9)
+    assert sharded_server_s(link, 30, 2, 4e6) == pytest.approx(2 * 2e-5 + 2 * 30 * 1e-9
+                                                                * 4e6 / 2)
+
+
+@pytest.mark.parametrize("stages, m", [(2, 4), (4, 8), (4, 16)])
+def test_gpipe_bubble_is_s_minus_1_over_m_plus_s_minus_1(stages, m):
+    """Equal stages and free messages: the simulated GPipe step is (M+S-1) micro-steps of
+    one stage, its idle share (S-1)/(M+S-1)."""
+    w = work(layers=stages)
+    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    assert pr.notes == (f"bubble {(stages - 1) / (m + stages - 1):.3f}",)
+    micro = 3e-3 / m
+    assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)
+    one_f = pipeline_model(w, free, stages, stages, m, "1f1b", 1)
+    assert one_f.memory_bytes < pr.memory_bytes  # 1F1B keeps at most S micro-batches
+
+
+def test_a_micro_batch_keeps_each_call_s_fixed_cost():
+    """Half of each node's time is per call: a micro-batch of 1/M costs fixed + rest/M, not
+    1/M of the whole (the executor's overhead does not shrink with the batch)."""
+    stages, m = 2, 8
+    w = work(layers=stages)
+    w = Workload(w.recipe, w.batch, tuple(Layer(x.name, x.op_type, x.forward_s, x.backward_s,
+                                                x.param_bytes, x.activation_bytes,
+                                                x.forward_s / 2, x.backward_s / 2)
+                                          for x in w.layers), w.param_bytes, w.state_slots,
+                 w.update_s, w.source)
+    assert w.layers[0].at(1 / m).forward_s == pytest.approx(0.5e-3 + 0.5e-3 / m)
+    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    micro = 1.5e-3 + 1.5e-3 / m  # a stage's forward and backward of one micro-batch
+    assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)
+    assert w.at_batch(32).layers[0].forward_s == pytest.approx(0.5e-3 + 0.5e-3 / 2)
+
+
+def test_ranking_is_sane(cluster):
+    ranked = rank_configurations(work(), cluster, 32)
+    speeds = [pr.throughput for pr in ranked if pr.fits]
+    assert speeds == sorted(speeds, reverse=True)
+    assert {"allreduce", "downpour", "hybrid_allreduce", "partitioned"} <= {
+        pr.strategy for pr in ranked}
+    # one rank: nothing to communicate
+    assert all(abs(pr.comm_s) < 1e-12 for pr in allreduce_models(work(), cluster, 1))
+    # a network bigger than a rank's memory: replicas do not fit, pipelines' stages do
+    huge = rank_configurations(work(param_mb=600), cluster, 32)
+    assert not next(pr for pr in huge if pr.label == "allreduce").fits
+    assert huge[0].fits and huge[0].strategy in ("hybrid_allreduce", "hybrid_downpour",
+                                                 "partitioned")
+    assert all(not pr.fits for pr in huge[[pr.fits for pr in huge].index(False):])
+    assert "does not fit" in table(huge, top=len(huge))
+
+
+def test_set_lines_parse_with_the_recipe(cluster):
+    recipe = load_recipe("recipes/mnist_allreduce.py")
+    ranked = rank_configurations(work(), cluster, 16)
+    ok = [pr for pr in ranked if pr.strategy in ("allreduce", "downpour", "pipeline",
+                                                  "hybrid_allreduce", "model_averaging")]
+    assert ok and all(settable(pr, recipe) for pr in ok)
+    allreduce = [pr for pr in ranked if pr.strategy == "allreduce"]
+    text = best_sets(allreduce, recipe)
+    assert "mpiexec -n 16 meta run recipes/mnist_allreduce.py --set distributed=allreduce" in text
+    # a recipe that fixes its strategy: the winner as its MUTABLE entry
+    fixed = best_sets(ranked, load_recipe("recipes/mnist_mlp.py"))
+    assert "does not let --set choose it" in fixed and '"distributed": {' in fixed
+
+
+def test_meta_plan_mnist_mlp_at_1024_ranks(cluster, tmp_path, capsys, mnist_dir):
+    """The acceptance command, on a described cluster, with the plot."""
+    path = tmp_path / "cluster.toml"
+    save_machine(cluster, path)
+    start = time.perf_counter()
+    assert main(["plan", "recipes/mnist_mlp.py", "--ranks", "1024", "--machine", str(path),
+                 "--plot", str(tmp_path / "scaling.png")]) == 0
+    assert time.perf_counter() - start < 10
+    out = capsys.readouterr().out
+    assert "samples/s" in out and "meta plan: best:" in out and "P = 1024" in out
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_meta_plan_names_a_bad_machine_file(tmp_path, capsys):
+    (tmp_path / "m.toml").write_text("nodes = 'x'\n")
+    assert main(["plan", "mnist_mlp", "--ranks", "4", "--machine",
+                 str(tmp_path / "m.toml")]) == 2
+    assert "m.toml" in capsys.readouterr().err
+
+
+def test_calibrate_measures_this_machine(tmp_path, capsys, mnist_dir):
+    """One process, a small batch, one timed step: per-node costs written and used."""
+    out = tmp_path / "here.toml"
+    assert main(["plan", "mnist_mlp", "--calibrate", str(out), "--steps", "1",
+                 "--set", "batch_size=8"]) == 0
+    machine = load_machine(out)
+    costs = machine.costs["mnist_mlp"]
+    assert costs.batch == 8 and costs.executor == "planned"
+    assert set(costs.forward_s) >= {"fc0", "fc1", "logits"} and costs.forward_s["fc0"] > 0
+    assert costs.backward_s["fc0"] > 0 and costs.step_s > 0
+    assert "no MPI" in machine.source and machine.flops > 0
+    capsys.readouterr()
+    assert main(["plan", "mnist_mlp", "--ranks", "4", "--machine", str(out),
+                 "--set", "batch_size=8"]) == 0
+    assert "compute measured on planned at batch 8" in capsys.readouterr().out
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_calibrate_under_mpi_measures_the_link(tmp_path, mpirun: Callable[..., str],
+                                               mnist_dir) -> None:
+    """Two ranks: the link between them fitted (not the defaults), written once by rank 0."""
+    out = tmp_path / "two.toml"
+    env = {"META_MNIST_DIR": str(mnist_dir)} if mnist_dir else None
+    log = mpirun(2, [sys.executable, "-m", "meta", "plan", "mnist_mlp", "--calibrate",
+                     str(out), "--steps", "1", "--set", "batch_size=8"], env=env, timeout=120)
+    machine = load_machine(out)
+    assert "links measured with 2 ranks" in machine.source, log
+    assert machine.intra != Machine().intra and machine.intra.beta > 0
+    assert log.count("meta plan: wrote") == 1
+
+
+def test_measured_errors_are_shown_and_marked_beyond_the_bound(cluster, tmp_path):
+    ranked = allreduce_models(work(), cluster, 2)
+    rows = [{"recipe": "synthetic", "ranks": 2, "configuration": "allreduce", "error": -0.31},
+            {"recipe": "synthetic", "ranks": 2, "configuration": "allreduce overlapped",
+             "error": 0.05},
+            {"recipe": "other", "ranks": 2, "configuration": "allreduce", "error": 0.0}]
+    path = tmp_path / "validation.json"
+    path.write_text(json.dumps(rows))
+    validation = load_validation(path, "synthetic")
+    text = table(ranked, validation=validation, bound=0.2)
+    lines = {line.split("  ")[1].strip(): line for line in text.splitlines()[2:]}
+    assert lines["allreduce"].rstrip().endswith("-31% at P=2 beyond")
+    assert lines["allreduce overlapped"].rstrip().endswith("+5% at P=2")
+    assert lines["allreduce ZeRO-1 (shared memory)"].rstrip().endswith("-")
+
+
+def test_calibrate_into_a_described_cluster_keeps_its_shape(cluster, tmp_path, mnist_dir):
+    path = tmp_path / "cluster.toml"
+    save_machine(cluster, path)
+    assert main(["plan", "mnist_mlp", "--machine", str(path), "--calibrate",
+                 str(tmp_path / "out.toml"), "--steps", "1", "--set", "batch_size=8"]) == 0
+    out = load_machine(tmp_path / "out.toml")
+    assert (out.nodes, out.ranks_per_node, out.inter, out.intra) == (4, 8, cluster.inter,
+                                                                      cluster.intra)
+    assert out.costs["mnist_mlp"].batch == 8 and "compute measured" in out.source
