@@ -12,7 +12,7 @@ import warnings
 from typing import Sequence
 
 from meta.bench.commands import add_commands as add_bench_commands
-from meta.bench.commands import add_run_options
+from meta.bench.commands import add_run_options, attr_value
 
 # What an exit status means (README, "Runs that survive"): one thing each.
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2  # PASS; a metric missed its bound; a user error
@@ -339,7 +339,7 @@ def cmd_check_op(args: argparse.Namespace) -> int:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             return usage(f"--attr expects KEY=VALUE, got {pair!r}")
-        attrs[key.strip()] = _attr_value(value.strip())
+        attrs[key.strip()] = attr_value(value.strip())
     problem = input_problem(cls, len(shapes))
     if problem:
         return usage(problem)
@@ -424,18 +424,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"meta replay: {done.updates} updates replayed in {done.seconds:.1f} s; final "
           f"weights {verdict} ({len(done.params)} tensors, sha256)")
     return EXIT_PASS if done.identical else EXIT_FAIL
-
-
-def _attr_value(text: str):
-    """An --attr value: int, float, a comma list of them, or a string."""
-    for parse in (int, float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    if "," in text:
-        return [_attr_value(t) for t in text.split(",")]
-    return text
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,18 @@ REPORT, STEP_PLOT, LOSS_PLOT, OP_PLOT, ACCURACY_PLOT = (
     "report.json", "step_times.png", "loss_curves.png", "op_times.png", "accuracy_vs_time.png")
 
 
+def attr_value(text: str):
+    """An --attr value: int, float, a comma list of them, or a string."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    if "," in text:
+        return [attr_value(t) for t in text.split(",")]
+    return text
+
+
 def _sets(pairs: Sequence[str], flag: str) -> dict[str, str]:
     overrides = {}
     for pair in pairs:
@@ -282,7 +294,6 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     from meta.bench import crossbench
     from meta.bench.opbench import DEFAULT_INPUTS, twins
-    from meta.cli import _attr_value
 
     shapes, attrs = args.shape, {}
     if not shapes:
@@ -293,7 +304,7 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         shapes, attrs = DEFAULT_INPUTS[args.op]
     try:
-        attrs = {**attrs, **{k: _attr_value(v) for k, v in _sets(args.attr, "--attr").items()}}
+        attrs = {**attrs, **{k: attr_value(v) for k, v in _sets(args.attr, "--attr").items()}}
     except ValueError as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR

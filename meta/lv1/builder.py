@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from meta._moved import forward_names
 from meta.lv1.graph import Dim, Graph, Node, TensorInfo
 
 DEFAULT_OPSET = 17
@@ -89,3 +90,8 @@ class GraphBuilder:
         """
         return Graph(self.nodes, self.inputs, self.outputs, self.initializers, self.opset,
                      self.name)
+
+
+# meta.lv1.builder.mlp moved beside the other model builders (meta.lv1.models; meta.lv1.mlp is
+# its public name): the old name still works, with a DeprecationWarning, for one release
+__getattr__ = forward_names(__name__, "meta.lv1.models")

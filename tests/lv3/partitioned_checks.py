@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from meta.lv1 import Graph, NativeExecutor, ReferenceExecutor
-from meta.lv1.builder import GraphBuilder, mlp
+from meta.lv1 import Graph, NativeExecutor, ReferenceExecutor, mlp
+from meta.lv1.builder import GraphBuilder
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
 from meta.lv3.tensor_parallel.ops import bind, groups

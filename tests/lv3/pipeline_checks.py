@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from meta.lv1 import Graph, ReferenceExecutor
-from meta.lv1.builder import GraphBuilder, mlp
+from meta.lv1 import Graph, ReferenceExecutor, mlp
+from meta.lv1.builder import GraphBuilder
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
 from meta.lv3.pipeline.partition import partition

@@ -62,3 +62,13 @@ def test_a_package_in_an_old_modules_place_forwards_its_other_names(package, hom
     assert value is getattr(new, name)
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         importlib.import_module(f"meta.lv3.{package}").nothing
+
+
+def test_the_mlp_builder_keeps_its_old_name_for_one_release():
+    """``meta.lv1.builder.mlp`` moved to ``meta.lv1.models`` (beside the other builders); the
+    old name is the same function, with a DeprecationWarning."""
+    import meta.lv1.builder as builder
+    from meta.lv1 import mlp
+
+    with pytest.warns(DeprecationWarning, match="meta.lv1.builder.mlp moved to meta.lv1.models"):
+        assert builder.mlp is mlp

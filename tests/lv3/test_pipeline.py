@@ -16,8 +16,8 @@ import pytest
 
 from meta.component import ComponentError
 from meta.lv0 import Context
-from meta.lv1 import ReferenceExecutor
-from meta.lv1.builder import GraphBuilder, mlp
+from meta.lv1 import ReferenceExecutor, mlp
+from meta.lv1.builder import GraphBuilder
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator
 from meta.lv3.pipeline.partition import (
