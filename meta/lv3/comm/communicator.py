@@ -494,8 +494,12 @@ def world() -> Communicator:
     """All ranks of this job: MPI's world when launched with >1 rank, else a size-1 communicator.
 
     Outside a launcher mpi4py is never imported, so single-process runs need no MPI at all.
-    Under MPI, a rank's uncaught exception ends every rank (``abort_on_uncaught_exception``).
+    Under MPI, a rank's uncaught exception ends every rank (``abort_on_uncaught_exception``),
+    and a rank that dies ends the job within seconds (``liveness.watch_peers``; ULFM's
+    errors instead where it is on).
     """
+    from meta.lv3.comm.liveness import watch_peers
+
     size = launched_size()
     if size is None or size == 1:
         return SingleProcessCommunicator()
@@ -503,4 +507,5 @@ def world() -> Communicator:
     if comm.size == 1:
         return SingleProcessCommunicator()
     abort_on_uncaught_exception(comm)
+    watch_peers(comm)
     return comm

@@ -1,0 +1,167 @@
+"""Liveness: a job whose rank died ends within seconds, whatever the launcher's options.
+
+MPICH's blocking calls never return when a peer is gone, and ``mpiexec -disable-auto-cleanup``
+(Hydra) then leaves the survivors in them forever: an allreduce, a server's polling loop, a
+pipeline's receive, a one-sided fence. ULFM (Open MPI ``--with-ft ulfm``) reports the death as
+an error instead, and ``survival`` handles it; everywhere else a ``Watchdog`` does: a daemon
+thread, started by ``world()``, that never calls MPI (so it fits any thread level and any
+blocking call). When the world is made the ranks exchange their host and pid once (an
+allgather); the thread then checks every peer on its own host (``os.kill(pid, 0)``, the
+``/proc`` state for a zombie, the start time against a reused pid) every ``WATCH_S``. When a
+peer is gone, the lowest surviving rank of the host prints one line, ``meta: rank R (pid P on
+HOST) died; ending this job``, and every survivor ends itself (``os._exit(EXIT_RANK_DIED)``
+after flushing), so ``mpiexec`` ends, non-zero.
+
+A rank that leaves normally must not look dead to the others: at exit (before
+``MPI_Finalize``) every rank waits in one barrier that sleeps while it waits, with the
+watchdog still on, and stops the watchdog once every rank is there.
+
+Limits: a peer on another host is not seen (no ``/proc`` across hosts); there MPICH's default
+auto-cleanup, or Open MPI's, ends the job when a rank dies. A death before the world is made
+(inside ``MPI_Init``) is the launcher's to see.
+
+>>> from meta.lv3.comm.communicator import SingleProcessCommunicator
+>>> watch_peers(SingleProcessCommunicator()) is None  # nothing to watch without peers
+True
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+from meta.lv3.comm.communicator import Communicator, MPICommunicator, ulfm_on
+
+WATCH_S = 0.5  # how often the watchdog looks at its peers: a death is seen within this
+LEAVE_GRACE_S = 3.0  # at exit, how long a gone peer may have passed the exit barrier before us
+LEAVE_POLL_S = 2e-3  # the exit barrier's sleep between tests
+EXIT_RANK_DIED = 3  # the exit status of a rank that ended itself because a peer died
+
+
+class Peer(NamedTuple):
+    """What a rank tells the others about itself once: where to look for it."""
+
+    rank: int
+    host: str  # hostname and pid namespace: pids compare only within both
+    pid: int
+    started: str  # /proc/PID/stat's start time ("" where there is no /proc)
+
+
+def _namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str:
+    """``pid``'s start time (field 22 of /proc/PID/stat): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def me(rank: int) -> Peer:
+    pid = os.getpid()
+    return Peer(rank, f"{socket.gethostname()} {_namespace()}", pid, _started(pid))
+
+
+def alive(peer: Peer) -> bool:
+    """Whether ``peer``'s process still runs: it exists, is not a zombie (killed, not yet
+    reaped by its launcher) and is the same process (not a new one under its pid)."""
+    try:
+        os.kill(peer.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's: a reused pid
+        return False
+    try:
+        with open(f"/proc/{peer.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return not os.path.isdir("/proc/self")  # no /proc here: os.kill said it exists
+    if fields[0] in ("Z", "X"):
+        return False
+    return not peer.started or fields[19] == peer.started
+
+
+class Watchdog:
+    """Checks the peers of this host every ``WATCH_S`` from a daemon thread that never calls
+    MPI, and ends this process when one is gone (see the module's docstring)."""
+
+    def __init__(self, mine: Peer, peers: list[Peer], size: int) -> None:
+        self.mine, self.peers, self.size = mine, peers, size
+        self.leaving_since: float | None = None  # set when this rank enters the exit barrier
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="meta-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def dead(self) -> list[Peer]:
+        return [p for p in self.peers if not alive(p)]
+
+    def _watch(self) -> None:
+        gone_since: float | None = None
+        while not self._stop.wait(WATCH_S):
+            dead = self.dead()
+            if not dead:
+                gone_since = None
+                continue
+            now = time.monotonic()
+            gone_since = now if gone_since is None else gone_since
+            if self.leaving_since is not None and now - gone_since < LEAVE_GRACE_S:
+                continue  # it may have passed the exit barrier just before this rank
+            if self._stop.is_set():
+                return
+            self.end(dead)
+
+    def end(self, dead: list[Peer]) -> None:
+        """One line on the lowest surviving rank of this host, then end this process."""
+        lost = {p.rank for p in dead}
+        survivors = [r for r in [self.mine.rank, *(p.rank for p in self.peers)] if r not in lost]
+        if self.mine.rank == min(survivors):
+            who = ", ".join(f"rank {p.rank} (pid {p.pid} on {p.host.split()[0]})" for p in dead)
+            print(f"meta: {who} died; ending this job", file=sys.stderr, flush=True)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_RANK_DIED)
+
+
+def watch_peers(comm: Communicator) -> Watchdog | None:
+    """Start the watchdog of this process over ``comm``'s ranks (collective: an allgather of
+    host and pid); None where there is nothing to watch or ULFM reports deaths instead (the
+    asynchronous strategies survive them there: the watchdog must not end their survivors)."""
+    if not isinstance(comm, MPICommunicator) or comm.size == 1 or ulfm_on():
+        return None
+    mine = me(comm.rank)
+    everyone = [Peer(*p) for p in comm.comm.allgather(tuple(mine))]
+    # a pid of this host and namespace that is not visible now belongs to another machine
+    peers = [p for p in everyone if p.host == mine.host and p.rank != mine.rank and alive(p)]
+    watchdog = Watchdog(mine, peers, comm.size).start()
+    atexit.register(_leave, comm, watchdog)
+    return watchdog
+
+
+def _leave(comm: MPICommunicator, watchdog: Watchdog) -> None:
+    """At a normal exit: wait (sleeping) until every rank is leaving, the watchdog still on,
+    then stop it, so that no rank takes another's normal exit for a death."""
+    watchdog.leaving_since = time.monotonic()
+    request = comm.comm.Ibarrier()
+    while not request.Test():
+        time.sleep(LEAVE_POLL_S)
+    watchdog.stop()
