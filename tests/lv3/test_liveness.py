@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from meta.lv3.comm.liveness import EXIT_RANK_DIED, Peer, alive, me
 
 
@@ -45,3 +47,36 @@ def test_the_lowest_survivor_names_the_dead_rank_and_every_survivor_exits_3() ->
         line = f"meta: rank 0 (pid {child.pid} on {me(0).host.split()[0]}) died; ending this job"
         assert done.stderr.splitlines() == ([line] if says else []), done
         assert "not ended" not in done.stdout
+
+
+class _World:
+    def __init__(self, rank: int) -> None:
+        self.rank, self.size, self.comm = rank, 4, None
+
+
+@pytest.mark.parametrize("rank,survivable,code,ends", [
+    (0, False, 0, 3), (2, False, 1, 3), (2, False, 2, 2), (0, True, 0, 0), (0, True, 1, 1)])
+def test_under_ulfm_a_death_fails_a_run_that_cannot_survive_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, rank: int,
+        survivable: bool, code: int, ends: int) -> None:
+    """Rank 1 of 4 died and this rank finished with ``code``: a run that asked for no
+    surviving communicator (a pipeline, allreduce) ends with exit 3 instead of 0 or 1 (Open
+    MPI's mpiexec --with-ft ulfm exits with the survivors' status), the lowest survivor saying
+    so; a survivable run keeps its verdict; an error keeps its code."""
+    from meta.lv3.comm import survival
+
+    def exit_now(status: int) -> None:
+        raise SystemExit(status)
+
+    monkeypatch.setattr(survival, "ulfm_on", lambda: True)
+    monkeypatch.setattr(survival, "_import_mpi", lambda: type("MPI", (), {"COMM_WORLD": None}))
+    monkeypatch.setattr(survival, "MPICommunicator", lambda comm: _World(rank))
+    monkeypatch.setattr(survival, "failed_ranks", lambda comm: [1])
+    monkeypatch.setattr(survival, "_SURVIVABLE", [survivable])
+    monkeypatch.setattr(survival.os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as ended:
+        survival.end_without_finalize_after_a_death(code)
+    assert ended.value.code == ends
+    said = capsys.readouterr().err.splitlines()
+    assert said == (["meta: error: rank 1 of 4 died during a run that cannot go on without it; "
+                     f"{survival.RESTART_HINT}"] if ends == 3 and rank == 0 else [])

@@ -40,7 +40,9 @@ from meta.lv3.comm.communicator import Communicator, MPICommunicator, ulfm_on
 WATCH_S = 0.5  # how often the watchdog looks at its peers: a death is seen within this
 LEAVE_GRACE_S = 3.0  # at exit, how long a gone peer may have passed the exit barrier before us
 LEAVE_POLL_S = 2e-3  # the exit barrier's sleep between tests
-EXIT_RANK_DIED = 3  # the exit status of a rank that ended itself because a peer died
+# The exit status of a rank that ended itself because a peer died; under ULFM, of a run that
+# is not survivable and lost a rank (``survival.end_without_finalize_after_a_death``).
+EXIT_RANK_DIED = 3
 
 
 class Peer(NamedTuple):
