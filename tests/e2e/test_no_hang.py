@@ -212,8 +212,9 @@ def test_a_killed_rank_ends_the_job_without_auto_cleanup(tmp_path: Path, mnist_d
     ``-disable-auto-cleanup``, but not when that one exits with a status, where the others
     used to wait for it for ever. meta's watchdog ends them, naming the dead rank."""
     root = Path(__file__).resolve().parents[2]
+    sets = [a for value in ["epochs=100", *sets] for a in ("--set", value)]
     run = [sys.executable, "-m", "meta.cli", "run", str(root / "recipes" / recipe), "--quiet",
-           "--no-export", "--output-dir", str(tmp_path / "out"), "--set", "epochs=100", *sets]
+           "--no-export", "--output-dir", str(tmp_path / "out"), *sets]
     shell = " ".join(f"'{a}'" for a in run) + "; code=$?; exit $code"  # not exec'ed by sh
     cmd = [str(find_mpiexec()), "-disable-auto-cleanup", "-n", str(n), "sh", "-c", shell]
     rc, out, pid, seconds = kill_during_training(cmd, victim)
