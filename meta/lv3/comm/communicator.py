@@ -507,5 +507,6 @@ def world() -> Communicator:
     if comm.size == 1:
         return SingleProcessCommunicator()
     abort_on_uncaught_exception(comm)
-    watch_peers(comm)
+    if not ulfm_on():  # under ULFM, survival's errors report a death instead
+        watch_peers(comm)
     return comm

@@ -33,9 +33,7 @@ import socket
 import sys
 import threading
 import time
-from typing import NamedTuple
-
-from meta.lv3.comm.communicator import Communicator, MPICommunicator, ulfm_on
+from typing import Any, NamedTuple
 
 WATCH_S = 0.5  # how often the watchdog looks at its peers: a death is seen within this
 LEAVE_GRACE_S = 3.0  # at exit, how long a gone peer may have passed the exit barrier before us
@@ -144,11 +142,13 @@ class Watchdog:
         os._exit(EXIT_RANK_DIED)
 
 
-def watch_peers(comm: Communicator) -> Watchdog | None:
-    """Start the watchdog of this process over ``comm``'s ranks (collective: an allgather of
-    host and pid); None where there is nothing to watch or ULFM reports deaths instead (the
-    asynchronous strategies survive them there: the watchdog must not end their survivors)."""
-    if not isinstance(comm, MPICommunicator) or comm.size == 1 or ulfm_on():
+def watch_peers(comm: Any) -> Watchdog | None:
+    """Start the watchdog of this process over the ranks of ``comm`` (an ``MPICommunicator``;
+    collective: an allgather of host and pid); None where there is nothing to watch. Not
+    under ULFM (``world()`` decides): there the asynchronous strategies survive a death, and
+    the watchdog must not end their survivors. (No import of ``communicator`` here: that one
+    starts the watchdog.)"""
+    if comm.size == 1:
         return None
     mine = me(comm.rank)
     everyone = [Peer(*p) for p in comm.comm.allgather(tuple(mine))]
@@ -159,7 +159,7 @@ def watch_peers(comm: Communicator) -> Watchdog | None:
     return watchdog
 
 
-def _leave(comm: MPICommunicator, watchdog: Watchdog) -> None:
+def _leave(comm: Any, watchdog: Watchdog) -> None:
     """At a normal exit: wait (sleeping) until every rank is leaving, the watchdog still on,
     then stop it, so that no rank takes another's normal exit for a death."""
     watchdog.leaving_since = time.monotonic()
