@@ -193,8 +193,14 @@ def kill_during_training(cmd: list[str], victim: int,
                     killed = time.monotonic()
             time.sleep(0.05)
         proc.wait(timeout=timeout if not killed else NO_HANG_S * 3)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank it started: a hang
+    except subprocess.TimeoutExpired:  # a hang: end mpiexec and every rank it started
+        ranks = rank_pids(proc.pid).values()  # in process groups of their own
+        os.killpg(proc.pid, signal.SIGKILL)
+        for rank in ranks:
+            try:
+                os.kill(rank, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
     ended = time.monotonic()
     reader.join(5)
