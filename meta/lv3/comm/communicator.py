@@ -476,9 +476,12 @@ def abort_on_uncaught_exception(comm: MPICommunicator, code: int = UNCAUGHT_EXIT
     printed it. Without this the rank's exit runs ``MPI_Finalize``, which waits for the other
     ranks, while they wait in their next collective for this one: the job hangs forever (what
     ``python -m mpi4py`` also prevents)."""
+    from meta.lv3.comm.liveness import end_if_a_peer_died
+
     previous = sys.excepthook
 
     def abort(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        end_if_a_peer_died()  # an MPI error because a peer died: say that, not a traceback
         try:
             previous(kind, value, tb)
             print(f"meta: rank {comm.rank} of {comm.size} stopped on an uncaught "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import sys
 import threading
@@ -115,7 +116,10 @@ class Watchdog:
     def _watch(self) -> None:
         gone_since: float | None = None
         while not self._stop.wait(WATCH_S):
-            dead = self.dead()
+            try:
+                dead = self.dead()
+            except Exception:  # noqa: BLE001 - an odd /proc must not end the watch
+                continue
             if not dead:
                 gone_since = None
                 continue
@@ -131,15 +135,30 @@ class Watchdog:
         """One line on the lowest surviving rank of this host, then end this process."""
         lost = {p.rank for p in dead}
         survivors = [r for r in [self.mine.rank, *(p.rank for p in self.peers)] if r not in lost]
-        if self.mine.rank == min(survivors):
-            who = ", ".join(f"rank {p.rank} (pid {p.pid} on {p.host.split()[0]})" for p in dead)
-            print(f"meta: {who} died; ending this job", file=sys.stderr, flush=True)
-        for stream in (sys.stdout, sys.stderr):
-            try:
+        try:  # mpiexec may be gone already (its pipes closed): end all the same
+            if self.mine.rank == min(survivors):
+                who = ", ".join(f"rank {p.rank} (pid {p.pid} on {p.host.split()[0]})"
+                                for p in dead)
+                print(f"meta: {who} died; ending this job", file=sys.stderr, flush=True)
+            for stream in (sys.stdout, sys.stderr):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(EXIT_RANK_DIED)
+        except (OSError, ValueError):
+            pass
+        finally:
+            os._exit(EXIT_RANK_DIED)
+
+
+_WATCHING: list[Watchdog] = []  # this process's watchdog, once started
+
+
+def end_if_a_peer_died() -> None:
+    """End this process as the watchdog does (one line on the lowest survivor, exit 3) when a
+    peer is already gone; else return. For a rank whose MPI call failed (MPICH reports some
+    deaths as an error in a status): the death, not a traceback, is what the user needs."""
+    for watchdog in _WATCHING:
+        dead = watchdog.dead()
+        if dead:
+            watchdog.end(dead)
 
 
 def watch_peers(comm: Any) -> Watchdog | None:
@@ -155,6 +174,12 @@ def watch_peers(comm: Any) -> Watchdog | None:
     # a pid of this host and namespace that is not visible now belongs to another machine
     peers = [p for p in everyone if p.host == mine.host and p.rank != mine.rank and alive(p)]
     watchdog = Watchdog(mine, peers, comm.size).start()
+    _WATCHING.append(watchdog)
+    if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        # MPICH's Hydra, without auto-cleanup, tells the survivors of a death with SIGUSR1,
+        # whose default action ends them at once, silently (exit string "signal 10"): then
+        # the watchdog of a third rank would name them dead too. It names the dead instead.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     atexit.register(_leave, comm, watchdog)
     return watchdog
 
