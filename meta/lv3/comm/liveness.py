@@ -42,6 +42,7 @@ LEAVE_POLL_S = 2e-3  # the exit barrier's sleep between tests
 # The exit status of a rank that ended itself because a peer died; under ULFM, of a run that
 # is not survivable and lost a rank (``survival.end_without_finalize_after_a_death``).
 EXIT_RANK_DIED = 3
+LINGER_S = 2 * WATCH_S  # how long a survivor that says nothing outlives the one that does
 
 
 class Peer(NamedTuple):
@@ -140,6 +141,8 @@ class Watchdog:
                 who = ", ".join(f"rank {p.rank} (pid {p.pid} on {p.host.split()[0]})"
                                 for p in dead)
                 print(f"meta: {who} died; ending this job", file=sys.stderr, flush=True)
+            else:  # let the one that says it see the dead alone, not this rank gone too
+                time.sleep(LINGER_S)
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
         except (OSError, ValueError):

@@ -210,10 +210,10 @@ _SURVIVABLE = [False]
 def surviving(comm: Communicator) -> Communicator:
     """``comm`` as a ``SurvivingCommunicator`` where ULFM is on; else ``comm`` unchanged.
     Asking for one declares this run survivable (``end_without_finalize_after_a_death``)."""
-    if not isinstance(comm, MPICommunicator) or comm.size == 1 or not ulfm_on():
+    if not isinstance(comm, MPICommunicator) or not ulfm_on():
         return comm
-    _SURVIVABLE[0] = True
-    return SurvivingCommunicator(comm.comm)
+    _SURVIVABLE[0] = True  # a lone server's group too: its run survives a worker
+    return comm if comm.size == 1 else SurvivingCommunicator(comm.comm)
 
 
 def follow_shrinks(group: Communicator, trainer: Any) -> None:
