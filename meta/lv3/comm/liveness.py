@@ -154,14 +154,20 @@ class Watchdog:
 _WATCHING: list[Watchdog] = []  # this process's watchdog, once started
 
 
-def end_if_a_peer_died() -> None:
+def end_if_a_peer_died(err: BaseException | None = None) -> None:
     """End this process as the watchdog does (one line on the lowest survivor, exit 3) when a
-    peer is already gone; else return. For a rank whose MPI call failed (MPICH reports some
-    deaths as an error in a status): the death, not a traceback, is what the user needs."""
-    for watchdog in _WATCHING:
-        dead = watchdog.dead()
+    peer is gone; else return. For a rank whose MPI call failed (MPICH reports some deaths as
+    an error in a status): the death, not a traceback, is what the user needs. After an error
+    of MPI's it looks for ``LINGER_S``: MPICH sees a killed peer's sockets close a moment
+    before the process is gone from ``/proc``."""
+    until = time.monotonic() + (LINGER_S if type(err).__module__.startswith("mpi4py") else 0)
+    while _WATCHING:
+        dead = _WATCHING[0].dead()
         if dead:
-            watchdog.end(dead)
+            _WATCHING[0].end(dead)
+        if time.monotonic() >= until:
+            return
+        time.sleep(0.05)
 
 
 def watch_peers(comm: Any) -> Watchdog | None:
