@@ -36,13 +36,14 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-WATCH_S = 0.5  # how often the watchdog looks at its peers: a death is seen within this
+WATCH_S = 0.1  # how often the watchdog looks at its peers (a few syscalls each): a death is
+# seen within this, and a rank that ends in reaction to it is seldom taken for a second death
 LEAVE_GRACE_S = 3.0  # at exit, how long a gone peer may have passed the exit barrier before us
 LEAVE_POLL_S = 2e-3  # the exit barrier's sleep between tests
 # The exit status of a rank that ended itself because a peer died; under ULFM, of a run that
 # is not survivable and lost a rank (``survival.end_without_finalize_after_a_death``).
 EXIT_RANK_DIED = 3
-LINGER_S = 2 * WATCH_S  # how long a survivor that says nothing outlives the one that does
+LINGER_S = 1.0  # how long a survivor that says nothing outlives the one that does
 
 
 class Peer(NamedTuple):
