@@ -43,7 +43,7 @@ LEAVE_POLL_S = 2e-3  # the exit barrier's sleep between tests
 # The exit status of a rank that ended itself because a peer died; under ULFM, of a run that
 # is not survivable and lost a rank (``survival.end_without_finalize_after_a_death``).
 EXIT_RANK_DIED = 3
-LINGER_S = 1.0  # how long a survivor that says nothing outlives the one that does
+LINGER_S = 1.0  # how long a survivor stays after it saw a death, before it ends
 
 
 class Peer(NamedTuple):
@@ -142,13 +142,14 @@ class Watchdog:
                 who = ", ".join(f"rank {p.rank} (pid {p.pid} on {p.host.split()[0]})"
                                 for p in dead)
                 print(f"meta: {who} died; ending this job", file=sys.stderr, flush=True)
-            else:  # let the one that says it see the dead alone, not this rank gone too
-                time.sleep(LINGER_S)
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
         except (OSError, ValueError):
             pass
         finally:
+            # every survivor stays a moment, so that the others see the dead alone: not this
+            # rank gone too (named with it), nor the one that speaks (another would speak)
+            time.sleep(LINGER_S)
             os._exit(EXIT_RANK_DIED)
 
 
@@ -158,10 +159,11 @@ _WATCHING: list[Watchdog] = []  # this process's watchdog, once started
 def end_if_a_peer_died(err: BaseException | None = None) -> None:
     """End this process as the watchdog does (one line on the lowest survivor, exit 3) when a
     peer is gone; else return. For a rank whose MPI call failed (MPICH reports some deaths as
-    an error in a status): the death, not a traceback, is what the user needs. After an error
-    of MPI's it looks for ``LINGER_S``: MPICH sees a killed peer's sockets close a moment
-    before the process is gone from ``/proc``."""
-    until = time.monotonic() + (LINGER_S if type(err).__module__.startswith("mpi4py") else 0)
+    an error in a status): the death, not a traceback, is what the user needs. It looks for
+    ``LINGER_S``: MPICH sees a killed peer's sockets close a moment before the process is gone
+    from ``/proc``, and a rank that ends on another error (a lost server) would be named as
+    a second death."""
+    until = time.monotonic() + LINGER_S
     while _WATCHING:
         dead = _WATCHING[0].dead()
         if dead:
