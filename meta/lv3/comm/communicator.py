@@ -481,7 +481,7 @@ def abort_on_uncaught_exception(comm: MPICommunicator, code: int = UNCAUGHT_EXIT
     previous = sys.excepthook
 
     def abort(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        end_if_a_peer_died(value)  # an MPI error because a peer died: say that, not a traceback
+        end_if_a_peer_died()  # an MPI error because a peer died: say that, not a traceback
         try:
             previous(kind, value, tb)
             print(f"meta: rank {comm.rank} of {comm.size} stopped on an uncaught "

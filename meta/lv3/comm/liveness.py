@@ -156,7 +156,7 @@ class Watchdog:
 _WATCHING: list[Watchdog] = []  # this process's watchdog, once started
 
 
-def end_if_a_peer_died(err: BaseException | None = None) -> None:
+def end_if_a_peer_died() -> None:
     """End this process as the watchdog does (one line on the lowest survivor, exit 3) when a
     peer is gone; else return. For a rank whose MPI call failed (MPICH reports some deaths as
     an error in a status): the death, not a traceback, is what the user needs. It looks for
