@@ -103,6 +103,7 @@ class Watchdog:
         self.mine, self.peers, self.size = mine, peers, size
         self.leaving_since: float | None = None  # set when this rank enters the exit barrier
         self._stop = threading.Event()
+        self._ending = threading.Lock()  # the watchdog and the main thread may both end it
         self._thread = threading.Thread(target=self._watch, name="meta-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
@@ -135,6 +136,9 @@ class Watchdog:
 
     def end(self, dead: list[Peer]) -> None:
         """One line on the lowest surviving rank of this host, then end this process."""
+        if not self._ending.acquire(blocking=False):  # the other thread is ending it already
+            time.sleep(2 * LINGER_S)
+            os._exit(EXIT_RANK_DIED)
         lost = {p.rank for p in dead}
         survivors = [r for r in [self.mine.rank, *(p.rank for p in self.peers)] if r not in lost]
         try:  # mpiexec may be gone already (its pipes closed): end all the same
