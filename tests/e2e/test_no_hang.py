@@ -227,8 +227,10 @@ def test_a_killed_rank_ends_the_job_without_auto_cleanup(tmp_path: Path, mnist_d
     rc, out, pid, seconds = kill_during_training(cmd, victim)
     assert rc != 0, out
     assert seconds < NO_HANG_S, f"the job took {seconds:.1f} s to end after the kill:\n{out}"
-    # Hydra may write its own "Killed" right after the line, on the same line
+    # Hydra may write its own "Killed" right after the line, on the same line. Now and then
+    # (6 in 50 runs) MPICH ends a second rank within 0.1 s of the death, on its own; the line
+    # then names that one too.
     lines = re.findall(r"meta: rank \d+ .*?died; ending this job", out)
-    assert lines == [f"meta: rank {victim} (pid {pid} on {socket.gethostname()}) died; "
-                     "ending this job"], out
+    assert len(lines) == 1, out
+    assert f"rank {victim} (pid {pid} on {socket.gethostname()})" in lines[0], out
     assert "Traceback" not in out, out
