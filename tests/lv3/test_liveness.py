@@ -36,7 +36,8 @@ def test_the_lowest_survivor_names_the_dead_rank_and_every_survivor_exits_3() ->
         from meta.lv3.comm.liveness import Peer, Watchdog, me
         rank = {{rank}}
         dead = Peer(0, me(0).host, {child.pid}, "")
-        Watchdog(me(rank), [dead, Peer(1 if rank == 2 else 2, me(0).host, {os.getpid()}, "")], 3).start()
+        other = Peer(1 if rank == 2 else 2, me(0).host, {os.getpid()}, "")
+        Watchdog(me(rank), [dead, other], 3).start()
         time.sleep(20)
         print("not ended")
     """)
