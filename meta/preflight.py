@@ -95,7 +95,9 @@ def check_model_and_data(recipe: str, model: str, dataset: str, graph: Any, trai
     classes = int(max(int(d.labels.max(initial=0)) for d in (train, test))) + 1
     logits = next((t for t in graph.outputs if t.name == names.get("logits")), None)
     if logits is not None and logits.shape is not None and len(logits.shape) >= 2:
-        width = logits.shape[-1]
+        # the class axis: the last of (N, C), the second of per-position (N, C, T, ...), as
+        # the loss reads them
+        width = logits.shape[1] if train.labels.ndim > 1 else logits.shape[-1]
         if isinstance(width, int) and width < classes:
             problems.append(f"model {model!r} logits {logits.name!r} give {width} classes "
                             f"({_dims(logits.shape)}), dataset {dataset!r} has labels "

@@ -34,7 +34,7 @@ from meta.lv2 import (
     load_checkpoint,
 )
 from meta.lv2.checkpoint import CheckpointError, restore
-from meta.lv2.dataset_registry import classes
+from meta.lv2.dataset_registry import as_model_input, classes, model_dtype
 from meta.lv3 import Communicator, DistributedSampler, Strategy, world
 from meta.lv3.comm.survival import hand_over_outputs
 from meta.lv3.pretraining import PretrainingPlan, plan
@@ -106,9 +106,11 @@ class RecipeRun:
         model = self.choice("model")
         with user_code(f"model {model.name!r}", "model", "while building the model"):
             self.model = build_model(model.component, model.options, train.inputs.shape[1:],
-                                     classes(train, test), d.seed, train.inputs.dtype)
+                                     classes(train, test), d.seed, model_dtype(train))
             getattr(self.model, "check", lambda data: None)(train)
         graph = getattr(self.model, "graph", self.model)
+        fed = next((t for t in graph.inputs if t.name == io_names(graph)["input"]), None)
+        train, test = (as_model_input(s, getattr(fed, "dtype", None)) for s in (train, test))
         for note in check_model_and_data(self.recipe.name, model.name, data.name, graph, train,
                                          test, d.batch_size, io_names(graph)):
             if comm.is_root:

@@ -52,3 +52,8 @@ def mnist_dir(monkeypatch: pytest.MonkeyPatch) -> Path | None:
 @pytest.fixture
 def fashion_mnist_dir(monkeypatch: pytest.MonkeyPatch) -> Path | None:
     return _dataset_dir(monkeypatch, "META_FASHION_MNIST_DIR", "fashion-mnist")
+
+
+@pytest.fixture
+def tinyshakespeare_dir(monkeypatch: pytest.MonkeyPatch) -> Path | None:
+    return _dataset_dir(monkeypatch, "META_TINYSHAKESPEARE_DIR", "tinyshakespeare")

@@ -88,3 +88,18 @@ def test_a_file_that_cannot_train_as_its_source_is_refused_until_the_user_choose
     graph.select(trainable=["*"])  # the user chose what trains
     assert check_model_and_data("r", "cnn", "d", graph, data, data, 4,
                                 {"input": "input", "logits": "logits"}) == []
+
+
+def test_per_token_targets_are_checked_along_the_class_axis() -> None:
+    """A language model's logits are (N, vocab, T): the classes are axis 1, not the last."""
+    from meta.lv1 import gpt
+
+    ids = np.arange(32).reshape(4, 8) % 5
+    data = ArrayDataset(ids, (ids + 1) % 5)
+    names = {"input": "input", "logits": "logits"}
+    assert check_model_and_data("r", "gpt", "d", gpt((8,), 5, layers=1, heads=1, width=4), data,
+                                data, 4, names) == []
+    with pytest.raises(ComponentError, match=r"logits 'logits' give 3 classes \(\[N, 3, 8\]\), "
+                                             r"dataset 'd' has labels 0..4 \(5 classes\)"):
+        check_model_and_data("r", "gpt", "d", gpt((8,), 5, layers=1, heads=1, width=4,
+                                                  vocab=3), data, data, 4, names)

@@ -11,6 +11,7 @@ from meta.lv1.executor import (
     ReferenceExecutor,
 )
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo, make_operator
+from meta.lv1.language_models import gpt, lstm_lm
 from meta.lv1.layers import Sequential
 from meta.lv1.models import MODELS, build_model, lenet5, mlp, resnet20, vgg_small, wide_cnn
 from meta.lv1.onnx_io import (

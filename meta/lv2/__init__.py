@@ -5,6 +5,8 @@ from meta.lv2 import (  # noqa: F401  (register components)
     batch_schedule,
     dbn_model,
     image_folder,
+    generate,
+    text,
 )
 from meta.lv2.checkpoint import CheckpointError, CheckpointEvent, load_checkpoint, save_checkpoint
 from meta.lv2.cifar import cifar10

@@ -14,7 +14,15 @@ import numpy as np
 
 from meta.component import Component, Option, Registry
 from meta.lv2.cifar import cifar10
-from meta.lv2.datasets import ArrayDataset, Dataset, DatasetError, fashion_mnist, mnist, synthetic
+from meta.lv2.datasets import (
+    IGNORE_INDEX,
+    ArrayDataset,
+    Dataset,
+    DatasetError,
+    fashion_mnist,
+    mnist,
+    synthetic,
+)
 from meta.lv2.transforms import Compose, Cutout, HorizontalFlip, RandomCrop
 
 AUGMENTATIONS: dict[str, Callable[[], Any]] = {
@@ -67,7 +75,10 @@ def synthetic_splits(seed: int, train_examples: int, test_examples: int,
 
 
 def as_dataset(data: Any, what: str) -> ArrayDataset:
-    """An ArrayDataset from a dataset or an (inputs, labels) pair, float32 inputs, int64 labels."""
+    """An ArrayDataset from a dataset or an (inputs, labels) pair: integer inputs (token ids,
+    or pixels the model may take as floats: the runner casts them to the model's input dtype)
+    as int64, any other inputs as float32; int64 labels, one per example (N,) or one per
+    position (N, T, ...), where ``IGNORE_INDEX`` marks padding."""
     if isinstance(data, ArrayDataset):
         inputs, labels = data.inputs, data.labels
     elif isinstance(data, (tuple, list)) and len(data) == 2:
@@ -75,15 +86,39 @@ def as_dataset(data: Any, what: str) -> ArrayDataset:
     else:
         raise DatasetError(f"{what}: expected an ArrayDataset or an (inputs, labels) pair, got "
                            f"{type(data).__name__}")
-    if not np.issubdtype(labels.dtype, np.integer) or labels.ndim != 1:
-        raise DatasetError(f"{what}: labels must be a 1-D integer array, got {labels.dtype} "
+    if not np.issubdtype(labels.dtype, np.integer) or labels.ndim == 0:
+        raise DatasetError(f"{what}: labels must be an integer array, one class per example "
+                           f"(N,) or per position (N, T, ...), got {labels.dtype} "
                            f"{list(labels.shape)}")
     if len(labels) and labels.min() < 0:
-        raise DatasetError(f"{what}: labels must be class indices >= 0, found {labels.min()}")
+        real = labels[labels != IGNORE_INDEX] if labels.ndim > 1 else labels
+        if real.size and real.min() < 0:
+            raise DatasetError(f"{what}: labels must be class indices >= 0"
+                               f"{f' (or {IGNORE_INDEX} for padding)' if labels.ndim > 1 else ''}"
+                               f", found {real.min()}")
+    integer = np.issubdtype(inputs.dtype, np.integer)
     try:
-        return ArrayDataset(inputs.astype(np.float32, copy=False), labels.astype(np.int64))
+        return ArrayDataset(inputs.astype(np.int64 if integer else np.float32, copy=False),
+                            labels.astype(np.int64, copy=False),
+                            getattr(data, "vocabulary", None))
     except ValueError as err:
         raise DatasetError(f"{what}: {err}") from err
+
+
+def as_model_input(data: ArrayDataset, dtype: Any) -> ArrayDataset:
+    """``data`` with its inputs in ``dtype``, the model's declared input type: integer pixels
+    become floats for an image model, token ids stay integers for a language model."""
+    if dtype is None or data.inputs.dtype == np.dtype(dtype):
+        return data
+    if np.issubdtype(np.dtype(dtype), np.integer) and \
+            not np.issubdtype(data.inputs.dtype, np.integer):
+        return data  # floats for a model taking ids: the checks before training say so
+    return ArrayDataset(data.inputs.astype(dtype), data.labels, data.vocabulary)
+
+
+def model_dtype(data: ArrayDataset) -> Any:
+    """The floating dtype a model is built in for ``data``: float32 for integer inputs."""
+    return np.float32 if np.issubdtype(data.inputs.dtype, np.integer) else data.inputs.dtype
 
 
 def build_dataset(component: Component, options: dict[str, Any],
@@ -105,11 +140,12 @@ def build_dataset(component: Component, options: dict[str, Any],
                            f"{list(train.inputs.shape[1:])}, test examples "
                            f"{list(test.inputs.shape[1:])}")
     if train_samples:
-        train = ArrayDataset(train.inputs[:train_samples], train.labels[:train_samples])
+        train = ArrayDataset(train.inputs[:train_samples], train.labels[:train_samples],
+                             train.vocabulary)
     transform = Compose(*(AUGMENTATIONS[a]() for a in augmentation)) if augmentation else None
     return train, test, transform
 
 
 def classes(*datasets: ArrayDataset) -> int:
-    """The number of classes: one more than the largest label."""
+    """The number of classes: one more than the largest label (padding's is negative)."""
     return int(max(int(d.labels.max(initial=0)) for d in datasets)) + 1

@@ -31,10 +31,11 @@ from tqdm import tqdm
 from meta.lv2.idx import IDXError, read_idx
 
 __all__ = [
-    "FASHION_MNIST_SOURCE", "MNIST_SOURCE", "ArrayDataset", "Dataset", "DatasetError", "IDXSource",
+    "FASHION_MNIST_SOURCE", "IGNORE_INDEX", "MNIST_SOURCE", "ArrayDataset", "Dataset", "DatasetError", "IDXSource",
     "clear_cache", "data_folder", "fashion_mnist", "load_idx_dataset", "mnist", "resolve_file",
 ]
 
+IGNORE_INDEX = -100  # a per-position target the loss and metrics skip (PyTorch's default)
 DOWNLOAD_TIMEOUT = 30.0  # seconds without data before a mirror counts as failed
 _CHUNK = 1 << 16
 
@@ -57,18 +58,25 @@ class Dataset(ABC):
 class ArrayDataset(Dataset):
     """A dataset held as two arrays whose first axis is the example.
 
+    Labels are one class per example (N,), or one per position (N, T, ...) for models such as
+    language models that predict at every position; ``IGNORE_INDEX`` (-100, PyTorch's) marks a
+    position (padding) that the loss and the accuracy skip.
+
     >>> ds = ArrayDataset(np.zeros((4, 2)), np.arange(4))
     >>> [a.shape for a in ds.batch(np.array([3, 1]))]
     [(2, 2), (2,)]
     """
 
-    def __init__(self, inputs: np.ndarray, labels: np.ndarray) -> None:
+    def __init__(self, inputs: np.ndarray, labels: np.ndarray, vocabulary: Any = None) -> None:
         inputs, labels = np.asarray(inputs), np.asarray(labels)
         if inputs.ndim == 0 or labels.ndim == 0 or len(inputs) != len(labels):
             raise ValueError(f"ArrayDataset: inputs of shape {inputs.shape} and labels of shape "
                              f"{labels.shape} must have the same, non-scalar first axis")
         self.inputs = inputs
         self.labels = labels
+        # What token ids mean (``meta.lv2.text.Vocabulary``) where the inputs are text: what
+        # generation decodes samples with. None for any other data.
+        self.vocabulary = vocabulary
 
     def __len__(self) -> int:
         return len(self.inputs)

@@ -89,3 +89,28 @@ class TimeToAccuracy(Metric):
             if epoch.get("test_accuracy", -1.0) >= self.target:
                 return elapsed
         return math.inf
+
+
+def _final_loss(history: list[dict[str, Any]]) -> float:
+    """The last epoch's validation (test) loss, in nats per target."""
+    if not history or "test_loss" not in history[-1]:
+        return math.nan
+    return float(history[-1]["test_loss"])
+
+
+@register_metric("perplexity")
+class Perplexity(Metric):
+    """exp(validation loss per token): the number of equally likely tokens the model's
+    uncertainty amounts to (a language model's usual figure; the vocabulary size at chance)."""
+
+    def compute(self, trainer: Any, history: list[dict[str, Any]]) -> float:
+        return math.exp(_final_loss(history))
+
+
+@register_metric("bits_per_character")
+class BitsPerCharacter(Metric):
+    """Validation loss per token in bits (nats / ln 2): per character for a character or
+    byte vocabulary on ASCII text, as char-level language models report it."""
+
+    def compute(self, trainer: Any, history: list[dict[str, Any]]) -> float:
+        return _final_loss(history) / math.log(2)

@@ -9,7 +9,7 @@ import numpy as np
 
 from meta.user_code import user_code
 from meta.lv1.executor import Executor
-from meta.lv2.datasets import Dataset
+from meta.lv2.datasets import IGNORE_INDEX, Dataset
 from meta.lv2.events import Event, Metrics
 from meta.lv2.sampler import ShuffleSampler
 from meta.lv2.updater import Updater
@@ -18,6 +18,18 @@ from meta.lv2.updater import Updater
 def _event_name(event: Any) -> str:
     """How a message names an event: its recipe name where it has one, else its class."""
     return str(getattr(event, "name", None) or type(event).__name__)
+
+
+def hits(logits: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
+    """(correct predictions, targets counted): one per example for labels (N,) and logits
+    (N, C); one per position for labels (N, T, ...) and logits (N, C, T, ...) (the class axis
+    second, as ONNX's SoftmaxCrossEntropyLoss reads it), skipping ``IGNORE_INDEX`` padding.
+    The loss of a batch is the mean over the same targets, so ``loss * count`` sums alike."""
+    right = logits.argmax(1) == labels
+    if labels.ndim == 1:
+        return int(np.count_nonzero(right)), len(labels)
+    kept = labels != IGNORE_INDEX
+    return int(np.count_nonzero(right & kept)), int(np.count_nonzero(kept))
 
 
 class Stepper(Protocol):
@@ -74,7 +86,9 @@ class Trainer:
         self.step = 0
         # Where the current epoch stands, so a checkpoint taken mid-epoch resumes exactly.
         self.batch_in_epoch = 0
-        self.epoch_sums = np.zeros(3)  # loss * count, correct, count
+        # loss * count, correct, count; the count is of targets (tokens, for per-position
+        # labels), so an epoch's loss and accuracy are per token, and samples_per_s tokens/s
+        self.epoch_sums = np.zeros(3)
         self.epoch_elapsed = 0.0
         self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
         self.finalize_failures: list[str] = []  # events whose finalize raised (one line each)
@@ -189,18 +203,19 @@ class Trainer:
                 # (Level 3 Sandblaster's workers); it returns the loss and the count correct
                 # at the parameters before its update.
                 loss, correct = self.updater.step_rows(indices)
+                count = len(indices)
             else:
                 x, y = self.train_data.batch(indices)
                 if self.transform is not None:
                     x = self.transform(x, self.sampler.batch_rng(index))
                 values = self._optimizer_step({n["input"]: x, n["labels"]: y})
                 loss = float(values[n["loss"]])
-                correct = np.count_nonzero(values[n["logits"]].argmax(1) == y)
+                correct, count = hits(values[n["logits"]], y)
             self.executor.graph.touch()  # the step wrote the weights (a strategy: anyhow)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
                                          f"step {self.step + 1}")
-            self.epoch_sums += (loss * len(indices), correct, len(indices))
+            self.epoch_sums += (loss * count, correct, count)
             self.step += 1
             self.batch_in_epoch += 1
             self.epoch_elapsed = time.perf_counter() - start
@@ -221,10 +236,11 @@ class Trainer:
         return self.updater.step(self.executor, feeds, n["loss"], [n["logits"]])
 
     def evaluate(self, data: Dataset, prefix: str = "") -> Metrics:
-        """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas)."""
+        """Mean loss and accuracy over ``data`` (this replica's shard, summed across replicas):
+        per example, or per token for per-position labels (padding skipped)."""
         def sums(logits: np.ndarray, labels: np.ndarray, loss: float) -> list[float]:
-            return [loss * len(labels), float(np.count_nonzero(logits.argmax(1) == labels)),
-                    float(len(labels))]
+            correct, count = hits(logits, labels)
+            return [loss * count, float(correct), float(count)]
 
         loss_sum, correct, count = self.evaluate_with(sums, data, with_loss=True)
         return {f"{prefix}loss": loss_sum / count, f"{prefix}accuracy": correct / count}
