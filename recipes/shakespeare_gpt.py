@@ -24,6 +24,7 @@ MUTABLE = {
     "grad_clip": 1.0,
     "lr_schedule": "cosine",
     "dataset.train_samples": 0,  # train on the first n blocks only (0: all); a quick check
+    "dataset.validation": 0.1,  # share of the blocks held out for validation
     "model.dropout": 0.0,
     "eval_batch_size": 256,
     "seed": 0,
