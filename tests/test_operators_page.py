@@ -23,3 +23,19 @@ def test_page_states_known_facts() -> None:
     assert rows[("ai.onnx", "Relu")][4].startswith("yes")
     assert rows[("ai.onnx", "Equal")][3] == "zero"  # a comparison: no input has a gradient
     assert "13" in rows[("ai.onnx", "Softmax")][2].split(", ")
+
+
+def test_the_page_lists_meta_s_library_whatever_else_is_registered() -> None:
+    """A program (or an earlier test in the same process) that registers its own operator
+    does not change the page: it documents meta's operators (the full suite found it)."""
+    from meta.lv0 import Operator, register
+    from meta.lv0.registry import scratch
+
+    with scratch():
+        @register("PageTestOp", domain="ai.test.page")
+        class PageTestOp(Operator):
+            def forward(self, ctx, x):
+                return (x,)
+
+        assert "PageTestOp" not in gen_operators_page.render()
+        assert gen_operators_page.PAGE.read_text() == gen_operators_page.render()

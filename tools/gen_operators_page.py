@@ -41,9 +41,12 @@ def rows() -> list[tuple[str, str, str, str, str, str]]:
     from meta.lv0 import entries
     from meta.lv1.plan.kernels import KERNELS
 
+    from meta.lv0.registry import _is_builtin
+
     found: dict[tuple[str, str], list] = {}
     for e in entries():
-        found.setdefault((e.domain or "ai.onnx", e.op_type), []).append(e)
+        if _is_builtin(e.cls):  # meta's library, not what a program (or a test) registered
+            found.setdefault((e.domain or "ai.onnx", e.op_type), []).append(e)
     table = []
     for (domain, op_type), es in sorted(found.items(), key=lambda kv: (kv[0][0] != "ai.onnx",
                                                                         kv[0])):
