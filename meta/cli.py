@@ -12,7 +12,7 @@ import warnings
 from typing import Sequence
 
 from meta.bench.commands import add_commands as add_bench_commands
-from meta.bench.commands import add_run_options, attr_value
+from meta.bench.commands import add_run_options, attr_value, parse_sets
 
 # What an exit status means (README, "Runs that survive"): one thing each.
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2  # PASS; a metric missed its bound; a user error
@@ -74,13 +74,10 @@ def version_line() -> str:
 
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
-        overrides[key.strip()] = value.strip()
-    return overrides
+    try:
+        return parse_sets(pairs, "--set")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _user_message(args: argparse.Namespace, comm, err: BaseException, folder) -> str | None:

@@ -260,3 +260,11 @@ def test_calibrate_into_a_described_cluster_keeps_its_shape(cluster, tmp_path, m
     assert (out.nodes, out.ranks_per_node, out.inter, out.intra) == (4, 8, cluster.inter,
                                                                       cluster.intra)
     assert out.costs["mnist_mlp"].batch == 8 and "compute measured" in out.source
+
+
+def test_a_set_without_a_value_is_one_line_and_exit_2(capsys) -> None:
+    """The same KEY=VALUE parsing as meta run and compare (meta.bench.commands.parse_sets),
+    worded as a user error: exit 2, not SystemExit's 1."""
+    assert main(["plan", "recipes/mnist_mlp.py", "--ranks", "4", "--set", "lr"]) == 2
+    err = capsys.readouterr().err
+    assert err == "meta plan: --set expects KEY=VALUE, got 'lr'\n", err

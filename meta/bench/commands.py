@@ -28,7 +28,9 @@ def attr_value(text: str):
     return text
 
 
-def _sets(pairs: Sequence[str], flag: str) -> dict[str, str]:
+def parse_sets(pairs: Sequence[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` pairs of ``flag`` (``--set``, ``--variant``, ``--attr``) as a dict; a pair
+    without ``=`` or a key is a ValueError naming the flag (the commands word it in one line)."""
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -159,7 +161,7 @@ def run_repeated(first_run: Any, args: argparse.Namespace, comm: Any) -> int:
     from meta.bench.environment import environment, recipe_record
     from meta.bench.recipes import RecipeBench, RecipeVariant, default_factory
 
-    overrides = _sets(args.set, "--set")
+    overrides = parse_sets(args.set, "--set")
     recipe = first_run.recipe
     variant = RecipeVariant(recipe.name, recipe, recipe.path or Path(args.recipe), overrides)
     out = Path(args.output_dir) if args.output_dir else Path("runs") / recipe.name
@@ -186,7 +188,7 @@ def _variants(args: argparse.Namespace) -> list[Any]:
     from meta.bench.recipes import RecipeVariant
     from meta.recipe import load_recipe
 
-    common = _sets(args.set, "--set")
+    common = parse_sets(args.set, "--set")
     if args.variant:
         if args.recipe_b is not None or args.a or args.b:
             raise ValueError("compare: give --variant's of one recipe, or two recipes / --a and "
@@ -195,12 +197,12 @@ def _variants(args: argparse.Namespace) -> list[Any]:
             raise ValueError("compare needs at least two --variant's")
         variants = []
         for text in args.variant:
-            overrides = _sets([p for p in text.split(",") if p.strip()], "--variant")
+            overrides = parse_sets([p for p in text.split(",") if p.strip()], "--variant")
             recipe = load_recipe(args.recipe_a).with_overrides({**common, **overrides})
             variants.append(RecipeVariant(text, recipe, recipe.path or Path(args.recipe_a),
                                           {**common, **overrides}))
         return variants
-    sides = {"a": _sets(args.a, "--a"), "b": _sets(args.b, "--b")}
+    sides = {"a": parse_sets(args.a, "--a"), "b": parse_sets(args.b, "--b")}
     paths = {"a": Path(args.recipe_a), "b": Path(args.recipe_b or args.recipe_a)}
     if args.recipe_b is None and sides["a"] == sides["b"]:
         raise ValueError("compare needs two variants: give a second recipe file, or --a and "
@@ -304,7 +306,8 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         shapes, attrs = DEFAULT_INPUTS[args.op]
     try:
-        attrs = {**attrs, **{k: attr_value(v) for k, v in _sets(args.attr, "--attr").items()}}
+        given = parse_sets(args.attr, "--attr")
+        attrs = {**attrs, **{k: attr_value(v) for k, v in given.items()}}
     except ValueError as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR

@@ -33,16 +33,6 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return plan
 
 
-def _sets(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"meta plan: --set expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     """``meta plan``; a bad recipe, machine file or option is one line and exit status 2."""
     from meta.component import ComponentError
@@ -57,13 +47,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from meta.bench.commands import parse_sets
     from meta.lv3 import world
     from meta.planner.calibrate import calibrate
     from meta.planner.machine import Machine, load_machine, save_machine
-    from meta.recipe import load_recipe
+    from meta.recipe import RecipeError, load_recipe
 
     start = time.perf_counter()
-    recipe = load_recipe(args.recipe).with_overrides(_sets(args.set)) if args.recipe else None
+    try:
+        overrides = parse_sets(args.set, "--set")
+    except ValueError as err:  # said in one line, exit 2, as a recipe error is
+        raise RecipeError(str(err)) from None
+    recipe = load_recipe(args.recipe).with_overrides(overrides) if args.recipe else None
     machine = load_machine(args.machine) if args.machine else Machine()
     if args.calibrate:
         comm = world()
