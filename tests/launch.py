@@ -47,11 +47,11 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_command(cmd: list[str], env: dict[str, str], timeout: float = MPI_TIMEOUT_S,
-                expect_rc: int | None = 0) -> str:
-    """Run ``cmd`` in its own process group; fail with its output on timeout, or when its exit
-    code is not ``expect_rc`` (None accepts any)."""
+                expect_rc: int | None = 0, cwd: str | os.PathLike | None = None) -> str:
+    """Run ``cmd`` (in ``cwd``) in its own process group; fail with its output on timeout, or
+    when its exit code is not ``expect_rc`` (None accepts any)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
