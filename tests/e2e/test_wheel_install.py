@@ -1,5 +1,7 @@
 """The wheel, installed into a fresh virtual environment, runs the README's main job by name
-from an empty folder: ``meta run mnist_mlp`` PASSes with no source tree anywhere on the path.
+from an empty folder: ``meta run mnist_mlp`` PASSes with no source tree anywhere on the path,
+and the ONNX file it writes predicts as meta does (onnx's reference evaluator). This is the
+main job's single-process end-to-end test (``test_mnist_mlp.py`` runs it under mpiexec).
 
 What a user installs is what is tested: the wheel comes from the real build backend
 (scikit-build-core, ``pip wheel``) and is installed by ``pip`` into a new ``venv``; the command
@@ -33,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from meta.lv2 import mnist
+from tests.e2e.recipe_checks import assert_export_predicts_like_meta
 from tests.launch import clean_env, run_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,8 +82,6 @@ def _copy_compiled_modules(site: Path) -> None:
 
 
 def test_a_fresh_environment_runs_mnist_mlp_by_name_from_an_empty_folder(tmp_path, mnist_dir):
-    if mnist_dir is None:
-        pytest.skip("needs MNIST (META_MNIST_DIR)")
     wheel = _build_wheel(tmp_path / "dist")
     env_dir = tmp_path / "fresh-venv"
     site = _fresh_environment(env_dir)
@@ -104,4 +106,4 @@ def test_a_fresh_environment_runs_mnist_mlp_by_name_from_an_empty_folder(tmp_pat
     assert "mnist_mlp: PASS" in out, out
     report = json.loads((empty / "runs" / "mnist_mlp" / "metrics.json").read_text())
     assert report["metrics"]["test_accuracy"] >= 0.975
-    assert (empty / "runs" / "mnist_mlp" / "model.onnx").is_file()
+    assert_export_predicts_like_meta(empty / "runs" / "mnist_mlp", mnist("test"), images=2000)
