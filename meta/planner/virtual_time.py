@@ -215,6 +215,10 @@ def schedule_downpour(timing: Timing, steps: list[int], n_fetch: int = 1, n_push
             raise SimulationError(f"virtual time: {key} must be an integer >= {low}, got "
                                   f"{value!r}")
     n = len(steps)
+    if warm_start_steps and n > 1 and warm_start_steps > steps[0]:
+        raise SimulationError(f"virtual time: warm_start_steps={warm_start_steps} is more "
+                              f"than worker 0's {steps[0]} steps: the others would wait "
+                              f"for it forever (--set distributed.warm_start_steps=...)")
     clocks = _Clocks(timing, n, answers_pushes=False)
     compute = timing.compute(slow)
     early: list[list[int]] = [[] for _ in range(n)]
@@ -374,8 +378,9 @@ def execute_downpour(schedule: Schedule, team: Any,
 
         started = False
         if i != 0 and warm:
-            while not state["go"]:
-                yield None
+            if not state["go"]:
+                raise SimulationError(f"{where}: worker {w} starts before worker "
+                                      f"{workers[0]}'s warm start has ended")
             yield from fetch_now()
             started = True
         k = 0
