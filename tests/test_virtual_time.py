@@ -139,7 +139,7 @@ def test_the_async_server_is_simulated_too(recipe) -> None:
     assert curve.strategy == "async_parameter_server" and curve.points[-1][1] == 3 * 2 * 8
 
 
-def test_a_schedule_the_workers_cannot_follow_is_refused(recipe) -> None:
+def test_a_schedule_the_workers_cannot_follow_is_refused(recipe, tmp_path: Path) -> None:
     from meta.planner.virtual_time import _team
 
     t = Timing(compute_s=1e-3, update_s=1e-4, link=Link(1e-5, 1e-9))
@@ -147,9 +147,9 @@ def test_a_schedule_the_workers_cannot_follow_is_refused(recipe) -> None:
     bad = list(good.server)
     j = next(j for j, (w, tag, _) in enumerate(bad) if tag == PUSH)
     bad[j] = (bad[j][0], FETCH, bad[j][2])  # a push recorded as a fetch
+    team, _ = _team(recipe, 2, str(tmp_path))
     with pytest.raises(SimulationError, match=f"message {j} of the server is a fetch of "
                                               f"worker 0, which sent a push"):
-        team, _ = _team(recipe, 2, "unused")
         execute_downpour(Schedule("downpour", 2, bad, good.early, 2, 1, 2), team)
     with pytest.raises(SimulationError, match="the schedule has 3 workers, the run 2"):
         execute_downpour(Schedule("downpour", 3, good.server), team)
