@@ -40,47 +40,64 @@ RECIPE = """
 
 
 def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     from meta.planner.calibrate import measure_recipe
     from meta.planner.machine import Machine
-    from meta.planner.virtual_time import curve_table, plot_curves, simulate, timing_for
+    from meta.planner.virtual_time import curve_table, draw_curves, simulate, timing_for
     from meta.recipe import load_recipe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="8,64,512")
+    ap.add_argument("--lrs", default="0.01,0.001", help="one panel per Adagrad rate")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--servers", type=int, default=32)
     ap.add_argument("--sigma", type=float, default=0.2)
     ap.add_argument("--points", type=int, default=24)
     ap.add_argument("--out", default="docs/virtual_time")
     args = ap.parse_args()
+    lrs = [float(x) for x in args.lrs.split(",")]
+    panels: list[tuple[float, list]] = []
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "mnist_downpour_small.py"
         path.write_text(textwrap.dedent(RECIPE))
-        recipe = load_recipe(str(path)).with_overrides(
+        base = load_recipe(str(path)).with_overrides(
             {"epochs": args.epochs, "distributed.servers": args.servers})
-        costs = measure_recipe(recipe)
+        costs = measure_recipe(base)  # the calibration: this machine's step of the network
         machine = replace(Machine(), name="default machine description",
-                          costs={recipe.name: costs})
-        curves = []
-        for n in [int(x) for x in args.workers.split(",")]:
-            timing = timing_for(recipe, machine, n, args.sigma, seed=0)
-            curves.append(simulate(recipe, n, timing, args.points))
-            print(curve_table(curves[-1]), flush=True)
-    t = curves[0].timing
-    title = (f"Downpour, {t.servers} server shards, MLP 784-32-10, MNIST, {args.epochs} "
-             f"epoch(s); step {t.compute_s * 1e3:.2f} ms (measured), lognormal sigma "
-             f"{args.sigma:g}")
-    png = plot_curves(curves, args.out + ".png", title)
+                          costs={base.name: costs})
+        for lr in lrs:
+            recipe = base.with_overrides({"lr": lr})
+            curves = []
+            for n in [int(x) for x in args.workers.split(",")]:
+                timing = timing_for(recipe, machine, n, args.sigma, seed=0)
+                curves.append(simulate(recipe, n, timing, args.points))
+                print(f"lr {lr:g}: " + curve_table(curves[-1]), flush=True)
+            panels.append((lr, curves))
+    t = panels[0][1][0].timing
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), sharey=True,
+                             squeeze=False)
+    for ax, (lr, curves) in zip(axes[0], panels):
+        draw_curves(ax, curves, f"Adagrad lr {lr:g}")
+    fig.suptitle(f"Downpour in virtual time: MLP 784-32-10, MNIST, {args.epochs} epoch(s) at "
+                 f"batch 32; {t.servers} server shards; step {t.compute_s * 1e3:.2f} ms "
+                 f"(measured here), lognormal stragglers sigma {args.sigma:g}", fontsize=10)
+    fig.tight_layout()
+    png = Path(args.out + ".png")
+    fig.savefig(png, dpi=110)
     Path(args.out + ".json").write_text(json.dumps({
         "recipe": textwrap.dedent(RECIPE), "epochs": args.epochs, "sigma": args.sigma,
         "servers": t.servers,
         "compute_s": t.compute_s, "update_s": t.update_s, "copy_s": t.copy_s,
         "param_bytes": t.nbytes, "alpha_s": t.link.alpha, "beta_s_per_byte": t.link.beta,
-        "curves": [{"workers": c.workers, "finish_s": c.finish_s, "staleness": c.staleness,
-                    "wall_s": c.seconds,
+        "curves": [{"lr": lr, "workers": c.workers, "finish_s": c.finish_s,
+                    "staleness": c.staleness, "wall_s": c.seconds,
                     "points": [{"simulated_s": at, "updates": u, "test_loss": loss,
                                 "test_accuracy": acc} for at, u, loss, acc in c.points]}
-                   for c in curves]}, indent=1) + "\n")
+                   for lr, curves in panels for c in curves]}, indent=1) + "\n")
     print(f"wrote {png} and {args.out}.json")
 
 

@@ -593,7 +593,9 @@ def simulate(recipe: Any, workers: int, timing: Timing, points: int = 20,
         times = [t for _, _, t in schedule.server]
         marks = [schedule.finish_s * (p + 1) / points for p in range(points)]
         # after which server message each mark is evaluated (-1: before the first)
-        after = {int(np.searchsorted(times, m, side="right")) - 1: m for m in marks}
+        after: dict[int, list[float]] = {}
+        for m in marks:
+            after.setdefault(int(np.searchsorted(times, m, side="right")) - 1, []).append(m)
         curve: list[tuple[float, int, float, float]] = []
         pushes = [0]
 
@@ -601,15 +603,15 @@ def simulate(recipe: Any, workers: int, timing: Timing, points: int = 20,
             got = team.evaluate(flat)
             curve.append((at, pushes[0], got["test_loss"], got["test_accuracy"]))
 
-        evaluate(0.0, team.server()[1].buffer)
-        if -1 in after and after[-1] > 0:
-            evaluate(after[-1], team.server()[1].buffer)
+        initial = team.server()[1].buffer
+        for m in [0.0] + after.get(-1, []):
+            evaluate(m, initial)
 
         def on_event(j: int, at: float, flat: np.ndarray) -> None:
             if schedule.server[j][1] == PUSH:
                 pushes[0] += 1
-            if j in after:
-                evaluate(after[j], flat)
+            for m in after.get(j, []):
+                evaluate(m, flat)
 
         if strategy.name == "downpour":
             execute_downpour(schedule, team, on_event=on_event)
@@ -638,14 +640,8 @@ def curve_table(curve: Curve) -> str:
     return "\n".join(lines)
 
 
-def plot_curves(curves: list[Curve], path: str | Path, title: str) -> Path:
-    """Test accuracy against simulated wall time, one line per N."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+def draw_curves(ax: Any, curves: list[Curve], title: str) -> None:
+    """Test accuracy against simulated wall time (log axis), one line per N, on ``ax``."""
     for c in curves:  # time 0 (the initial parameters) has no place on a log axis
         shown = [(at, acc) for at, _, _, acc in c.points if at > 0]
         ax.plot([at for at, _ in shown], [acc for _, acc in shown], marker=".",
@@ -654,9 +650,20 @@ def plot_curves(curves: list[Curve], path: str | Path, title: str) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("simulated wall time (s)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
+
+
+def plot_curves(curves: list[Curve], path: str | Path, title: str) -> Path:
+    """Test accuracy against simulated wall time, one line per N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    draw_curves(ax, curves, title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
