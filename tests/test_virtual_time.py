@@ -57,6 +57,19 @@ def test_one_downpour_worker_follows_the_hand_computed_schedule() -> None:
     assert s.early == [[1]] and s.order == [0, 0]
 
 
+def test_two_downpour_workers_one_twice_as_slow_follow_the_hand_computed_schedule() -> None:
+    t = Timing(compute_s=1.0, update_s=0.0, link=Link(alpha=0.0, beta=0.0))
+    s = schedule_downpour(t, [2, 2], slow={1: 2.0})
+    # t=1: worker 0's step-0 fetch, its push and next fetch; t=2: worker 1's step-0 fetch
+    # (its clock resumes before worker 0's, scheduled earlier), worker 0's second push and
+    # fetch (its answer from t=1 landed early), worker 1's first push and fetch; t=4: worker
+    # 1's second (its t=2 answer landed early)
+    assert s.server == [(0, FETCH, 1.0), (0, PUSH, 1.0), (0, FETCH, 1.0), (1, FETCH, 2.0),
+                        (0, PUSH, 2.0), (0, FETCH, 2.0), (1, PUSH, 2.0), (1, FETCH, 2.0),
+                        (1, PUSH, 4.0), (1, FETCH, 4.0)]
+    assert s.early == [[1], [1]] and s.finish_s == 4.0
+
+
 def test_a_fetch_not_back_in_time_is_awaited_not_landed_early() -> None:
     # the server's update (2 s) outlasts the next gradient (1 s): no early landing
     t = Timing(compute_s=1.0, update_s=2.0, link=Link(alpha=0.0, beta=0.0))
