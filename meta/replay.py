@@ -225,6 +225,13 @@ def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | No
     if rec["resumed"]:
         raise ReplayError(f"{where}: a resumed run cannot be replayed (its first part ran "
                           f"before the order was recorded)")
+    if rec["strategy"] == "downpour":  # its schedule, checked before the recipe is built
+        from meta.planner.virtual_time import Schedule, SimulationError
+
+        try:
+            schedule = Schedule.from_record(rec, where)
+        except SimulationError as err:
+            raise ReplayError(str(err)) from None
     recipe = _recipe(rec, where)
     if set_threads:
         set_blas_threads(int(rec["threads"]))
@@ -239,10 +246,12 @@ def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | No
                    lambda w: run.strategy_cls.replica(w, ranks, **strategy.values()))
     start = time.perf_counter()
     if rec["strategy"] == "downpour":
-        from meta.planner.virtual_time import Schedule, execute_downpour
+        from meta.planner.virtual_time import SimulationError, execute_downpour
 
-        schedule = Schedule.from_record(rec, where)
-        final = execute_downpour(schedule, team, on_push=on_update, where=where)
+        try:
+            final = execute_downpour(schedule, team, on_push=on_update, where=where)
+        except SimulationError as err:  # a schedule the workers cannot follow: one line
+            raise ReplayError(str(err)) from None
     else:
         final = apply_in_order(rec["order"], team, on_update, where)
     seconds = time.perf_counter() - start

@@ -193,6 +193,25 @@ def test_plan_simulate_prints_accuracy_against_time(recipe, capsys, tmp_path: Pa
     assert "compute 2 ms/step" in out and png.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("schedule, shown", [
+    (None, "no Downpour schedule recorded"),
+    ({"n_fetch": 1, "n_push": 1, "warm_start_steps": 0, "server": [[0, 1]], "early": [[]]},
+     "field 'schedule' is damaged"),
+], ids=["none", "damaged"])
+def test_replay_of_a_downpour_record_without_a_usable_schedule_is_one_line(
+        tmp_path: Path, capsys, schedule, shown) -> None:
+    from meta.cli import main
+
+    rec = {"format": 1, "strategy": "downpour", "resumed": False,
+           "recipe_file": str(tmp_path / "r.py"), "mutable": {}, "definitions": {},
+           "threads": 1, "ranks": 2, "workers": [0], "order": [0], "final_sha256": {},
+           **({"schedule": schedule} if schedule else {})}
+    (tmp_path / "replay.json").write_text(json.dumps(rec))
+    assert main(["replay", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and shown in err and "replay.json" in err, err
+
+
 # -- a real run, fed back ------------------------------------------------------------------
 
 def _meta(*args: str) -> list[str]:
