@@ -134,6 +134,25 @@ def recipe(tmp_path_factory: pytest.TempPathFactory):
     return load_recipe(str(path))
 
 
+def test_timing_comes_from_the_machine_description(recipe) -> None:
+    from dataclasses import replace
+
+    from meta.planner.machine import Machine
+    from meta.planner.virtual_time import timing_for
+    from meta.planner.workload import make_workload
+
+    machine = replace(Machine(), ranks_per_node=4)
+    work = make_workload(recipe, machine)
+    inside = timing_for(recipe, machine, 3, sigma=0.3, seed=7)  # 3 workers + 1 server: a node
+    assert inside.link == machine.intra and inside.nbytes == work.param_bytes
+    assert inside.compute_s == pytest.approx(work.compute_s) and inside.update_s == \
+        work.update_s and (inside.sigma, inside.seed, inside.servers) == (0.3, 7, 1)
+    assert timing_for(recipe, machine, 4).link == machine.inter  # 5 ranks: two nodes
+    assert timing_for(recipe, machine, 3, compute_s=0.25).compute_s == 0.25
+    sharded = recipe.with_overrides({"distributed.servers": 4})
+    assert timing_for(sharded, machine, 3).servers == 4
+
+
 def test_simulated_downpour_trains(recipe) -> None:
     t = Timing(compute_s=1e-3, update_s=1e-4, link=Link(1e-5, 1e-9), nbytes=1200,
                sigma=0.3)
