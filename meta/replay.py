@@ -12,7 +12,8 @@ ends with bit-identical weights (the same BLAS thread count as the run's ranks i
 different count may sum in another order); ``on_update`` sees every update, to find where a
 run went wrong.
 
-Replayed: ``async_parameter_server`` runs of models without pre-training, not resumed.
+Replayed: ``async_parameter_server`` runs of models without pre-training, not resumed, and
+Downpour runs with one server (their recorded schedule, through ``meta.planner.virtual_time``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def _check_record(rec: Any, where: Path) -> None:
                           f"not one of the run's workers {workers} (an edited or damaged file)")
 
 
+REPLAYED = ("async_parameter_server", "downpour")  # the strategies that record their order
+
+
 def _batches(run: Any, index: int, replicas: int) -> Iterator[dict[str, np.ndarray]]:
     """A worker's feeds in the order its trainer took them (the runner's own sampler)."""
     from meta.runner import make_sampler
@@ -115,15 +119,94 @@ def _batches(run: Any, index: int, replicas: int) -> Iterator[dict[str, np.ndarr
             yield {n["input"]: x, n["labels"]: y}
 
 
+class Workers:
+    """A run's workers on one process: each one's batches (its rank's sampler), its own
+    Dropout draws, and its gradient at the parameters it holds. What ``replay`` and the
+    virtual-time simulator (``meta.planner.virtual_time``) share: one piece of code computes
+    "worker w's next gradient", whichever order the updates are applied in.
+
+    ``replica(w)`` is worker ``w``'s (index, replicas) of the data, as its rank took them.
+    """
+
+    def __init__(self, run: Any, workers: list[int],
+                 replica: Callable[[int], tuple[int, int]]) -> None:
+        from meta.lv3.flat import FlatBuffer
+
+        self.run, self.workers = run, list(workers)
+        executor, optimizer = run.trainer.executor, run.trainer.optimizer
+        self.executor, self.names = executor, run.trainer.names
+        # The server's optimizer: built as the server rank built it (its sampler is the whole
+        # data's, as RecipeRun's at size 1), over its own copy of the initial parameters.
+        self.initial = {k: v.copy() for k, v in optimizer.params.items()}
+        self.transform = optimizer.transform
+        self.local = FlatBuffer.adopt(optimizer.params)  # the executor computes with this copy
+        self.grads = FlatBuffer(self.local.shapes, self.local.dtype)
+        self.streams = {w: _batches(run, *replica(w)) for w in self.workers}
+        self.random_ops = {k: op for k, op in executor.ops.items() if hasattr(op, "rng")}
+        start_rng = {k: op.rng.bit_generator.state for k, op in self.random_ops.items()}
+        self.rngs = {w: dict(start_rng) for w in self.workers}  # each rank draws its own
+        executor.train(True)
+
+    def server(self) -> tuple[Any, Any]:
+        """A fresh server optimizer over a copy of the initial parameters, and its flat
+        buffer."""
+        from meta.lv2.optimizers import Optimizer
+        from meta.lv3.flat import FlatBuffer
+
+        server = Optimizer(self.transform, {k: v.copy() for k, v in self.initial.items()})
+        return server, FlatBuffer.adopt(server.params)
+
+    def gradient(self, w: int, params: np.ndarray) -> np.ndarray | None:
+        """Worker ``w``'s gradient on its next batch at the flat ``params``, packed into
+        ``self.grads`` (returned; overwritten by the next call), or None when ``w`` has no
+        batch left."""
+        feeds = next(self.streams[w], None)
+        if feeds is None:
+            return None
+        np.copyto(self.local.buffer, params)
+        for k, op in self.random_ops.items():
+            op.rng.bit_generator.state = self.rngs[w][k]
+        _, grads = self.executor.inference_and_backprop(feeds, loss=self.names["loss"],
+                                                        outputs=[self.names["logits"]])
+        self.rngs[w] = {k: op.rng.bit_generator.state for k, op in self.random_ops.items()}
+        return self.grads.pack(grads)
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        """The test metrics (loss, accuracy) at the flat ``params``."""
+        np.copyto(self.local.buffer, params)
+        try:
+            return self.run.trainer.evaluate(self.run.trainer.test_data, "test_")
+        finally:
+            self.executor.train(True)
+
+
+def apply_in_order(order: list[int], workers: Workers,
+                   on_update: Callable[[int, int, dict], None] | None = None,
+                   where: Any = "the order") -> dict[str, np.ndarray]:
+    """The asynchronous parameter server on one process: each update in ``order`` is that
+    worker's gradient at the parameters it last received, applied by the server's optimizer,
+    which answers with its new parameters. Returns the server's final parameters."""
+    server, server_flat = workers.server()
+    held = {w: server_flat.buffer.copy() for w in workers.workers}  # what each last received
+    for i, w in enumerate(order):
+        if workers.gradient(w, held[w]) is None:
+            raise ReplayError(f"{where}: update {i} is worker {w}'s, which has no batch left")
+        server.step(workers.grads.views)
+        np.copyto(held[w], server_flat.buffer)
+        if on_update is not None:
+            on_update(i, w, server.params)
+    return {k: np.array(v) for k, v in server.params.items()}
+
+
 def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | None = None,
            set_threads: bool = True) -> Replayed:
     """Recompute the asynchronous run recorded in ``run_dir`` on this process, applying the
     workers' gradients in the recorded order; ``on_update(i, worker, server_params)`` is
-    called after every update. ``set_threads`` gives BLAS the run's thread count."""
+    called after every update. ``set_threads`` gives BLAS the run's thread count. A Downpour
+    run is recomputed by the virtual-time simulator from its recorded schedule
+    (``on_update`` then sees every push)."""
     from meta._threads import set_threads as set_blas_threads
-    from meta.lv2.optimizers import Optimizer
     from meta.lv3 import SingleProcessCommunicator
-    from meta.lv3.flat import FlatBuffer
     from meta.runner import RecipeRun
 
     where = Path(run_dir) / REPLAY_JSON
@@ -131,17 +214,24 @@ def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | No
         rec = json.loads(where.read_text())
     except FileNotFoundError:
         raise ReplayError(f"{where} not found: only an asynchronous run (distributed "
-                          f"async_parameter_server under mpiexec) records its update order") \
-            from None
+                          f"async_parameter_server or downpour under mpiexec) records its "
+                          f"update order") from None
     except (OSError, ValueError) as err:
         raise ReplayError(f"{where}: not readable ({err})") from err
     _check_record(rec, where)
-    if rec.get("format") != FORMAT or rec.get("strategy") != "async_parameter_server":
+    if rec.get("format") != FORMAT or rec.get("strategy") not in REPLAYED:
         raise ReplayError(f"{where}: format {rec.get('format')} of strategy "
                           f"{rec.get('strategy')!r} cannot be replayed by this version")
     if rec["resumed"]:
         raise ReplayError(f"{where}: a resumed run cannot be replayed (its first part ran "
                           f"before the order was recorded)")
+    if rec["strategy"] == "downpour":  # its schedule, checked before the recipe is built
+        from meta.planner.virtual_time import Schedule, SimulationError
+
+        try:
+            schedule = Schedule.from_record(rec, where)
+        except SimulationError as err:
+            raise ReplayError(str(err)) from None
     recipe = _recipe(rec, where)
     if set_threads:
         set_blas_threads(int(rec["threads"]))
@@ -152,36 +242,18 @@ def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | No
                           f"pre-trains; replay covers the server's training updates only")
     strategy = recipe.definitions.choices["distributed"]
     ranks, workers = int(rec["ranks"]), list(rec["workers"])
-    executor, optimizer, n = run.trainer.executor, run.trainer.optimizer, run.trainer.names
-    # The server's optimizer: built as the server rank built it (its sampler is the whole
-    # data's, as RecipeRun's at size 1), over its own copy of the initial parameters.
-    server = Optimizer(optimizer.transform, {k: v.copy() for k, v in optimizer.params.items()})
-    server_flat = FlatBuffer.adopt(server.params)
-    local = FlatBuffer.adopt(optimizer.params)  # the executor computes with a worker's copy
-    grads_flat = FlatBuffer(server_flat.shapes, server_flat.dtype)
-    held = {w: server_flat.buffer.copy() for w in workers}  # what each worker last received
-    streams = {w: _batches(run, *run.strategy_cls.replica(w, ranks, **strategy.values()))
-               for w in workers}
-    random_ops = {k: op for k, op in executor.ops.items() if hasattr(op, "rng")}
-    start_rng = {k: op.rng.bit_generator.state for k, op in random_ops.items()}
-    rngs = {w: dict(start_rng) for w in workers}  # each rank's Dropout draws its own numbers
-    executor.train(True)
+    team = Workers(run, workers,
+                   lambda w: run.strategy_cls.replica(w, ranks, **strategy.values()))
     start = time.perf_counter()
-    for i, w in enumerate(rec["order"]):
-        feeds = next(streams[w], None)
-        if feeds is None:
-            raise ReplayError(f"{where}: update {i} is worker {w}'s, which has no batch left")
-        np.copyto(local.buffer, held[w])
-        for k, op in random_ops.items():
-            op.rng.bit_generator.state = rngs[w][k]
-        _, grads = executor.inference_and_backprop(feeds, loss=n["loss"], outputs=[n["logits"]])
-        rngs[w] = {k: op.rng.bit_generator.state for k, op in random_ops.items()}
-        grads_flat.pack(grads)
-        server.step(grads_flat.views)
-        np.copyto(held[w], server_flat.buffer)
-        if on_update is not None:
-            on_update(i, w, server.params)
+    if rec["strategy"] == "downpour":
+        from meta.planner.virtual_time import SimulationError, execute_downpour
+
+        try:
+            final = execute_downpour(schedule, team, on_push=on_update, where=where)
+        except SimulationError as err:  # a schedule the workers cannot follow: one line
+            raise ReplayError(str(err)) from None
+    else:
+        final = apply_in_order(rec["order"], team, on_update, where)
     seconds = time.perf_counter() - start
-    final = {k: np.array(v) for k, v in server.params.items()}
     differing = [k for k, v in final.items() if rec["final_sha256"].get(k) != digest(v)]
     return Replayed(final, len(rec["order"]), seconds, differing)

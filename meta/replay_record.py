@@ -37,7 +37,9 @@ def _jsonable(value: Any) -> bool:
 
 def record(run: Any) -> dict[str, Any] | None:
     """What ``replay`` needs from a finished run (rank 0's RecipeRun), or None when its
-    strategy recorded no update order (a synchronous run, or one process)."""
+    strategy recorded no update order (a synchronous run, or one process). A Downpour run
+    also records its ``schedule``, which ``meta replay`` hands to the virtual-time
+    simulator (a worker's local steps and fetches make the order of pushes not enough)."""
     strategy = run.trainer.optimizer
     order = getattr(strategy, "update_order", None)
     if order is None:
@@ -53,7 +55,10 @@ def record(run: Any) -> dict[str, Any] | None:
             "ranks": strategy.comm.size, "workers": list(strategy.workers),
             "threads": threads, "order": [int(w) for w in order],
             "final_sha256": {k: digest(v) for k, v in
-                             run.trainer.executor.graph.parameters.items()}}
+                             run.trainer.executor.graph.parameters.items()},
+            # Downpour's: the server's pushes and fetches in order, each worker's early
+            # landings (meta.planner.virtual_time replays it)
+            **({"schedule": strategy.schedule} if getattr(strategy, "schedule", None) else {})}
 
 
 def _blas_threads() -> int:

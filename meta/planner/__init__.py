@@ -6,7 +6,9 @@ Level 3's α-β formulas (``meta.lv3.comm.costmodel``) and pipeline simulator
 ranks can be planned on a laptop. One component per file: ``machine`` (the described
 cluster, TOML), ``workload`` (what a recipe's step costs on one rank), ``calibrate`` (measure
 this machine), ``models`` (one model per strategy and option), ``report`` (table, ``--set``
-lines, plot), ``command`` (the ``meta plan`` subcommand).
+lines, plot), ``command`` (the ``meta plan`` subcommand), ``virtual_time`` (Downpour and the
+asynchronous parameter server with N virtual workers on simulated clocks: accuracy against
+time, ``--simulate``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,20 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     plan.add_argument("--bound", type=float, default=0.20, help="the model error bound "
                       "(default 0.20)")
     plan.add_argument("--plot", metavar="PNG", help="plot predicted throughput against P "
-                      "(1 to 4,096) for each strategy")
+                      "(1 to 4,096) for each strategy (with --simulate: test accuracy "
+                      "against simulated time, per N)")
+    plan.add_argument("--simulate", metavar="N[,N...]", help="run the recipe's Downpour or "
+                      "asynchronous parameter server with N virtual workers in virtual time "
+                      "(real gradients, simulated clocks) and print test accuracy against "
+                      "simulated time")
+    plan.add_argument("--sigma", type=float, default=0.2, help="--simulate's stragglers: each "
+                      "step's compute time times a lognormal factor of median 1 and this "
+                      "sigma (default 0.2; 0: none)")
+    plan.add_argument("--seed", type=int, default=0, help="--simulate's straggler seed")
+    plan.add_argument("--points", type=int, default=20, help="--simulate's evaluations of "
+                      "the test set (evenly spaced in simulated time)")
+    plan.add_argument("--compute-ms", type=float, metavar="MS", help="--simulate's compute "
+                      "time per step (e.g. a measured one) instead of the planner's")
     plan.set_defaults(func=cmd_plan)
     return plan
 
@@ -39,9 +52,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from meta.planner.machine import MachineError
     from meta.recipe import RecipeError
 
+    from meta.planner.virtual_time import SimulationError
+
     try:
-        return _plan(args)
-    except (RecipeError, MachineError, ComponentError) as err:
+        return _simulate(args) if args.simulate is not None else _plan(args)
+    except (RecipeError, MachineError, ComponentError, SimulationError) as err:
         print(f"meta plan: {err}", file=sys.stderr)
         return 2
 
@@ -89,4 +104,53 @@ def _plan(args: argparse.Namespace) -> int:
         plot_scaling(work, machine, args.plot, recipe.name)
         print(f"meta plan: wrote {args.plot}")
     print(f"meta plan: planned in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    """``meta plan RECIPE --simulate N[,N...]``: accuracy against simulated time per N."""
+    from meta.bench.commands import parse_sets
+    from meta.planner.machine import Machine, load_machine
+    from meta.planner.virtual_time import (
+        SimulationError,
+        curve_table,
+        plot_curves,
+        simulate,
+        timing_for,
+    )
+    from meta.recipe import RecipeError, load_recipe
+
+    try:
+        counts = [int(n) for n in args.simulate.split(",")]
+    except ValueError:
+        raise SimulationError(f"--simulate {args.simulate!r}: expected worker counts such as "
+                              f"8,64,512") from None
+    if not counts or min(counts) < 1:
+        raise SimulationError(f"--simulate {args.simulate!r}: worker counts must be >= 1")
+    for key, value, bad, bound in (
+            ("--sigma", args.sigma, args.sigma < 0, ">= 0"),
+            ("--points", args.points, args.points < 1, ">= 1"),
+            ("--compute-ms", args.compute_ms, args.compute_ms is not None
+             and not args.compute_ms > 0, "> 0")):
+        if bad:
+            raise SimulationError(f"{key} {value}: must be {bound}")
+    if not args.recipe:
+        raise SimulationError("--simulate needs a RECIPE (distributed downpour or "
+                              "async_parameter_server)")
+    try:
+        overrides = parse_sets(args.set, "--set")
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
+    recipe = load_recipe(args.recipe).with_overrides(overrides)
+    machine = load_machine(args.machine) if args.machine else Machine()
+    compute = None if args.compute_ms is None else args.compute_ms / 1e3
+    curves = []
+    for n in counts:
+        timing = timing_for(recipe, machine, n, args.sigma, args.seed, compute)
+        curves.append(simulate(recipe, n, timing, args.points))
+        print(curve_table(curves[-1]), flush=True)
+    if args.plot:
+        plot_curves(curves, args.plot, f"{recipe.name}: virtual time on {machine.name} "
+                    f"(lognormal stragglers, sigma {args.sigma:g})")
+        print(f"meta plan: wrote {args.plot}")
     return 0

@@ -118,6 +118,7 @@ class Downpour(Strategy):
         self.roster = Roster(self.workers, worker_timeout_s)
         self.left = self.lost = False  # this worker left / was declared lost
         self.end_comm = comm  # the survivors, once the run has ended
+        self.schedule: dict[str, Any] | None = None  # rank 0's, once finished (_final)
         if self.role == "server":
             lo, hi = self.bounds[self.servers.index(comm.rank)]
             shard = Optimizer(server_rule or optimizer.transform,
@@ -217,8 +218,31 @@ class Downpour(Strategy):
         for root, (lo, hi) in zip(self.servers, self.bounds):
             sub.bcast(self.flat_params.buffer[lo:hi], root=survivors.index(root))
         self.staleness.merge(sub)
+        self._gather_schedule(sub, survivors)
         if len(survivors) < self.comm.size:
             self.group = sub.split(int(self.role == "server"))
+
+    def _gather_schedule(self, sub: Communicator, survivors: list[int]) -> None:
+        """Rank 0 collects what the run's timing decided (one server's order of pushes and
+        fetches, each worker's steps where a fetch landed early), so that
+        ``meta.planner.virtual_time`` can recompute the run bit for bit; only for one server
+        and every rank finished (``replay.json``'s ``schedule``)."""
+        if self.n_servers != 1 or len(survivors) != self.comm.size:
+            return
+        mine = self.server.events if self.role == "server" else self.client.early
+        got = sub.gather_obj(mine, root=0)
+        if sub.rank == 0:
+            self.schedule = {"n_fetch": self.n_fetch, "n_push": self.n_push,
+                             "warm_start_steps": self.warm_start_steps,
+                             "server": [list(e) for e in got[-1]],
+                             "early": [list(e) for e in got[:-1]]}
+
+    @property
+    def update_order(self) -> list[int] | None:
+        """The worker rank of each push the server applied (rank 0's, once finished)."""
+        if self.schedule is None:
+            return None
+        return [self.workers[i] for i, tag, _ in self.schedule["server"] if tag == 0]
 
     def departures(self) -> list[str]:
         """One line per worker that left, was lost or died (known on the surviving ranks)."""
@@ -264,6 +288,7 @@ class DownpourClient:
         self.started = False  # the step-0 fetch has landed
         self.verdict = None  # the receive of the servers' verdict, once posted
         self.judged = False  # the verdict came while this worker was still training: lost
+        self.early: list[int] = []  # steps whose pending fetch landed before the local step
 
     def shards(self, buffer: np.ndarray) -> list[tuple[int, np.ndarray]]:
         return [(s, buffer[lo:hi]) for s, (lo, hi) in zip(self.owner.servers, self.owner.bounds)]
@@ -278,6 +303,7 @@ class DownpourClient:
         t.lap("pack")
         if self.fetches and test_all(self.comm, self.fetches):
             self.land_fetch()
+            self.early.append(self.steps)
         params = owner.flat_params.buffer
         np.copyto(self.moved, params)
         owner.optimizer.step(owner.flat_grads.views)  # the local step between fetches

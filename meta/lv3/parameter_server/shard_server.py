@@ -206,6 +206,10 @@ class ShardServer:
         self.updates = 0  # pushes applied so far: the shard's version
         self.answered = [0] * len(workers)  # version sent with each worker's last fetch
         self.arrivals: list[tuple[int, float]] = []
+        # (worker index, 0 for a push or 1 for a fetch, seconds into serving) of every
+        # message handled, in order: with the workers' landing steps, what a virtual-time
+        # replay needs to end with this run's weights bit for bit (meta.planner.virtual_time)
+        self.events: list[tuple[int, int, float]] = []
 
     def _deadline(self, active: set[int], last: list[float]) -> float:
         timeout = self.roster.timeout_s
@@ -255,12 +259,14 @@ class ShardServer:
                 self.shard.step({"shard": inboxes[i][:n].reshape(self.values.shape)})
                 self.updates += 1
                 self.arrivals.append((i, last[i]))
+                self.events.append((i, 0, last[i] - started))
                 t.lap("update")
             elif tag == FETCH:
                 poll_all(comm, [sends[i]])  # the previous answer has left the outbox
                 np.copyto(outboxes[i], self.values)
                 sends[i] = comm.isend(outboxes[i], self.workers[i], PARAMS)
                 self.answered[i] = self.updates
+                self.events.append((i, 1, last[i] - started))
                 t.lap("pack")
             else:
                 raise ValueError(f"ShardServer: unexpected tag {tag} from rank {self.workers[i]}")
