@@ -136,3 +136,26 @@ def test_what_the_kernel_cannot_do_stays_python_and_says_why(attrs, lens, why, c
                                                                       wrt=wrt)
     for name in dwant:
         np.testing.assert_allclose(dgot[name], dwant[name], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_changed_weights_reach_the_kernel(op):
+    """The kernel's copies of W, R and B (its gate order and layouts) are made again when the
+    weights move: every training step, and in inference when the graph's version moves."""
+    graph, feeds, wrt, outs = rnn_graph(op, 4, 2, 3, 5, "bidirectional")
+    ref_graph = rnn_graph(op, 4, 2, 3, 5, "bidirectional")[0]
+    planned = PlannedExecutor(graph)
+    planned.inference_and_backprop(feeds, outputs=outs, wrt=wrt)
+    inferred = PlannedExecutor(graph)
+    inferred.inference(feeds, outputs=outs)
+    for g in (graph, ref_graph):
+        for name in ("W", "R", "B"):
+            g.initializers[name] *= np.float32(-0.5)
+        g.touch()
+    want, dwant = ReferenceExecutor(ref_graph).inference_and_backprop(feeds, outputs=outs,
+                                                                      wrt=wrt)
+    got, dgot = planned.inference_and_backprop(feeds, outputs=outs, wrt=wrt)
+    for name in dwant:
+        np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
+    for name, value in inferred.inference(feeds, outputs=outs).items():
+        np.testing.assert_allclose(value, want[name], rtol=2e-5, atol=2e-5)
