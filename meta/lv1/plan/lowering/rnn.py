@@ -10,6 +10,8 @@ another dtype) runs the operator's own code in a Python step, and its placement 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from meta.lv1.graph import Node
@@ -55,6 +57,9 @@ def unsupported(ctx: Context, node: Node, op) -> str | None:
 
 
 def recurrent(ctx: Context, node: Node, op) -> Lowered:
+    """``node`` as the RNN kernel's steps: its weights converted (prepare program, or the
+    forward where the graph computes them), forward, and in training a backward writing every
+    wanted gradient; otherwise the operator's own code, its placement saying why."""
     why = unsupported(ctx, node, op)
     if why is not None:
         from meta.lv1.plan.kernels import python_node  # kernels imports this module
@@ -88,7 +93,7 @@ def recurrent(ctx: Context, node: Node, op) -> Lowered:
         if o:
             pb.output(o, ctx.shape(o))
 
-    def opt(a, name):
+    def opt(a: Callable[[str], np.ndarray], name: str) -> np.ndarray | None:
         return a(name) if name else None
 
     pb.step(node.op_type, [x, h0, c0], [y, yh, yc],
