@@ -3,11 +3,13 @@ from one run.
 
 The networks are the "light" models the ``onnx`` wheel ships (squeezenet, resnet50,
 densenet121, vgg19, shufflenet, inception_v1: the real architectures, opset 9, their weights
-made by ConstantOfShape nodes). Each is materialised once into an ordinary model: every such
-weight becomes an initializer with random values of a realistic scale (He-normal for
-convolution and matrix weights; BatchNorm with unit scale and variance, zero mean and shift;
-small random biases), and initializers are no longer listed as graph inputs (onnxruntime will
-not fold or pre-pack an input it may be fed). The same file goes to both frameworks.
+made by ConstantOfShape nodes), and the recurrent classifiers of ``torch_models.py`` (``lstm``,
+``bilstm``, ``gru``: exported by PyTorch's TorchScript exporter in eval mode; needs torch).
+Each light model is materialised once into an ordinary model: every such weight becomes an
+initializer with random values of a realistic scale (He-normal for convolution and matrix
+weights; BatchNorm with unit scale and variance, zero mean and shift; small random biases),
+and initializers are no longer listed as graph inputs (onnxruntime will not fold or pre-pack
+an input it may be fed). The same file goes to both frameworks.
 
 Variants at each thread count and batch: ``meta planned`` (``PlannedExecutor`` in eval mode:
 the plan compiled on the first call and reused), ``onnxruntime`` with its graph optimisations
@@ -44,7 +46,9 @@ except ImportError:  # a measuring stick, never a code path of meta
     onnxruntime = None
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-MODELS = ("squeezenet", "resnet50", "densenet121", "vgg19", "shufflenet", "inception_v1")
+RECURRENT = ("lstm", "bilstm", "gru")
+MODELS = ("squeezenet", "resnet50", "densenet121", "vgg19", "shufflenet", "inception_v1",
+          *RECURRENT)
 PAUSE_S = 0.2
 
 
@@ -52,6 +56,8 @@ def materialise(name: str, folder: Path) -> tuple[Path, str, tuple[int, ...]]:
     """The light model ``name`` with real initializers, saved in ``folder``; returns the path,
     the data input's name and its shape."""
     path = folder / f"{name}.onnx"
+    if name in RECURRENT:
+        return exported_recurrent(name, path)
     model = onnx.load(LIGHT / f"light_{name}.onnx")
     graph = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -106,6 +112,20 @@ def materialise(name: str, folder: Path) -> tuple[Path, str, tuple[int, ...]]:
     onnx.save(model, path)
     dims = tuple(d.dim_value or 1 for d in graph.input[0].type.tensor_type.shape.dim)
     return path, graph.input[0].name, dims
+
+
+def exported_recurrent(name: str, path: Path) -> tuple[Path, str, tuple[int, ...]]:
+    """A recurrent classifier of ``torch_models`` exported for inference (weights folded into
+    initializers, as a deployed model has them)."""
+    import torch
+    import torch_models
+
+    _, shape, _ = torch_models.TORCH_MODELS[name]
+    net = torch_models.module(name).eval()
+    torch.onnx.export(net, (torch.zeros(1, *shape),), str(path), dynamo=False, opset_version=17,
+                      input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}})
+    return path, "input", (1, *shape)
 
 
 def session(path: Path, threads: int, optimise: bool):

@@ -6,7 +6,9 @@ and PyTorch train the same network from the same weights.
   1x1 expand, 3x3 depthwise, 1x1 project, BatchNorm, ReLU6 as Clip), 10 classes;
 - ``resnet18``: ResNet-18 for 32x32 images (basic blocks [2, 2, 2, 2], widths 32-256);
 - ``transformer``: two ``nn.TransformerEncoderLayer`` (d_model 128, 4 heads, feed-forward
-  256, GELU, no dropout) over 32 steps of 64 features, mean-pooled, a linear classifier.
+  256, GELU, no dropout) over 32 steps of 64 features, mean-pooled, a linear classifier;
+- ``lstm``, ``bilstm``, ``gru``: one recurrent layer (hidden 128; bidirectional for bilstm)
+  over 32 steps of 64 features, its outputs mean-pooled over time, a linear classifier.
 
 Needs torch; imported only by the benchmark scripts.
 """
@@ -120,11 +122,26 @@ class TransformerClassifier(nn.Module):
         return self.fc(h.mean(dim=1))
 
 
+class RecurrentClassifier(nn.Module):
+    def __init__(self, cell: str, bidirectional: bool = False, features: int = 64,
+                 hidden: int = 128, classes: int = 10) -> None:
+        super().__init__()
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](
+            features, hidden, batch_first=True, bidirectional=bidirectional)
+        self.fc = nn.Linear(hidden * (2 if bidirectional else 1), classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.rnn(x)[0].mean(dim=1))
+
+
 # name -> (module factory, input shape of one example, batch)
 TORCH_MODELS = {
     "mobilenet_v2": (lambda: MobileNetV2(), (3, 32, 32), 32),
     "resnet18": (lambda: ResNet18(), (3, 32, 32), 32),
     "transformer": (lambda: TransformerClassifier(), (32, 64), 32),
+    "lstm": (lambda: RecurrentClassifier("lstm"), (32, 64), 32),
+    "bilstm": (lambda: RecurrentClassifier("lstm", bidirectional=True), (32, 64), 32),
+    "gru": (lambda: RecurrentClassifier("gru"), (32, 64), 32),
 }
 
 

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_plan, m) {
   bind_eltwise(m);
   bind_tensor(m);
   bind_loss(m);
+  bind_rnn(m);
   m.attr("onednn_version") = [] {
     const auto* v = dnnl::version();
     return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +

@@ -105,14 +105,15 @@ def announce(nodes: list[Node], placement: dict[str, str]) -> None:
     the oneDNN kernels: as a compiled C++ step or as a Python step."""
     for node in nodes:
         where = placement.get(node.name)
-        if where not in (COMPILED, "python"):
-            continue
+        if where != COMPILED and not str(where).startswith("python"):
+            continue  # "python (why)": a kernel's own reason for leaving this node to Python
         key = (node.domain, node.op_type, where)
         if key in _announced:
             continue
         _announced.add(key)
         op = f"{node.op_type}" + (f" (domain {node.domain})" if node.domain else "")
         how = ("a compiled C++ step on the plan's buffers" if where == COMPILED else
-               "a Python step (the operator's own code, slower than a kernel)")
+               "a Python step (the operator's own code, slower than a kernel)"
+               + where[len("python"):])
         print(f"meta: planned executor: {op}, node {node.name!r}, leaves the oneDNN kernels: "
               f"{how}", file=sys.stderr, flush=True)

@@ -231,8 +231,9 @@ class PlannedExecutor(ReferenceExecutor):
     def placement(self) -> dict[str, str]:
         """Node -> where it ran in the last plan: "onednn", "native" (meta's loop),
         "compiled" (a C++ custom operator's kernel on the plan's buffers), "python" (the
-        operator's code), "view", "folded", "fused into <node>"; before any
-        call, or when unplanned, the reference path's backends."""
+        operator's code; "python (LSTM: clip)" where a kernel says why not), "view",
+        "folded", "fused into <node>"; before any call, or when unplanned, the reference
+        path's backends."""
         if self._last is None or self.unplanned:
             return super().placement()
         return dict(self._last.placement)

@@ -16,7 +16,7 @@ BatchNormalization + ReLU, and views (Reshape, Flatten, Squeeze, Unsqueeze, Iden
 in inference) that cost nothing.
 
 Each kernel family's lowerings live in ``meta.lv1.plan.lowering``, one module per file of
-``cpp/plan/`` (conv, eltwise, matmul, norm, pool, tensor; views for what costs no kernel);
+``cpp/plan/`` (conv, eltwise, matmul, norm, pool, rnn, tensor; views for what costs no kernel);
 this module keeps the dispatch (``lower``), the fallback (``python_node``) and the table.
 """
 
@@ -38,6 +38,7 @@ from meta.lv1.plan.lowering.eltwise import (ACTIVATIONS, BINARY, binary, eltwise
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
 from meta.lv1.plan.lowering.pool import pool
+from meta.lv1.plan.lowering.rnn import recurrent
 from meta.lv1.plan.lowering.tensor import concat, cross_entropy, softmax
 from meta.lv1.plan.lowering.views import gather, transpose, view_node
 
@@ -162,6 +163,8 @@ KERNELS: dict[str, Callable] = {
     "Concat": concat,
     "Transpose": transpose,
     "Sum": sum_node,
+    "LSTM": recurrent,
+    "GRU": recurrent,
     **{t: binary for t in BINARY},
     **{t: eltwise for t in ACTIVATIONS},
     **{t: view_node for t in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",

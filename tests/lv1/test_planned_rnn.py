@@ -1,0 +1,161 @@
+"""LSTM and GRU as planned kernels (oneDNN's RNN primitives, cpp/plan/rnn.cpp): outputs and
+every gradient (X, W, R, B, initial_h, initial_c) against the operators' numpy reference, over
+directions, both GRU reset forms, batch 1, one step, with and without initial states and
+bias; and what stays a Python step says why in ``placement()``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta.lv1 import GraphBuilder, PlannedExecutor, ReferenceExecutor
+from meta.lv1.plan import runtime
+
+pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
+
+GATES = {"LSTM": 4, "GRU": 3}
+
+
+def rnn_graph(op: str, steps: int, batch: int, inputs: int, hidden: int, direction: str,
+              *, states: bool = True, bias: bool = True, use: str = "all",
+              seed: int = 0, lens: np.ndarray | None = None, **attrs):
+    """One ``op`` node whose outputs a weighted sum turns into the loss; W, R and B are the
+    graph's parameters, X and the initial states fed (their gradients asked with ``wrt``)."""
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    g = GATES[op]
+    b = GraphBuilder(op.lower(), opset=14)
+    x = b.input("x", np.float32, (steps, batch, inputs))
+    w = b.initializer("W", rng.uniform(-0.5, 0.5, (dirs, g * hidden, inputs)).astype(np.float32))
+    r = b.initializer("R", rng.uniform(-0.5, 0.5, (dirs, g * hidden, hidden)).astype(np.float32))
+    ins = [x, w, r]
+    ins.append(b.initializer("B", rng.uniform(-0.5, 0.5, (dirs, 2 * g * hidden))
+                             .astype(np.float32)) if bias else "")
+    ins.append(b.initializer("lens", lens) if lens is not None else "")
+    feeds = {"x": rng.standard_normal((steps, batch, inputs)).astype(np.float32)}
+    names = ["h0", "c0"] if op == "LSTM" else ["h0"]
+    for name in names:
+        ins.append(b.input(name, np.float32, (dirs, batch, hidden)) if states else "")
+        if states:
+            feeds[name] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    outs = ["y", "y_h", "y_c"][:len(names) + 1]
+    b.node(op, ins, outputs=outs, name="rnn", direction=direction, hidden_size=hidden, **attrs)
+    terms = []
+    for out, shape in zip(outs, [(steps, dirs, batch, hidden)] + [(dirs, batch, hidden)] * 2):
+        if use != "all" and out != use:
+            continue
+        feeds[f"k_{out}"] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        k = b.input(f"k_{out}", np.float32, shape)
+        terms.append(b.node("ReduceSum", [b.node("Mul", [out, k])], keepdims=0))
+    b.node("Sum", terms, name="loss")
+    for out in outs:
+        b.output(out, np.float32)
+    b.output("loss", np.float32, ())
+    wrt = ["x", *(names if states else [])]
+    return b.build(), feeds, wrt, outs
+
+
+def check(op: str, *shape, tol: float = 2e-5, **kw) -> PlannedExecutor:
+    graph, feeds, wrt, outs = rnn_graph(op, *shape, **kw)
+    ref_graph = rnn_graph(op, *shape, **kw)[0]
+    want, dwant = ReferenceExecutor(ref_graph).inference_and_backprop(feeds, outputs=outs,
+                                                                      wrt=wrt)
+    planned = PlannedExecutor(graph)
+    for _ in range(2):  # the second call runs the same plan again
+        got, dgot = planned.inference_and_backprop(feeds, outputs=outs, wrt=wrt)
+        assert planned.placement()["rnn"] == "onednn", planned.placement()
+        for name in [*outs, "loss"]:
+            np.testing.assert_allclose(got[name], want[name], rtol=tol, atol=tol,
+                                       err_msg=f"{op} {name}")
+        assert set(dgot) == set(dwant), (sorted(dgot), sorted(dwant))
+        for name in dwant:
+            np.testing.assert_allclose(dgot[name], dwant[name], rtol=tol, atol=tol,
+                                       err_msg=f"{op} d loss / d {name}")
+    # inference: a plan of its own (forward_inference, the kernels' packed weights)
+    inferred = PlannedExecutor(graph).inference(feeds, outputs=outs)
+    for name in outs:
+        np.testing.assert_allclose(inferred[name], want[name], rtol=tol, atol=tol,
+                                   err_msg=f"{op} inference {name}")
+    return planned
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_lstm_outputs_and_gradients(direction):
+    check("LSTM", 5, 3, 4, 6, direction)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_outputs_and_gradients(direction, lbr):
+    check("GRU", 5, 3, 4, 6, direction, linear_before_reset=lbr)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("shape", [(1, 2, 3, 5), (4, 1, 3, 5), (1, 1, 2, 3), (7, 4, 16, 8)],
+                         ids=["one-step", "batch-1", "one-of-each", "larger"])
+def test_edge_shapes(op, shape):
+    check(op, *shape, "bidirectional")
+    check(op, *shape, "forward", linear_before_reset=1) if op == "GRU" else \
+        check(op, *shape, "forward")
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_without_initial_states_or_bias(op):
+    check(op, 4, 2, 3, 5, "bidirectional", states=False)
+    check(op, 4, 2, 3, 5, "forward", bias=False)
+    check(op, 4, 2, 3, 5, "reverse", states=False, bias=False)
+
+
+@pytest.mark.parametrize("op,use", [("LSTM", "y_h"), ("LSTM", "y_c"), ("LSTM", "y"),
+                                    ("GRU", "y_h"), ("GRU", "y")])
+def test_one_output_read(op, use):
+    """Gradients reaching only one output: the others' gradients are zeros in the kernel."""
+    check(op, 4, 3, 5, 4, "bidirectional", use=use)
+    check(op, 4, 3, 5, 4, "forward", use=use)
+
+
+def test_sequence_lens_all_full_is_planned():
+    lens = np.full(3, 5, np.int32)
+    check("LSTM", 5, 3, 4, 6, "bidirectional", lens=lens)
+
+
+@pytest.mark.parametrize("attrs,lens,why", [
+    ({"clip": 2.0}, None, "LSTM: clip"),
+    ({}, np.array([5, 2, 4], np.int32), "LSTM: ragged sequence_lens"),
+    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, None, "LSTM: non-default activations"),
+    ({"input_forget": 1}, None, "LSTM: input_forget"),
+])
+def test_what_the_kernel_cannot_do_stays_python_and_says_why(attrs, lens, why, capsys):
+    graph, feeds, wrt, outs = rnn_graph("LSTM", 5, 3, 4, 6, "forward", lens=lens, **attrs)
+    ref_graph = rnn_graph("LSTM", 5, 3, 4, 6, "forward", lens=lens, **attrs)[0]
+    planned = PlannedExecutor(graph)
+    got, dgot = planned.inference_and_backprop(feeds, outputs=outs, wrt=wrt)
+    assert planned.placement()["rnn"] == f"python ({why})"
+    assert why in capsys.readouterr().err  # said on stderr, once per operator and reason
+    want, dwant = ReferenceExecutor(ref_graph).inference_and_backprop(feeds, outputs=outs,
+                                                                      wrt=wrt)
+    for name in dwant:
+        np.testing.assert_allclose(dgot[name], dwant[name], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_changed_weights_reach_the_kernel(op):
+    """The kernel's copies of W, R and B (its gate order and layouts) are made again when the
+    weights move: every training step, and in inference when the graph's version moves."""
+    graph, feeds, wrt, outs = rnn_graph(op, 4, 2, 3, 5, "bidirectional")
+    ref_graph = rnn_graph(op, 4, 2, 3, 5, "bidirectional")[0]
+    planned = PlannedExecutor(graph)
+    planned.inference_and_backprop(feeds, outputs=outs, wrt=wrt)
+    inferred = PlannedExecutor(graph)
+    inferred.inference(feeds, outputs=outs)
+    for g in (graph, ref_graph):
+        for name in ("W", "R", "B"):
+            g.initializers[name] *= np.float32(-0.5)
+        g.touch()
+    want, dwant = ReferenceExecutor(ref_graph).inference_and_backprop(feeds, outputs=outs,
+                                                                      wrt=wrt)
+    got, dgot = planned.inference_and_backprop(feeds, outputs=outs, wrt=wrt)
+    for name in dwant:
+        np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
+    for name, value in inferred.inference(feeds, outputs=outs).items():
+        np.testing.assert_allclose(value, want[name], rtol=2e-5, atol=2e-5)
