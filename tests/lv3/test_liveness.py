@@ -91,6 +91,29 @@ def test_the_last_to_leave_removes_the_folder_and_no_rank_then_sees_a_death(
     assert gone.dead() == [] and gone.peers == []  # left, and the folder gone: all left
 
 
+def test_a_job_folder_whose_ranks_are_all_gone_is_swept(tmp_path: Path) -> None:
+    """A job whose ranks were all killed at once (mpiexec's auto-cleanup) left its folder;
+    the next job removes it, and no other: one with a live rank, one whose ranks have not
+    named themselves yet, its own, and what is not a job folder."""
+    def job(name: str, *ranks: tuple[int, str]) -> Path:
+        folder = tmp_path / f"{liveness.JOB_PREFIX}{name}"
+        folder.mkdir()
+        for pid, started in ranks:
+            (folder / f"{liveness.PID}{pid}.{started}").touch()
+        return folder
+
+    mine = me(0)
+    stale = job("stale", (_gone(), ""), (_gone(), "7"))
+    reused = job("reused", (mine.pid, "1"))  # this pid, another start time: gone too
+    running = job("running", (_gone(), ""), (mine.pid, mine.started))
+    starting, own = job("starting"), job("own", (_gone(), ""))
+    other = tmp_path / "other"
+    other.mkdir()
+    liveness.sweep(tmp_path, keep=own)
+    assert not stale.exists() and not reused.exists()
+    assert running.exists() and starting.exists() and own.exists() and other.exists()
+
+
 def test_the_job_folder_is_named_after_rank_0_alone() -> None:
     first = me(0)
     assert job_folder(first) == job_folder(Peer(*first))

@@ -22,7 +22,9 @@ rank). At a normal exit a rank writes its marker there (``left.R``), then calls
 ``MPI_Finalize`` itself, the watchdog still on: a peer gone with its marker has left; one gone
 without it has died, also while this rank is in ``MPI_Finalize``. The last to leave (it finds
 every marker) removes the folder; a rank that has left and finds the folder gone knows that
-every rank of its host has left.
+every rank of its host has left. A job whose ranks were all killed at once leaves its folder
+behind: each rank names itself there (``pid.PID.STARTED``), and the next job's lowest rank of
+the host removes the folders whose ranks are all gone (``sweep``).
 
 Limits: a peer on another host is not seen (no ``/proc`` across hosts); there MPICH's default
 auto-cleanup, or Open MPI's, ends the job when a rank dies. A death before the world is made
@@ -57,6 +59,7 @@ EXIT_RANK_DIED = 3
 LINGER_S = 1.0  # how long a survivor stays after it saw a death, before it ends
 JOB_PREFIX = "meta-job-"  # the job folders' names in the temporary folder
 LEFT = "left."  # a marker's name, before the rank: this rank left normally
+PID = "pid."  # a rank's name in its job folder: pid.PID.STARTED, for ``sweep``
 
 
 class Peer(NamedTuple):
@@ -113,6 +116,25 @@ def job_folder(first: Peer) -> Path:
     its host, pid and start time tell this job from every other, past or present."""
     token = hashlib.sha256(repr(tuple(first)).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"{JOB_PREFIX}{token}"
+
+
+def sweep(folder: Path, keep: Path) -> None:
+    """Remove the job folders in ``folder`` (but ``keep``) whose ranks are all gone: a job
+    whose ranks were all killed at once (``mpiexec``'s auto-cleanup, an ``MPI_Abort``) left its
+    folder behind. A folder whose ranks have not all named themselves yet is kept."""
+    try:
+        candidates = [e.path for e in os.scandir(folder)
+                      if e.name.startswith(JOB_PREFIX) and e.path != str(keep)]
+    except OSError:
+        return
+    for job in candidates:
+        try:
+            ranks = [name.split(".") for name in os.listdir(job) if name.startswith(PID)]
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if ranks and not any(alive(Peer(0, "", int(pid), started)) for _, pid, started in ranks
+                             if pid.isdigit()):
+            shutil.rmtree(job, ignore_errors=True)
 
 
 class Watchdog:
@@ -233,10 +255,13 @@ def watch_peers(comm: Any) -> Watchdog | None:
     job = job_folder(everyone[0])
     try:  # before the watch starts: no peer of this host leaves before every one made it
         job.mkdir(exist_ok=True)
+        (job / f"{PID}{mine.pid}.{mine.started}").touch()
     except OSError as err:
         print(f"meta: warning: no liveness watch on rank {comm.rank}: cannot make {job} "
               f"({err.strerror})", file=sys.stderr, flush=True)
         return None
+    if all(mine.rank < p.rank for p in peers):  # one rank of each host cleans up
+        sweep(job.parent, keep=job)
     watchdog = Watchdog(mine, peers, comm.size, job).start()
     _WATCHING.append(watchdog)
     if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
