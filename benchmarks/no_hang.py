@@ -4,8 +4,10 @@ Run:  python benchmarks/no_hang.py [--runs 10] [--strategies allreduce downpour 
 
 For each strategy's MNIST recipe, ``--runs`` times: start it under MPICH's ``mpiexec
 -disable-auto-cleanup`` with each rank under ``sh -c`` (as a job script runs it; started
-directly, Hydra SIGKILLs the others itself), SIGKILL rank ``run % n`` ``--kill-after`` seconds
-into training, and wait up to 30 s for the job to end (then end it ourselves: a hang). Prints,
+directly, Hydra SIGKILLs the others itself; ``--shells-ignore-usr1``: each shell ignores
+the SIGUSR1 Hydra then sends, which ends it otherwise), SIGKILL rank ``run % n``
+``--kill-after`` seconds into training, and wait up to 30 s for the job to end (then end it
+ourselves: a hang). Prints,
 per strategy: how many runs ended within 10 s, the largest and the median seconds from the kill
 to the job's end, mpiexec's exit statuses, how many runs printed exactly one
 ``meta: rank R ... died`` line naming the killed rank (and how many named another rank too),
@@ -88,11 +90,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES),
                         default=list(STRATEGIES))
+    parser.add_argument("--shells-ignore-usr1", action="store_true",
+                        help="each rank's shell runs `trap '' USR1` first (Hydra's SIGUSR1 "
+                             "ends the shells otherwise)")
     parser.add_argument("--kill-after", type=float, default=2.0,
                         help="seconds into training (after the epoch table's header)")
     args = parser.parse_args()
     print(f"machine: {machine()}; Python {platform.python_version()}; "
-          f"load average before: {load()}", flush=True)
+          f"load average before: {load()}; shells ignore SIGUSR1: {args.shells_ignore_usr1}",
+          flush=True)
     rows, odd = [], []
     for name in args.strategies:
         recipe, n = STRATEGIES[name]
@@ -100,8 +106,8 @@ def main() -> int:
         kills = []
         for run, victim in enumerate(victims):
             with tempfile.TemporaryDirectory() as out:
-                kill = kill_during_training(wrapped_job(recipe, n, Path(out) / "out"), victim,
-                                            after_s=args.kill_after)
+                job = wrapped_job(recipe, n, Path(out) / "out", args.shells_ignore_usr1)
+                kill = kill_during_training(job, victim, after_s=args.kill_after)
             kills.append(kill)
             print(f"{name} run {run + 1}: rank {victim} killed, exit {kill.rc}, "
                   f"{kill.seconds:.2f} s{' HUNG' if kill.hung else ''}", flush=True)

@@ -252,16 +252,18 @@ def kill_during_training(cmd: list[str], victim: int, timeout: float = 120,
     return Kill(proc.returncode, out, pid, ended - killed, hung)
 
 
-def wrapped_job(recipe: str, n: int, out_dir: Path) -> list[str]:
+def wrapped_job(recipe: str, n: int, out_dir: Path, ignore_usr1: bool = False) -> list[str]:
     """``mpiexec -disable-auto-cleanup -n N sh -c 'meta run RECIPE ...'``: 100 epochs, each
     rank under a shell, as a job script does. MPICH's Hydra (5.0.2) itself SIGKILLs every
     rank when one it started directly dies of a signal, even with ``-disable-auto-cleanup``,
     but not when that one exits with a status (the shell's), where the others used to wait for
-    it for ever."""
+    it for ever. Hydra then sends the other ranks' shells SIGUSR1, which ends them unless they
+    ignore it (``ignore_usr1``: ``trap '' USR1``, as a careful job script does)."""
     root = Path(__file__).resolve().parents[2]
     run = [sys.executable, "-m", "meta.cli", "run", str(root / "recipes" / recipe), "--quiet",
            "--no-export", "--output-dir", str(out_dir), "--set", "epochs=100"]
     shell = " ".join(f"'{a}'" for a in run) + "; code=$?; exit $code"  # not exec'ed by sh
+    shell = ("trap '' USR1; " if ignore_usr1 else "") + shell
     return [str(find_mpiexec()), "-disable-auto-cleanup", "-n", str(n), "sh", "-c", shell]
 
 
@@ -273,15 +275,16 @@ DIED = re.compile(r"meta: rank \d+ .*?died; ending this job")
 def test_a_killed_rank_ends_the_job_without_auto_cleanup(tmp_path: Path, mnist_dir, recipe: str,
                                                          n: int, victim: int) -> None:
     """meta's watchdog ends the survivors, naming the dead rank (``wrapped_job``: each rank
-    under a shell, where Hydra leaves the survivors waiting). 10 runs of each:
-    benchmarks/no_hang.py."""
-    kill = kill_during_training(wrapped_job(recipe, n, tmp_path / "out"), victim)
+    under a shell, where Hydra leaves the survivors waiting). The shells ignore Hydra's
+    SIGUSR1: where it ends them, Hydra now and then ends a second rank, or loses the line, from
+    outside meta (2 of 22 Downpour runs killing rank 0; docs/fault_tolerance.md). 10 runs of
+    each, in both setups: benchmarks/no_hang.py."""
+    kill = kill_during_training(wrapped_job(recipe, n, tmp_path / "out", ignore_usr1=True),
+                                victim)
     assert kill.rc != 0 and not kill.hung, kill.out
     assert kill.seconds < NO_HANG_S, \
         f"the job took {kill.seconds:.1f} s to end after the kill:\n{kill.out}"
-    # Now and then (6 in 50 runs) MPICH ends a second rank within 0.1 s of the death, on its
-    # own; the line then names that one too.
     lines = DIED.findall(kill.out)
-    assert len(lines) == 1, kill.out
-    assert f"rank {victim} (pid {kill.pid} on {socket.gethostname()})" in lines[0], kill.out
+    assert lines == [f"meta: rank {victim} (pid {kill.pid} on {socket.gethostname()}) died; "
+                     "ending this job"], kill.out
     assert "Traceback" not in kill.out, kill.out
