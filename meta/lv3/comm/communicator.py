@@ -476,9 +476,12 @@ def abort_on_uncaught_exception(comm: MPICommunicator, code: int = UNCAUGHT_EXIT
     printed it. Without this the rank's exit runs ``MPI_Finalize``, which waits for the other
     ranks, while they wait in their next collective for this one: the job hangs forever (what
     ``python -m mpi4py`` also prevents)."""
+    from meta.lv3.comm.liveness import end_if_a_peer_died
+
     previous = sys.excepthook
 
     def abort(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        end_if_a_peer_died()  # an MPI error because a peer died: say that, not a traceback
         try:
             previous(kind, value, tb)
             print(f"meta: rank {comm.rank} of {comm.size} stopped on an uncaught "
@@ -494,8 +497,12 @@ def world() -> Communicator:
     """All ranks of this job: MPI's world when launched with >1 rank, else a size-1 communicator.
 
     Outside a launcher mpi4py is never imported, so single-process runs need no MPI at all.
-    Under MPI, a rank's uncaught exception ends every rank (``abort_on_uncaught_exception``).
+    Under MPI, a rank's uncaught exception ends every rank (``abort_on_uncaught_exception``),
+    and a rank that dies ends the job within seconds (``liveness.watch_peers``; ULFM's
+    errors instead where it is on).
     """
+    from meta.lv3.comm.liveness import watch_peers
+
     size = launched_size()
     if size is None or size == 1:
         return SingleProcessCommunicator()
@@ -503,4 +510,6 @@ def world() -> Communicator:
     if comm.size == 1:
         return SingleProcessCommunicator()
     abort_on_uncaught_exception(comm)
+    if not ulfm_on():  # under ULFM, survival's errors report a death instead
+        watch_peers(comm)
     return comm

@@ -30,6 +30,7 @@ from meta.lv3.comm.communicator import (  # noqa: F401  (ulfm_on, ULFM_VARIABLE:
     _import_mpi,
     ulfm_on,
 )
+from meta.lv3.comm.liveness import EXIT_RANK_DIED
 
 RESTART_HINT = "start the run again (--resume continues from its last checkpoint, if it wrote one)"
 
@@ -201,11 +202,18 @@ class SurvivingCommunicator(MPICommunicator):
         self._survive(lambda: super(SurvivingCommunicator, self).barrier())
 
 
+# Whether this process runs a strategy that goes on without a dead worker (it asked for a
+# ``surviving`` communicator): a death is then part of a run that can still pass.
+_SURVIVABLE = [False]
+
+
 def surviving(comm: Communicator) -> Communicator:
-    """``comm`` as a ``SurvivingCommunicator`` where ULFM is on; else ``comm`` unchanged."""
-    if not isinstance(comm, MPICommunicator) or comm.size == 1 or not ulfm_on():
+    """``comm`` as a ``SurvivingCommunicator`` where ULFM is on; else ``comm`` unchanged.
+    Asking for one declares this run survivable (``end_without_finalize_after_a_death``)."""
+    if not isinstance(comm, MPICommunicator) or not ulfm_on():
         return comm
-    return SurvivingCommunicator(comm.comm)
+    _SURVIVABLE[0] = True  # a lone server's group too: its run survives a worker
+    return comm if comm.size == 1 else SurvivingCommunicator(comm.comm)
 
 
 def follow_shrinks(group: Communicator, trainer: Any) -> None:
@@ -239,12 +247,25 @@ def end_without_finalize_after_a_death(code: int) -> None:
     otherwise return. Open MPI's ``MPI_Finalize`` on the survivors now and then never returns
     (measured, Open MPI 5.0.11, runs whose rank 0 was killed: 2 of 55 on an idle machine, 2 of
     6 beside two busy loops; all survivors waiting in its closing fence), so the run ends
-    without it once every output is written: ``os._exit`` after flushing. ``mpiexec --with-ft
-    ulfm`` counts that as a normal exit (exit status 0, measured)."""
+    without it once every output is written: ``os._exit`` after flushing.
+
+    ``mpiexec --with-ft ulfm`` exits with the survivors' status, whatever became of the dead
+    (measured: 0 when they exit 0). A run that is not survivable (no ``surviving``
+    communicator: a synchronous strategy, a pipeline) and did not fail already therefore
+    ends with ``EXIT_RANK_DIED``, its lowest surviving rank naming the dead in one line:
+    such a run was never meant to finish without a rank, so its outputs are not a success."""
     if not ulfm_on():
         return
-    if not failed_ranks(MPICommunicator(_import_mpi().COMM_WORLD)):
+    world = MPICommunicator(_import_mpi().COMM_WORLD)
+    dead = failed_ranks(world)
+    if not dead:
         return
+    if not _SURVIVABLE[0] and code in (0, 1):
+        code = EXIT_RANK_DIED
+        if world.rank == min(r for r in range(world.size) if r not in dead):
+            ranks = ", ".join(map(str, dead))
+            print(f"meta: error: rank {ranks} of {world.size} died during a run that cannot go "
+                  f"on without it; {RESTART_HINT}", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
