@@ -47,6 +47,7 @@ may not be.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -137,7 +138,22 @@ class Downpour(Strategy):
         strategy = cls(optimizer, comm, **options)
         follow_shrinks(strategy.group, trainer)
         strategy.steps_per_epoch = getattr(trainer, "steps_per_epoch", 0)  # trainer: or None
+        strategy._end_warm_start_with_the_first_epoch()
         return strategy
+
+    def _end_warm_start_with_the_first_epoch(self) -> None:
+        """A warm start longer than worker 0's first epoch would never end: at the epoch's end
+        worker 0 waits in the workers' metrics allreduce for the others, which wait for its
+        "go" (measured: ``mpiexec -n 3 meta run mnist_downpour --set train_samples=2048``,
+        50 warm-start steps against 16 per epoch, hung). Worker 0 then sends it after its
+        first epoch, and says so once."""
+        if self.comm.rank != 0 or self.role == "server" or not self.servers:
+            return
+        if 0 < self.steps_per_epoch < self.warm_start_steps:
+            print(f"meta: downpour: warm_start_steps={self.warm_start_steps} is more than "
+                  f"worker 0's {self.steps_per_epoch} steps per epoch; the other workers start "
+                  f"after its first epoch", file=sys.stderr, flush=True)
+            self.warm_start_steps = self.steps_per_epoch
 
     def _talk(self, exchange: Any, *args: Any, why: str = "the run cannot go on without it"
               ) -> Any:
