@@ -73,6 +73,8 @@ def check_tensor_parallel_gpt_matches_single_process(comm: Communicator) -> None
     for k in ("loss", "logits"):
         _close(values[k], want_values[k], f"{where}: {k}")
     _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where)
+    unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]  # generation
+    _close(unlabelled, want_values["logits"], where)
     layers = part.plan.layers
     if comm.size == 1:
         assert part.plan.collectives == [] and part.bytes_sent == 0
@@ -144,6 +146,8 @@ def check_pipelined_gpt_matches_single_process(comm: Communicator) -> None:
         _close(g, want[name], f"{where}: {name}")
     for k in ("loss", "logits"):
         _close(values[k], want_values[k], f"{where}: {k}")
+    unlabelled = pipe.eval().inference({"input": feeds["input"]}, ["logits"])["logits"]
+    _close(unlabelled, want_values["logits"], f"{where}: generation's logits")
     if comm.size == 2:
         assert pipe.partition.tied == {"wte": [0, 1]}, pipe.partition.tied
         assert "causal_mask" not in pipe.stage.sends + pipe.stage.receives, where

@@ -328,7 +328,8 @@ class PipelineExecutor(Executor):
         grads = {p: np.zeros_like(v) for p, v in self.stage_graph.parameters.items()} \
             if training else {}
         exclude = {id(_base(v)) for v in self.stage_graph.initializers.values()} | {
-            id(_base(feeds[t])) for t in self.stage.feeds if isinstance(feeds[t], np.ndarray)}
+            id(_base(feeds[t])) for t in self.stage.feeds
+            if isinstance(feeds.get(t), np.ndarray)}
         wanted = set(self.params) | set(self.grad_sends)
         forward_s = backward_s = wait_s = 0.0
         peak = live = peak_flight = sent = 0
@@ -348,8 +349,10 @@ class PipelineExecutor(Executor):
             kind, i = op
             if kind == "F":
                 given = dict(buffers)
-                given.update({t: feeds[t][bounds[i]:bounds[i + 1]] for t in self.stage.feeds})
-                out, tape = self.executor._forward(given, self.outputs,
+                # inference may leave out what it does not need (generation: no labels)
+                given.update({t: feeds[t][bounds[i]:bounds[i + 1]] for t in self.stage.feeds
+                              if t in feeds})
+                out, tape = self.executor._forward(given, names if self.last else self.outputs,
                                                    set(wanted) if training else None)
                 if self.last:
                     parts[i] = {t: out[t] for t in names}

@@ -1,0 +1,30 @@
+"""The Shakespeare GPT (``shakespeare_gpt.py``'s model and data) trained with Downpour SGD
+(DistBelief): one parameter server and two workers.
+
+Run:  mpiexec -n 3 meta run recipes/shakespeare_gpt_downpour.py
+
+The last rank holds the parameters and applies the workers' pushed gradients with the
+recipe's AdamW (clipped); each worker trains on its half of the blocks, fetches the
+parameters every ``n_fetch`` steps and pushes its accrued gradients every ``n_push`` steps,
+without waiting for the other. The learning rate is constant: the server applies both
+workers' pushes, twice as many updates as a worker's steps, so a cosine schedule laid over a
+worker's steps would reach zero halfway through the server's. Each worker runs the planned
+executor.
+"""
+
+from meta.recipe import AtMost
+from recipes.shakespeare_gpt import FIXED as SINGLE
+from recipes.shakespeare_gpt import MUTABLE as SINGLE_MUTABLE
+
+FIXED = dict(SINGLE)
+
+MUTABLE = {
+    **SINGLE_MUTABLE,
+    "lr_schedule": "constant",
+    "distributed": {"name": "downpour", "servers": 1, "n_fetch": 1, "n_push": 1,
+                    "warm_start_steps": 0},
+}
+
+METRICS = {
+    "test_loss": AtMost(2.1),  # nats per character: the one-process recipe's bound
+}
