@@ -8,7 +8,8 @@ Q, K, V and first MLP weights by columns (column-parallel), the attention and ML
 projections by rows (row-parallel), so every block makes one allreduce of its attention's
 output and one of its MLP's forward, and one of each LayerNorm output's gradient backward.
 The embeddings, LayerNorms and the tied output head stay whole on every rank. The ranks run
-the native executor; every rank takes every batch.
+the native executor; every rank takes every batch. ``model.dropout`` must stay 0 (each rank
+would draw its own masks for the values all ranks hold alike: refused).
 """
 
 from meta.recipe import AtMost

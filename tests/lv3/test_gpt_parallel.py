@@ -12,9 +12,12 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from meta.component import ComponentError
+from meta.lv1.language_models import gpt
 from meta.lv3 import SingleProcessCommunicator
 from meta.lv3.pipeline.partition import PartitionError, partition
 from meta.lv3.tensor_parallel.plan import plan, probe
+from meta.lv3.tensor_parallel.strategy import refuse_dropout
 
 from . import gpt_parallel_checks
 from .gpt_parallel_checks import batch, small_gpt
@@ -82,3 +85,9 @@ def test_a_tied_embedding_is_held_by_both_stages_only_when_asked() -> None:
     assert "causal_mask" in first.nodes and "causal_mask" in last.nodes
     assert "lm_head.tied" in last.nodes and "lm_head.tied" not in first.nodes
     assert first.feeds == ["input"] and last.feeds == ["labels"]
+
+
+def test_dropout_is_refused_under_tensor_parallelism() -> None:
+    refuse_dropout(small_gpt())
+    with pytest.raises(ComponentError, match="node 'emb.dropout' \\(Dropout\\)"):
+        refuse_dropout(gpt((8,), classes=11, layers=1, heads=2, width=8, dropout=0.1))

@@ -150,6 +150,16 @@ def measured_costs(graph: Graph, comm: Communicator, make: Any, sample: dict,
     return costs
 
 
+def refuse_dropout(graph: Graph) -> None:
+    """Each rank draws its own dropout masks, so a Dropout of values every rank holds alike
+    (a residual stream) would make the ranks' copies differ: refused, naming the node."""
+    drops = [n.name for n in graph.nodes if n.op_type == "Dropout"]
+    if drops:
+        raise ComponentError(f"distributed 'partitioned': node {drops[0]!r} (Dropout) would "
+                             f"draw different masks on the ranks for values they must hold "
+                             f"alike; train without dropout (model.dropout: 0)")
+
+
 class Partitioned(Strategy):
     """Model parallelism by neurons: every layer's outputs split over the ranks."""
 
@@ -177,6 +187,7 @@ class Partitioned(Strategy):
             raise ComponentError(f"distributed 'partitioned' runs each rank's part with the "
                                  f"reference or native executor, not "
                                  f"{type(trainer.executor).__name__}")
+        refuse_dropout(trainer.executor.graph)
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
