@@ -5,7 +5,10 @@ parallelism, Megatron-LM's tensor parallelism).
 over all ranks of the job (``meta.lv3.tensor_parallel.plan``): fully connected and
 convolutional layers by output neurons / channels, in column-then-row pairs that need one
 allreduce forward and one backward (none backward when the input is the data), grouped
-convolutions whose groups fall on the ranks with no communication at all. Each rank runs its
+convolutions whose groups fall on the ranks with no communication at all; a transformer's
+blocks as Megatron-LM splits them (attention by heads, the MLP by its hidden features: one
+allreduce per attention and per MLP each way). A graph with Dropout is refused (each rank
+would draw its own masks for the values the ranks hold alike). Each rank runs its
 part of the graph with an executor of the trainer's kind; the collectives are nodes of that
 graph (``meta.lv3.tensor_parallel.ops``), so a step's gradients are the single process's, and
 each rank updates only the parameters it holds (a Level 2 gradient transformation per rank).
