@@ -24,5 +24,7 @@ MUTABLE = {
 }
 
 METRICS = {
-    "test_loss": AtMost(2.1),  # nats per character: the one-process recipe's bound
+    # nats per character, the one-process recipe's bound; measured 2.007 (seed 0, full run,
+    # 703 s on a busy 2-core machine; one process: 1.999)
+    "test_loss": AtMost(2.1),
 }
