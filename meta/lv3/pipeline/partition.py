@@ -10,7 +10,13 @@ What crosses a cut is derived, not declared: a tensor produced in stage ``a`` an
 stage ``b > a`` (graph outputs count as read by the last stage) is sent at every boundary in
 between, so a skip connection over a stage is relayed through it, and its gradient is summed
 there with the relaying stage's own. Graph inputs (the images, the labels) are not sent: every
-rank holds the batch and each stage feeds the inputs it reads.
+rank holds the batch and each stage feeds the inputs it reads. A node of weights alone (a
+``Constant`` causal mask, the Transpose of a tied embedding) is not sent either: every stage
+that reads it computes it.
+
+A parameter read in two stages (a language model's output head tied to its token embedding)
+is refused unless the caller sums its gradients over the stages that hold it (``tied=True``:
+the pipeline does); ``Partition.tied`` names those parameters and their stages.
 
 >>> from meta.lv1 import mlp
 >>> part = partition(mlp(hidden=[8, 8]), 2, cuts=["relu0"])
@@ -60,6 +66,7 @@ class Partition:
     stages: list[Stage]
     outputs: list[str]
     balance: str = "cuts"  # how the cuts were chosen: "cuts" (the user's) or a cost model
+    tied: dict[str, list[int]] = field(default_factory=dict)  # parameter -> stages reading it
 
     @property
     def cuts(self) -> list[str]:
@@ -163,12 +170,14 @@ def _bounds_from_cuts(graph: Graph, cuts: Sequence[str], stages: int) -> list[in
 
 
 def partition(graph: Graph, stages: int, cuts: Sequence[str] = (),
-              costs: dict[str, float] | None = None, balance: str = "params") -> Partition:
+              costs: dict[str, float] | None = None, balance: str = "params",
+              tied: bool = False) -> Partition:
     """Cut ``graph`` into ``stages`` consecutive stages: after the nodes named in ``cuts``, or
     balancing ``costs`` (node name -> cost; default: parameter counts, ``node_costs``).
 
-    Refused, naming the tensor: a parameter or state read in two stages (tied weights would be
-    updated twice), and a graph output that no node produces.
+    Refused, naming the tensor: a state read in two stages, a parameter read in two stages
+    unless ``tied`` (the caller then sums its gradients over them: each stage holds a copy,
+    updated alike), and a graph output that no node produces.
     """
     if stages < 1:
         raise PartitionError(f"stages must be at least 1, got {stages}")
@@ -185,51 +194,102 @@ def partition(graph: Graph, stages: int, cuts: Sequence[str] = (),
         names = [n.name for n in nodes[a:b]]
         stage_of.update(dict.fromkeys(names, s))
         result.append(Stage(s, names, cost=float(sum(costs.get(n, 0.0) for n in names))))
-    _connect(graph, result, stage_of)
+    shared = _connect(graph, result, stage_of, tied)
     outputs = [t.name for t in graph.outputs]
-    return Partition(result, outputs, balance)
+    return Partition(result, outputs, balance, shared)
 
 
-def _connect(graph: Graph, stages: list[Stage], stage_of: dict[str, int]) -> None:
-    """Fill in what each stage receives, sends, feeds and reads."""
+def _weight_only(graph: Graph) -> set[str]:
+    """Nodes that read initializers (or nothing) alone, and nodes that read only their
+    outputs: a Constant (a causal mask), a Transpose of a weight (an output head tied to an
+    embedding). Their values have no batch axis and need no data."""
+    inits, found = set(graph.initializers), set()
+    made: set[str] = set()
+    for node in graph.nodes:
+        deps = node.dependencies()
+        if all(x in inits or x in made for x in deps) and node.outputs:
+            found.add(node.name)
+            made.update(o for o in node.outputs if o)
+    return found
+
+
+def _place_weight_only(graph: Graph, stages: list[Stage], stage_of: dict[str, int]) -> None:
+    """Compute a weight-only node (``_weight_only``) in every stage that reads its output
+    (before that stage's own nodes), and no longer in its own stage if that one does not read
+    it (unless the stage would be left empty): computing it is cheap, sending it is not, and
+    it could not cross a cut (no batch axis)."""
+    consumers = graph.consumers()
+    weight_only = _weight_only(graph)
+    # latest first, so that a chain of them (Constant -> Transpose) keeps its order in front
+    for node in reversed(graph.nodes):
+        if node.name not in weight_only:
+            continue
+        own = stage_of[node.name]
+        readers = set()
+        for out in node.outputs:
+            for c in consumers.get(out, []) if out else []:
+                readers.update(s.index for s in stages if c.name in s.nodes)
+        for s in sorted(readers - {own}):
+            stages[s].nodes.insert(0, node.name)
+        if readers and own not in readers and len(stages[own].nodes) > 1:
+            stages[own].nodes.remove(node.name)
+
+
+def _connect(graph: Graph, stages: list[Stage], stage_of: dict[str, int],
+             tied: bool = False) -> dict[str, list[int]]:
+    """Fill in what each stage receives, sends, feeds and reads; returns the parameters read
+    in several stages (``tied``) with their stages."""
+    _place_weight_only(graph, stages, stage_of)
+    by_name = {n.name: n for n in graph.nodes}
     last = len(stages) - 1
     declared = {t.name for t in graph.inputs} - set(graph.initializers)
     producer: dict[str, int] = {}
     order: list[str] = []  # produced tensors in execution order: the agreed message order
     last_use: dict[str, int] = {}
     readers: dict[str, set[int]] = {}
-    for node in graph.nodes:
-        s = stage_of[node.name]
-        for name in dict.fromkeys(node.dependencies()):
-            if name in graph.initializers:
-                readers.setdefault(name, set()).add(s)
-            elif name in declared:
-                if name not in stages[s].feeds:
-                    stages[s].feeds.append(name)
-            else:
-                last_use[name] = max(last_use.get(name, s), s)
-        for out in node.outputs:
-            if out:
-                producer[out] = s
-                order.append(out)
+    local: set[str] = set()  # outputs of nodes computed in several stages: never sent
+    for stage in stages:
+        s = stage.index
+        for node in (by_name[n] for n in stage.nodes):
+            for name in dict.fromkeys(node.dependencies()):
+                if name in graph.initializers:
+                    readers.setdefault(name, set()).add(s)
+                elif name in declared:
+                    if name not in stage.feeds:
+                        stage.feeds.append(name)
+                elif name not in local:
+                    last_use[name] = max(last_use.get(name, s), s)
+            for out in node.outputs:
+                if out and out in producer:
+                    local.add(out)
+                elif out:
+                    producer[out] = s
+                    order.append(out)
     for out in graph.outputs:
         if out.name not in producer:
             raise PartitionError(f"graph output {out.name!r} is not computed by a node; a "
                                  f"pipeline returns only computed outputs")
         last_use[out.name] = last
     roles = graph.roles
+    shared: dict[str, list[int]] = {}
     for name, where in readers.items():
-        if len(where) > 1 and roles[name] in ("parameter", "state"):
+        if len(where) > 1 and roles[name] == "parameter" and tied:
+            shared[name] = sorted(where)
+        elif len(where) > 1 and roles[name] in ("parameter", "state"):
             raise PartitionError(f"{roles[name]} {name!r} is read by nodes of stages "
                                  f"{sorted(where)}: a tensor shared across stages would be "
                                  f"updated by each of them; choose cuts that keep its readers "
                                  f"in one stage")
         for s in where:
             stages[s].initializers.append(name)
+    weight_only = _weight_only(graph)
     for name in order:
+        if name in local or any(name in by_name[n].outputs for n in weight_only):
+            continue  # every stage that reads it computes it
         for k in range(producer[name], last_use.get(name, producer[name])):
             stages[k].sends.append(name)
             stages[k + 1].receives.append(name)
+    return shared
 
 
 # -- per-node costs ----------------------------------------------------------------------------

@@ -11,7 +11,8 @@ activations from the previous stage, runs the stage with a tape (the stored acti
 sends its outputs on; a backward receives the gradients of those outputs from the next stage,
 runs the tape back and sends the gradients of its inputs to the previous stage. The last stage
 seeds each micro-batch's loss gradient with its share of the batch (size / batch size), so the
-summed gradients are those of the whole batch's mean loss, as on one process.
+summed gradients are those of the whole batch's mean loss, as on one process. A parameter tied
+across stages (``Partition.tied``) has its stages' gradients summed at the end of the step.
 
 Messages are numpy buffers through the communicator's ``isend``/``irecv`` (tags: micro-batch
 ``i`` forward ``2i``, backward ``2i + 1``), one per crossing tensor. Their shapes are agreed up
@@ -327,7 +328,8 @@ class PipelineExecutor(Executor):
         grads = {p: np.zeros_like(v) for p, v in self.stage_graph.parameters.items()} \
             if training else {}
         exclude = {id(_base(v)) for v in self.stage_graph.initializers.values()} | {
-            id(_base(feeds[t])) for t in self.stage.feeds if isinstance(feeds[t], np.ndarray)}
+            id(_base(feeds[t])) for t in self.stage.feeds
+            if isinstance(feeds.get(t), np.ndarray)}
         wanted = set(self.params) | set(self.grad_sends)
         forward_s = backward_s = wait_s = 0.0
         peak = live = peak_flight = sent = 0
@@ -347,8 +349,10 @@ class PipelineExecutor(Executor):
             kind, i = op
             if kind == "F":
                 given = dict(buffers)
-                given.update({t: feeds[t][bounds[i]:bounds[i + 1]] for t in self.stage.feeds})
-                out, tape = self.executor._forward(given, self.outputs,
+                # inference may leave out what it does not need (generation: no labels)
+                given.update({t: feeds[t][bounds[i]:bounds[i + 1]] for t in self.stage.feeds
+                              if t in feeds})
+                out, tape = self.executor._forward(given, names if self.last else self.outputs,
                                                    set(wanted) if training else None)
                 if self.last:
                     parts[i] = {t: out[t] for t in names}
@@ -392,6 +396,8 @@ class PipelineExecutor(Executor):
             test_all(self.comm, [r for r, _ in pending])  # lets large sends progress
         span = time.perf_counter() - step_start
         self._wait([r for r, _ in pending])
+        if training:
+            self._sum_tied(grads)
         if not self.last:
             self._wait([values_request])
             values = self._unpack_values(values_buffer, names, n)
@@ -400,6 +406,20 @@ class PipelineExecutor(Executor):
         if training:
             self._record(span, forward_s, backward_s, wait_s, m, peak, peak_flight, sent, n)
         return values, grads
+
+    def _sum_tied(self, grads: Tensors) -> None:
+        """A parameter read in several stages (``Partition.tied``: an output head tied to the
+        embedding) gets every stage's share of its gradient: one allreduce over the pipeline
+        per tied parameter, in name order, the stages that do not read it adding zeros. Each
+        holder then makes the same update to its copy."""
+        for name in sorted(self.partition.tied):
+            buf = grads.get(name)
+            if buf is None:
+                buf = np.zeros_like(self.graph.initializers[name])
+            if self.oversubscribed:
+                poll_all(self.comm, [self.comm.iallreduce(buf)])
+            else:
+                self.comm.allreduce(buf)
 
     # -- the values every rank returns -----------------------------------------------------
     def _values_size(self, names: list[str], n: int) -> int:

@@ -57,9 +57,11 @@ from meta.lv3.strategy import Strategy
 
 def plan(graph: Graph, comm: Communicator, stages: int, cuts: tuple[str, ...] = (),
          balance: str = "measured", executor_factory: Any = None,
-         sample: dict[str, np.ndarray] | None = None, loss: str = "loss") -> Partition:
+         sample: dict[str, np.ndarray] | None = None, loss: str = "loss",
+         tied: bool = True) -> Partition:
     """The partition every rank of ``comm`` uses (a collective): rank 0 measures the node
-    costs (``balance``), every rank cuts the same graph at the same costs."""
+    costs (``balance``), every rank cuts the same graph at the same costs. Parameters read in
+    several stages are allowed (``tied``): the ``PipelineExecutor`` sums their gradients."""
     costs = None
     if not cuts and comm.rank == 0:
         try:
@@ -72,7 +74,7 @@ def plan(graph: Graph, comm: Communicator, stages: int, cuts: tuple[str, ...] = 
         if isinstance(costs, Exception):
             raise PartitionError(f"measuring node costs ({balance}) failed on rank 0: "
                                  f"{costs}") from costs
-    return partition(graph, stages, cuts, costs, balance)
+    return partition(graph, stages, cuts, costs, balance, tied)
 
 
 def trainer_plan(trainer: Any, comm: Communicator, stages: int, micro_batches: int,
@@ -171,16 +173,25 @@ class Pipeline(Strategy):
         return self.pipe.partition
 
     def step(self, grads: Params) -> None:
-        """Apply this stage's gradients (the pipelined step computed them)."""
+        """Apply this stage's gradients (the pipelined step computed them). A tied parameter's
+        copies got the same summed gradient; an elementwise transformation then updates them
+        alike, but one that looks at a stage's gradients together (a clip by global norm clips
+        each stage by its own) would not, so then its first stage's copy is broadcast."""
         self.optimizer.step(grads)
+        if not self.optimizer.transform.elementwise:
+            for name, where in sorted(self.partition.tied.items()):
+                self.comm.bcast(self.pipe.graph.initializers[name], root=where[0])
         self.timeline.lap("update")
 
     def gather_model(self) -> None:
         """Every stage broadcasts its parameters and state: each rank then holds the whole
         trained network (for evaluation elsewhere, checkpoints and the export)."""
         graph, roles = self.pipe.graph, self.pipe.graph.roles
+        tied = self.partition.tied
         for stage in self.partition.stages:
             for name in stage.initializers:
+                if name in tied and tied[name][0] != stage.index:
+                    continue  # the same values as its first stage's copy
                 if roles[name] in ("parameter", "state"):
                     self.comm.bcast(graph.initializers[name], root=stage.index)
                     if self.comm.rank == stage.index and self.comm.size > 1:

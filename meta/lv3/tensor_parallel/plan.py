@@ -23,6 +23,20 @@ runs. The planner is a pure function of the graph, its tensors' shapes and (rank
 every rank derives every rank's plan without talking, which is how a rank knows every rank's
 shards (``Plan.shards``: gathering the trained model needs them).
 
+Transformers write their linear layers as ``MatMul`` by a (in, out) weight on the last axis
+(then ``Add`` of a bias), and attention reshapes that axis into heads. These are split as
+Megatron-LM splits a transformer block: a ``MatMul`` layer is **column-parallel** when its
+split output reaches row-parallel ``MatMul`` layers through ops that act on the split axis
+alone (``_LastAxis``): the bias ``Add`` (the bias split alike), elementwise ops (Gelu), a
+``Reshape`` of the features into whole heads and back, ``Transpose``, the batched ``MatMul``
+of two tensors split on the same (head) axis, scaling, an additive mask that broadcasts over
+the heads, and a ``Softmax`` over another axis. So Q, K and V (one ``CopyToParallel`` of the
+LayerNorm output that all three read) and the MLP's first layer are column-parallel, the
+attention output projection and the MLP's second layer row-parallel: per block one allreduce
+forward and one backward for attention, the same for the MLP. Which layers split is found by
+trying: a split tensor that meets any other op (or is a graph output) withdraws the column
+layers it came from, and the plan is made again (``plan``).
+
 >>> from meta.lv1 import mlp
 >>> graph = mlp(input_shape=(4,), hidden=(6, 6), classes=3)
 >>> sample = {"input": np.zeros((2, 4), np.float32), "labels": np.zeros(2, np.int64)}
@@ -50,6 +64,12 @@ from meta.lv1.roles import differentiable
 from meta.lv3.tensor_parallel.ops import DOMAIN, register_operators
 
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]  # per example (batch axis left out)
+
+# Operators that act on each element alone: a tensor split on any axis stays split.
+ELEMENTWISE = frozenset({
+    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Softplus", "Softsign", "Gelu",
+    "Erf", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs", "Exp", "Sqrt", "Dropout"})
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
 
 # Operators that act on each feature (channel) of axis 1 alone: a split input stays split.
 KEEPS_SPLIT = frozenset({
@@ -134,6 +154,7 @@ class Plan:
     shards: dict[str, list[Shard]]  # initializer -> one Shard per rank
     layers: dict[str, Layer]
     collectives: list[Collective]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # this rank's own (shapes)
 
     def bytes_of(self, graph: Graph, role: str = "parameter") -> int:
         """Bytes of ``role`` initializers this rank holds."""
@@ -162,11 +183,12 @@ class Plan:
             shard = shards[self.rank]
             if shard.held_by(self.rank):
                 initializers[name] = shard.take(graph.initializers[name])
+        initializers.update(self.constants)
         local = Graph([dataclasses.replace(n, inputs=list(n.inputs), attrs=dict(n.attrs))
                        for n in self.nodes], graph.inputs, graph.outputs, initializers,
                       {**graph.opset, DOMAIN: 1}, f"{graph.name}.part{self.rank}")
         roles = graph.roles
-        local.role_overrides = {k: roles[k] for k in initializers}
+        local.role_overrides = {k: roles[k] for k in initializers if k not in self.constants}
         return local
 
 
@@ -209,6 +231,44 @@ def _linear(node: Node, graph: Graph, roles: dict[str, str]) -> tuple[str, int, 
     return w, out_axis, in_axis
 
 
+def _matmul_weight(node: Node, graph: Graph, roles: dict[str, str],
+                   consumers: dict[str, list[Node]]) -> str | None:
+    """The (in, out) weight of a ``MatMul`` layer on the last axis (a trainable 2-D
+    initializer only this node reads, a computed input), or None."""
+    if node.op_type != "MatMul" or len(node.inputs) != 2 or len(node.outputs) != 1:
+        return None
+    x, w = node.inputs
+    inits = graph.initializers
+    if x in inits or w not in inits or roles[w] != "parameter" or inits[w].ndim != 2:
+        return None
+    return w if len(consumers.get(w, [])) == 1 else None
+
+
+def _column_candidates(graph: Graph, ranks: int) -> set[str]:
+    """Every ``MatMul`` layer wide enough to split over ``ranks`` (``plan`` keeps those whose
+    split reaches row-parallel layers)."""
+    roles, consumers = graph.roles, graph.consumers()
+    found = set()
+    for node in graph.nodes:
+        w = _matmul_weight(node, graph, roles, consumers)
+        if w is not None and graph.initializers[w].shape[1] >= ranks:
+            found.add(node.name)
+    return found
+
+
+class _Blocked(Exception):
+    """A split tensor met an op that needs all of it: the column layers it came from stay
+    whole."""
+
+    def __init__(self, origins: set[str], why: str) -> None:
+        super().__init__(why)
+        self.origins = origins
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 def _split(n: int, ranks: int) -> list[np.ndarray]:
     return [np.asarray(part, np.int64) for part in np.array_split(np.arange(n), ranks)]
 
@@ -217,9 +277,17 @@ class _Planner:
     """One walk over the nodes in order, tracking which tensors are split along axis 1 and,
     for each rank, which of their features it holds."""
 
-    def __init__(self, graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int) -> None:
+    def __init__(self, graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int,
+                 columns: frozenset[str] = frozenset()) -> None:
         self.graph, self.shapes, self.rank, self.ranks, self.group = \
             graph, shapes, rank, ranks, group
+        self.columns = columns  # MatMul layers to split by columns (last axis)
+        # tensors split on any axis (the MatMul layers' chains): (axis, indices per rank), and
+        # the column layers each split came from
+        self.split: dict[str, tuple[int, list[np.ndarray]]] = {}
+        self.origin: dict[str, set[str]] = {}
+        self.copies: dict[str, str] = {}  # replicated tensor -> its CopyToParallel output
+        self.constants: dict[str, np.ndarray] = {}
         self.roles = graph.roles
         self.consumers = graph.consumers()
         self.outputs = {t.name for t in graph.outputs}
@@ -287,6 +355,12 @@ class _Planner:
     def run(self) -> Plan:
         for node in self.graph.nodes:
             x = node.inputs[0] if node.inputs else ""
+            if any(t in self.split for t in node.inputs if t):
+                _LastAxis(self, node).plan()
+                continue
+            if node.name in self.columns:
+                self._column_matmul(node)
+                continue
             linear = _linear(node, self.graph, self.roles)
             if linear is not None and x in self.layout:
                 self._row_or_grouped(node, *linear)
@@ -298,7 +372,7 @@ class _Planner:
             else:
                 self._replicated(node)
         return Plan(self.rank, self.ranks, self.nodes, self.shards, self.layers,
-                    self.collectives)
+                    self.collectives, self.constants)
 
     def _replicated(self, node: Node) -> None:
         split = [x for x in node.inputs if x in self.layout]
@@ -330,6 +404,46 @@ class _Planner:
         self.nodes.append(dataclasses.replace(node, inputs=inputs))
         self.layout[node.outputs[0]] = parts
         self.layers[node.name] = Layer("column", len(parts[self.rank]) / width)
+
+    def _copy(self, x: str) -> str:
+        """``x`` through one ``CopyToParallel`` (shared by every column layer reading it: Q, K
+        and V of one attention), or ``x`` itself when no gradient flows back into it."""
+        if x not in self.needs_grad:
+            return x
+        if x not in self.copies:
+            self.copies[x] = f"{x}@copy"
+            self.nodes.append(Node("CopyToParallel", [x], [self.copies[x]], f"{x}/copy",
+                                   DOMAIN, {"group": self.group}))
+            self.collectives.append(Collective(x, "backward", self._elements(x),
+                                               self._dtype(x).itemsize))
+        return self.copies[x]
+
+    def _column_matmul(self, node: Node) -> None:
+        """``x @ W`` with this rank's columns of ``W``: its features of the output."""
+        x, w = node.inputs
+        width = self.graph.initializers[w].shape[1]
+        parts = _split(width, self.ranks)
+        self._assign(w, [Shard(1, p) for p in parts], node)
+        self.nodes.append(dataclasses.replace(node, inputs=[self._copy(x), w]))
+        y = node.outputs[0]
+        self.split[y] = (len(self.shapes[y][0]), parts)  # the last axis (batch included)
+        self.origin[y] = {node.name}
+        self.layers[node.name] = Layer("column", len(parts[self.rank]) / width)
+
+    def _row_matmul(self, node: Node, parts: list[np.ndarray]) -> None:
+        """``x @ W`` with ``x`` split on its last axis: this rank's rows of ``W`` make a
+        partial sum, ``AllReduceSum`` the whole output (replicated from here on)."""
+        x, w = node.inputs
+        self._assign(w, [Shard(0, p) for p in parts], node)
+        y = node.outputs[0]
+        partial = f"{y}@partial"
+        self.nodes.append(dataclasses.replace(node, outputs=[partial]))
+        self.nodes.append(Node("AllReduceSum", [partial], [y], f"{node.name}/allreduce",
+                               DOMAIN, {"group": self.group}))
+        self.collectives.append(Collective(y, "forward", self._elements(y),
+                                           self._dtype(y).itemsize))
+        self.layers[node.name] = Layer("row", len(parts[self.rank])
+                                       / self.graph.initializers[w].shape[0])
 
     def _row_or_grouped(self, node: Node, w: str, out_axis: int, in_axis: int) -> None:
         x = node.inputs[0]
@@ -378,6 +492,150 @@ class _Planner:
                                        / sum(len(p) for p in parts))
 
 
+class _LastAxis:
+    """How one node that reads a tensor split on some axis (a MatMul layer's chain) runs on
+    this rank, or ``_Blocked`` when it would need all of it."""
+
+    def __init__(self, planner: _Planner, node: Node) -> None:
+        self.p, self.node = planner, node
+        self.inputs = list(node.inputs)  # as this rank runs it
+        self.origins: set[str] = set()
+        for t in node.inputs:
+            self.origins |= planner.origin.get(t, set())
+
+    def block(self, why: str) -> _Blocked:
+        return _Blocked(self.origins, f"node {self.node.name!r} ({self.node.op_type}): {why}")
+
+    def rank_of(self, name: str) -> int:
+        """Dimensions of ``name`` (the batch axis included for computed tensors)."""
+        inits = self.p.graph.initializers
+        return inits[name].ndim if name in inits else len(self.p.shapes[name][0]) + 1
+
+    def plan(self) -> None:
+        p, node = self.p, self.node
+        op = node.op_type
+        split = {t: p.split[t] for t in node.inputs if t in p.split}
+        x = node.inputs[0]
+        if op == "MatMul":
+            out = self._matmul(split)
+        elif op in ELEMENTWISE and x in split and len(split) == 1:
+            out = split[x]
+        elif op in BROADCASTING:
+            out = self._broadcast(split)
+        elif op == "Transpose" and x in split:
+            axis, parts = split[x]
+            perm = list(node.attrs.get("perm", range(self.rank_of(x))[::-1]))
+            out = (perm.index(axis), parts)
+        elif op in ("Softmax", "LogSoftmax") and x in split:
+            axis, parts = split[x]
+            along = int(node.attrs.get("axis", -1)) % self.rank_of(x)
+            if along == axis:
+                raise self.block("normalises over the split axis")
+            out = (axis, parts)
+        elif op == "Reshape" and x in split and len(split) == 1:
+            out = self._reshape(split[x])
+        else:
+            raise self.block(f"reads {sorted(split)} split over the ranks")
+        if out is None:  # a row-parallel MatMul: its output is whole
+            return
+        for t in node.outputs:
+            if t in p.outputs:
+                raise self.block(f"graph output {t!r} would be split over the ranks")
+        y = node.outputs[0]
+        p.split[y], p.origin[y] = out, self.origins
+        inits = p.graph.initializers
+        for t in self.inputs:  # what the rules did not split is whole (a dropout's ratio)
+            if t in inits and t not in p.shards:
+                p._assign(t, [Shard()] * p.ranks, node)
+        p.nodes.append(dataclasses.replace(node, inputs=self.inputs, attrs=dict(node.attrs)))
+        axis, parts = out
+        p.layers[node.name] = Layer("split", len(parts[p.rank]) / sum(len(q) for q in parts))
+
+    def _matmul(self, split: dict) -> tuple[int, list[np.ndarray]] | None:
+        p, node = self.p, self.node
+        a, b = node.inputs
+        w = _matmul_weight(node, p.graph, p.roles, p.consumers)
+        if w is not None and a in split and split[a][0] == self.rank_of(a) - 1:
+            parts = split[a][1]
+            if sum(len(q) for q in parts) != p.graph.initializers[w].shape[0]:
+                raise self.block(f"weight {w!r} does not match the split features")
+            p._row_matmul(node, parts)
+            return None
+        if a in split and b in split and split[a][0] == split[b][0] \
+                and _same(split[a][1], split[b][1]) \
+                and self.rank_of(a) == self.rank_of(b) and split[a][0] < self.rank_of(a) - 2:
+            return split[a]  # a batched product: each rank its own heads
+        raise self.block("a matrix product over the split axis")
+
+    def _broadcast(self, split: dict) -> tuple[int, list[np.ndarray]]:
+        p, node = self.p, self.node
+        y = node.outputs[0]
+        ny = self.rank_of(y)
+        found = None
+        for t in split:  # every split operand: the same axis of the output, the same parts
+            axis, parts = split[t]
+            axis += ny - self.rank_of(t)
+            if found is not None and (found[0] != axis or not _same(found[1], parts)):
+                raise self.block("operands split differently")
+            found = (axis, parts)
+        axis, parts = found
+        inits = p.graph.initializers
+        for t in node.inputs:
+            if t in split or not t:
+                continue
+            at = axis - (ny - self.rank_of(t))
+            size = inits[t].shape[at] if t in inits and at >= 0 else None
+            if at < 0 or size == 1:
+                continue
+            full = sum(len(q) for q in parts)
+            if t in inits and size == full and inits[t].ndim == 1 and node.op_type == "Add" \
+                    and p.roles[t] == "parameter":
+                try:  # a column layer's bias: split alike
+                    p._assign(t, [Shard(0, q) for q in parts], node)
+                except PlanError as err:
+                    raise self.block(str(err)) from err
+                continue
+            raise self.block(f"operand {t!r} is whole along the split axis")
+        return found
+
+    def _reshape(self, split: tuple[int, list[np.ndarray]]) -> tuple[int, list[np.ndarray]]:
+        """Features into whole heads ((..., C) -> (..., H, d)) or heads back into features,
+        with this rank's own shape constant."""
+        p, node = self.p, self.node
+        x, shape_name = node.inputs[0], node.inputs[1]
+        axis, parts = split
+        given = p.graph.initializers.get(shape_name)
+        y = node.outputs[0]
+        before = (0, *p.shapes[x][0])  # the batch axis: whatever it is
+        after = (0, *p.shapes[y][0])
+        if given is None or node.attrs.get("allowzero", 0) or before[:axis] != after[:axis]:
+            raise self.block("a reshape that moves the split axis")
+        if len(after) == len(before) + 1 and after[axis] * after[axis + 1] == before[axis] \
+                and before[axis + 1:] == after[axis + 2:]:
+            block = after[axis + 1]  # split: whole blocks of ``block`` features (heads)
+            new = []
+            for q in parts:
+                heads = np.unique(q // block)
+                if not np.array_equal(q, (heads[:, None] * block + np.arange(block)).ravel()):
+                    raise self.block(f"the ranks' features are not whole heads of {block}")
+                new.append(heads.astype(np.int64))
+        elif len(after) == len(before) - 1 and after[axis] == before[axis] * before[axis + 1] \
+                and before[axis + 2:] == after[axis + 1:]:
+            block = before[axis + 1]  # merge: each head's features
+            new = [(q[:, None] * block + np.arange(block)).ravel().astype(np.int64)
+                   for q in parts]
+        else:
+            raise self.block("a reshape that moves the split axis")
+        local = np.asarray(given).copy()
+        if -1 in local[axis:].tolist() or 0 in local[axis:].tolist():
+            local[axis:] = after[axis:]
+        local[axis] = len(new[p.rank])
+        name = f"{node.name}.shape@part"
+        p.constants[name] = local.astype(np.asarray(given).dtype)
+        self.inputs = [x, name]
+        return axis, new
+
+
 def plan(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int = 0) -> Plan:
     """Rank ``rank``'s part of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s);
     ``group`` names the communicator its collectives use (``tensor_parallel_ops.bind``)."""
@@ -387,4 +645,11 @@ def plan(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int = 0) ->
                and n.outputs[0] not in shapes and _linear(n, graph, graph.roles)]
     if missing:
         raise PlanError(f"no shapes for tensors {missing[:5]}: probe the graph first")
-    return _Planner(graph, shapes, rank, ranks, group).run()
+    columns = _column_candidates(graph, ranks) if ranks > 1 else set()
+    while True:
+        try:
+            return _Planner(graph, shapes, rank, ranks, group, frozenset(columns)).run()
+        except _Blocked as blocked:
+            if not blocked.origins & columns:  # cannot happen: every split has an origin
+                raise PlanError(str(blocked)) from blocked
+            columns -= blocked.origins

@@ -5,7 +5,10 @@ parallelism, Megatron-LM's tensor parallelism).
 over all ranks of the job (``meta.lv3.tensor_parallel.plan``): fully connected and
 convolutional layers by output neurons / channels, in column-then-row pairs that need one
 allreduce forward and one backward (none backward when the input is the data), grouped
-convolutions whose groups fall on the ranks with no communication at all. Each rank runs its
+convolutions whose groups fall on the ranks with no communication at all; a transformer's
+blocks as Megatron-LM splits them (attention by heads, the MLP by its hidden features: one
+allreduce per attention and per MLP each way). A graph with Dropout is refused (each rank
+would draw its own masks for the values the ranks hold alike). Each rank runs its
 part of the graph with an executor of the trainer's kind; the collectives are nodes of that
 graph (``meta.lv3.tensor_parallel.ops``), so a step's gradients are the single process's, and
 each rank updates only the parameters it holds (a Level 2 gradient transformation per rank).
@@ -150,6 +153,16 @@ def measured_costs(graph: Graph, comm: Communicator, make: Any, sample: dict,
     return costs
 
 
+def refuse_dropout(graph: Graph) -> None:
+    """Each rank draws its own dropout masks, so a Dropout of values every rank holds alike
+    (a residual stream) would make the ranks' copies differ: refused, naming the node."""
+    drops = [n.name for n in graph.nodes if n.op_type == "Dropout"]
+    if drops:
+        raise ComponentError(f"distributed 'partitioned': node {drops[0]!r} (Dropout) would "
+                             f"draw different masks on the ranks for values they must hold "
+                             f"alike; train without dropout (model.dropout: 0)")
+
+
 class Partitioned(Strategy):
     """Model parallelism by neurons: every layer's outputs split over the ranks."""
 
@@ -177,6 +190,7 @@ class Partitioned(Strategy):
             raise ComponentError(f"distributed 'partitioned' runs each rank's part with the "
                                  f"reference or native executor, not "
                                  f"{type(trainer.executor).__name__}")
+        refuse_dropout(trainer.executor.graph)
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,

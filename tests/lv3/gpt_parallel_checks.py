@@ -1,0 +1,194 @@
+"""The GPT under tensor and pipeline parallelism, checks written once: in-process at size 1
+(one partition, one stage), under MPI on every rank:
+
+    mpiexec -n 2 python tests/lv3/gpt_parallel_checks.py [check_name ...]
+
+Each rank compares the loss, the logits and the gradients of the parameters it holds with
+the whole GPT run on one process (float64, the same weights and batch), and the weights after
+a few optimizer steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import numpy as np
+
+from meta.lv1 import Graph, ReferenceExecutor
+from meta.lv1.language_models import gpt
+from meta.lv2.optimizers import Optimizer, adam, chain, clip_by_global_norm
+from meta.lv3 import Communicator
+from meta.lv3.pipeline.partition import partition
+from meta.lv3.pipeline.stage import PipelineExecutor
+from meta.lv3.pipeline.strategy import Pipeline
+from meta.lv3.tensor_parallel.ops import bind, groups
+from meta.lv3.tensor_parallel.plan import plan, probe
+from meta.lv3.tensor_parallel.strategy import Partitioned, PartitionedExecutor
+from tests import checks
+
+TOLERANCE = 1e-10  # float64: the parts sum in another order than one process's products
+VOCAB, CONTEXT = 11, 8
+
+
+def small_gpt(layers: int = 2) -> Graph:
+    """Width 16, 4 heads of 4 (2 per rank at -n 2), a context of 8, a vocabulary of 11."""
+    return gpt((CONTEXT,), classes=VOCAB, seed=3, dtype=np.float64, layers=layers, heads=4,
+               width=16)
+
+
+def batch(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"input": rng.integers(0, VOCAB, (n, CONTEXT)).astype(np.int64),
+            "labels": rng.integers(0, VOCAB, (n, CONTEXT)).astype(np.int64)}
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE, err_msg=what)
+
+
+def partitioned(graph: Graph, comm: Communicator) -> PartitionedExecutor:
+    shapes = probe(graph, batch(2))
+    key = bind(comm)
+    mine = plan(graph, shapes, comm.rank, comm.size, key)
+    return PartitionedExecutor(graph, mine, ReferenceExecutor(mine.local_graph(graph)).train(True),
+                               groups(key), shapes)
+
+
+def check_tensor_parallel_gpt_matches_single_process(comm: Communicator) -> None:
+    """Megatron's split of every block: Q, K, V and the MLP's first layer column-parallel
+    (2 heads a rank), the attention projection and the MLP's second layer row-parallel; one
+    allreduce forward and one backward per attention and per MLP; loss, logits and this rank's
+    gradients as one process's."""
+    graph = small_gpt()
+    feeds = batch(5, seed=1)
+    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
+        feeds, outputs=["logits"])
+    part = partitioned(graph, comm)
+    values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
+    where = f"rank {comm.rank}/{comm.size}"
+    assert sorted(grads) == sorted(part.local_graph.parameters), where
+    for name, g in grads.items():
+        _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}")
+    for k in ("loss", "logits"):
+        _close(values[k], want_values[k], f"{where}: {k}")
+    _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where)
+    unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]  # generation
+    _close(unlabelled, want_values["logits"], where)
+    layers = part.plan.layers
+    if comm.size == 1:
+        assert part.plan.collectives == [] and part.bytes_sent == 0
+        return
+    for i in range(2):
+        kinds = {n: layers[f"h{i}.{n}"].kind for n in
+                 ("attn.q.matmul", "attn.k.matmul", "attn.v.matmul", "attn.proj.matmul",
+                  "mlp.fc.matmul", "mlp.proj.matmul", "attn.softmax", "mlp.gelu")}
+        assert kinds == {"attn.q.matmul": "column", "attn.k.matmul": "column",
+                         "attn.v.matmul": "column", "attn.proj.matmul": "row",
+                         "mlp.fc.matmul": "column", "mlp.proj.matmul": "row",
+                         "attn.softmax": "split", "mlp.gelu": "split"}, kinds
+    phases = [(c.tensor, c.phase) for c in part.plan.collectives]
+    assert phases == [("h0.ln1", "backward"), ("h0.attn.proj.matmul", "forward"),
+                      ("h0.ln2", "backward"), ("h0.mlp.proj.matmul", "forward"),
+                      ("h1.ln1", "backward"), ("h1.attn.proj.matmul", "forward"),
+                      ("h1.ln2", "backward"), ("h1.mlp.proj.matmul", "forward")], phases
+    assert part.bytes_sent == part.plan.step_bytes(5), (part.bytes_sent, phases)
+    held = part.local_graph.initializers
+    assert held["h0.attn.q.weight"].shape == (16, 16 // comm.size), where
+    assert held["wte"].shape == (VOCAB, 16), where  # the tied embedding and head: whole
+
+
+def _adam_steps_match(comm: Communicator, strategy_of: Callable) -> None:
+    """3 Adam steps through ``strategy_of(graph) -> (strategy, its executor)``; after
+    ``finish`` every rank's whole graph holds one process's trained weights."""
+    graph, alone = small_gpt(), small_gpt()
+    strategy, executor = strategy_of(graph)
+    single = Optimizer(adam(0.01), alone.parameters)
+    reference = ReferenceExecutor(alone).train(True)
+    for step in range(3):
+        feeds = batch(6, seed=100 + step)
+        strategy.step(executor.inference_and_backprop(feeds)[1])
+        single.step(reference.inference_and_backprop(feeds)[1])
+    strategy.finish()
+    for name, value in alone.parameters.items():
+        np.testing.assert_allclose(graph.initializers[name], value, rtol=0, atol=1e-9,
+                                   err_msg=f"rank {comm.rank}: {name}")
+
+
+def check_tensor_parallel_adam_steps_match(comm: Communicator) -> None:
+    """Each rank's Adam on its shards, then the shards gathered: one process's weights."""
+    def make(graph: Graph) -> tuple:
+        part = partitioned(graph, comm)
+        return Partitioned(Optimizer(adam(0.01), part.local_graph.parameters), part), part
+
+    _adam_steps_match(comm, make)
+
+
+def pipelined(graph: Graph, comm: Communicator, micro_batches: int = 3) -> PipelineExecutor:
+    cuts = ("h0.mlp.residual",) if comm.size == 2 else ()
+    part = partition(graph, comm.size, cuts, tied=True)
+    return PipelineExecutor(graph, part, comm, ReferenceExecutor, batch(3), micro_batches,
+                            "1f1b").train(True)
+
+
+def check_pipelined_gpt_matches_single_process(comm: Communicator) -> None:
+    """Blocks cut between the stages, 3 micro-batches: the tied embedding is held by the
+    first and the last stage (the head) and its gradient is the sum of both uses."""
+    graph = small_gpt()
+    feeds = batch(7, seed=2)
+    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
+        feeds, outputs=["logits"])
+    pipe = pipelined(graph, comm)
+    values, grads = pipe.inference_and_backprop(feeds, outputs=["logits"])
+    where = f"rank {comm.rank}/{comm.size}"
+    assert sorted(grads) == sorted(pipe.stage_graph.parameters), where
+    for name, g in grads.items():
+        _close(g, want[name], f"{where}: {name}")
+    for k in ("loss", "logits"):
+        _close(values[k], want_values[k], f"{where}: {k}")
+    unlabelled = pipe.eval().inference({"input": feeds["input"]}, ["logits"])["logits"]
+    _close(unlabelled, want_values["logits"], f"{where}: generation's logits")
+    if comm.size == 2:
+        assert pipe.partition.tied == {"wte": [0, 1]}, pipe.partition.tied
+        assert "causal_mask" not in pipe.stage.sends + pipe.stage.receives, where
+        assert "wte" in grads and "lm_head.tied" in pipe.partition.stages[1].nodes, where
+
+
+def check_pipelined_adam_steps_keep_the_tied_copies_equal(comm: Communicator) -> None:
+    """Clipped Adam (not elementwise: each stage clips by its own norm, so the first stage's
+    copy of a tied weight is broadcast after each update): after 3 steps every stage's copy
+    of ``wte`` is the same, and without clipping the weights are one process's."""
+    graph = small_gpt()
+    pipe = pipelined(graph, comm)
+    transform = chain(clip_by_global_norm(1e-3), adam(0.01))
+    strategy = Pipeline(Optimizer(transform, pipe.stage_graph.parameters), pipe)
+    for step in range(3):
+        strategy.step(pipe.inference_and_backprop(batch(6, seed=100 + step))[1])
+    copies = comm.allgather(np.ascontiguousarray(graph.initializers["wte"]).ravel()[None])
+    for other in copies[1:]:
+        np.testing.assert_array_equal(other, copies[0])
+
+    def make_unclipped(graph: Graph) -> tuple:
+        pipe = pipelined(graph, comm)
+        return Pipeline(Optimizer(adam(0.01), pipe.stage_graph.parameters), pipe), pipe
+
+    _adam_steps_match(comm, make_unclipped)
+
+
+CHECKS: dict[str, Callable[[Communicator], None]] = {
+    f.__name__: f
+    for f in (
+        check_tensor_parallel_gpt_matches_single_process,
+        check_tensor_parallel_adam_steps_match,
+        check_pipelined_gpt_matches_single_process,
+        check_pipelined_adam_steps_keep_the_tied_copies_equal,
+    )
+}
+
+
+def main(argv: list[str]) -> int:
+    return checks.main(CHECKS, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,93 @@
+"""The GPT's pieces that tensor and pipeline parallelism must handle (int64 token inputs,
+per-token targets, LayerNorm, the Gather of embeddings, heads, the causal mask, the head tied
+to the embedding): the plans and partitions, and the checks of ``gpt_parallel_checks.py``
+in-process and under ``mpiexec -n 2`` and ``-n 4``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from meta.component import ComponentError
+from meta.lv1.language_models import gpt
+from meta.lv3 import SingleProcessCommunicator
+from meta.lv3.pipeline.partition import PartitionError, partition
+from meta.lv3.tensor_parallel.plan import plan, probe
+from meta.lv3.tensor_parallel.strategy import refuse_dropout
+
+from . import gpt_parallel_checks
+from .gpt_parallel_checks import batch, small_gpt
+
+SCRIPT = str(Path(gpt_parallel_checks.__file__))
+
+
+@pytest.mark.parametrize("name", list(gpt_parallel_checks.CHECKS))
+def test_check_at_size_one(name: str) -> None:
+    gpt_parallel_checks.CHECKS[name](SingleProcessCommunicator())
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])  # 4: one head a rank; 4 stages; oversubscribed
+def test_checks_under_mpiexec(mpirun: Callable[..., str], n: int) -> None:
+    out = mpirun(n, [sys.executable, SCRIPT], timeout=300)
+    for rank in range(n):
+        assert f"rank {rank}/{n}: {len(gpt_parallel_checks.CHECKS)} checks passed" in out, out
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_plan_splits_heads_and_the_mlp_and_rebuilds_every_weight(ranks: int) -> None:
+    graph = small_gpt()
+    shapes = probe(graph, batch(2))
+    plans = [plan(graph, shapes, r, ranks) for r in range(ranks)]
+    heads = {r: p.constants["h0.attn.q.heads.shape@part"].tolist() for r, p in enumerate(plans)}
+    assert heads == {r: [0, 0, 4 // ranks, 4] for r in range(ranks)}, heads
+    merged = plans[0].constants["h0.attn.merged.shape@part"].tolist()
+    assert merged == [0, 0, 16 // ranks], merged
+    for name, whole in graph.parameters.items():
+        shards = plans[0].shards[name]
+        rebuilt = np.full_like(whole, np.nan)
+        for r, shard in enumerate(shards):
+            if shard.held_by(r):
+                shard.put(rebuilt, shard.take(whole))
+        np.testing.assert_array_equal(rebuilt, whole, err_msg=name)
+    split = {n for n, s in plans[0].shards.items() if s[0].split}
+    assert split == {f"h{i}.{x}" for i in range(2) for x in (
+        "attn.q.weight", "attn.q.bias", "attn.k.weight", "attn.k.bias", "attn.v.weight",
+        "attn.v.bias", "attn.proj.weight", "mlp.fc.weight", "mlp.fc.bias",
+        "mlp.proj.weight")}, split
+
+
+def test_heads_that_do_not_fall_whole_on_the_ranks_stay_replicated() -> None:
+    """4 heads over 3 ranks: Q, K and V cannot split by whole heads, so attention stays whole;
+    the MLP (64 features) still splits."""
+    graph = small_gpt(layers=1)
+    mine = plan(graph, probe(graph, batch(2)), 0, 3)
+    kinds = {n: mine.layers[n].kind for n in ("h0.attn.q.matmul", "h0.attn.proj.matmul",
+                                               "h0.mlp.fc.matmul", "h0.mlp.proj.matmul")}
+    assert kinds == {"h0.attn.q.matmul": "replicated", "h0.attn.proj.matmul": "replicated",
+                     "h0.mlp.fc.matmul": "column", "h0.mlp.proj.matmul": "row"}, kinds
+
+
+def test_a_tied_embedding_is_held_by_both_stages_only_when_asked() -> None:
+    graph = small_gpt()
+    with pytest.raises(PartitionError, match="parameter 'wte' is read by nodes of stages"):
+        partition(graph, 2, cuts=["h0.mlp.residual"])
+    part = partition(graph, 2, cuts=["h0.mlp.residual"], tied=True)
+    assert part.tied == {"wte": [0, 1]}
+    first, last = part.stages
+    # the mask and the head's Transpose are computed where they are read, never sent
+    assert first.sends == ["h0.mlp.residual"] and last.receives == ["h0.mlp.residual"]
+    assert "causal_mask" in first.nodes and "causal_mask" in last.nodes
+    assert "lm_head.tied" in last.nodes and "lm_head.tied" not in first.nodes
+    assert first.feeds == ["input"] and last.feeds == ["labels"]
+
+
+def test_dropout_is_refused_under_tensor_parallelism() -> None:
+    refuse_dropout(small_gpt())
+    with pytest.raises(ComponentError, match="node 'emb.dropout' \\(Dropout\\)"):
+        refuse_dropout(gpt((8,), classes=11, layers=1, heads=2, width=8, dropout=0.1))
