@@ -130,6 +130,7 @@ class RecipeRun:
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                           eval_shard=(index, replicas), transform=augment,
                           output_dir=self.output_dir)
+        trainer.prints = comm.is_root
         with user_code(f"distributed {strategy.name!r}", "distributed", "while checking it"):
             self.strategy_cls.check(trainer, comm)
         return trainer

@@ -96,7 +96,8 @@ class SampleText(Event):
                        self.temperature, self.top_k, rng, trainer.names)
         text = vocabulary.decode(ids)
         self.samples.append(text)
-        if trainer.eval_shard[0] == 0:
+        if getattr(trainer, "prints", True):  # every rank samples (a pipeline's stages
+            # take part), one prints
             print(f"--- sample after epoch {metrics.get('epoch', len(trainer.history))} ---\n"
                   f"{text}\n---", file=self.stream or sys.stdout, flush=True)
 

@@ -77,6 +77,10 @@ class Trainer:
         self.events = sorted(events, key=lambda e: -e.priority)
         self.eval_batch_size = eval_batch_size
         self.eval_shard = eval_shard
+        # Whether this process is the one that prints (an event's text output): the runner
+        # says so under MPI, where strategies such as pipelines make every rank the first of
+        # its replica group, so eval_shard cannot tell
+        self.prints = eval_shard[0] == 0
         self.transform = transform  # training augmentation, drawing from the sampler's RNG
         self.output_dir = output_dir  # where the run writes its files (events may too)
         self.names = {"input": "input", "labels": "labels", "logits": "logits", "loss": "loss",

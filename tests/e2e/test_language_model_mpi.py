@@ -73,7 +73,7 @@ def test_the_gpt_over_2_pipeline_stages(tmp_path, shakespeare, mpirun):
     output, history = _run(tmp_path, mpirun, 2, _short("shakespeare_gpt_pipeline", 1280, 1),
                            "gpt_pipeline_short")
     assert "meta: pipeline of 2 stages (cuts: cuts after ['h0.mlp.residual'])" in output, output
-    assert "--- sample after epoch 1 ---" in output, output
+    assert output.count("--- sample after epoch 1 ---") == 1, output  # rank 0 prints
     assert history[-1]["test_loss"] <= BOUND, history
 
 
@@ -85,7 +85,7 @@ def test_the_gpt_with_tensor_parallel_blocks(tmp_path, shakespeare, mpirun):
                            "gpt_tensor_parallel_short")
     assert "partitioned over 2 ranks: 8 column-parallel, 4 row-parallel" in output, output
     assert output.count("  allreduce ") == 8, output
-    assert "--- sample after epoch 1 ---" in output, output
+    assert output.count("--- sample after epoch 1 ---") == 1, output  # rank 0 prints
     assert history[-1]["test_loss"] <= BOUND, history
 
 
