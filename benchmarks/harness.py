@@ -157,4 +157,5 @@ def gemm_peak(threads: int, n: int = 2048, repeats: int = 5) -> tuple[float, str
             times.append(time.perf_counter() - start)
         best[name] = 2 * n ** 3 / min(times) / 1e9
     name = max(best, key=best.get)
-    return best[name], f"{name} sgemm {n}x{n} ({', '.join(f'{k} {v:.0f}' for k, v in best.items())})"
+    each = ", ".join(f"{k} {v:.0f}" for k, v in best.items())
+    return best[name], f"{name} sgemm {n}x{n} ({each})"

@@ -7,11 +7,12 @@ made by ConstantOfShape nodes), and the sequence models of ``torch_models`` (nee
 ``gpt`` (meta's GPT builder, batch 16 x 128 tokens, saved with ``lv1.save_onnx``), ``bert``
 (the BERT-style encoder exported from PyTorch, batch 32 x 64 tokens) and ``lstm_lm`` (meta's
 LSTM language model, batch 32 x 64 tokens: the row the recurrent kernels move); their
-``--batches`` is their own batch. Each zoo model is materialised once into an ordinary model: every such
-weight becomes an initializer with random values of a realistic scale (He-normal for
-convolution and matrix weights; BatchNorm with unit scale and variance, zero mean and shift;
-small random biases), and initializers are no longer listed as graph inputs (onnxruntime will
-not fold or pre-pack an input it may be fed). The same file goes to both frameworks.
+``--batches`` is their own batch. Each zoo model is materialised once into an ordinary
+model: every such weight becomes an initializer with random values of a realistic scale
+(He-normal for convolution and matrix weights; BatchNorm with unit scale and variance, zero
+mean and shift; small random biases), and initializers are no longer listed as graph
+inputs (onnxruntime will not fold or pre-pack an input it may be fed). The same file goes to
+both frameworks.
 
 Variants at each thread count and batch: ``meta planned`` (``PlannedExecutor`` in eval mode:
 the plan compiled on the first call and reused), ``onnxruntime`` with its graph optimisations
@@ -19,7 +20,8 @@ on (ORT_ENABLE_ALL) and off (ORT_DISABLE_ALL), intra-op threads set to the threa
 The variants' timed blocks alternate (``harness.interleaved_blocks``); a ratio is
 ``median(meta s/call) / median(onnxruntime s/call)`` with a 95 % bootstrap interval, so below
 1 meta is faster. The outputs are compared (max abs difference printed). Each line also
-gives the call's floating-point work (``harness.graph_flops``: MatMul, Gemm and Conv products),
+gives the call's floating-point work (``harness.graph_flops``: MatMul, Gemm, Conv and
+recurrent gate products),
 the GFLOP/s meta achieved and its fraction of this machine's float32 matrix-product peak,
 measured in the same run at that thread count (``harness.gemm_peak``).
 

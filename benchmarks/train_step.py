@@ -13,20 +13,24 @@ update on one synthetic batch made once, from the same initial weights (the firs
 printed agree). Variants: meta's reference executor (numpy; the three small models only),
 native executor (C++ kernels per node) and planned executor (the graph compiled into oneDNN
 steps), PyTorch eager and ``torch.compile`` of the same module and loss (compiled during the
-warm-up: about a minute per model; ``--no-compile`` leaves it out). Each variant runs warm-up steps, then ``--repeats`` timed blocks of
-``--steps`` steps; the variants' blocks alternate (each after a short pause and one untimed
-step) so background noise hits them alike. Thread counts run in the order given (1 first): on a
+warm-up: about a minute per model; ``--no-compile`` leaves it out). Each variant runs
+warm-up steps, then ``--repeats`` timed blocks of ``--steps`` steps; the variants' blocks
+alternate (each after a short pause and one untimed step) so background noise hits them
+alike. Thread counts run in the order given (1 first): on a
 small machine two-thread timings collapse when anything else runs, so compare only ratios from
 one run, and check the "other processes busy" figure.
 
 Beside the ratios each model's step prints its floating-point work (``harness.graph_flops``:
-the MatMul, Gemm and Conv products of the graph, x3 for forward + backward), the GFLOP/s each
+the MatMul, Gemm, Conv and recurrent products of the graph, x3 for forward + backward), the
+GFLOP/s each
 variant achieved and that rate's fraction of this machine's float32 matrix-product peak,
 measured in the same run at each thread count (``harness.gemm_peak``).
 
 ``--memory`` measures instead the peak resident memory a training step adds over the process
 before its first step (parameters, data and imports already there), each variant in a fresh
-process with 1 thread: Linux's peak-RSS counter is reset just before the steps.
+process with 1 thread: Linux's peak-RSS counter is reset after the first step, so what that
+step leaves (meta's plan and arena, gradients, optimizer state) counts but not its one-time
+transients (meta's compile traces a forward on numpy; PyTorch's lazy set-up).
 
     python benchmarks/train_step.py                          # all models, threads 1,2
     python benchmarks/train_step.py --models lenet5 --steps 20 --repeats 3 --json out.json
@@ -283,7 +287,8 @@ def throughput(args: argparse.Namespace) -> dict:
 
 
 def memory_child(model: str, variant: str, steps: int) -> None:
-    """Runs in a fresh process: prints the peak RSS (bytes) the steps added."""
+    """Runs in a fresh process: prints the peak RSS (bytes) the steps after the first added
+    over the process before the first."""
     set_threads(1)
     if torch is not None:
         torch.set_num_threads(1)
@@ -292,6 +297,7 @@ def memory_child(model: str, variant: str, steps: int) -> None:
             else meta_step(model, variant.split()[1], x, y))
     with open("/proc/self/status") as f:
         before = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) * 1024
+    step()  # what lasts (plan arena, gradients, optimizer state) counts: RSS is read before
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS counter (VmHWM) to the current RSS
     for _ in range(steps):
