@@ -24,7 +24,8 @@ Beside the ratios each model's step prints its floating-point work (``harness.gr
 the MatMul, Gemm, Conv and recurrent products of the graph, x3 for forward + backward), the
 GFLOP/s each
 variant achieved and that rate's fraction of this machine's float32 matrix-product peak,
-measured in the same run at each thread count (``harness.gemm_peak``).
+measured just before that model's blocks at each thread count (``harness.gemm_peak``: on a
+shared machine the load, and so the peak, moves within a run).
 
 ``--memory`` measures instead the peak resident memory a training step adds over the process
 before its first step (parameters, data and imports already there), each variant in a fresh
@@ -232,11 +233,7 @@ def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
 def throughput(args: argparse.Namespace) -> dict:
     threads = [int(t) for t in args.threads.split(",")]
     results, others, first, flops = [], {}, {}, {}
-    peaks = {}
-    for n in threads:
-        peaks[n] = gemm_peak(n)
-        print(f"float32 GEMM peak at {n} thread(s): {peaks[n][0]:.1f} GFLOP/s ({peaks[n][1]})",
-              flush=True)
+    peaks: dict[tuple[str, int], tuple[float, str]] = {}  # measured beside each model's
     for model in args.models.split(","):
         batch = MODELS[model][1]
         x, y = synthetic_batch(batch, model)
@@ -249,9 +246,9 @@ def throughput(args: argparse.Namespace) -> dict:
         print(f"{model}, batch {batch}, {flops[model] / 1e9:.3f} GFLOP per step, first-step "
               "loss: " + ", ".join(f"{n} {v:.5f}" for n, v in first[model].items()), flush=True)
         for n in threads:
-            set_threads(n)
-            if torch is not None:
-                torch.set_num_threads(n)
+            peaks[model, n] = peak = gemm_peak(n)  # sets the threads
+            print(f"float32 GEMM peak at {n} thread(s), before {model}'s blocks: "
+                  f"{peak[0]:.1f} GFLOP/s ({peak[1]})", flush=True)
             with OtherLoad() as load:
                 rates = measure(steps, batch, args.steps, args.repeats, args.warmup)
             others[f"{model}/{n}"] = load
@@ -260,7 +257,7 @@ def throughput(args: argparse.Namespace) -> dict:
                          "samples_per_s": r,
                          "gflops": flops[model] * statistics.median(r) / batch / 1e9,
                          "peak_fraction": flops[model] * statistics.median(r) / batch / 1e9
-                         / peaks[n][0]} for name, r in rates.items()]
+                         / peak[0]} for name, r in rates.items()]
 
     print(f"\n{'model':<12} {'threads':>7}  {'variant':<15} {'samples/s':>10} {'min-max':>17} "
           f"{'ms/step':>8} {'GFLOP/s':>8} {'of peak':>7}")
@@ -278,11 +275,11 @@ def throughput(args: argparse.Namespace) -> dict:
                   for v in VARIANTS if v in m and v.startswith("meta") and v != b]
             planned = m["meta planned"] * flops[model] / MODELS[model][1] / 1e9
             print(f"  {model:<12} {n} thread(s): {', '.join(vs)}; planned {planned:.1f} "
-                  f"GFLOP/s, {planned / peaks[n][0]:.1%} of the GEMM peak "
+                  f"GFLOP/s, {planned / peaks[model, n][0]:.1%} of the GEMM peak "
                   f"({others[f'{model}/{n}'].describe()})")
     return {"first_loss": first, "results": results, "flops_per_step": flops,
-            "gemm_peak_gflops": {n: p[0] for n, p in peaks.items()},
-            "gemm_peak_source": {n: p[1] for n, p in peaks.items()},
+            "gemm_peak_gflops": {f"{m}/{n}": p[0] for (m, n), p in peaks.items()},
+            "gemm_peak_source": {f"{m}/{n}": p[1] for (m, n), p in peaks.items()},
             "other_processes_cores": {k: v.cores for k, v in others.items()}}
 
 
