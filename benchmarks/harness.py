@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import threadpoolctl
 
-from meta._threads import cores
+from meta._threads import cores, set_threads
 from meta.lv0 import native
 
 try:
@@ -90,3 +90,72 @@ def interleaved_blocks(fns: dict[str, Callable[[], object]], calls: int, repeats
                 fn()
             samples[name].append((time.perf_counter_ns() - start) / calls / 1e9)
     return samples
+
+
+def graph_flops(graph, feeds: dict[str, np.ndarray], training: bool = True) -> int:
+    """Floating-point operations of one step of ``graph`` on ``feeds``, counted from its
+    matrix products and convolutions only (MatMul, Gemm, Conv, and the recurrent layers' gate
+    products: LSTM, GRU, RNN; 2 per multiply-add; the
+    elementwise ops, normalisations and softmax are left out, as MFU counts do). The shapes
+    come from one traced forward (the planned executor's trace). A training step counts
+    3x the forward: the backward computes two products per forward product (the gradients
+    of both operands), the convention of Kaplan et al.'s 6N per token; it overcounts by the
+    input gradient of a first layer nobody needs."""
+    from meta.lv1.plan.compiler import trace
+
+    nodes = graph.nodes_for([o.name for o in graph.outputs], given=feeds)
+    info, _ = trace(graph, feeds, nodes, set(), ("native", "numpy"))
+    shape = {**{k: np.shape(v) for k, v in graph.initializers.items()},
+             **{k: np.shape(v) for k, v in feeds.items()},
+             **{k: tuple(v.shape) for k, v in info.items() if hasattr(v, "shape")}}
+    total = 0
+    for node in nodes:
+        if node.op_type == "MatMul":
+            a, b = shape[node.inputs[0]], shape[node.inputs[1]]
+            out = shape[node.outputs[0]]
+            total += 2 * int(np.prod(out)) * a[-1]
+        elif node.op_type == "Gemm":
+            a = shape[node.inputs[0]]
+            k = a[0] if node.attrs.get("transA", 0) else a[-1]
+            total += 2 * int(np.prod(shape[node.outputs[0]])) * k
+        elif node.op_type in ("Conv", "ConvTranspose"):
+            w = shape[node.inputs[1]]  # (Cout, Cin / group, kh, kw)
+            out = shape[node.outputs[0]] if node.op_type == "Conv" else shape[node.inputs[0]]
+            total += 2 * int(np.prod(out)) * int(np.prod(w[1:]))
+        elif node.op_type in ("LSTM", "GRU", "RNN"):
+            steps, batch, features = shape[node.inputs[0]]  # layout 0: (T, N, E)
+            if node.attrs.get("layout", 0):
+                batch, steps = steps, batch
+            directions, gates_hidden, _ = shape[node.inputs[1]]  # W: (D, G * H, E)
+            hidden = shape[node.inputs[2]][-1]  # R: (D, G * H, H)
+            total += 2 * steps * batch * directions * gates_hidden * (features + hidden)
+    return 3 * total if training else total
+
+
+def gemm_peak(threads: int, n: int = 2048, repeats: int = 5) -> tuple[float, str]:
+    """This machine's float32 matrix-product rate at ``threads`` threads, in GFLOP/s: the best
+    of ``repeats`` (n x n) @ (n x n) products, numpy's BLAS and PyTorch's (where installed),
+    each timed here; returns (GFLOP/s, which library gave it). The fraction of it a step
+    reaches says how far from the machine's limit it runs."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    out = np.empty_like(a)
+    candidates = {"numpy": lambda: np.matmul(a, b, out=out)}
+    if torch is not None:
+        ta, tb, tout = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
+        candidates["torch"] = lambda: torch.mm(ta, tb, out=tout)
+    best: dict[str, float] = {}
+    set_threads(threads)
+    if torch is not None:
+        torch.set_num_threads(threads)
+    for name, fn in candidates.items():
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        best[name] = 2 * n ** 3 / min(times) / 1e9
+    name = max(best, key=best.get)
+    each = ", ".join(f"{k} {v:.0f}" for k, v in best.items())
+    return best[name], f"{name} sgemm {n}x{n} ({each})"

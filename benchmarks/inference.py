@@ -3,23 +3,32 @@ from one run.
 
 The networks are the "light" models the ``onnx`` wheel ships (squeezenet, resnet50,
 densenet121, vgg19, shufflenet, inception_v1: the real architectures, opset 9, their weights
-made by ConstantOfShape nodes), and the recurrent classifiers of ``torch_models.py`` (``lstm``,
-``bilstm``, ``gru``: exported by PyTorch's TorchScript exporter in eval mode; needs torch).
-Each light model is materialised once into an ordinary model: every such weight becomes an
-initializer with random values of a realistic scale (He-normal for convolution and matrix
-weights; BatchNorm with unit scale and variance, zero mean and shift; small random biases),
-and initializers are no longer listed as graph inputs (onnxruntime will not fold or pre-pack
-an input it may be fed). The same file goes to both frameworks.
+made by ConstantOfShape nodes), the recurrent classifiers of ``torch_models.py`` (``lstm``,
+``bilstm``, ``gru``: exported by PyTorch's TorchScript exporter in eval mode; needs torch), and
+the sequence models of ``torch_models`` (needs torch): ``gpt`` (meta's GPT builder, batch 16 x
+128 tokens, saved with ``lv1.save_onnx``), ``bert`` (the BERT-style encoder exported from
+PyTorch, batch 32 x 64 tokens) and ``lstm_lm`` (meta's LSTM language model, batch 32 x 64
+tokens); their ``--batches`` is their own batch. Each zoo model is materialised once into an
+ordinary model: every such weight becomes an initializer with random values of a realistic
+scale (He-normal for convolution and matrix weights; BatchNorm with unit scale and variance,
+zero mean and shift; small random biases), and initializers are no longer listed as graph
+inputs (onnxruntime will not fold or pre-pack an input it may be fed). The same file goes to
+both frameworks.
 
 Variants at each thread count and batch: ``meta planned`` (``PlannedExecutor`` in eval mode:
 the plan compiled on the first call and reused), ``onnxruntime`` with its graph optimisations
 on (ORT_ENABLE_ALL) and off (ORT_DISABLE_ALL), intra-op threads set to the thread count.
 The variants' timed blocks alternate (``harness.interleaved_blocks``); a ratio is
 ``median(meta s/call) / median(onnxruntime s/call)`` with a 95 % bootstrap interval, so below
-1 meta is faster. The outputs are compared (max abs difference printed).
+1 meta is faster. The outputs are compared (max abs difference printed). Each line also
+gives the call's floating-point work (``harness.graph_flops``: MatMul, Gemm, Conv and
+recurrent gate products),
+the GFLOP/s meta achieved and its fraction of this machine's float32 matrix-product peak,
+measured in the same run at that thread count (``harness.gemm_peak``).
 
     python benchmarks/inference.py                                 # batch 1, 1 thread
     python benchmarks/inference.py --models resnet50 --batches 1,32 --threads 1,2 --json out.json
+    python benchmarks/inference.py --models gpt,bert,lstm_lm --threads 1,2
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from harness import OtherLoad, environment, interleaved_blocks, print_environment
+from harness import (OtherLoad, environment, gemm_peak, graph_flops, interleaved_blocks,
+                     print_environment)
 from onnx import numpy_helper
 
 from meta import lv1
@@ -49,6 +59,30 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 RECURRENT = ("lstm", "bilstm", "gru")
 MODELS = ("squeezenet", "resnet50", "densenet121", "vgg19", "shufflenet", "inception_v1",
           *RECURRENT)
+SEQUENCE = ("gpt", "bert", "lstm_lm")  # token-id models of torch_models
+
+
+def sequence_model(name: str, folder: Path) -> tuple[Path, str, np.ndarray]:
+    """A token-id model saved as ONNX in ``folder``: the path, its input's name and a batch of
+    token ids (the model's own batch size)."""
+    import torch_models
+
+    path = folder / f"{name}.onnx"
+    rng = np.random.default_rng(1)
+    if name in torch_models.LANGUAGE_MODELS:
+        builder, batch, _ = torch_models.LANGUAGE_MODELS[name]
+        graph = builder()
+        lv1.save_onnx(graph, path, outputs=["logits"])
+        weights = graph.initializers
+        vocab = (weights["wte"] if "wte" in weights else weights["embedding"]).shape[0]
+        ids = rng.integers(0, vocab, (batch, graph.inputs[0].shape[1]))
+    else:
+        path.write_bytes(torch_models.export_bytes(torch_models.module(name),
+                                                   torch_models.example(name)))
+        ids = rng.integers(0, torch_models.TOKEN_INPUTS[name], torch_models.example(name).shape)
+    return path, "input", ids
+
+
 PAUSE_S = 0.2
 
 
@@ -138,11 +172,16 @@ def session(path: Path, threads: int, optimise: bool):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def measure(name: str, folder: Path, batch: int, threads: int, args) -> dict:
-    path, input_name, dims = materialise(name, folder)
-    x = np.random.default_rng(1).standard_normal((batch, *dims[1:])).astype(np.float32)
+def measure(name: str, folder: Path, batch: int, threads: int, args, peak: float) -> dict:
+    if name in SEQUENCE:
+        path, input_name, x = sequence_model(name, folder)
+        batch = len(x)
+    else:
+        path, input_name, dims = materialise(name, folder)
+        x = np.random.default_rng(1).standard_normal((batch, *dims[1:])).astype(np.float32)
     graph = lv1.from_onnx(path)
     output = graph.outputs[0].name
+    flops = graph_flops(graph, {input_name: x}, training=False)
     executor = lv1.PlannedExecutor(graph).eval()
     calls = {"meta planned": lambda: executor.inference({input_name: x}, [output])}
     ours = calls["meta planned"]()[output]
@@ -163,7 +202,9 @@ def measure(name: str, folder: Path, batch: int, threads: int, args) -> dict:
               "seconds": seconds, "max_abs_difference": diffs,
               "other_processes_cores": load.cores, "load": load.describe(),
               "placement": sorted({where for where in executor.placement().values()}),
+              "flops": flops, "gflops": flops / statistics.median(seconds["meta planned"]) / 1e9,
               "meta_vs": {}}
+    result["peak_fraction"] = result["gflops"] / peak
     for label in diffs:
         r = ratio_of_medians(seconds[label], seconds["meta planned"], seed=0)
         result["meta_vs"][label] = {"ratio": r.ratio, "low": r.ci_low, "high": r.ci_high}
@@ -181,30 +222,40 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     unknown = set(args.models.split(",")) - set(MODELS)
+    unknown -= set(SEQUENCE)
     if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {list(MODELS)}")
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from "
+                     f"{list(MODELS) + list(SEQUENCE)}")
     env = environment()
     env["onnxruntime"] = onnxruntime.__version__ if onnxruntime else None
     print_environment(env)
     print(f"onnxruntime {env['onnxruntime'] or 'not installed'}")
     folder = Path(tempfile.mkdtemp())
     results = []
+    peaks = {}
     for threads in (int(t) for t in args.threads.split(",")):
+        peak, source = gemm_peak(threads)
+        peaks[threads] = peak
+        print(f"float32 GEMM peak at {threads} thread(s): {peak:.1f} GFLOP/s ({source})")
         set_threads(threads)
         for batch in (int(b) for b in args.batches.split(",")):
             for name in args.models.split(","):
-                r = measure(name, folder, batch, threads, args)
+                if name in SEQUENCE and batch != int(args.batches.split(",")[0]):
+                    continue  # their own batch: once per thread count
+                r = measure(name, folder, batch, threads, args, peak)
+                batch_shown = r["batch"]
                 results.append(r)
                 ms = ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms_per_call"].items())
                 vs = ", ".join(f"meta/{k} {v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
                                for k, v in r["meta_vs"].items())
                 worst = max(r["max_abs_difference"].values(), default=0)
-                print(f"{name:<12} batch {batch:>2}, {threads} thread(s): {ms}; {vs}; "
-                      f"max |meta - onnxruntime| {worst:.2g} ({r['load']})", flush=True)
+                print(f"{name:<12} batch {batch_shown:>2}, {threads} thread(s): {ms}; {vs}; "
+                      f"max |meta - onnxruntime| {worst:.2g}; meta {r['gflops']:.1f} GFLOP/s, "
+                      f"{r['peak_fraction']:.1%} of the GEMM peak ({r['load']})", flush=True)
     if args.json:
         write_text(args.json, json.dumps({"environment": env, "args": {
             k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "results": results}, indent=1) + "\n")
+            "results": results, "gemm_peak_gflops": peaks}, indent=1) + "\n")
         print(f"wrote {args.json}")
 
 

@@ -8,7 +8,15 @@ and PyTorch train the same network from the same weights.
 - ``transformer``: two ``nn.TransformerEncoderLayer`` (d_model 128, 4 heads, feed-forward
   256, GELU, no dropout) over 32 steps of 64 features, mean-pooled, a linear classifier;
 - ``lstm``, ``bilstm``, ``gru``: one recurrent layer (hidden 128; bidirectional for bilstm)
-  over 32 steps of 64 features, its outputs mean-pooled over time, a linear classifier.
+  over 32 steps of 64 features, its outputs mean-pooled over time, a linear classifier;
+- ``bert``: a BERT-style encoder over token ids (vocabulary 1000, learned positions, two
+  post-LayerNorm ``nn.TransformerEncoderLayer`` of width 128, 4 heads, feed-forward 512,
+  GELU), classifying the first token's state into 10 classes; batch 32 x 64 tokens.
+
+Language models built by meta (``meta.lv1.gpt``, ``meta.lv1.lstm_lm``) get PyTorch twins that
+take the graph's weights: ``GPT`` (nanoGPT's module: ``scaled_dot_product_attention`` with
+``is_causal``, the head tied to the embedding) and ``LSTMLanguageModel`` (``nn.LSTM``, the
+gates reordered from ONNX's i, o, f, c to PyTorch's i, f, g, o).
 
 Needs torch; imported only by the benchmark scripts.
 """
@@ -22,7 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from meta.lv1 import Graph, Node, TensorInfo, from_onnx
+from meta.lv1 import Graph, Node, TensorInfo, from_onnx, gpt, lstm_lm
+
+F = nn.functional
+BERT_VOCAB = 1000
 
 
 def _bn_relu6(channels: int) -> list[nn.Module]:
@@ -134,7 +145,29 @@ class RecurrentClassifier(nn.Module):
         return self.fc(self.rnn(x)[0].mean(dim=1))
 
 
-# name -> (module factory, input shape of one example, batch)
+class BertEncoder(nn.Module):
+    """BERT's shape at a small size: token + position embeddings, LayerNorm, post-LN encoder
+    layers, a classifier on the first token's state."""
+
+    def __init__(self, vocab: int = BERT_VOCAB, context: int = 64, d: int = 128,
+                 heads: int = 4, ff: int = 512, layers: int = 2, classes: int = 10) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d)
+        self.positions = nn.Parameter(torch.randn(context, d) * 0.02)
+        self.norm = nn.LayerNorm(d)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu",
+                                       batch_first=True) for _ in range(layers))
+        self.fc = nn.Linear(d, classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.tokens(ids) + self.positions)
+        for layer in self.layers:
+            h = layer(h)
+        return self.fc(h[:, 0])
+
+
+# name -> (module factory, input shape of one example, batch); ``TOKEN_INPUTS`` take int64 ids
 TORCH_MODELS = {
     "mobilenet_v2": (lambda: MobileNetV2(), (3, 32, 32), 32),
     "resnet18": (lambda: ResNet18(), (3, 32, 32), 32),
@@ -142,7 +175,95 @@ TORCH_MODELS = {
     "lstm": (lambda: RecurrentClassifier("lstm"), (32, 64), 32),
     "bilstm": (lambda: RecurrentClassifier("lstm", bidirectional=True), (32, 64), 32),
     "gru": (lambda: RecurrentClassifier("gru"), (32, 64), 32),
+    "bert": (lambda: BertEncoder(), (64,), 32),
 }
+TOKEN_INPUTS = {"bert": BERT_VOCAB}  # model -> vocabulary size
+
+
+class GPT(nn.Module):
+    """nanoGPT's decoder holding the weights of ``meta.lv1.gpt``'s graph (copies: the two
+    frameworks then train apart from the same start)."""
+
+    def __init__(self, graph: Graph, heads: int) -> None:
+        super().__init__()
+        w = {k: torch.from_numpy(v.copy()) for k, v in graph.parameters.items()}
+        self.p = nn.ParameterDict({k.replace(".", "_"): nn.Parameter(v) for k, v in w.items()})
+        self.heads = heads
+        self.layers = sum(1 for k in w if k.endswith(".ln1.weight"))
+
+    def _w(self, name: str) -> torch.Tensor:
+        return self.p[name.replace(".", "_")]
+
+    def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self._w(f"{name}.bias"), x.flatten(0, -2),
+                           self._w(f"{name}.weight")).view(*x.shape[:-1], -1)
+
+    def _ln(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], self._w(f"{name}.weight"), self._w(f"{name}.bias"))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        n, t = ids.shape
+        x = F.embedding(ids, self._w("wte")) + self._w("wpe")[:t]
+        for i in range(self.layers):
+            h = self._ln(f"h{i}.ln1", x)
+            q, k, v = (self._linear(f"h{i}.attn.{c}", h).view(n, t, self.heads, -1)
+                       .transpose(1, 2) for c in "qkv")
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self._linear(f"h{i}.attn.proj", y.transpose(1, 2).reshape(n, t, -1))
+            h = F.gelu(self._linear(f"h{i}.mlp.fc", self._ln(f"h{i}.ln2", x)))
+            x = x + self._linear(f"h{i}.mlp.proj", h)
+        return self._ln("ln_f", x) @ self._w("wte").t()  # (N, T, vocab)
+
+
+class LSTMLanguageModel(nn.Module):
+    """``meta.lv1.lstm_lm``'s graph as ``nn.Embedding``, ``nn.LSTM`` and ``nn.Linear``."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__()
+        w = graph.parameters
+        emb = w["embedding"]
+        hidden = w["lstm.R"].shape[-1]
+        self.embedding = nn.Embedding(*emb.shape)
+        self.lstm = nn.LSTM(emb.shape[1], hidden, batch_first=True)
+        self.head = nn.Linear(hidden, w["head.weight"].shape[1])
+        order = np.concatenate([np.arange(g * hidden, (g + 1) * hidden) for g in (0, 2, 3, 1)])
+        with torch.no_grad():  # ONNX gates i, o, f, c -> PyTorch's i, f, g, o
+            self.embedding.weight.copy_(torch.from_numpy(emb))
+            self.lstm.weight_ih_l0.copy_(torch.from_numpy(w["lstm.W"][0][order]))
+            self.lstm.weight_hh_l0.copy_(torch.from_numpy(w["lstm.R"][0][order]))
+            b = w["lstm.B"][0]
+            self.lstm.bias_ih_l0.copy_(torch.from_numpy(b[:4 * hidden][order]))
+            self.lstm.bias_hh_l0.copy_(torch.from_numpy(b[4 * hidden:][order]))
+            self.head.weight.copy_(torch.from_numpy(w["head.weight"].T.copy()))
+            self.head.bias.copy_(torch.from_numpy(w["head.bias"]))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embedding(ids))[0])  # (N, T, vocab)
+
+
+# Language models built by meta: name -> (graph builder, batch, PyTorch twin of the graph).
+# The LSTM rows are the ones the recurrent kernels move: "lstm_lm" (and any added beside it).
+LANGUAGE_MODELS = {
+    "gpt": (lambda: gpt((128,), classes=65, layers=2, heads=4, width=128, seed=0), 16,
+            lambda g: GPT(g, heads=4)),
+    "lstm_lm": (lambda: lstm_lm((64,), classes=65, hidden=256, embedding=64, seed=0), 32,
+                LSTMLanguageModel),
+}
+
+
+SEQUENCE_MODELS = ("transformer", "bert", "gpt", "lstm_lm")
+
+
+def set_sequence(length: int) -> None:
+    """Every sequence model over ``length`` steps (tokens) instead of its default."""
+    TORCH_MODELS["transformer"] = (lambda: TransformerClassifier(), (length, 64), 32)
+    TORCH_MODELS["bert"] = (lambda: BertEncoder(context=length), (length,), 32)
+    LANGUAGE_MODELS["gpt"] = (
+        lambda: gpt((length,), classes=65, layers=2, heads=4, width=128, seed=0), 16,
+        lambda g: GPT(g, heads=4))
+    LANGUAGE_MODELS["lstm_lm"] = (
+        lambda: lstm_lm((length,), classes=65, hidden=256, embedding=64, seed=0), 32,
+        LSTMLanguageModel)
 
 
 def exported(model: nn.Module, example: np.ndarray) -> Graph:
@@ -184,8 +305,13 @@ def module(name: str, seed: int = 0) -> nn.Module:
     return TORCH_MODELS[name][0]()
 
 
+def example(name: str) -> np.ndarray:
+    """A batch of zeros of ``name``'s input: float32, or int64 token ids."""
+    _, shape, batch = TORCH_MODELS[name]
+    return np.zeros((batch, *shape), np.int64 if name in TOKEN_INPUTS else np.float32)
+
+
 def build(name: str, seed: int = 0) -> tuple[nn.Module, Graph]:
     """The PyTorch module and meta's graph of it, with the same (seeded) weights."""
-    _, shape, batch = TORCH_MODELS[name]
     net = module(name, seed)
-    return net, exported(net, np.zeros((batch, *shape), np.float32))
+    return net, exported(net, example(name))

@@ -3,20 +3,35 @@
 Models (``--models``): meta's MLP 784-512-512-10 (batch 128), LeNet-5 (batch 64) and the wide
 CNN conv3x3(32), conv3x3(64), maxpool, fc128, fc10 (batch 64) on 28x28 inputs, which PyTorch
 runs node by node from meta's graph; and, written in PyTorch (``torch_models.py``: needs
-torch), a MobileNetV2 and a ResNet-18 for 32x32 images and a transformer encoder (batch 32),
-which meta runs as PyTorch's exporter writes them. A step is forward + backward + SGD-momentum
+torch), a MobileNetV2 and a ResNet-18 for 32x32 images, a transformer encoder (batch 32) and
+a BERT-style encoder over token ids (batch 32 x 64 tokens), which meta runs as PyTorch's
+exporter writes them; and the language models meta builds, the GPT (2 layers, width 128, 4
+heads, batch 16 x 128 tokens) and the LSTM LM (256 units, batch 32 x 64 tokens), which
+PyTorch runs as their twins in ``torch_models`` holding the same weights (nanoGPT's module).
+``--seq`` sets every sequence model's length. A step is forward + backward + SGD-momentum
 update on one synthetic batch made once, from the same initial weights (the first-step losses
 printed agree). Variants: meta's reference executor (numpy; the three small models only),
 native executor (C++ kernels per node) and planned executor (the graph compiled into oneDNN
-steps), and PyTorch eager. Each variant runs warm-up steps, then ``--repeats`` timed blocks of
-``--steps`` steps; the variants' blocks alternate (each after a short pause and one untimed
-step) so background noise hits them alike. Thread counts run in the order given (1 first): on a
+steps), PyTorch eager and ``torch.compile`` of the same module and loss (compiled during the
+warm-up: about a minute per model; ``--no-compile`` leaves it out). Each variant runs
+warm-up steps, then ``--repeats`` timed blocks of ``--steps`` steps; the variants' blocks
+alternate (each after a short pause and one untimed step) so background noise hits them
+alike. Thread counts run in the order given (1 first): on a
 small machine two-thread timings collapse when anything else runs, so compare only ratios from
 one run, and check the "other processes busy" figure.
 
+Beside the ratios each model's step prints its floating-point work (``harness.graph_flops``:
+the MatMul, Gemm, Conv and recurrent products of the graph, x3 for forward + backward), the
+GFLOP/s each
+variant achieved and that rate's fraction of this machine's float32 matrix-product peak,
+measured just before that model's blocks at each thread count (``harness.gemm_peak``: on a
+shared machine the load, and so the peak, moves within a run).
+
 ``--memory`` measures instead the peak resident memory a training step adds over the process
 before its first step (parameters, data and imports already there), each variant in a fresh
-process with 1 thread: Linux's peak-RSS counter is reset just before the steps.
+process with 1 thread: Linux's peak-RSS counter is reset after the first step, so what that
+step leaves (meta's plan and arena, gradients, optimizer state) counts but not its one-time
+transients (meta's compile traces a forward on numpy; PyTorch's lazy set-up).
 
     python benchmarks/train_step.py                          # all models, threads 1,2
     python benchmarks/train_step.py --models lenet5 --steps 20 --repeats 3 --json out.json
@@ -33,7 +48,8 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
-from harness import OtherLoad, environment, interleaved_blocks, print_environment, torch
+from harness import (OtherLoad, environment, gemm_peak, graph_flops, interleaved_blocks,
+                     print_environment, torch)
 
 from meta import lv1, lv2
 from meta._threads import set_threads
@@ -53,19 +69,38 @@ if torch is not None:
 
     MODELS.update({name: (None, batch) for name, (_, _, batch) in
                    torch_models.TORCH_MODELS.items()})
+    # Language models: meta's builder; PyTorch runs their twin. The LSTM rows: "lstm_lm".
+    MODELS.update({name: (builder, batch) for name, (builder, batch, _) in
+                   torch_models.LANGUAGE_MODELS.items()})
 Step = Callable[[], float]  # one training step; returns the loss
+
+
+def language_model(model: str) -> bool:
+    return model in getattr(globals().get("torch_models"), "LANGUAGE_MODELS", {})
 
 
 def example_shape(model: str) -> tuple[int, ...]:
     if model in getattr(globals().get("torch_models"), "TORCH_MODELS", {}):
         return torch_models.TORCH_MODELS[model][1]
+    if language_model(model):
+        return MODELS[model][0]().inputs[0].shape[1:]
     return (1, 28, 28)
 
 
 def synthetic_batch(batch: int, model: str = "mlp") -> tuple[np.ndarray, np.ndarray]:
+    """Random inputs (token ids for the models reading them) and labels: one per example,
+    or one next token per position for a language model."""
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((batch, *example_shape(model)), dtype=np.float32),
-            rng.integers(0, 10, batch, dtype=np.int64))
+    shape = (batch, *example_shape(model))
+    if language_model(model):
+        weights = MODELS[model][0]().initializers
+        size = (weights["wte"] if "wte" in weights else weights["embedding"]).shape[0]
+        return rng.integers(0, size, shape), rng.integers(0, size, shape)
+    if model in getattr(globals().get("torch_models"), "TOKEN_INPUTS", {}):
+        x = rng.integers(0, torch_models.TOKEN_INPUTS[model], shape)
+    else:
+        x = rng.standard_normal(shape, dtype=np.float32)
+    return x, rng.integers(0, 10, batch, dtype=np.int64)
 
 
 EXPORTS: dict[str, str] = {}  # model written in PyTorch -> its export, made by the parent
@@ -125,47 +160,64 @@ def torch_forward(graph: lv1.Graph, params: dict, output: str = "loss") -> Calla
     return forward
 
 
-def torch_step(model: str, x: np.ndarray, y: np.ndarray) -> Step:
-    if MODELS[model][0] is None:  # written in PyTorch: the module itself
-        module = torch_models.module(model).train()
-        optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-        def module_step() -> float:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(module(xt), yt)
-            loss.backward()
-            optimizer.step()
-            return loss.item()
-        return module_step
-    graph = MODELS[model][0]()  # meta's graph and initial weights
-    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in
-              graph.parameters.items()}
-    forward = torch_forward(graph, params)
-    optimizer = torch.optim.SGD(params.values(), lr=LR, momentum=MOMENTUM)
+def torch_step(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = False) -> Step:
+    """PyTorch's step of ``model`` (eager, or with the module and loss under
+    ``torch.compile``), updated by PyTorch's SGD."""
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    if MODELS[model][0] is None or language_model(model):  # a module: written in PyTorch,
+        if language_model(model):                        # or the twin of meta's graph
+            net = torch_models.LANGUAGE_MODELS[model][2](MODELS[model][0]()).train()
+
+            def loss_of(xt, yt):  # (N, T, vocab) scores, one target per token
+                return F.cross_entropy(net(xt).flatten(0, 1), yt.flatten())
+        else:
+            net = torch_models.module(model).train()
+
+            def loss_of(xt, yt):
+                return F.cross_entropy(net(xt), yt)
+        parameters = list(net.parameters())
+    else:
+        graph = MODELS[model][0]()  # meta's graph and initial weights
+        params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in
+                  graph.parameters.items()}
+        loss_of = torch_forward(graph, params)
+        parameters = list(params.values())
+    optimizer = torch.optim.SGD(parameters, lr=LR, momentum=MOMENTUM)
+    if compiled:
+        loss_of = torch.compile(loss_of)
 
     def step() -> float:
         optimizer.zero_grad()
-        loss = forward(xt, yt)
+        loss = loss_of(xt, yt)
         loss.backward()
         optimizer.step()
         return loss.item()
     return step
 
 
-VARIANTS = ("meta reference", "meta native", "meta planned", "pytorch")
+VARIANTS = ("meta reference", "meta native", "meta planned", "pytorch", "torch.compile")
 
 
-def make_steps(model: str, x: np.ndarray, y: np.ndarray) -> dict[str, Step]:
+def make_steps(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = True,
+               slow: bool = True) -> dict[str, Step]:
+    """The variants' steps; ``slow``: also the reference (numpy) and native executors, on the
+    small networks (numpy on the large ones takes minutes per block)."""
     steps = {}
-    if MODELS[model][0] is not None:  # numpy on the large networks: minutes per block
+    if slow and MODELS[model][0] is not None and not language_model(model):
         steps["meta reference"] = meta_step(model, "reference", x, y)
-    steps["meta native"] = meta_step(model, "native", x, y)
+    if slow:
+        steps["meta native"] = meta_step(model, "native", x, y)
     steps["meta planned"] = meta_step(model, "planned", x, y)
     if torch is not None:
         steps["pytorch"] = torch_step(model, x, y)
+        if compiled:
+            steps["torch.compile"] = torch_step(model, x, y, compiled=True)
     return steps
+
+
+def model_graph_flops(model: str, x: np.ndarray, y: np.ndarray) -> int:
+    """The training step's FLOPs, counted on meta's graph of ``model``."""
+    return graph_flops(graph_of(model), {"input": x, "labels": y}, training=True)
 
 
 def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
@@ -180,47 +232,60 @@ def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
 
 def throughput(args: argparse.Namespace) -> dict:
     threads = [int(t) for t in args.threads.split(",")]
-    results, others, first = [], {}, {}
+    results, others, first, flops = [], {}, {}, {}
+    peaks: dict[tuple[str, int], tuple[float, str]] = {}  # measured beside each model's
     for model in args.models.split(","):
         batch = MODELS[model][1]
         x, y = synthetic_batch(batch, model)
+        flops[model] = model_graph_flops(model, x, y)
         set_threads(threads[0])
-        steps = make_steps(model, x, y)
+        if torch is not None:
+            torch.set_num_threads(threads[0])
+        steps = make_steps(model, x, y, compiled=not args.no_compile, slow=not args.fast)
         first[model] = {name: step() for name, step in steps.items()}  # same model: same loss
-        print(f"{model}, batch {batch}, first-step loss: "
-              + ", ".join(f"{n} {v:.5f}" for n, v in first[model].items()), flush=True)
+        print(f"{model}, batch {batch}, {flops[model] / 1e9:.3f} GFLOP per step, first-step "
+              "loss: " + ", ".join(f"{n} {v:.5f}" for n, v in first[model].items()), flush=True)
         for n in threads:
-            set_threads(n)
-            if torch is not None:
-                torch.set_num_threads(n)
+            peaks[model, n] = peak = gemm_peak(n)  # sets the threads
+            print(f"float32 GEMM peak at {n} thread(s), before {model}'s blocks: "
+                  f"{peak[0]:.1f} GFLOP/s ({peak[1]})", flush=True)
             with OtherLoad() as load:
                 rates = measure(steps, batch, args.steps, args.repeats, args.warmup)
             others[f"{model}/{n}"] = load
             results += [{"model": model, "batch": batch, "threads": n, "variant": name,
                          "median": statistics.median(r), "min": min(r), "max": max(r),
-                         "samples_per_s": r} for name, r in rates.items()]
+                         "samples_per_s": r,
+                         "gflops": flops[model] * statistics.median(r) / batch / 1e9,
+                         "peak_fraction": flops[model] * statistics.median(r) / batch / 1e9
+                         / peak[0]} for name, r in rates.items()]
 
     print(f"\n{'model':<12} {'threads':>7}  {'variant':<15} {'samples/s':>10} {'min-max':>17} "
-          f"{'ms/step':>8}")
+          f"{'ms/step':>8} {'GFLOP/s':>8} {'of peak':>7}")
     for r in results:
         print(f"{r['model']:<12} {r['threads']:>7}  {r['variant']:<15} {r['median']:>10.0f} "
-              f"{r['min']:>8.0f}-{r['max']:<8.0f} {1e3 * r['batch'] / r['median']:>8.2f}")
+              f"{r['min']:>8.0f}-{r['max']:<8.0f} {1e3 * r['batch'] / r['median']:>8.2f} "
+              f"{r['gflops']:>8.1f} {r['peak_fraction']:>7.1%}")
     median = {(r["model"], r["threads"], r["variant"]): r["median"] for r in results}
     print("\nratios of medians, this run (throughput; > 1 means meta is faster):")
     for model in args.models.split(","):
         for n in threads:
             m = {v: median[model, n, v] for v in VARIANTS if (model, n, v) in median}
-            base = "pytorch" if "pytorch" in m else "meta native"
-            vs = [f"{v.split()[1]}/{base.split()[-1]} {m[v] / m[base]:.2f}"
-                  for v in VARIANTS if v in m and v != base]
-            print(f"  {model:<12} {n} thread(s): {', '.join(vs)}  "
+            bases = [b for b in ("pytorch", "torch.compile") if b in m] or ["meta native"]
+            vs = [f"{v.split()[-1]}/{b.split()[-1]} {m[v] / m[b]:.2f}" for b in bases
+                  for v in VARIANTS if v in m and v.startswith("meta") and v != b]
+            planned = m["meta planned"] * flops[model] / MODELS[model][1] / 1e9
+            print(f"  {model:<12} {n} thread(s): {', '.join(vs)}; planned {planned:.1f} "
+                  f"GFLOP/s, {planned / peaks[model, n][0]:.1%} of the GEMM peak "
                   f"({others[f'{model}/{n}'].describe()})")
-    return {"first_loss": first, "results": results,
+    return {"first_loss": first, "results": results, "flops_per_step": flops,
+            "gemm_peak_gflops": {f"{m}/{n}": p[0] for (m, n), p in peaks.items()},
+            "gemm_peak_source": {f"{m}/{n}": p[1] for (m, n), p in peaks.items()},
             "other_processes_cores": {k: v.cores for k, v in others.items()}}
 
 
 def memory_child(model: str, variant: str, steps: int) -> None:
-    """Runs in a fresh process: prints the peak RSS (bytes) the steps added."""
+    """Runs in a fresh process: prints the peak RSS (bytes) the steps after the first added
+    over the process before the first."""
     set_threads(1)
     if torch is not None:
         torch.set_num_threads(1)
@@ -229,6 +294,7 @@ def memory_child(model: str, variant: str, steps: int) -> None:
             else meta_step(model, variant.split()[1], x, y))
     with open("/proc/self/status") as f:
         before = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) * 1024
+    step()  # what lasts (plan arena, gradients, optimizer state) counts: RSS is read before
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS counter (VmHWM) to the current RSS
     for _ in range(steps):
@@ -250,13 +316,16 @@ def memory(args: argparse.Namespace) -> dict:
         onnx_args = []
         if MODELS[model][0] is None:
             path = f"{folder}/{model}.onnx"
-            _, shape, batch = torch_models.TORCH_MODELS[model]
             with open(path, "wb") as f:
                 f.write(torch_models.export_bytes(torch_models.module(model),
-                                                  np.zeros((batch, *shape), np.float32)))
+                                                  torch_models.example(model)))
             onnx_args = ["--onnx", path]
-        variants = [v for v in VARIANTS if v != "pytorch" or torch is not None]
-        if MODELS[model][0] is None:
+        if args.seq:
+            onnx_args += ["--seq", str(args.seq)]
+        # torch.compile's first step compiles: its peak would be the compiler's
+        variants = [v for v in VARIANTS if v != "torch.compile"
+                    and (v != "pytorch" or torch is not None)]
+        if MODELS[model][0] is None or language_model(model):
             variants.remove("meta reference")
         results[model] = {}
         for variant in variants:
@@ -265,7 +334,11 @@ def memory(args: argparse.Namespace) -> dict:
                                  check=True,
                                  capture_output=True, text=True).stdout
             results[model][variant] = json.loads(out.strip().splitlines()[-1])
-        print(f"\n{model}, batch {MODELS[model][1]}, {args.memory_steps} steps, 1 thread, each "
+        seq = f", sequence {example_shape(model)[0]}" if torch is not None \
+            and model in torch_models.SEQUENCE_MODELS \
+            else ""
+        print(f"\n{model}, batch {MODELS[model][1]}{seq}, {args.memory_steps} steps, 1 thread, "
+              "each "
               f"variant in a fresh process:")
         print(f"{'variant':<15} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
         for variant, r in results[model].items():
@@ -287,12 +360,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed blocks per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per thread count")
     parser.add_argument("--threads", default="1,2", help="comma-separated, run in this order")
+    parser.add_argument("--seq", type=int, default=0, help="sequence length of the sequence "
+                        "models (transformer, bert, gpt, lstm_lm); 0: their own")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--fast", action="store_true",
+                        help="only meta planned and PyTorch (no reference / native executor)")
     parser.add_argument("--memory", action="store_true", help="peak memory of a step instead")
     parser.add_argument("--memory-steps", type=int, default=5)
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--onnx", help=argparse.SUPPRESS)  # a memory child's exported model
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
+    if args.seq and torch is not None:
+        torch_models.set_sequence(args.seq)
+        MODELS.update({name: (builder, batch) for name, (builder, batch, _) in
+                       torch_models.LANGUAGE_MODELS.items()})
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")

@@ -212,11 +212,13 @@ def binary(ctx: Context, node: Node, op) -> Lowered | None:
         if g is None:
             return
         if alg in ("add", "sub"):
-            if ctx.needs(a):
+            # an operand this sum is the only reader of takes dy's bytes as its gradient
+            # (a residual branch's output): no copy
+            if ctx.needs(a) and not pb.alias_grad(a_in, y):
                 dest, add = pb.grad_target(a_in, can_accumulate=True)
                 pb.step("copy", [g], [dest], lambda x: [pb.rt.copy(x(g), x(dest), count, add)],
                         "backward")
-            if ctx.needs(b):
+            if ctx.needs(b) and not (alg == "add" and db == da and pb.alias_grad(b_in, y)):
                 reduce_into(g, b_in, alg == "sub")
         elif alg == "mul":
             if ctx.needs(a):  # d full = dy * other

@@ -9,6 +9,7 @@ from math import prod
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
+from meta.lv1.plan.lowering.attention import attention
 from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_activation
 
 
@@ -101,14 +102,39 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
         a_dims, b_dims = list(sa), list(sb)
     else:
         return None
+    fused = attention(ctx, node)  # scores . softmax . V as one chunked node
+    if fused is not None:
+        return fused
+    bias, last, act = "", out, None
+    add = ctx.single_consumer(out, ("Add",), first=False) if len(sb) == 2 else None
+    if add is not None and len(add.inputs) == 2 and add.inputs[0] != add.inputs[1]:
+        bias = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
+        if ctx.shape(bias) not in ((so[-1],), (1, so[-1])) or not ctx.float32(bias) \
+                or ctx.shape(add.outputs[0]) != so:
+            bias = ""
+    if bias:  # a linear layer's bias (MatMul + Add) in the product, as Gemm's and addmm's
+        ctx.absorb(node, add)
+        last = add.outputs[0]
+        act = fused_activation(ctx, node, last)
+        if act is not None:
+            ctx.absorb(node, act[0])
+            last = act[0].outputs[0]
     a_in = pb.require_layout(a, "plain")
-    y = pb.output(out, so)
-    matmul_step(pb, a_in, a_dims, False, b, b_dims, False, y)
-    if not (ctx.needs(a) or ctx.needs(b)):
+    y = pb.output(last, so)
+    rows, n_out = a_dims[0], so[-1]
+    matmul_step(pb, a_in, a_dims, False, b, b_dims, False, y, bias, act[1] if act else None)
+    if not (ctx.needs(a) or ctx.needs(b) or ctx.needs(bias)):
         return Lowered(node, None, "onednn")
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
-        if g is not None:
-            product_backward(pb, ctx, g, a_in, a_dims, False, b, b_dims, False)
+        if g is None:
+            return
+        if act is not None:
+            g = activation_backward(pb, y, g, act[1])
+        product_backward(pb, ctx, g, a_in, a_dims, False, b, b_dims, False)
+        if ctx.needs(bias):
+            dest, add = pb.grad_target(bias, can_accumulate=True)
+            pb.step("bias gradient", [g], [dest],
+                    lambda x: [pb.rt.column_sum(rows, n_out, x(g), x(dest), add)], "backward")
     return Lowered(node, backward, "onednn")

