@@ -6,10 +6,10 @@ PyTorch eager and by torch.compile, from the same weights on the same batches.
 
 The model is ``recipes/shakespeare_gpt.py``'s (meta's ``gpt`` builder: 2 pre-LayerNorm blocks,
 4 heads, width 128, context 64, output head tied to the token embedding) with its seed-0
-weights; the PyTorch twin (``GPT`` below, written as nanoGPT writes it: ``nn.Linear``-free
-matrices holding meta's arrays, ``F.scaled_dot_product_attention(is_causal=True)``, exact
-GELU, ``F.cross_entropy``) starts from the same arrays, and the first step's losses agree
-(printed). Every variant trains on the same batches in the same order (meta's seeded
+weights; the PyTorch twin (``torch_models.GPT``, written as nanoGPT writes it: matrices
+holding meta's arrays, ``F.scaled_dot_product_attention(is_causal=True)``, exact GELU, the
+head tied to the embedding; ``F.cross_entropy`` here) starts from the same arrays, and the
+first step's losses agree (printed). Every variant trains on the same batches in the same order (meta's seeded
 ``ShuffleSampler`` over Tiny Shakespeare's training blocks, batch 32) with AdamW (lr 2e-3,
 betas 0.9/0.999, eps 1e-8, decoupled weight decay 0.01 on every parameter, constant rate: the
 recipe's cosine schedule and clipping are left out so that the target, not the schedule's
@@ -72,66 +72,32 @@ def _meta_variant(graph):
     return step, loss_of
 
 
-def _torch_twin():
+def _torch_variant(graph, threads: int, compiled: bool):
     import torch
     import torch.nn.functional as F
-    from torch import nn
+    from torch_models import GPT  # nanoGPT's module over the graph's weights
 
-    class GPT(nn.Module):
-        """nanoGPT's model over meta's ``gpt`` arrays (weights stored in x @ W layout)."""
-
-        def __init__(self, arrays: dict[str, np.ndarray], layers: int, heads: int) -> None:
-            super().__init__()
-            self.layers, self.heads = layers, heads
-            self.p = nn.ParameterDict({k.replace(".", "_"): nn.Parameter(torch.from_numpy(
-                v.copy())) for k, v in arrays.items()})
-
-        def w(self, name: str):
-            return self.p[name.replace(".", "_")]
-
-        def linear(self, name: str, x):
-            return x @ self.w(f"{name}.weight") + self.w(f"{name}.bias")
-
-        def ln(self, name: str, x):
-            return F.layer_norm(x, x.shape[-1:], self.w(f"{name}.weight"),
-                                self.w(f"{name}.bias"), 1e-5)
-
-        def forward(self, ids, labels):
-            n, t = ids.shape
-            x = F.embedding(ids, self.w("wte")) + self.w("wpe")[:t]
-            for i in range(self.layers):
-                h = self.ln(f"h{i}.ln1", x)
-                q, k, v = (self.linear(f"h{i}.attn.{c}", h).view(n, t, self.heads, -1)
-                           .transpose(1, 2) for c in "qkv")
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                y = y.transpose(1, 2).reshape(n, t, -1)
-                x = x + self.linear(f"h{i}.attn.proj", y)
-                h = F.gelu(self.linear(f"h{i}.mlp.fc", self.ln(f"h{i}.ln2", x)))
-                x = x + self.linear(f"h{i}.mlp.proj", h)
-            logits = self.ln("ln_f", x) @ self.w("wte").T  # the tied head
-            return F.cross_entropy(logits.reshape(n * t, -1), labels.reshape(n * t))
-
-    return torch, GPT
-
-
-def _torch_variant(graph, threads: int, compiled: bool):
-    torch, GPT = _torch_twin()
     torch.set_num_threads(threads)
-    model = GPT(graph.parameters, MODEL["layers"], MODEL["heads"])
+    model = GPT(graph, MODEL["heads"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=WEIGHT_DECAY)
-    forward = torch.compile(model) if compiled else model
+
+    def loss(ids, labels):
+        logits = model(ids)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    forward = torch.compile(loss) if compiled else loss
 
     def step(x, y) -> float:
         optimizer.zero_grad(set_to_none=True)
-        loss = forward(torch.from_numpy(x), torch.from_numpy(y))
-        loss.backward()
+        value = forward(torch.from_numpy(x), torch.from_numpy(y))
+        value.backward()
         optimizer.step()
-        return float(loss.detach())
+        return float(value.detach())
 
     def loss_of(x, y) -> float:
         with torch.no_grad():
-            return float(model(torch.from_numpy(x), torch.from_numpy(y)))
+            return float(loss(torch.from_numpy(x), torch.from_numpy(y)))
 
     return step, loss_of
 
@@ -231,9 +197,30 @@ def _summary(results: list[dict], threads: int) -> list[str]:
         for other in ("pytorch eager", "torch.compile"):
             if other in times:
                 r = ratio_of_medians(times["meta planned"], times[other])
+                paired = _paired_ratios(results, threads, other)
                 lines.append(f"  {other} / meta planned: {r.ratio:.2f} [{r.ci_low:.2f}, "
-                             f"{r.ci_high:.2f}] (above 1: meta reaches the loss sooner)")
+                             f"{r.ci_high:.2f}] (above 1: meta reaches the loss sooner); "
+                             f"round by round: {', '.join(f'{p:.2f}' for p in paired)}")
     return lines
+
+
+def _paired_ratios(results: list[dict], threads: int, other: str) -> list[float]:
+    """``other``'s time / meta's in each round (the variants of a round ran back to back, so
+    a load that changes between rounds cancels out of these, not out of the medians')."""
+    rounds: dict[str, list] = {}
+    for r in results:
+        if r["threads"] == threads:
+            rounds.setdefault(r["variant"], []).append(r["time_to_target_s"])
+    return [o / m for m, o in zip(rounds.get("meta planned", []), rounds.get(other, []))
+            if m and o]
+
+
+def _write_json(args: argparse.Namespace, env: dict, results: list[dict]) -> None:
+    from meta.files import write_text
+
+    settings = vars(args) | {"json": str(args.json), "plot": str(args.plot)}
+    write_text(args.json, json.dumps({"environment": env, "load_now": os.getloadavg()[0],
+                                      "settings": settings, "results": results}, indent=1))
 
 
 def main() -> None:
@@ -270,6 +257,8 @@ def main() -> None:
                     env={**os.environ, "OMP_NUM_THREADS": str(t)}).stdout
                 r = json.loads(out.strip().splitlines()[-1])
                 results.append(r)
+                if args.json:  # after every run: a stopped benchmark keeps what it measured
+                    _write_json(args, env, results)
                 print(f"{variant:<14} {t} thread(s): {r['time_to_target_s']} s to "
                       f"{args.target} ({r['steps']} steps; first loss {r['first_loss']:.4f}, "
                       f"last validation {r['evaluations'][-1]['val_loss']:.4f}); "
@@ -280,10 +269,7 @@ def main() -> None:
     end_load = os.getloadavg()[0]
     print(f"load average: {env['load_average']:.2f} at the start, {end_load:.2f} at the end")
     if args.json:
-        args.json.write_text(json.dumps({"environment": env, "load_at_end": end_load,
-                                         "settings": vars(args) | {"json": str(args.json),
-                                                                   "plot": str(args.plot)},
-                                         "results": results}, indent=1))
+        _write_json(args, env, results)
     if args.plot:
         _plot(results, threads, args.target, args.plot)
 
