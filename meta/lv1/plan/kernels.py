@@ -2,7 +2,8 @@
 
 ``lower(context, node)`` picks the node's kernel from ``KERNELS`` (op type -> a function that
 returns a ``Lowered`` node, or None when it does not take this case: another dtype, a rank or
-an attribute it does not cover) and otherwise runs the operator's own Python code in one step
+an attribute it does not cover; or a string saying why not, which ``placement()`` then shows,
+as the recurrent kernels do) and otherwise runs the operator's own Python code in one step
 (``python_node``): every node runs, the kernels make the common ones fast. The kernels
 (oneDNN through ``meta._plan``) work in float32; 4-D activations stay in the layout the
 convolutions chose (channels-last for most) through pooling, normalization, activations,
@@ -49,6 +50,10 @@ def lower(ctx: Context, node: Node) -> Lowered:
     kernel = KERNELS.get(node.op_type)
     if kernel is not None:
         lowered = kernel(ctx, node, ctx.ops[node.name])
+        if isinstance(lowered, str):  # the kernel cannot do this case exactly: why not
+            fallback = python_node(ctx, node)
+            fallback.kind = f"python ({node.op_type}: {lowered})"
+            return fallback
         if lowered is not None:
             return lowered
     return custom.lower(ctx, node) or python_node(ctx, node)

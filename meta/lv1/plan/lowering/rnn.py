@@ -56,17 +56,14 @@ def unsupported(ctx: Context, node: Node, op) -> str | None:
     return None
 
 
-def recurrent(ctx: Context, node: Node, op) -> Lowered:
+def recurrent(ctx: Context, node: Node, op) -> Lowered | str:
     """``node`` as the RNN kernel's steps: its weights converted (prepare program, or the
     forward where the graph computes them), forward, and in training a backward writing every
-    wanted gradient; otherwise the operator's own code, its placement saying why."""
+    wanted gradient; otherwise why not (``kernels.lower`` then runs the operator's own code,
+    its placement saying why)."""
     why = unsupported(ctx, node, op)
     if why is not None:
-        from meta.lv1.plan.kernels import python_node  # kernels imports this module
-
-        lowered = python_node(ctx, node)
-        lowered.kind = f"python ({node.op_type}: {why})"
-        return lowered
+        return why
     pb = ctx.pb
     ins = list(node.inputs) + [""] * (8 - len(node.inputs))
     x, w, r, b, _, h0, c0 = ins[:7]
