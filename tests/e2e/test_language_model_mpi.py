@@ -90,12 +90,14 @@ def test_the_gpt_with_tensor_parallel_blocks(tmp_path, shakespeare, mpirun):
 
 
 def test_the_gpt_under_downpour_with_a_server_and_2_workers(tmp_path, shakespeare, mpirun):
-    """80 steps a worker (worker 0's first 20 alone); the bound holds the server's final
-    parameters, which the runner evaluates after the workers' last pushes."""
+    """120 steps a worker (worker 0's first 20 alone); the bound holds the server's final
+    parameters, which the runner evaluates after the workers' last pushes. The loss varies
+    with the order the pushes arrive in: at 2 epochs 2.70-2.96 in six runs and once above
+    3.1; at 3 epochs 2.73-2.93 in four, so 3 for margin."""
     output, history = _run(tmp_path, mpirun, 3,
-                           _short("shakespeare_gpt_downpour", 2560, 2, DOWNPOUR_BOUND),
+                           _short("shakespeare_gpt_downpour", 2560, 3, DOWNPOUR_BOUND),
                            "gpt_downpour_short")
     assert "staleness of applied pushes" in output, output
-    assert output.count("--- sample after epoch 2 ---") == 1, output  # worker 0's only
+    assert output.count("--- sample after epoch 3 ---") == 1, output  # worker 0's only
     # not the train loss: epoch 1 is mostly worker 0's warm start, and it rose in epoch 2
     assert history[-1]["test_loss"] <= DOWNPOUR_BOUND, history
