@@ -1,5 +1,5 @@
 """The language models' other planned kernels: the token embedding (Gather of table rows by
-ids, its backward a one-hot product or add.at), MatMul + bias Add as one product (with its
+ids, its backward the tokens sorted and summed), MatMul + bias Add as one product (with its
 activation where the backward allows), and a residual sum handing its gradient over without a
 copy. Each against the reference executor."""
 
@@ -11,14 +11,9 @@ import pytest
 from meta.lv1 import GraphBuilder, PlannedExecutor, ReferenceExecutor, gpt
 from meta.lv1.plan import runtime
 
+from .test_planned_attention import close
+
 pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
-
-
-def close(ours, theirs, what, tol=2e-5):
-    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    scale = max(1e-3, float(np.abs(theirs).max(initial=0)))
-    err = float(np.abs(ours - theirs).max(initial=0))
-    assert err <= tol * scale, f"{what}: max abs error {err:.3g} (scale {scale:.3g})"
 
 
 def embedding_model(vocab=7, width=5, relu=False):
