@@ -3,8 +3,11 @@ interleaved timed blocks (so background noise hits every variant alike)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -159,3 +162,13 @@ def gemm_peak(threads: int, n: int = 2048, repeats: int = 5) -> tuple[float, str
     name = max(best, key=best.get)
     each = ", ".join(f"{k} {v:.0f}" for k, v in best.items())
     return best[name], f"{name} sgemm {n}x{n} ({each})"
+
+
+def child_run(script: str, variant: str, threads: int, *options: str) -> dict:
+    """``python script --child VARIANT THREADS *options`` in a fresh process with
+    ``OMP_NUM_THREADS=threads`` (two frameworks' thread pools in one process slowed each
+    other); its result is the JSON object on the last line it prints."""
+    out = subprocess.run([sys.executable, script, "--child", variant, str(threads), *options],
+                         check=True, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": str(threads)}).stdout
+    return json.loads(out.strip().splitlines()[-1])

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -114,7 +111,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(run(args.model, args.child[0], int(args.child[1]), args.target)))
         return
-    from harness import environment, print_environment
+    from harness import child_run, environment, print_environment
 
     env = environment()
     print_environment(env)
@@ -123,12 +120,8 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         for _ in range(args.runs):
             for variant in variants:  # taking turns
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", variant, str(threads), "--target",
-                     str(args.target), "--model", args.model], check=True,
-                    capture_output=True, text=True,
-                    env={**os.environ, "OMP_NUM_THREADS": str(threads)}).stdout
-                results.append(json.loads(out.strip().splitlines()[-1]))
+                results.append(child_run(__file__, variant, threads, "--target",
+                                         str(args.target), "--model", args.model))
                 r = results[-1]
                 print(f"{variant:<13} {threads} thread(s): {r['time_to_target_s']} s to "
                       f"{args.target:.1%} ({r['epochs'][-1]['test_accuracy']:.2%} after epoch "

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -241,7 +239,7 @@ def main() -> None:
         print(json.dumps(run(args.child[0], int(args.child[1]), args.target, args.max_steps,
                              args.eval_every)))
         return
-    from harness import environment, print_environment
+    from harness import child_run, environment, print_environment
 
     env = environment()
     print_environment(env)
@@ -250,12 +248,9 @@ def main() -> None:
     for t in threads:
         for _ in range(args.runs):
             for variant in variants:  # taking turns
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", variant, str(t), "--target",
-                     str(args.target), "--max-steps", str(args.max_steps), "--eval-every",
-                     str(args.eval_every)], check=True, capture_output=True, text=True,
-                    env={**os.environ, "OMP_NUM_THREADS": str(t)}).stdout
-                r = json.loads(out.strip().splitlines()[-1])
+                r = child_run(__file__, variant, t, "--target", str(args.target),
+                              "--max-steps", str(args.max_steps), "--eval-every",
+                              str(args.eval_every))
                 results.append(r)
                 if args.json:  # after every run: a stopped benchmark keeps what it measured
                     _write_json(args, env, results)
