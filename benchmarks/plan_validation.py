@@ -1,26 +1,33 @@
-"""``meta plan`` against measurement: predicted and measured step times of the allreduce
-strategy at the ranks this machine runs (item 4 of issue 30, the part that runs here).
+"""``meta plan`` against measurement: predicted and measured step times of the strategies
+at the ranks this machine runs (item 4 of issue 30, the part that runs here).
 
-    mpiexec -n 2 python benchmarks/plan_validation.py          # writes docs/plan_validation.md
-    python benchmarks/plan_validation.py --pipelines           # adds the pipeline rows
+    mpiexec -n 2 python benchmarks/plan_validation.py     # allreduce rows at P = 2 (also 3, 4)
+    python benchmarks/plan_validation.py --pipelines      # pipelines of 2 and 4 stages
+    python benchmarks/plan_validation.py --asynchronous   # Downpour, asynchronous PS
 
-Per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at 64):
+Each writes its rows into docs/plan_validation.md (and .json), keeping the others'.
+
+Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at
+64; ``shakespeare_gpt``: the GPT at 32 x 64 tokens):
 
 1. the planner's calibration on these ranks (``meta.planner.calibrate.calibrate``): every
    rank times the recipe's step per node at the same time (so the cores are shared as in
-   training), and the link between two ranks is fitted from ping-pongs and allreduces;
+   training; the steps' spread gives the wait on the slowest rank), and the link between
+   two ranks is fitted from ping-pongs and allreduces;
 2. the planner's prediction at P = the ranks for each allreduce option it ranks (MPI's
    allreduce with and without overlap; ZeRO-1 in shared memory);
 3. the same steps measured: the recipe's network on its executor, wrapped in ``Allreduce``
    with those options, in blocks of ``--steps`` steps that alternate between the options
    (``--repeats`` blocks each, the median block kept).
 
-With ``--pipelines`` (not under mpiexec): ``mnist_pipeline`` at 2 stages, 4 and 8
-micro-batches, GPipe and 1F1B, each a ``meta run`` of one epoch under ``mpiexec -n 2``
-against the planner's prediction from a calibration of that recipe on 2 ranks.
+``--pipelines`` and ``--asynchronous`` (not under mpiexec) run the recipes themselves:
+``mnist_pipeline`` at 2 and 4 stages, 4 and 8 micro-batches, GPipe and 1F1B, one epoch each;
+``mnist_downpour`` and ``mnist_parameter_server`` at 3 and 4 ranks on ``--async-samples``
+samples; each a ``meta run`` under mpiexec against the planner's prediction from
+``meta plan RECIPE --calibrate`` on the same ranks just before, the measured step being rank
+0's timeline phases per step summed (for the asynchronous strategies, a worker's step).
 
-A row whose error is beyond ``--bound`` (20 %, the issue's acceptance) is marked. Downpour
-and the asynchronous parameter server are not validated by this script.
+A row whose error is beyond ``--bound`` (20 %, the issue's acceptance) is marked.
 """
 
 from __future__ import annotations
@@ -109,85 +116,160 @@ def measure(name: str, args, comm) -> list[dict]:
 
 def table(rows: list[dict], bound: float) -> str:
     lines = ["| recipe | P | configuration | predicted ms | measured ms | error | "
-             "no exchange, same blocks ms | + modelled exchange ms | its error |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "no exchange, same blocks ms | + modelled exchange ms | its error | load |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         mark = f" **beyond ±{bound:.0%}**" if r["beyond_bound"] else ""
         lines.append(f"| {r['recipe']} | {r['ranks']} | {r['configuration']} | "
                      f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} | "
                      f"{r['error']:+.0%}{mark} | " + (
                          f"{r['alone_ms']:.2f} | {r['beside_ms']:.2f} | "
-                         f"{r['beside_error']:+.0%} |" if "alone_ms" in r else "- | - | - |"))
+                         f"{r['beside_error']:+.0%} |" if "alone_ms" in r else "- | - | - |")
+                     + f" {r['load'].removeprefix('load average ')} |")
     return "\n".join(lines)
 
 
-def pipelines(args) -> list[dict]:
-    """Pipelines of 2 stages on 2 ranks: each a ``meta run`` of ``mnist_pipeline`` for one
-    epoch (the stages' executor, its messages, the recipe's own step), against the planner's
-    prediction from a calibration of the same recipe on the same 2 ranks just before. The
-    measured step is rank 0's phases per step (forward, backward, waiting, update) summed."""
-    import subprocess
+def _meta(ranks: int, *words: str) -> list[str]:
     import sys
-    import tempfile
+    return ["mpiexec", "-n", str(ranks), sys.executable, "-m", "meta", *words]
+
+
+def _calibrated(recipe_name: str, ranks: int, steps: int, tmp: Path):
+    """``meta plan RECIPE --calibrate`` under ``mpiexec -n ranks`` (every rank stepping the
+    recipe at once, as they will share the cores in the run), read back."""
+    import subprocess
 
     from meta.planner.machine import load_machine
+
+    toml = tmp / f"{recipe_name}_{ranks}.toml"
+    subprocess.run(_meta(ranks, "plan", recipe_name, "--calibrate", str(toml), "--steps",
+                         str(steps)), check=True, capture_output=True)
+    machine = load_machine(toml)
+    recipe = load_recipe(REPO / "recipes" / f"{recipe_name}.py")
+    return machine, make_workload(recipe, machine)
+
+
+def _run_metrics(recipe_name: str, ranks: int, sets: dict[str, str], out: Path) -> dict:
+    """One ``meta run`` of the recipe under ``mpiexec -n ranks``: its metrics.json's metrics."""
+    import subprocess
+
+    words = ["run", str(REPO / "recipes" / f"{recipe_name}.py"), "--output-dir", str(out),
+             "--no-export", "--no-plots"]
+    for key, value in sets.items():
+        words += ["--set", f"{key}={value}"]
+    done = subprocess.run(_meta(ranks, *words), capture_output=True, text=True)
+    path = out / "metrics.json"
+    if not path.exists():
+        raise SystemExit(f"plan_validation: {recipe_name} at -n {ranks} wrote no metrics "
+                         f"(exit {done.returncode}): {done.stderr.strip()[-400:]}")
+    return json.loads(path.read_text())["metrics"]
+
+
+def _phases_per_step(metrics: dict) -> float:
+    """Rank 0's step: its timeline's phases per step (forward, backward, compute, pack,
+    update, communicate) summed, in seconds."""
+    return sum(metrics[f"{k}_ms_per_step"] / 1e3 for k in
+               ("forward", "backward", "compute", "pack", "update", "communicate")
+               if f"{k}_ms_per_step" in metrics)
+
+
+def _row(recipe: str, ranks: int, pr, measured: float, machine, work, args) -> dict:
+    error = pr.step_s / measured - 1
+    row = {"recipe": recipe, "ranks": ranks, "configuration": pr.label,
+           "predicted_ms": pr.step_s * 1e3, "measured_ms": measured * 1e3, "error": error,
+           "beyond_bound": abs(error) > args.bound, "link": str(machine.intra),
+           "compute": work.source, "load": f"load average {os.getloadavg()[0]:.1f}"}
+    print(row, flush=True)
+    return row
+
+
+def pipelines(args) -> list[dict]:
+    """Pipelines of 2 and 4 stages on as many ranks: each a ``meta run`` of
+    ``mnist_pipeline`` for one epoch (the stages' executor, its messages, the recipe's own
+    step), against the planner's prediction from a calibration of the same recipe on the
+    same ranks just before. The measured step is rank 0's phases per step summed."""
+    import tempfile
+
     from meta.planner.models import pipeline_model
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        toml = Path(tmp) / "machine.toml"
-        base = ["mpiexec", "-n", "2", sys.executable, "-m", "meta"]
-        subprocess.run(base + ["plan", "mnist_pipeline", "--calibrate", str(toml), "--steps",
-                               str(args.steps)], check=True, capture_output=True)
-        machine = load_machine(toml)
-        recipe = load_recipe(REPO / "recipes" / "mnist_pipeline.py")
-        work = make_workload(recipe, machine)
-        for m, sched in ((4, "1f1b"), (8, "1f1b"), (4, "gpipe"), (8, "gpipe")):
-            out = Path(tmp) / f"run_{m}_{sched}"
-            load = os.getloadavg()[0]
-            subprocess.run(base + ["run", str(REPO / "recipes" / "mnist_pipeline.py"),
-                                   "--set", "epochs=1", "--set",
-                                   f"distributed.micro_batches={m}", "--set",
-                                   f"distributed.schedule={sched}", "--output-dir", str(out),
-                                   "--no-export", "--no-plots"], capture_output=True)
-            metrics = json.loads((out / "metrics.json").read_text())["metrics"]
-            measured = sum(metrics[f"{k}_ms_per_step"] / 1e3 for k in
-                           ("forward", "backward", "communicate", "update", "compute")
-                           if f"{k}_ms_per_step" in metrics)
-            pr = pipeline_model(work, machine, 2, 2, m, sched, 1)
-            error = pr.step_s / measured - 1
-            rows.append({"recipe": "mnist_pipeline", "ranks": 2, "configuration": pr.label,
-                         "predicted_ms": pr.step_s * 1e3, "measured_ms": measured * 1e3,
-                         "error": error, "beyond_bound": abs(error) > args.bound,
-                         "link": str(machine.intra), "compute": work.source,
-                         "load": f"load average {load:.1f}"})
-            print(rows[-1], flush=True)
+        for stages in (2, 4):
+            machine, work = _calibrated("mnist_pipeline", stages, args.steps, Path(tmp))
+            for m, sched in ((4, "1f1b"), (8, "1f1b"), (4, "gpipe"), (8, "gpipe")):
+                metrics = _run_metrics(
+                    "mnist_pipeline", stages,
+                    {"epochs": "1", "distributed.micro_batches": str(m),
+                     "distributed.schedule": sched}, Path(tmp) / f"run_{stages}_{m}_{sched}")
+                pr = pipeline_model(work, machine, stages, stages, m, sched, 1)
+                rows.append(_row("mnist_pipeline", stages, pr, _phases_per_step(metrics),
+                                 machine, work, args))
     return rows
 
 
-def write_report(rows: list[dict], args, ranks: int) -> None:
+ASYNCHRONOUS = {  # recipe -> the planner's label of its configuration
+    "mnist_downpour": "Downpour, 1 server(s), push/1 fetch/1",
+    "mnist_parameter_server": "asynchronous parameter server (1)",
+}
+
+
+def asynchronous(args) -> list[dict]:
+    """Downpour (one server, push and fetch every step) and the asynchronous parameter server
+    at 3 and 4 ranks (a server and 2 or 3 workers): a ``meta run`` of a shortened epoch of
+    each recipe against the planner's prediction of a worker's step, from a calibration of
+    the recipe on the same ranks just before. The measured step is worker 0's (rank 0's)
+    phases per step summed."""
+    import tempfile
+
+    from meta.planner.models import parameter_server_models
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, label in ASYNCHRONOUS.items():
+            for ranks in (3, 4):
+                machine, work = _calibrated(name, ranks, args.steps, Path(tmp))
+                metrics = _run_metrics(name, ranks, {"epochs": "1", "train_samples": str(
+                    args.async_samples)}, Path(tmp) / f"run_{name}_{ranks}")
+                pr = next(x for x in parameter_server_models(work, machine.sized(ranks), ranks)
+                          if x.label == label)
+                rows.append(_row(name, ranks, pr, _phases_per_step(metrics), machine, work,
+                                 args))
+    return rows
+
+
+def write_report(rows: list[dict], args) -> None:
     text = table(rows, args.bound)
     print(text)
     out = Path(args.out)
-    notes = sorted({f"{r['recipe']}: {r['link']}; compute {r['compute']}; {r['load']}"
+    notes = sorted({f"{r['recipe']} at P = {r['ranks']}: {r['link']}; compute {r['compute']}"
                     for r in rows})
+    within = sum(not r["beyond_bound"] for r in rows)
     write_text(out, "# `meta plan` against measured step times\n\n"
-               f"Produced by `mpiexec -n {ranks} python benchmarks/plan_validation.py` "
-               "(allreduce)\nand `python benchmarks/plan_validation.py --pipelines` "
-               f"(pipelines) on this machine\n({time.strftime('%Y-%m-%d')}, "
-               f"{os.cpu_count()} cores, shared with other jobs); rows whose model error is "
-               f"beyond\n±{args.bound:.0%} are marked. The planner's calibration on the "
-               "same ranks, just before each recipe's\nmeasurement, and the load:\n\n"
-               + "\n".join(f"- {x}" for x in notes) + "\n\n" + text + "\n")
+               "Produced on this machine by `benchmarks/plan_validation.py`: "
+               "`mpiexec -n P python benchmarks/plan_validation.py`\n(allreduce, P = 2, 3, 4), "
+               "`python benchmarks/plan_validation.py --pipelines` (pipelines of 2\nand 4 "
+               "stages) and `python benchmarks/plan_validation.py --asynchronous` (Downpour "
+               "and the\nasynchronous parameter server at 3 and 4 ranks); last run "
+               f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. Rows whose\nmodel error "
+               f"is beyond ±{args.bound:.0%} are marked: {within} of {len(rows)} within. "
+               "The load column is the\nload average when the row was measured (other jobs "
+               "share the machine). The planner's\ncalibration, on the same ranks just before "
+               "each measurement:\n\n" + "\n".join(f"- {x}" for x in notes)
+               + "\n\n" + text + "\n")
     write_text(out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--recipes", default="mnist_mlp,mnist_lenet")
+    parser.add_argument("--recipes", default="mnist_mlp,mnist_lenet,shakespeare_gpt")
     parser.add_argument("--pipelines", action="store_true", help="(without mpiexec) the "
-                        "pipeline rows instead, each a meta run under mpiexec -n 2")
+                        "pipeline rows instead, each a meta run under mpiexec -n 2 or 4")
+    parser.add_argument("--asynchronous", action="store_true", help="(without mpiexec) the "
+                        "Downpour and asynchronous parameter server rows instead, each a "
+                        "meta run under mpiexec -n 3 or 4")
+    parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
+                        "of the asynchronous runs")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
@@ -196,10 +278,9 @@ def main() -> None:
     args = parser.parse_args()
     old = Path(args.out).with_suffix(".json")
     kept = json.loads(old.read_text()) if old.exists() else []
-    if args.pipelines:
-        rows = pipelines(args)
-        kept = [r for r in kept if r["recipe"] != "mnist_pipeline"]
-        write_report(kept + rows, args, 2)
+    if args.pipelines or args.asynchronous:
+        rows = pipelines(args) if args.pipelines else asynchronous(args)
+        write_report(merged(kept, rows), args)
         return
     comm = world()
     load_before = os.getloadavg()[0]
@@ -209,9 +290,18 @@ def main() -> None:
         return
     for r in rows:
         r["load"] = load
-    names = {r["recipe"] for r in rows}
-    write_report(rows + [r for r in kept if r["recipe"] not in names], args, comm.size)
+    write_report(merged(kept, rows), args)
 
+
+def merged(kept: list[dict], rows: list[dict]) -> list[dict]:
+    """The report's rows: the new ones replace the kept ones of the same recipe, ranks and
+    configuration; ordered by recipe, ranks and configuration."""
+    new = {(r["recipe"], r["ranks"], r["configuration"]) for r in rows}
+    out = [r for r in kept if (r["recipe"], r["ranks"], r["configuration"]) not in new] + rows
+    order = {name: i for i, name in enumerate(
+        ["mnist_mlp", "mnist_lenet", "shakespeare_gpt", "mnist_pipeline", "mnist_downpour",
+         "mnist_parameter_server"])}
+    return sorted(out, key=lambda r: (order.get(r["recipe"], 99), r["ranks"]))
 
 if __name__ == "__main__":
     main()

@@ -15,9 +15,12 @@ from meta.cli import main
 from meta.lv3.comm.costmodel import Link
 from meta.planner.machine import Machine, MachineError, load_machine, save_machine
 from meta.planner.models import (
+    DOWNPOUR_PASSES,
     allreduce_models,
     allreduce_s,
     averaging_models,
+    closed_queue,
+    parameter_server_models,
     pipeline_model,
     rank_configurations,
     sharded_server_s,
@@ -268,3 +271,62 @@ def test_a_set_without_a_value_is_one_line_and_exit_2(capsys) -> None:
     assert main(["plan", "recipes/mnist_mlp.py", "--ranks", "4", "--set", "lr"]) == 2
     err = capsys.readouterr().err
     assert err == "meta plan: --set expects KEY=VALUE, got 'lr'\n", err
+
+
+def test_the_worst_measured_error_of_a_configuration_is_shown(cluster, tmp_path):
+    rows = [{"recipe": "synthetic", "ranks": p, "configuration": "allreduce", "error": e}
+            for p, e in ((2, 0.05), (3, -0.18), (4, 0.1))]
+    path = tmp_path / "validation.json"
+    path.write_text(json.dumps(rows))
+    assert load_validation(path, "synthetic")["allreduce"]["ranks"] == 3
+
+
+def test_closed_queue_is_mean_value_analysis():
+    """One client never queues; many saturate the server (throughput 1/S); two by hand."""
+    assert closed_queue(1, think_s=3.0, service_s=1.0) == pytest.approx(1.0)
+    # n=1: R=1, X=1/4, Q=1/4; n=2: R=1.25, X=2/4.25, Q=2*1.25/4.25
+    assert closed_queue(2, 3.0, 1.0) == pytest.approx(1.25)
+    many = closed_queue(200, think_s=3.0, service_s=1.0)
+    assert 200 / (3.0 + many) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_synchronous_step_waits_for_its_slowest_rank():
+    """Steps of 0.5 and 1.5 times the mean: the larger of two draws is 1.25 on average, so
+    two ranks wait 25 % of the compute; one rank or no spread waits nothing; more ranks wait
+    longer, up to the slowest step."""
+    w = Workload("synthetic", 64, (Layer("fc", "Gemm", 1e-3, 2e-3, 4096, 64),), 4096, 1,
+                 0.0, "given", spread=(0.5, 1.5))
+    assert w.sync_s(1) == 0.0
+    assert w.sync_s(2) == pytest.approx(0.25 * 3e-3)
+    assert w.sync_s(2) < w.sync_s(8) < 0.5 * 3e-3
+    assert Workload("s", 64, w.layers, 4096, 1, 0.0, "given").sync_s(8) == 0.0
+    flat = allreduce_models(Workload("s", 64, w.layers, 4096, 1, 0.0, "given"),
+                            Machine(), 2)[0]
+    assert allreduce_models(w, Machine(), 2)[0].step_s == pytest.approx(
+        flat.step_s + 0.25 * 3e-3)
+
+
+def test_ranks_sharing_cores_are_rescaled_to_the_ranks_a_strategy_keeps_busy():
+    """Measured with 3 ranks stepping on 2 cores; Downpour's 2 workers (its server mostly
+    waits) compute 1.5x as fast; at 2 measured ranks or fewer nothing changes."""
+    w = Workload("s", 64, (Layer("fc", "Gemm", 3e-3, 6e-3, 4096, 64),), 4096, 1, 1.5e-3,
+                 "given", ranks_measured=3)
+    busy = w.busy(2, cores=2)
+    assert busy.compute_s == pytest.approx(6e-3) and busy.update_s == pytest.approx(1e-3)
+    assert w.busy(3, cores=2) is w
+    assert Workload("s", 64, w.layers, 4096, 1, 0.0, "given", ranks_measured=2).busy(
+        1, cores=2).compute_s == pytest.approx(9e-3)
+
+
+def test_downpour_worker_pays_its_passes_and_transfers(cluster):
+    """Without a progress thread a worker's push and fetch move their bytes in its own calls,
+    and its step makes DOWNPOUR_PASSES passes over the gradients besides: pushing and fetching
+    every 16 steps saves exactly those transfers and landings, when the servers keep up."""
+    w = work(param_mb=4.0)
+    preds = {pr.label: pr for pr in parameter_server_models(w, cluster, 4)}
+    every = preds["Downpour, 1 server(s), push/1 fetch/1"]
+    rarely = preds["Downpour, 1 server(s), push/16 fetch/16"]
+    n, link = w.param_bytes, cluster.intra
+    saved = (2 - 2 / 16) * (n * cluster.copy_beta + n * link.beta + link.alpha)
+    assert every.step_s - rarely.step_s == pytest.approx(saved, rel=1e-6)
+    assert rarely.step_s > w.compute_s + w.update_s + DOWNPOUR_PASSES * n * cluster.copy_beta

@@ -28,12 +28,16 @@ from meta.planner.machine import GIB, Machine, RecipeCosts
 from meta.planner.workload import build_network, feeds_for, graph_signature
 from meta.recipe import Recipe
 
+CACHE_FLUSH_BYTES = 64 << 20  # more than a node's last-level cache
+
 
 def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCosts:
     """Per-node forward/backward seconds and step seconds of ``steps`` training steps at the
-    recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). Each figure is
-    its median over the steps: what a run sees (the fastest step predicted a run 30 % too
-    fast on this shared machine, benchmarks/plan_validation.py). The same at an eighth of
+    recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). A node's figure
+    is its median over the steps; the step's is their mean, which is what a run of many steps
+    takes (the fastest step predicted a run 30 % too fast on this shared machine, the median
+    10-15 %: benchmarks/plan_validation.py), and the steps' spread around it is kept for the
+    wait of a synchronous step on its slowest rank (``step_spread``). The same at an eighth of
     the batch fits each figure as a fixed time per call plus a part linear in the batch: a
     pipeline's micro-batch of 16 samples costs more than an eighth of 128 (mnist_pipeline's
     were predicted 45-69 % fast without it)."""
@@ -49,8 +53,9 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
     optimizer = build_optimizer(opt.component, opt.options, graph.parameters, 1000, 1)
     big = int(d.batch_size)
     small = max(1, big // 8)
-    fwd, bwd, step, update, profiled = _timed(graph, executor, optimizer,
-                                              feeds_for(graph, train, big), steps, warmup)
+    fwd, bwd, steps_s, update, profiled = _timed(graph, executor, optimizer,
+                                                 feeds_for(graph, train, big), steps, warmup)
+    step = float(np.mean(steps_s))
     if not profiled:  # an executor without profiling: the whole step, on the nodes by size
         sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
                              if x in graph.parameters) for n in graph.nodes}
@@ -61,15 +66,17 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
     fixed_b: dict[str, float] = {}
     extra_fixed = 0.0
     if small < big and profiled:
-        f2, b2, step2, update2, _ = _timed(graph, executor, optimizer,
-                                           feeds_for(graph, train, small), steps, warmup)
+        f2, b2, steps2, update2, _ = _timed(graph, executor, optimizer,
+                                            feeds_for(graph, train, small), steps, warmup)
+        step2 = float(np.mean(steps2))
         fixed_f = {k: _intercept(f2.get(k, 0.0), v, small, big) for k, v in fwd.items()}
         fixed_b = {k: _intercept(b2.get(k, 0.0), v, small, big) for k, v in bwd.items()}
         extra = max(step - update - sum(fwd.values()) - sum(bwd.values()), 0.0)
         extra2 = max(step2 - update2 - sum(f2.values()) - sum(b2.values()), 0.0)
         extra_fixed = _intercept(extra2, extra, small, big)
     return RecipeCosts(graph_signature(graph), choice.name, big, fwd, bwd, step, update,
-                       fixed_f, fixed_b, extra_fixed)
+                       fixed_f, fixed_b, extra_fixed,
+                       tuple(round(float(x) / step, 4) for x in steps_s))
 
 
 def _intercept(t_small: float, t_big: float, small: int, big: int) -> float:
@@ -79,8 +86,9 @@ def _intercept(t_small: float, t_big: float, small: int, big: int) -> float:
 
 
 def _timed(graph: Any, executor: Any, optimizer: Any, feeds: dict, steps: int,
-           warmup: int) -> tuple[dict[str, float], dict[str, float], float, float, bool]:
-    """Median per-node forward and backward, step and update seconds over ``steps``."""
+           warmup: int) -> tuple[dict[str, float], dict[str, float], list[float], float, bool]:
+    """Median per-node forward and backward seconds, every step's seconds and the median
+    update seconds over ``steps``."""
     fwd: dict[str, list[float]] = defaultdict(list)
     bwd: dict[str, list[float]] = defaultdict(list)
     step_s, update_s = [], []
@@ -108,7 +116,7 @@ def _timed(graph: Any, executor: Any, optimizer: Any, feeds: dict, steps: int,
     profiled = profiled and any(any(v) for v in fwd.values())
     return ({k: float(np.median(v)) for k, v in fwd.items()},
             {k: float(np.median(v)) for k, v in bwd.items()},
-            float(np.median(step_s)), float(np.median(update_s)), profiled)
+            step_s, float(np.median(update_s)), profiled)
 
 
 def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, str]:
@@ -143,6 +151,11 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     notes = []
     if recipe is not None:
         measured = measure_recipe(recipe, steps=steps)
+        if comm.size > 1:  # every rank's steps, taken at the same time: the spread pooled
+            pooled = comm.allgather(np.array(measured.step_spread) * measured.step_s)
+            mean = float(np.mean(pooled))
+            measured = replace(measured, step_s=mean, ranks_measured=comm.size, step_spread=tuple(
+                round(float(x) / mean, 4) for x in np.ravel(pooled)))
         costs[recipe.name] = measured
         notes.append(f"{recipe.name} measured on {measured.executor}: step "
                      f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
@@ -157,15 +170,20 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         a @ a
     flops = 5 * 2 * 512 ** 3 / (time.perf_counter() - start)
     flops = float(comm.allreduce(np.array([flops]))[0] / comm.size)
-    # a memory copy of the gradients' size (a strategy's pack into its flat buffer)
-    src = np.ones(max(grad_bytes, 1 << 20) // 4, np.float32)
-    dst = np.empty_like(src)
+    # a memory copy of the gradients' size as a strategy makes it: after a step's compute has
+    # gone through the caches (a buffer larger than them touched first), so the copy reads
+    # and writes memory. One warm 1 MiB buffer copied again and again stays in cache and was
+    # 3-5x faster than Downpour's passes over the same bytes measured in a run
+    size = max(grad_bytes, 1 << 20) // 4
+    src, dst = np.ones(size, np.float32), np.empty(size, np.float32)
+    flush = np.zeros(CACHE_FLUSH_BYTES // 4, np.float32)
     copies = []
-    for _ in range(7):
+    for _ in range(9):
+        flush += 1.0
         start = time.perf_counter()
         np.copyto(dst, src)
         copies.append(time.perf_counter() - start)
-    copy_beta = float(np.median(copies[2:])) / src.nbytes
+    copy_beta = float(np.median(copies[1:])) / (size * 4)
     copy_beta = float(comm.allreduce(np.array([copy_beta]))[0] / comm.size)
     if described:  # a cluster of nodes like this one: its shape and links are the user's
         machine = replace(base, flops=flops, costs=costs, copy_beta=copy_beta,

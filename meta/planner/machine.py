@@ -43,6 +43,13 @@ class RecipeCosts:
     forward_fixed_s: dict[str, float] = field(default_factory=dict)
     backward_fixed_s: dict[str, float] = field(default_factory=dict)
     extra_fixed_s: float = 0.0
+    # every measured step's time over their mean, pooled over the ranks that measured at
+    # once: a synchronous step waits for the slowest of P ranks, whose expected excess over
+    # the mean this distribution gives (``Workload.sync_s``); empty: no excess is predicted
+    step_spread: tuple[float, ...] = ()
+    # ranks that stepped at once while measuring (each on a share of the node's cores when
+    # more than its cores): ``Workload.busy`` rescales to the ranks a strategy keeps busy
+    ranks_measured: int = 1
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,9 @@ def load_machine(path: str | Path) -> Machine:
                 float(table["step_s"]), float(table.get("update_s", 0.0)),
                 {k: float(v) for k, v in table.get("forward_fixed_s", {}).items()},
                 {k: float(v) for k, v in table.get("backward_fixed_s", {}).items()},
-                float(table.get("extra_fixed_s", 0.0)))
+                float(table.get("extra_fixed_s", 0.0)),
+                tuple(float(v) for v in table.get("step_spread", ())),
+                int(table.get("ranks_measured", 1)))
         except KeyError as err:
             raise MachineError(f"{where}: missing key {err.args[0]!r}") from err
     kw["costs"] = costs
@@ -150,6 +159,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return str(value)
 
 
@@ -164,7 +175,8 @@ def machine_toml(machine: Machine) -> str:
         lines += ["", f"[{key}]  # {link}", f"alpha = {link.alpha!r}", f"beta = {link.beta!r}"]
     for recipe, c in machine.costs.items():
         lines += ["", f"[costs.{recipe}]"]
-        for key in ("signature", "executor", "batch", "step_s", "update_s", "extra_fixed_s"):
+        for key in ("signature", "executor", "batch", "step_s", "update_s", "extra_fixed_s",
+                    "step_spread", "ranks_measured"):
             lines.append(f"{key} = {_toml_value(getattr(c, key))}")
         for key in ("forward_s", "backward_s", "forward_fixed_s", "backward_fixed_s"):
             lines += ["", f"[costs.{recipe}.{key}]"]

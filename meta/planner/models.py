@@ -78,8 +78,9 @@ def _replica_memory(work: Workload, params: float, act_samples: float) -> float:
 def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     n = work.param_bytes
     out = []
+    wait = work.sync_s(p)  # the slowest rank's step, beyond the mean
     for overlap in (False, True):
-        comm = allreduce_s(machine, p, n)
+        comm = allreduce_s(machine, p, n) + wait
         if overlap:  # buckets go during the backward; the last one after it
             tail = comm * min(1.0, (1 << 20) / max(n, 1))
             hidden = work.forward_s + max(work.backward_s, comm) + tail + work.extra_s
@@ -95,7 +96,7 @@ def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Predictio
             work.compute_s + work.update_s, step - work.compute_s - work.update_s,
             _replica_memory(work, n, work.batch) + n, 2 * (p - 1) / p * n if p > 1 else 0))
     if p <= machine.ranks_per_node:  # ZeRO-1 in shared memory: one machine only
-        comm = shared_reduce(machine.intra, p, n)
+        comm = shared_reduce(machine.intra, p, n) + wait
         update = work.update_s / p
         step = work.compute_s + comm + update
         memory = n * 2 + n * work.state_slots / p + work.activation_bytes * work.batch
@@ -124,10 +125,32 @@ def averaging_models(work: Workload, machine: Machine, p: int) -> list[Predictio
     return out
 
 
+def closed_queue(workers: int, think_s: float, service_s: float) -> float:
+    """Mean value analysis of a closed network (Reiser and Lavenberg): ``workers`` clients
+    each away ``think_s``, then queueing at one server that takes ``service_s`` each; the
+    mean time a request spends at the server, its own service included. Exact for
+    exponential service; the asynchronous parameter server's queue."""
+    queue = response = 0.0
+    for k in range(1, workers + 1):
+        response = service_s * (1 + queue)
+        queue = k / (think_s + response) * response
+    return response
+
+
+# A Downpour worker's step passes over its n gradient bytes besides the optimizer's own: the
+# pack and the accrued sum, the local move taken (copy, subtract) and added to the two logs of
+# moves the servers have not seen; and per push the outbox copy, per fetch the landing
+DOWNPOUR_PASSES = 6
+
+
 def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
-    n, link = work.param_bytes, machine.link(p)
+    """The consistent server, the asynchronous one and Downpour's configurations. The
+    servers of the asynchronous ones wait more than they compute: only the workers are taken
+    to share a node's cores (``Workload.busy``)."""
+    n, link, full = work.param_bytes, machine.link(p), work
+    copy = n * machine.copy_beta
     out = []
-    comm = gather_bcast(link, p, n) + (2 * n * machine.copy_beta if p > 1 else 0.0)
+    comm = gather_bcast(link, p, n) + (2 * copy if p > 1 else 0.0) + work.sync_s(p)
     step = work.compute_s + comm + work.update_s
     out.append(Prediction("parameter_server", "consistent parameter server (rank 0)",
                           {"distributed": "parameter_server"}, p, work.batch * p, step,
@@ -137,25 +160,39 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
     if p < 2:
         return out
     workers = p - 1
-    # a worker's round trip, and the server's queue: every worker's gradient and parameters
-    own = 2 * link.message(n)
-    server = workers * (2 * link.message(n) + work.update_s)
-    comm = max(own, server - work.compute_s)
+    work = work.busy(min(workers, machine.ranks_per_node), machine.ranks_per_node)
+    # a worker: pack, send the gradient, wait for the parameters; the server applies each
+    # gradient and copies the parameters out, one worker after another (a closed queue)
+    service = work.update_s + copy
+    think = work.compute_s + copy + 2 * link.message(n)
+    comm = 2 * link.message(n) + closed_queue(workers, think, service)
     out.append(Prediction("async_parameter_server", "asynchronous parameter server (1)",
                           {"distributed": "async_parameter_server"}, p, work.batch * workers,
-                          work.compute_s + comm, work.compute_s, comm,
+                          work.compute_s + copy + comm, work.compute_s + copy, comm,
                           max(_replica_memory(work, n, work.batch), n * (1 + work.state_slots)),
                           workers * n))
     for servers in sorted({1, 2, 4, 8, 16, 64}):
         if servers >= p:
             break
         w = p - servers
+        work = full.busy(min(w, machine.ranks_per_node), machine.ranks_per_node)
         for n_push, n_fetch in INTERVALS:
-            worker = (servers * link.alpha + n * link.beta) * (1 / n_push + 1 / n_fetch)
-            queue = sharded_server_s(link, w, servers, n) / 2 * (1 / n_push + 1 / n_fetch) \
-                + w * work.update_s / servers / n_push
-            comm = max(worker, queue)
-            step = max(work.compute_s + work.update_s, comm)  # nonblocking push and fetch
+            # MPI moves a nonblocking message's bytes inside the calls that test or wait on
+            # it (no progress thread): a worker pays its push's and fetch's transfer itself
+            per_step = 1 / n_push + 1 / n_fetch
+            local = work.compute_s + work.update_s + (DOWNPOUR_PASSES + per_step) * copy \
+                + per_step * n * link.beta
+            # a server, per push: the shard's update; per fetch: its shard copied out
+            push_service = work.update_s / servers + copy / servers
+            fetch_service = copy / servers
+            load = w * (push_service / n_push + fetch_service / n_fetch)  # per worker step
+            # a fetch has the next n_fetch steps to come back (nonblocking); what it takes
+            # beyond them is waited for, and the servers' work per step bounds the step
+            trip = 2 * link.message(n / servers) + closed_queue(
+                w, local * n_fetch, push_service * n_fetch / n_push + fetch_service)
+            wait = max(trip - local * n_fetch, 0.0) / n_fetch
+            step = max(local + wait + link.alpha * servers * (1 / n_push + 1 / n_fetch),
+                       load)
             out.append(Prediction(
                 "downpour", f"Downpour, {servers} server(s), push/{n_push} fetch/{n_fetch}",
                 {"distributed": "downpour", "distributed.servers": str(servers),
@@ -217,9 +254,11 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
     sets = {"distributed": "pipeline", "distributed.stages": str(stages),
             "distributed.micro_batches": str(m), "distributed.schedule": sched}
     label = f"pipeline {stages} stages x {m} micro-batches, {sched}"
-    step, samples = sim.step_s + update, work.batch
+    # the stages meet at every micro-batch's hand-over: a step ends with its slowest stage
+    # (the synchronous step's wait, as in allreduce)
+    step, samples = sim.step_s + update + work.sync_s(stages), work.batch
     if replicas > 1 and servers == 0:
-        grads = allreduce_s(machine, p, max(stage_params))
+        grads = allreduce_s(machine, p, max(stage_params)) + work.sync_s(replicas)
         step += grads
         comm += grads
         sent += 2 * max(stage_params)
@@ -271,7 +310,7 @@ def tensor_parallel_models(work: Workload, machine: Machine, p: int) -> list[Pre
     rest = sum(x.forward_s + x.backward_s for x in work.layers if not x.param_bytes)
     pairs = gemms[1::2]
     volume = [x.activation_bytes * work.batch for x in pairs]
-    comm = sum(2 * allreduce_s(machine, p, v) for v in volume)
+    comm = sum(2 * allreduce_s(machine, p, v) for v in volume) + work.sync_s(p)
     compute = split + rest + work.extra_s + work.update_s / p
     n = work.param_bytes
     memory = n / p * (2 + work.state_slots) + work.activation_bytes * work.batch

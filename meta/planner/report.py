@@ -16,12 +16,20 @@ SCALES = tuple(2 ** k for k in range(13))  # 1 ... 4,096
 
 
 def load_validation(path: str | Path, recipe: str) -> dict[str, dict]:
-    """Rows of ``benchmarks/plan_validation.py``'s JSON for ``recipe``, by configuration."""
+    """Rows of ``benchmarks/plan_validation.py``'s JSON for ``recipe``, by configuration: of
+    a configuration measured at several P, the row with the largest error (the one a user
+    should know about)."""
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise MachineError(f"validation file {str(path)!r} cannot be read: {err}") from err
-    return {r["configuration"]: r for r in rows if r.get("recipe") == recipe}
+    worst: dict[str, dict] = {}
+    for r in rows:
+        known = worst.get(r.get("configuration", ""))
+        if r.get("recipe") == recipe and (known is None or abs(r["error"]) >= abs(
+                known["error"])):
+            worst[r["configuration"]] = r
+    return worst
 
 
 def _validated(pr: Prediction, validation: dict[str, dict], bound: float) -> str:

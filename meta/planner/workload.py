@@ -41,6 +41,12 @@ class Layer:
     forward_fixed_s: float = 0.0  # of forward_s, what a call costs whatever its batch
     backward_fixed_s: float = 0.0
 
+    def slowed(self, f: float) -> Layer:
+        """This node with every time ``f`` times as long."""
+        return Layer(self.name, self.op_type, self.forward_s * f, self.backward_s * f,
+                     self.param_bytes, self.activation_bytes, self.forward_fixed_s * f,
+                     self.backward_fixed_s * f)
+
     def at(self, f: float) -> Layer:
         """This node on ``f`` times the batch: the fixed part stays, the rest scales."""
         return Layer(self.name, self.op_type, scale(self.forward_s, self.forward_fixed_s, f),
@@ -65,6 +71,35 @@ class Workload:
     source: str  # "measured ..." or "estimated ..."
     extra_s: float = 0.0  # measured step time no node owns, besides the update
     extra_fixed_s: float = 0.0  # of extra_s, per executor call whatever the batch
+    spread: tuple[float, ...] = ()  # measured steps over their mean (RecipeCosts.step_spread)
+    ranks_measured: int = 1  # ranks stepping at once when the times were measured
+
+    def busy(self, active: int, cores: int) -> Workload:
+        """This step with ``active`` ranks computing at once on a node of ``cores`` cores,
+        rescaled from the ``ranks_measured`` that shared them while it was measured: a
+        compute-bound rank's time grows with the ranks per core beyond one. On this 2-core
+        machine a calibration at 3 ranks steps 3 at once, while Downpour's 2 workers compute
+        and its server mostly waits."""
+        f = max(1.0, active / cores) / max(1.0, self.ranks_measured / cores)
+        if f == 1.0:
+            return self
+        return Workload(self.recipe, self.batch, tuple(x.slowed(f) for x in self.layers),
+                        self.param_bytes, self.state_slots, self.update_s * f, self.source,
+                        self.extra_s * f, self.extra_fixed_s * f, self.spread, active)
+
+    def sync_s(self, p: int) -> float:
+        """What a step synchronised over ``p`` ranks waits beyond the mean step: the expected
+        maximum of ``p`` draws from the measured steps (order statistics of the empirical
+        distribution: sum of x_(i) ((i/n)^p - ((i-1)/n)^p)) less their mean, on the compute.
+        Beyond the sample's size this saturates at the slowest measured step, so at large P
+        it errs low."""
+        if p < 2 or not self.spread:
+            return 0.0
+        x = sorted(self.spread)
+        n = len(x)
+        expected_max = sum(v * ((i / n) ** p - ((i - 1) / n) ** p) for i, v in
+                           enumerate(x, start=1))
+        return max(expected_max / (sum(x) / n) - 1.0, 0.0) * self.compute_s
 
     @property
     def forward_s(self) -> float:
@@ -89,7 +124,8 @@ class Workload:
         f = batch / self.batch
         return Workload(self.recipe, batch, tuple(x.at(f) for x in self.layers),
                         self.param_bytes, self.state_slots, self.update_s, self.source,
-                        scale(self.extra_s, self.extra_fixed_s, f), self.extra_fixed_s)
+                        scale(self.extra_s, self.extra_fixed_s, f), self.extra_fixed_s,
+                        self.spread, self.ranks_measured)
 
 
 def graph_signature(graph: Any) -> str:
@@ -170,7 +206,8 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
         extra = max(costs.step_s - owned - costs.update_s, 0.0)
         return Workload(recipe.name, batch, layers, total_params, slots, costs.update_s,
                         f"measured on {costs.executor} at batch {costs.batch}",
-                        scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra))
+                        scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra),
+                        costs.step_spread, costs.ranks_measured)
     # 2 flops per multiply-add; a weight is used once per sample (convolutions: once per
     # output position, which this estimate misses: it errs low for them)
     layers = []
