@@ -75,7 +75,8 @@ def stepper(recipe, comm, options: dict | None):
 
 def measure(name: str, args, comm) -> list[dict]:
     recipe = load_recipe(REPO / "recipes" / f"{name}.py")
-    machine = calibrate(recipe, comm=comm, steps=args.steps)
+    # this node with all P ranks on it (P may be more than its cores, as at 3 and 4 here)
+    machine = calibrate(recipe, comm=comm, steps=args.steps).oversubscribed(comm.size)
     work = make_workload(recipe, machine)
     models = {pr.label: pr for pr in allreduce_models(work, machine, comm.size)}
     predicted = {label: pr.step_s for label, pr in models.items()}
@@ -144,7 +145,7 @@ def _calibrated(recipe_name: str, ranks: int, steps: int, tmp: Path):
     toml = tmp / f"{recipe_name}_{ranks}.toml"
     subprocess.run(_meta(ranks, "plan", recipe_name, "--calibrate", str(toml), "--steps",
                          str(steps)), check=True, capture_output=True)
-    machine = load_machine(toml)
+    machine = load_machine(toml).oversubscribed(ranks)
     recipe = load_recipe(REPO / "recipes" / f"{recipe_name}.py")
     return machine, make_workload(recipe, machine)
 
@@ -230,7 +231,7 @@ def asynchronous(args) -> list[dict]:
                 machine, work = _calibrated(name, ranks, args.steps, Path(tmp))
                 metrics = _run_metrics(name, ranks, {"epochs": "1", "train_samples": str(
                     args.async_samples)}, Path(tmp) / f"run_{name}_{ranks}")
-                pr = next(x for x in parameter_server_models(work, machine.sized(ranks), ranks)
+                pr = next(x for x in parameter_server_models(work, machine, ranks)
                           if x.label == label)
                 rows.append(_row(name, ranks, pr, _phases_per_step(metrics), machine, work,
                                  args))

@@ -190,7 +190,8 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
                           source=f"{base.source}; compute measured by meta plan --calibrate"
                           f" on {os.uname().nodename}: " + "; ".join(notes[:-1]))
     else:
-        machine = replace(base, nodes=1, ranks_per_node=cores, memory_bytes=float(memory),
+        machine = replace(base, nodes=1, ranks_per_node=cores, cores=cores,
+                          memory_bytes=float(memory),
                           flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
                           source="measured by meta plan --calibrate; " + "; ".join(notes)
                           + "; inter: not measurable on one machine (default)")

@@ -69,6 +69,17 @@ class Machine:
     copy_beta: float = 2e-10  # s/byte of a rank's memory copy (packing gradients): 5 GB/s
     source: str = "the cost model's defaults (not measured)"
     costs: dict[str, RecipeCosts] = field(default_factory=dict)
+    cores: int = 0  # per node; 0: one per rank (ranks_per_node). More ranks than cores share
+
+    @property
+    def cores_per_node(self) -> int:
+        return self.cores or self.ranks_per_node
+
+    def oversubscribed(self, ranks: int) -> Machine:
+        """This one node running ``ranks`` ranks on its cores (as tests and benchmarks do
+        on a small machine): every collective stays on ``intra``."""
+        return replace(self, nodes=1, ranks_per_node=max(ranks, self.ranks_per_node),
+                       cores=self.cores_per_node)
 
     @property
     def ranks(self) -> int:
@@ -114,10 +125,10 @@ def load_machine(path: str | Path) -> Machine:
         for key in ("name", "source"):
             if key in data:
                 kw[key] = str(data[key])
-        for key in ("nodes", "ranks_per_node"):
+        for key in ("nodes", "ranks_per_node", "cores"):
             if key in data:
                 kw[key] = int(data[key])
-                if kw[key] < 1:
+                if kw[key] < (0 if key == "cores" else 1):
                     raise MachineError(f"machine file {str(path)!r}: {key} must be >= 1")
         for key in ("flops", "copy_beta"):
             if key in data:
@@ -167,7 +178,7 @@ def _toml_value(value: Any) -> str:
 def machine_toml(machine: Machine) -> str:
     """The TOML text ``load_machine`` reads back to an equal Machine."""
     lines = [f"# meta plan machine description ({machine.source})"]
-    for key in ("name", "source", "nodes", "ranks_per_node", "flops", "memory_bytes",
+    for key in ("name", "source", "nodes", "ranks_per_node", "cores", "flops", "memory_bytes",
                 "copy_beta"):
         lines.append(f"{key} = {_toml_value(getattr(machine, key))}")
     for key in ("intra", "inter"):

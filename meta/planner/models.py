@@ -80,13 +80,15 @@ def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Predictio
     out = []
     wait = work.sync_s(p)  # the slowest rank's step, beyond the mean
     for overlap in (False, True):
-        comm = allreduce_s(machine, p, n) + wait
-        if overlap:  # buckets go during the backward; the last one after it
+        comm = allreduce_s(machine, p, n)
+        if overlap:  # buckets go during the backward; the last one after it, and that one
+            # waits for the slowest rank's backward: the wait is never hidden
             tail = comm * min(1.0, (1 << 20) / max(n, 1))
-            hidden = work.forward_s + max(work.backward_s, comm) + tail + work.extra_s
+            comm = max(comm - work.backward_s, 0.0) + tail + wait
+            hidden = work.forward_s + work.backward_s + comm + work.extra_s
         else:  # packed into one buffer, scaled by 1/P after (the overlapped backward
             # writes into the buckets, its loss seeded with 1/P)
-            comm += 2 * n * machine.copy_beta if p > 1 else 0.0
+            comm += (2 * n * machine.copy_beta if p > 1 else 0.0) + wait
             hidden = work.compute_s + comm
         step = hidden + work.update_s
         out.append(Prediction(
@@ -160,7 +162,7 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
     if p < 2:
         return out
     workers = p - 1
-    work = work.busy(min(workers, machine.ranks_per_node), machine.ranks_per_node)
+    work = work.busy(min(workers, machine.ranks_per_node), machine.cores_per_node)
     # a worker: pack, send the gradient, wait for the parameters; the server applies each
     # gradient and copies the parameters out, one worker after another (a closed queue)
     service = work.update_s + copy
@@ -175,7 +177,7 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
         if servers >= p:
             break
         w = p - servers
-        work = full.busy(min(w, machine.ranks_per_node), machine.ranks_per_node)
+        work = full.busy(min(w, machine.ranks_per_node), machine.cores_per_node)
         for n_push, n_fetch in INTERVALS:
             # MPI moves a nonblocking message's bytes inside the calls that test or wait on
             # it (no progress thread): a worker pays its push's and fetch's transfer itself
