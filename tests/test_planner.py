@@ -330,3 +330,15 @@ def test_downpour_worker_pays_its_passes_and_transfers(cluster):
     saved = (2 - 2 / 16) * (n * cluster.copy_beta + n * link.beta + link.alpha)
     assert every.step_s - rarely.step_s == pytest.approx(saved, rel=1e-6)
     assert rarely.step_s > w.compute_s + w.update_s + DOWNPOUR_PASSES * n * cluster.copy_beta
+
+
+def test_oversubscribed_keeps_every_rank_on_one_node_and_its_cores(cluster, tmp_path):
+    """Four ranks on a 2-core node (the validation's runs here): one node, the intra link,
+    ZeRO-1 in shared memory offered, busy ranks rescaled by the cores; saved and read back."""
+    two = Machine(ranks_per_node=2, cores=2)
+    assert two.link(4) == two.inter
+    four = two.oversubscribed(4)
+    assert four.nodes == 1 and four.link(4) == four.intra and four.cores_per_node == 2
+    assert any("ZeRO-1" in pr.label for pr in allreduce_models(work(), four, 4))
+    assert not any("ZeRO-1" in pr.label for pr in allreduce_models(work(), two, 4))
+    assert load_machine(save_machine(four, tmp_path / "m.toml")) == four
