@@ -56,6 +56,15 @@ def unsupported(ctx: Context, node: Node, op) -> str | None:
     return None
 
 
+def whole(array: np.ndarray | None, length: int) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """``array``'s rows of ``length`` floats as the kernel reads and writes weights: (arrays,
+    per row its array and first element)."""
+    if array is None:
+        return None
+    rows = array.size // length
+    return [array], np.stack([np.zeros(rows, np.int64), np.arange(rows) * length], axis=1)
+
+
 def recurrent(ctx: Context, node: Node, op) -> Lowered | str:
     """``node`` as the RNN kernel's steps: its weights converted (prepare program, or the
     forward where the graph computes them), forward, and in training a backward writing every
@@ -84,7 +93,8 @@ def recurrent(ctx: Context, node: Node, op) -> Lowered | str:
     # program; computed ones (a graph that slices its weights) just before the forward.
     fixed = all(pb.value(v).storage in ("external", "owned") for v in params)
     pb.step(f"{node.op_type} weights", params, [],
-            lambda a: list(k.prepare(a(w), a(r), a(b) if b else None)),
+            lambda a: list(k.prepare(whole(a(w), inputs), whole(a(r), hidden),
+                                     whole(a(b), hidden) if b else None)),
             "prepare" if fixed else "forward")
     for o in (y, yh, yc):
         if o:
@@ -111,6 +121,7 @@ def recurrent(ctx: Context, node: Node, op) -> Lowered | str:
                 [dx, dw, dr, db, dh0, dc0],
                 lambda a: list(k.backward(a(x), opt(a, h0), opt(a, c0), opt(a, y), opt(a, yh),
                                           opt(a, yc), opt(a, gy), opt(a, gyh), opt(a, gyc),
-                                          opt(a, dx), opt(a, dw), opt(a, dr), opt(a, db),
-                                          opt(a, dh0), opt(a, dc0))), "backward")
+                                          opt(a, dx), whole(opt(a, dw), inputs),
+                                          whole(opt(a, dr), hidden), whole(opt(a, db), hidden),
+                                          opt(a, dh0), opt(a, dc0), [])), "backward")
     return Lowered(node, backward, "onednn")
