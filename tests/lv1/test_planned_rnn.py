@@ -159,3 +159,62 @@ def test_changed_weights_reach_the_kernel(op):
         np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
     for name, value in inferred.inference(feeds, outputs=outs).items():
         np.testing.assert_allclose(value, want[name], rtol=2e-5, atol=2e-5)
+
+
+def exported_output_graph(op: str, direction: str, batch_first: bool, seed: int = 0):
+    """Y turned back into oneDNN's order as PyTorch's exporter writes it: Transpose(0, 2, 1, 3)
+    and Reshape to [T, N, D*H] (a Squeeze for one direction), then, batch first, Transpose to
+    [N, T, D*H]; a weighted sum of that is the loss."""
+    steps, batch, inputs, hidden = 5, 3, 4, 6
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    g = GATES[op]
+    b = GraphBuilder("exported", opset=14)
+    x = b.input("x", np.float32, (steps, batch, inputs))
+    w = b.initializer("W", rng.uniform(-0.5, 0.5, (dirs, g * hidden, inputs)).astype(np.float32))
+    r = b.initializer("R", rng.uniform(-0.5, 0.5, (dirs, g * hidden, hidden)).astype(np.float32))
+    bias = b.initializer("B", rng.uniform(-0.5, 0.5, (dirs, 2 * g * hidden)).astype(np.float32))
+    b.node(op, [x, w, r, bias], outputs=["y"], name="rnn", direction=direction,
+           hidden_size=hidden)
+    if dirs == 2:
+        t = b.node("Transpose", ["y"], name="to_tndh", perm=[0, 2, 1, 3])
+        flat = b.node("Reshape", [t, b.initializer("shape", np.array([0, 0, -1], np.int64))],
+                      name="flat")
+    else:
+        flat = b.node("Squeeze", ["y", b.initializer("axes", np.array([1], np.int64))],
+                      name="flat")
+    out = b.node("Transpose", [flat], name="to_ntc", perm=[1, 0, 2]) if batch_first else flat
+    shape = (batch, steps, dirs * hidden) if batch_first else (steps, batch, dirs * hidden)
+    k = b.input("k", np.float32, shape)
+    b.node("ReduceSum", [b.node("Mul", [out, k])], name="loss", keepdims=0)
+    b.output("loss", np.float32, ())
+    feeds = {"x": rng.standard_normal((steps, batch, inputs)).astype(np.float32),
+             "k": rng.uniform(0.5, 1.5, shape).astype(np.float32)}
+    return b.build(), feeds, out
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_exported_output_transposes_are_written_by_the_kernel(op, direction, batch_first):
+    """The Transposes (and views) after Y cost nothing: the kernel writes the last value in
+    oneDNN's "tnc" or "ntc" and reads its gradient there; the results are the reference's,
+    and with Y fetched the kernel writes Y as ONNX has it instead."""
+    graph, feeds, out = exported_output_graph(op, direction, batch_first)
+    want, dwant = ReferenceExecutor(exported_output_graph(op, direction, batch_first)[0]) \
+        .inference_and_backprop(feeds, outputs=[out, "y", "loss"], wrt=["x"])
+    planned = PlannedExecutor(graph)
+    for outputs in (["loss"], ["y", "loss"]):
+        got, dgot = planned.inference_and_backprop(feeds, outputs=outputs, wrt=["x"])
+        place = planned.placement()
+        fused = [n for n in ("to_tndh", "flat", "to_ntc") if n in place
+                 and place[n] == "fused into rnn"]
+        expected = [n for n in ("to_tndh", "flat", "to_ntc") if n in place] \
+            if outputs == ["loss"] and (direction == "bidirectional" or batch_first) else []
+        assert fused == expected, place
+        for name in outputs:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=2e-5)
+        for name in dwant:
+            np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(planned.inference(feeds, outputs=[out])[out], want[out],
+                               rtol=2e-5, atol=2e-5)

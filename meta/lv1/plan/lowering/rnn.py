@@ -20,6 +20,7 @@ from meta.lv1.plan.context import Context
 
 DEFAULTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 def unsupported(ctx: Context, node: Node, op) -> str | None:
@@ -56,6 +57,37 @@ def unsupported(ctx: Context, node: Node, op) -> str | None:
     return None
 
 
+def output_layout(ctx: Context, y: str, dirs: int) -> tuple[str, str, list[Node]]:
+    """Where the kernel writes Y: (value, its layout, the nodes it absorbs). Exporters turn
+    ONNX's Y [T, D, N, H] back into oneDNN's order: PyTorch writes a Transpose to [T, N, D, H],
+    a Reshape to [T, N, D*H] (or a Squeeze of one direction) and, batch first, a Transpose to
+    [N, T, D*H]. The kernel writes the last of these that is oneDNN's "tnc" or "ntc" itself,
+    and the nodes in between cost nothing; ("Y", "onnx", []) when no Transpose follows."""
+    steps, _, batch, hidden = ctx.shape(y)
+    order = "tdnh" if dirs > 1 else "tndh"  # the element order of the value reached
+    value, path, best = y, [], (y, "onnx", [])
+    while True:
+        node = ctx.single_consumer(value, ("Transpose", *VIEWS))
+        if node is None or len(node.outputs) != 1 or not ctx.float32(node.outputs[0]):
+            break
+        src = ctx.shape(value)
+        if node.op_type == "Transpose":
+            perm = list(ctx.ops[node.name].perm or range(len(src))[::-1])
+            if order == "tdnh" and src == (steps, dirs, batch, hidden) and perm == [0, 2, 1, 3]:
+                order = "tndh"
+            elif order == "tndh" and (src == (steps, batch, dirs * hidden) and perm == [1, 0, 2]
+                                      or src == (steps, batch, dirs, hidden)
+                                      and perm == [1, 0, 2, 3]):
+                order = "ntdh"
+            else:
+                break
+        path.append(node)  # (a view keeps the element order)
+        value = node.outputs[0]
+        if order != "tdnh" and any(n.op_type == "Transpose" for n in path):
+            best = (value, "tnc" if order == "tndh" else "ntc", list(path))
+    return best
+
+
 def whole(array: np.ndarray | None, length: int) -> tuple[list[np.ndarray], np.ndarray] | None:
     """``array``'s rows of ``length`` floats as the kernel reads and writes weights: (arrays,
     per row its array and first element)."""
@@ -87,7 +119,12 @@ def recurrent(ctx: Context, node: Node, op) -> Lowered | str:
     params = [v for v in (w, r, b) if v]
     needs = {v: ctx.needs(v) for v in (x, w, r, b, h0, c0) if v}
     train = ctx.backprop and any(needs.values())
-    k = ctx.rt.RNN(cell, steps, batch, inputs, hidden, op.direction, train)
+    layout = "onnx"
+    if y:
+        y, layout, after = output_layout(ctx, y, DIRECTIONS[op.direction])
+        for n in after:
+            ctx.absorb(node, n)
+    k = ctx.rt.RNN(cell, steps, batch, inputs, hidden, op.direction, train, layout)
     ctx.kernels.append(k)
     # Weights the plan holds before it runs (parameters, constants): converted by the prepare
     # program; computed ones (a graph that slices its weights) just before the forward.
