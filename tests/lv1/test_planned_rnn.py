@@ -218,3 +218,101 @@ def test_exported_output_transposes_are_written_by_the_kernel(op, direction, bat
             np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(planned.inference(feeds, outputs=[out])[out], want[out],
                                rtol=2e-5, atol=2e-5)
+
+
+# PyTorch's gate blocks (LSTM i, f, g, o; GRU r, z, n) in ONNX's order (i, o, f, c; z, r, h)
+TORCH_ORDER = {"LSTM": [(0, 1), (3, 4), (1, 3)], "GRU": [(1, 2), (0, 1), (2, 3)]}
+
+
+def exported_weights_graph(op: str, direction: str, *, extra: int = 0, slice_read: bool = False,
+                           param_read: bool = False, fed_bias: bool = False, seed: int = 0):
+    """W, R and B as PyTorch's exporter makes them from ``nn.LSTM``'s or ``nn.GRU``'s
+    parameters: each reordered by Slices of gate blocks and a Concat, given the direction axis
+    by Unsqueeze, the two directions concatenated. ``extra``: rows of ``weight_ih`` no Slice
+    reads; ``slice_read``: a Slice's output also read by the loss; ``param_read``: a parameter
+    also read by the loss; ``fed_bias``: ``bias_ih`` an input (no gradient)."""
+    steps, batch, inputs, hidden = 5, 3, 4, 6
+    rng = np.random.default_rng(seed)
+    dirs, gates = (2 if direction == "bidirectional" else 1), GATES[op]
+    b = GraphBuilder("exported", opset=14)
+    x = b.input("x", np.float32, (steps, batch, inputs))
+    count = iter(range(1000))
+
+    def const(values) -> str:
+        return b.initializer(f"c{next(count)}", np.array(values, np.int64))
+
+    fed = {}
+
+    def param(name: str, *shape: int) -> str:
+        value = rng.uniform(-0.5, 0.5, shape).astype(np.float32)
+        if fed_bias and name.startswith("bias_ih"):
+            fed[name] = value
+            return b.input(name, np.float32, shape)
+        return b.initializer(name, value)
+
+    def reorder(p: str) -> str:
+        return b.node("Concat", [b.node("Slice", [p, const([lo * hidden]), const([hi * hidden]),
+                                                  const([0])])
+                                 for lo, hi in TORCH_ORDER[op]], axis=0)
+    ws, rs, bs = [], [], []
+    for d in range(dirs):
+        sfx = "_reverse" if d else ""
+        wih = param(f"weight_ih{sfx}", (gates + extra) * hidden, inputs)
+        whh = param(f"weight_hh{sfx}", gates * hidden, hidden)
+        bih, bhh = param(f"bias_ih{sfx}", gates * hidden), param(f"bias_hh{sfx}", gates * hidden)
+        ws.append(b.node("Unsqueeze", [reorder(wih), const([0])]))
+        rs.append(b.node("Unsqueeze", [reorder(whh), const([0])]))
+        bs.append(b.node("Unsqueeze", [b.node("Concat", [reorder(bih), reorder(bhh)], axis=0),
+                                       const([0])]))
+    w, r, bias = (v[0] if dirs == 1 else b.node("Concat", v, axis=0) for v in (ws, rs, bs))
+    b.node(op, [x, w, r, bias], outputs=["y"], name="rnn", direction=direction,
+           hidden_size=hidden)
+    k = b.input("k", np.float32, (steps, dirs, batch, hidden))
+    terms = [b.node("ReduceSum", [b.node("Mul", ["y", k])], keepdims=0)]
+    if slice_read:  # the first Slice (of weight_ih's i gate)
+        first = next(n for n in b.nodes if n.op_type == "Slice").outputs[0]
+        terms.append(b.node("ReduceSum", [b.node("Mul", [first, first])], keepdims=0))
+    if param_read:
+        terms.append(b.node("ReduceSum", [b.node("Mul", ["weight_ih", "weight_ih"])],
+                            keepdims=0))
+    b.node("Sum", terms, name="loss")
+    b.output("loss", np.float32, ())
+    feeds = {"x": rng.standard_normal((steps, batch, inputs)).astype(np.float32),
+             "k": rng.uniform(0.5, 1.5, (steps, dirs, batch, hidden)).astype(np.float32),
+             **fed}
+    return b.build(), feeds
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("case", ["exported", "extra rows", "parameter read twice",
+                                  "slice read elsewhere", "fed bias"])
+def test_exported_weight_slices_fold_into_the_kernel(op, direction, case):
+    """The Slices, Concats and Unsqueezes that build W, R and B from the parameters fold into
+    the kernel, which reads the parameters' rows and writes their gradients (zeros in rows no
+    Slice reads; added to the gradient another reader gives); a Slice whose output something
+    else reads keeps them all as nodes. Loss and every gradient are the reference's."""
+    kw = {"extra rows": {"extra": 1}, "parameter read twice": {"param_read": True},
+          "slice read elsewhere": {"slice_read": True}, "fed bias": {"fed_bias": True}
+          }.get(case, {})
+    graph, feeds = exported_weights_graph(op, direction, **kw)
+    want, dwant = ReferenceExecutor(exported_weights_graph(op, direction, **kw)[0]) \
+        .inference_and_backprop(feeds, outputs=["y", "loss"], wrt=["x"])
+    planned = PlannedExecutor(graph)
+    for _ in range(2):
+        got, dgot = planned.inference_and_backprop(feeds, outputs=["loss"], wrt=["x"])
+        place = planned.placement()
+        assert place["rnn"] == "onednn", place
+        chain = {place[n.name] for n in graph.nodes
+                 if n.op_type in ("Slice", "Concat", "Unsqueeze")}
+        if case == "slice read elsewhere":
+            assert "fused into rnn" not in chain, place
+        else:
+            assert chain == {"fused into rnn"}, place
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=2e-5)
+        assert set(dgot) == set(dwant)
+        for name in dwant:
+            np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"d loss / d {name}")
+    got = PlannedExecutor(graph).inference(feeds, outputs=["y"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=2e-5, atol=2e-5)
