@@ -84,7 +84,8 @@ def output_layout(ctx: Context, y: str, dirs: int) -> tuple[str, str, list[Node]
         src = ctx.shape(value)
         if node.op_type == "Transpose":
             perm = list(ctx.ops[node.name].perm or range(len(src))[::-1])
-            if order == "tdnh" and src == (steps, dirs, batch, hidden) and perm == [0, 2, 1, 3]:
+            if order in ("tdnh", "tndh" if dirs == 1 else "") and perm == [0, 2, 1, 3] \
+                    and src == (steps, dirs, batch, hidden):  # (one direction: bytes kept)
                 order = "tndh"
             elif order == "tndh" and (src == (steps, batch, dirs * hidden) and perm == [1, 0, 2]
                                       or src == (steps, batch, dirs, hidden)
