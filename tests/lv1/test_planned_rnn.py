@@ -239,11 +239,10 @@ def exported_weights_graph(op: str, direction: str, *, extra: int = 0, slice_rea
     b = GraphBuilder("exported", opset=14)
     x = b.input("x", np.float32, (steps, batch, inputs))
     count = iter(range(1000))
+    fed: dict[str, np.ndarray] = {}
 
     def const(values) -> str:
         return b.initializer(f"c{next(count)}", np.array(values, np.int64))
-
-    fed = {}
 
     def param(name: str, *shape: int) -> str:
         value = rng.uniform(-0.5, 0.5, shape).astype(np.float32)
@@ -293,7 +292,8 @@ def test_exported_weight_slices_fold_into_the_kernel(op, direction, case):
     """The Slices, Concats and Unsqueezes that build W, R and B from the parameters fold into
     the kernel, which reads the parameters' rows and writes their gradients (zeros in rows no
     Slice reads; added to the gradient another reader gives); a Slice whose output something
-    else reads keeps them all as nodes. Loss and every gradient are the reference's."""
+    else reads keeps them all as nodes; a source with no gradient (a fed bias) has its rows
+    written to a scratch value. Loss and every gradient are the reference's."""
     kw = {"extra rows": {"extra": 1}, "parameter read twice": {"param_read": True},
           "slice read elsewhere": {"slice_read": True}, "fed bias": {"fed_bias": True}
           }.get(case, {})
