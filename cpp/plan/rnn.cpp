@@ -13,9 +13,9 @@
 //   24 Slices and 11 Concats around a bidirectional LSTM to reorder its gates);
 // - biases: ONNX keeps Wb and Rb per gate, oneDNN one bias per gate (their sum), four for
 //   the linear-before-reset GRU (u, r, and the input and hidden halves of o);
-// - a bidirectional output: ONNX Y [T, D, N, H], oneDNN [T, N, D*H] (or [N, T, D*H]): the
-//   kernel writes either straight into the value after the exporter's Transposes back to
-//   oneDNN's order (output "tnc" or "ntc"), or into its own buffer and then Y ("onnx").
+// - a bidirectional output: ONNX Y [T, D, N, H], oneDNN [T, N, D*H]: the kernel writes
+//   either straight into the value after the exporter's Transpose back to oneDNN's order
+//   (output "tnc"), or into its own buffer and then Y ("onnx").
 // The kernel owns what only it reads (weights in its layouts, workspace, gradients in
 // oneDNN's layout, zeros for absent states); the plan's arrays hold what the graph sees.
 #include <omp.h>
@@ -123,7 +123,7 @@ void weights_to_rows(const memory& m, const std::vector<float*>& rows, std::int6
 
 struct RnnKernel {
   std::string cell;  // "lstm", "gru" or "lbr_gru"
-  std::string output;  // "onnx" (Y [T, D, N, H]), "tnc" ([T, N, D*H]) or "ntc" ([N, T, D*H])
+  std::string output;  // "onnx" (Y [T, D, N, H]) or "tnc" ([T, N, D*H])
   std::int64_t T, N, C, H, D, G, GB;
   bool training;
   std::vector<int> perm;  // oneDNN gate g is ONNX gate perm[g]
@@ -161,7 +161,7 @@ struct RnnKernel {
     } else {
       throw std::invalid_argument("meta._plan.RNN: unknown direction '" + direction + "'");
     }
-    if (output != "onnx" && output != "tnc" && output != "ntc")
+    if (output != "onnx" && output != "tnc")
       throw std::invalid_argument("meta._plan.RNN: unknown output layout '" + output + "'");
     D = direction == "bidirectional" ? 2 : 1;
     if (cell == "lstm") {
@@ -176,7 +176,7 @@ struct RnnKernel {
     }
     x_md = memory::desc({T, N, C}, dt::f32, tag::tnc);
     state_md = memory::desc({1, D, N, H}, dt::f32, tag::ldnc);
-    y_md = memory::desc({T, N, D * H}, dt::f32, output == "ntc" ? tag::ntc : tag::tnc);
+    y_md = memory::desc({T, N, D * H}, dt::f32, tag::tnc);
     bias_md = memory::desc({1, D, GB, H}, dt::f32, tag::ldgo);
     wl_plain = memory::desc({1, D, C, G, H}, dt::f32, tag::ldigo);
     wi_plain = memory::desc({1, D, H, G, H}, dt::f32, tag::ldigo);

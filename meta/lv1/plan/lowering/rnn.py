@@ -70,33 +70,28 @@ def unsupported(ctx: Context, node: Node, op) -> str | None:
 
 def output_layout(ctx: Context, y: str, dirs: int) -> tuple[str, str, list[Node]]:
     """Where the kernel writes Y: (value, its layout, the nodes it absorbs). Exporters turn
-    ONNX's Y [T, D, N, H] back into oneDNN's order: PyTorch writes a Transpose to [T, N, D, H],
-    a Reshape to [T, N, D*H] (or a Squeeze of one direction) and, batch first, a Transpose to
-    [N, T, D*H]. The kernel writes the last of these that is oneDNN's "tnc" or "ntc" itself,
-    and the nodes in between cost nothing; ("Y", "onnx", []) when no Transpose follows."""
+    ONNX's Y [T, D, N, H] back into oneDNN's order: PyTorch writes a Transpose to [T, N, D, H]
+    and a Reshape to [T, N, D*H] (or a Squeeze of one direction). The kernel writes the last
+    of these itself in oneDNN's "tnc", and the nodes in between cost nothing; ("Y", "onnx",
+    []) when no such Transpose follows. (The batch-first Transpose to [N, T, D*H] after them
+    stays a node: written in "ntc", oneDNN 3.2's backward stops merging its gemms over time
+    steps, which cost more than that copy.)"""
     steps, _, batch, hidden = ctx.shape(y)
-    order = "tdnh" if dirs > 1 else "tndh"  # the element order of the value reached
     value, path, best = y, [], (y, "onnx", [])
     while True:
         node = ctx.single_consumer(value, ("Transpose", *VIEWS))
         if node is None or len(node.outputs) != 1 or not ctx.float32(node.outputs[0]):
             break
-        src = ctx.shape(value)
         if node.op_type == "Transpose":
+            src = ctx.shape(value)
             perm = list(ctx.ops[node.name].perm or range(len(src))[::-1])
-            if order in ("tdnh", "tndh" if dirs == 1 else "") and perm == [0, 2, 1, 3] \
-                    and src == (steps, dirs, batch, hidden):  # (one direction: bytes kept)
-                order = "tndh"
-            elif order == "tndh" and (src == (steps, batch, dirs * hidden) and perm == [1, 0, 2]
-                                      or src == (steps, batch, dirs, hidden)
-                                      and perm == [1, 0, 2, 3]):
-                order = "ntdh"
-            else:
+            if path or perm != [0, 2, 1, 3] or src != (steps, dirs, batch, hidden):
                 break
-        path.append(node)  # (a view keeps the element order)
+        elif not path:  # a view of Y itself: its bytes are ONNX's order
+            break
+        path.append(node)  # a view keeps the element order
         value = node.outputs[0]
-        if order != "tdnh" and any(n.op_type == "Transpose" for n in path):
-            best = (value, "tnc" if order == "tndh" else "ntc", list(path))
+        best = (value, "tnc", list(path))
     return best
 
 
