@@ -319,3 +319,24 @@ def test_exported_weight_slices_fold_into_the_kernel(op, direction, case):
                                        err_msg=f"d loss / d {name}")
     got = PlannedExecutor(graph).inference(feeds, outputs=["y"])
     np.testing.assert_allclose(got["y"], want["y"], rtol=2e-5, atol=2e-5)
+
+
+def test_changed_parameters_reach_the_folded_kernel():
+    """With the exporter's Slices folded, the kernel reads the parameters themselves: moved
+    parameters (a training step, or the graph's version in inference) reach it."""
+    graph, feeds = exported_weights_graph("LSTM", "bidirectional")
+    ref_graph = exported_weights_graph("LSTM", "bidirectional")[0]
+    planned, inferred = PlannedExecutor(graph), PlannedExecutor(graph)
+    planned.inference_and_backprop(feeds, outputs=["loss"], wrt=["x"])
+    inferred.inference(feeds, outputs=["y"])
+    for g in (graph, ref_graph):
+        for name in g.parameters:
+            g.initializers[name] *= np.float32(-0.5)
+        g.touch()
+    want, dwant = ReferenceExecutor(ref_graph).inference_and_backprop(
+        feeds, outputs=["y", "loss"], wrt=["x"])
+    got, dgot = planned.inference_and_backprop(feeds, outputs=["loss"], wrt=["x"])
+    for name in dwant:
+        np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(inferred.inference(feeds, outputs=["y"])["y"], want["y"],
+                               rtol=2e-5, atol=2e-5)
