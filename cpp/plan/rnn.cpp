@@ -4,11 +4,18 @@
 // d initial_c). ONNX and oneDNN differ in four things our loops bridge:
 // - gate order: ONNX LSTM i, o, f, c against oneDNN i, f, c~, o (ONNX GRU's z, r, h is
 //   oneDNN's u, r, o);
-// - weight layout: ONNX W [D, G*H, I] and R [D, G*H, H] against oneDNN's ldigo
-//   [1, D, I, G, H] (the kernels then reorder into the layouts they run fastest in);
+// - weight layout: ONNX W [D, G*H, I] and R [D, G*H, H] against the primitives' own: oneDNN
+//   3.2's forward wants ldigo [1, D, I, G, H] with padded rows, its backward ldgoi (ONNX's
+//   layout, gates permuted), its weight gradients padded ldigo. The weights are read as rows
+//   (one pointer per ONNX row) and written straight into each layout, the gradients likewise
+//   back: no reorder, and the rows may lie in the parameters an exporter slices and
+//   concatenates W, R and B from (the lowering folds those nodes; PyTorch's exporter writes
+//   24 Slices and 11 Concats around a bidirectional LSTM to reorder its gates);
 // - biases: ONNX keeps Wb and Rb per gate, oneDNN one bias per gate (their sum), four for
 //   the linear-before-reset GRU (u, r, and the input and hidden halves of o);
-// - a bidirectional output: ONNX Y [T, D, N, H], oneDNN [T, N, D*H].
+// - a bidirectional output: ONNX Y [T, D, N, H], oneDNN [T, N, D*H]: the kernel writes
+//   either straight into the value after the exporter's Transpose back to oneDNN's order
+//   (output "tnc"), or into its own buffer and then Y ("onnx").
 // The kernel owns what only it reads (weights in its layouts, workspace, gradients in
 // oneDNN's layout, zeros for absent states); the plan's arrays hold what the graph sees.
 #include <omp.h>
@@ -22,8 +29,101 @@ namespace meta::plan {
 
 namespace {
 
+// Rows of a weight where the plan holds them: the arrays, and per row (source array, element
+// offset). W and R: D*G*H rows of K floats (direction, ONNX gate, unit); B: D*2*G rows of H
+// floats (direction, input or recurrent half, ONNX gate).
+using RowsArg = std::pair<std::vector<py::array>,
+                          py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>>;
+
+std::vector<float*> row_pointers(const RowsArg& a, std::int64_t n, std::int64_t len,
+                                 const char* what) {
+  const auto& table = a.second;
+  if (table.ndim() != 2 || table.shape(0) != n || table.shape(1) != 2)
+    throw std::invalid_argument(std::string("meta._plan.RNN: ") + what + " rows: expected [" +
+                                std::to_string(n) + ", 2]");
+  std::vector<float*> base;
+  std::vector<std::int64_t> size;
+  for (const auto& arr : a.first) {
+    if (!py::isinstance<py::array_t<float>>(arr))
+      throw std::invalid_argument(std::string("meta._plan.RNN: ") + what + " is not float32");
+    base.push_back(static_cast<float*>(address(arr, 0, what)));
+    size.push_back(arr.size());
+  }
+  auto t = table.unchecked<2>();
+  std::vector<float*> rows(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t src = t(i, 0), off = t(i, 1);
+    if (src < 0 || src >= std::int64_t(base.size()) || off < 0 || off + len > size[src])
+      throw std::invalid_argument(std::string("meta._plan.RNN: ") + what + " row " +
+                                  std::to_string(i) + " lies outside its array");
+    rows[i] = base[src] + off;
+  }
+  return rows;
+}
+
+bool strided(const memory::desc& md) {
+  return md.get_format_kind() == memory::format_kind::blocked && md.get_inner_nblks() == 0;
+}
+
+// ONNX rows (direction d, ONNX gate q, unit h: K floats) -> a strided [1, D, K, G, H] weights
+// memory whose gate g is ONNX gate perm[g]: ldgoi (the backward's: rows copied) or ldigo
+// (the forward's, rows padded: 16x16 tiles transposed).
+void rows_to_weights(const std::vector<float*>& rows, const memory& m, std::int64_t D,
+                     std::int64_t G, std::int64_t H, std::int64_t K,
+                     const std::vector<int>& perm) {
+  const auto s = m.get_desc().get_strides();
+  const std::int64_t sd = s[1], sk = s[2], sg = s[3], sh = s[4];
+  float* out = static_cast<float*>(m.get_data_handle());
+#pragma omp parallel for collapse(2)
+  for (std::int64_t d = 0; d < D; ++d)
+    for (std::int64_t g = 0; g < G; ++g) {
+      float* const* src = rows.data() + (d * G + perm[g]) * H;
+      float* base = out + d * sd + g * sg;
+      if (sk == 1) {
+        for (std::int64_t h = 0; h < H; ++h) std::memcpy(base + h * sh, src[h], K * 4);
+        continue;
+      }
+      for (std::int64_t h0 = 0; h0 < H; h0 += 16)
+        for (std::int64_t k0 = 0; k0 < K; k0 += 16) {
+          const std::int64_t h1 = std::min(H, h0 + 16), k1 = std::min(K, k0 + 16);
+          for (std::int64_t k = k0; k < k1; ++k) {
+            float* dst = base + k * sk;
+            for (std::int64_t h = h0; h < h1; ++h) dst[h * sh] = src[h][k];
+          }
+        }
+    }
+}
+
+// The inverse: a strided weights-shaped memory (the gradients) -> ONNX rows.
+void weights_to_rows(const memory& m, const std::vector<float*>& rows, std::int64_t D,
+                     std::int64_t G, std::int64_t H, std::int64_t K,
+                     const std::vector<int>& perm) {
+  const auto s = m.get_desc().get_strides();
+  const std::int64_t sd = s[1], sk = s[2], sg = s[3], sh = s[4];
+  const float* in = static_cast<const float*>(m.get_data_handle());
+#pragma omp parallel for collapse(2)
+  for (std::int64_t d = 0; d < D; ++d)
+    for (std::int64_t g = 0; g < G; ++g) {
+      float* const* dst = rows.data() + (d * G + perm[g]) * H;
+      const float* base = in + d * sd + g * sg;
+      if (sk == 1) {
+        for (std::int64_t h = 0; h < H; ++h) std::memcpy(dst[h], base + h * sh, K * 4);
+        continue;
+      }
+      for (std::int64_t h0 = 0; h0 < H; h0 += 16)
+        for (std::int64_t k0 = 0; k0 < K; k0 += 16) {
+          const std::int64_t h1 = std::min(H, h0 + 16), k1 = std::min(K, k0 + 16);
+          for (std::int64_t h = h0; h < h1; ++h) {
+            float* row = dst[h];
+            for (std::int64_t k = k0; k < k1; ++k) row[k] = base[k * sk + h * sh];
+          }
+        }
+    }
+}
+
 struct RnnKernel {
   std::string cell;  // "lstm", "gru" or "lbr_gru"
+  std::string output;  // "onnx" (Y [T, D, N, H]) or "tnc" ([T, N, D*H])
   std::int64_t T, N, C, H, D, G, GB;
   bool training;
   std::vector<int> perm;  // oneDNN gate g is ONNX gate perm[g]
@@ -31,8 +131,8 @@ struct RnnKernel {
   dnnl::rnn_primitive_desc_base fwd, bwd;
   dnnl::primitive fwd_prim, bwd_prim;
   // owned by the kernel
-  memory wl_p, wi_p, bias, wl_f, wi_f, wl_b, wi_b, ws, y_own, dy_own, h_zero, c_zero, h_last,
-      c_last, dwl, dwi, dbias, dwl_p, dwi_p, dx_own, dh_own, dc_own;
+  memory wl_f, wi_f, wl_b, wi_b, wl_stage, wi_stage, bias, ws, y_own, dy_own, h_zero, c_zero,
+      h_last, c_last, dwl, dwi, dbias, dwl_p, dwi_p, dx_own, dh_own, dc_own;
   std::int64_t internal_bytes = 0;
   std::string info;
 
@@ -44,10 +144,13 @@ struct RnnKernel {
   }
 
   bool lstm() const { return cell == "lstm"; }
+  // Y is bound as oneDNN's output itself (one direction, or a layout the graph gives)
+  bool y_direct() const { return D == 1 || output != "onnx"; }
 
   RnnKernel(std::string cell_, std::int64_t t, std::int64_t n, std::int64_t c, std::int64_t h,
-            const std::string& direction, bool train)
-      : cell(std::move(cell_)), T(t), N(n), C(c), H(h), training(train) {
+            const std::string& direction, bool train, std::string output_)
+      : cell(std::move(cell_)), output(std::move(output_)), T(t), N(n), C(c), H(h),
+        training(train) {
     dnnl::rnn_direction dir;
     if (direction == "forward") {
       dir = dnnl::rnn_direction::unidirectional_left2right;
@@ -58,6 +161,8 @@ struct RnnKernel {
     } else {
       throw std::invalid_argument("meta._plan.RNN: unknown direction '" + direction + "'");
     }
+    if (output != "onnx" && output != "tnc")
+      throw std::invalid_argument("meta._plan.RNN: unknown output layout '" + output + "'");
     D = direction == "bidirectional" ? 2 : 1;
     if (cell == "lstm") {
       G = GB = 4;
@@ -121,11 +226,9 @@ struct RnnKernel {
       }
     }
     info = "fwd " + impl(fwd) + (training ? ", bwd " + impl(bwd) : "");
-    wl_p = own(wl_plain);
-    wi_p = own(wi_plain);
     bias = own(bias_md);
-    wl_f = fwd.weights_layer_desc() == wl_plain ? wl_p : own(fwd.weights_layer_desc());
-    wi_f = fwd.weights_iter_desc() == wi_plain ? wi_p : own(fwd.weights_iter_desc());
+    wl_f = own(fwd.weights_layer_desc());
+    wi_f = own(fwd.weights_iter_desc());
     h_zero = own(state_md);
     h_last = own(state_md);
     if (lstm()) {
@@ -134,13 +237,16 @@ struct RnnKernel {
     }
     if (!training) return;
     ws = own(fwd.workspace_desc());
-    wl_b = bwd.weights_layer_desc() == wl_plain ? wl_p : own(bwd.weights_layer_desc());
-    wi_b = bwd.weights_iter_desc() == wi_plain ? wi_p : own(bwd.weights_iter_desc());
+    wl_b = bwd.weights_layer_desc() == fwd.weights_layer_desc() ? wl_f
+                                                                : own(bwd.weights_layer_desc());
+    wi_b = bwd.weights_iter_desc() == fwd.weights_iter_desc() ? wi_f
+                                                              : own(bwd.weights_iter_desc());
     dwl = own(bwd.diff_weights_layer_desc());
     dwi = own(bwd.diff_weights_iter_desc());
     dbias = own(bwd.diff_bias_desc());
-    dwl_p = bwd.diff_weights_layer_desc() == wl_plain ? dwl : own(wl_plain);
-    dwi_p = bwd.diff_weights_iter_desc() == wi_plain ? dwi : own(wi_plain);
+    // a blocked gradient layout (not oneDNN 3.2's) is reordered to plain ldigo first
+    dwl_p = strided(dwl.get_desc()) ? dwl : own(wl_plain);
+    dwi_p = strided(dwi.get_desc()) ? dwi : own(wi_plain);
   }
 
   float* f32(const memory& m) const { return static_cast<float*>(m.get_data_handle()); }
@@ -162,68 +268,69 @@ StepPtr reorder_step(const memory& from, const memory& to, const std::string& na
                         pd.scratchpad_desc());
 }
 
-// ONNX W [D, G*H, K] (gates in ONNX order) <-> ldigo [1, D, K, G, H] (oneDNN's order).
-void onnx_to_ldigo(const float* w, float* out, std::int64_t D, std::int64_t G, std::int64_t H,
-                   std::int64_t K, const std::vector<int>& perm) {
-#pragma omp parallel for collapse(2)
-  for (std::int64_t d = 0; d < D; ++d)
-    for (std::int64_t k = 0; k < K; ++k)
-      for (std::int64_t g = 0; g < G; ++g) {
-        const float* src = w + (d * G * H + perm[g] * H) * K + k;
-        float* dst = out + ((d * K + k) * G + g) * H;
-        for (std::int64_t h = 0; h < H; ++h) dst[h] = src[h * K];
-      }
-}
-
-void ldigo_to_onnx(const float* in, float* w, std::int64_t D, std::int64_t G, std::int64_t H,
-                   std::int64_t K, const std::vector<int>& perm) {
-#pragma omp parallel for collapse(2)
-  for (std::int64_t d = 0; d < D; ++d)
-    for (std::int64_t g = 0; g < G; ++g)
-      for (std::int64_t h = 0; h < H; ++h) {
-        float* dst = w + (d * G * H + perm[g] * H + h) * K;
-        const float* src = in + (d * K * G + g) * H + h;
-        for (std::int64_t k = 0; k < K; ++k) dst[k] = src[k * G * H];
-      }
-}
-
-// The weights into the kernels' layouts: W, R, B (None: zero biases) -> ldigo and the
-// per-gate bias, then reorders into the forward's (and backward's) layouts.
-std::vector<StepPtr> prepare(const RnnPtr& k, const py::array& w, const py::array& r,
-                             std::optional<py::array> b) {
+// The weights into the primitives' layouts: W and R rows straight into each strided layout
+// the forward (and backward) wants; a blocked one (the inference kernels' packed weights)
+// through a plain ldigo copy and a reorder. B rows (None: zero biases) -> the per-gate bias.
+std::vector<StepPtr> prepare(const RnnPtr& k, const RowsArg& w, const RowsArg& r,
+                             std::optional<RowsArg> b) {
   const std::int64_t D = k->D, G = k->G, H = k->H, C = k->C;
-  const float* pw = static_cast<const float*>(address(w, D * G * H * C * 4, "rnn W"));
-  const float* pr = static_cast<const float*>(address(r, D * G * H * H * 4, "rnn R"));
-  const float* pb = b ? static_cast<const float*>(address(*b, D * 2 * G * H * 4, "rnn B"))
-                      : nullptr;
-  std::vector<StepPtr> steps;
-  steps.push_back(std::make_shared<LambdaStep>("rnn weights -> ldigo", [k, pw, pr, pb] {
-    const std::int64_t D = k->D, G = k->G, H = k->H;
-    onnx_to_ldigo(pw, k->f32(k->wl_p), D, G, H, k->C, k->perm);
-    onnx_to_ldigo(pr, k->f32(k->wi_p), D, G, H, H, k->perm);
-    float* bias = k->f32(k->bias);
-    for (std::int64_t d = 0; d < D; ++d) {
-      const float* wb = pb ? pb + d * 2 * G * H : nullptr;
-      const float* rb = pb ? wb + G * H : nullptr;
-      for (std::int64_t g = 0; g < k->GB; ++g) {
-        float* out = bias + (d * k->GB + g) * H;
-        if (!pb) {
-          std::fill(out, out + H, 0.f);
-        } else if (k->cell == "lbr_gru" && g >= 2) {  // o's input half, then its hidden half
-          std::copy(g == 2 ? wb + 2 * H : rb + 2 * H, (g == 2 ? wb : rb) + 3 * H, out);
-        } else {
-          const std::int64_t o = k->perm[g] * H;
-          for (std::int64_t h = 0; h < H; ++h) out[h] = wb[o + h] + rb[o + h];
-        }
-      }
+  auto wrows = row_pointers(w, D * G * H, C, "W");
+  auto rrows = row_pointers(r, D * G * H, H, "R");
+  std::vector<float*> brows = b ? row_pointers(*b, D * 2 * G, H, "B") : std::vector<float*>();
+  // (target, staged): each distinct weights memory, and whether it is written through the
+  // plain copy and a reorder
+  std::vector<std::pair<memory, memory>> layer, iter;
+  std::vector<StepPtr> reorders;
+  auto add = [&](std::vector<std::pair<memory, memory>>& list, const memory& target,
+                 memory& stage, const memory::desc& plain, const char* name) {
+    for (const auto& [m, _] : list)
+      if (m == target) return;
+    if (strided(target.get_desc())) {
+      list.emplace_back(target, memory());
+      return;
     }
-  }));
-  if (k->wl_f != k->wl_p) steps.push_back(reorder_step(k->wl_p, k->wl_f, "rnn W -> forward"));
-  if (k->wi_f != k->wi_p) steps.push_back(reorder_step(k->wi_p, k->wi_f, "rnn R -> forward"));
+    if (!stage) {
+      stage = k->own(plain);
+      list.emplace_back(stage, memory());
+    }
+    list.emplace_back(target, stage);
+    reorders.push_back(reorder_step(stage, target, name));
+  };
+  add(layer, k->wl_f, k->wl_stage, k->wl_plain, "rnn W -> forward");
+  add(iter, k->wi_f, k->wi_stage, k->wi_plain, "rnn R -> forward");
   if (k->training) {
-    if (k->wl_b != k->wl_p) steps.push_back(reorder_step(k->wl_p, k->wl_b, "rnn W -> backward"));
-    if (k->wi_b != k->wi_p) steps.push_back(reorder_step(k->wi_p, k->wi_b, "rnn R -> backward"));
+    add(layer, k->wl_b, k->wl_stage, k->wl_plain, "rnn W -> backward");
+    add(iter, k->wi_b, k->wi_stage, k->wi_plain, "rnn R -> backward");
   }
+  std::vector<StepPtr> steps;
+  steps.push_back(std::make_shared<LambdaStep>(
+      "rnn weights -> oneDNN layouts", [k, wrows, rrows, brows, layer, iter] {
+        const std::int64_t D = k->D, G = k->G, H = k->H;
+        for (const auto& [m, staged] : layer)
+          if (!staged) rows_to_weights(wrows, m, D, G, H, k->C, k->perm);
+        for (const auto& [m, staged] : iter)
+          if (!staged) rows_to_weights(rrows, m, D, G, H, H, k->perm);
+        float* bias = k->f32(k->bias);
+        for (std::int64_t d = 0; d < D; ++d) {
+          for (std::int64_t g = 0; g < k->GB; ++g) {
+            float* out = bias + (d * k->GB + g) * H;
+            if (brows.empty()) {
+              std::fill(out, out + H, 0.f);
+              continue;
+            }
+            const float* const* wb = brows.data() + d * 2 * G;  // row q: ONNX gate q
+            const float* const* rb = wb + G;
+            if (k->cell == "lbr_gru" && g >= 2) {  // o's input half, then its hidden half
+              std::copy(g == 2 ? wb[2] : rb[2], (g == 2 ? wb[2] : rb[2]) + H, out);
+            } else {
+              const float* x = wb[k->perm[g]];
+              const float* y = rb[k->perm[g]];
+              for (std::int64_t h = 0; h < H; ++h) out[h] = x[h] + y[h];
+            }
+          }
+        }
+      }));
+  for (auto& s : reorders) steps.push_back(s);
   return steps;
 }
 
@@ -260,9 +367,10 @@ std::unordered_map<int, memory> state_args(const RnnPtr& k, const py::array& x,
   return args;
 }
 
-// Where the forward writes its full output: Y itself (one direction) or the kernel's buffer.
+// Where the forward writes its full output: Y itself (one direction, or oneDNN's layout) or
+// the kernel's buffer.
 memory output_layer(const RnnPtr& k, const std::optional<py::array>& y) {
-  if (y && k->D == 1) return bind(k->y_md, *y, "rnn Y");
+  if (y && k->y_direct()) return bind(k->y_md, *y, "rnn Y");
   if (!k->y_own) k->y_own = k->own(k->y_md);
   return k->y_own;
 }
@@ -279,7 +387,7 @@ std::vector<StepPtr> forward(const RnnPtr& k, const py::array& x, std::optional<
   if (k->lstm()) args[DNNL_ARG_DST_ITER_C] = yc ? bind(k->state_md, *yc, "rnn Y_c") : k->c_last;
   std::vector<StepPtr> steps{primitive_step(k->cell + " forward", k->fwd_prim, std::move(args),
                                             k->fwd.scratchpad_desc())};
-  if (y && k->D > 1) {
+  if (y && !k->y_direct()) {
     float* dst = static_cast<float*>(address(*y, k->T * k->D * k->N * k->H * 4, "rnn Y"));
     const float* src = k->f32(out);
     steps.push_back(std::make_shared<LambdaStep>("rnn Y [T,N,D*H] -> [T,D,N,H]", [k, src, dst] {
@@ -294,9 +402,9 @@ std::vector<StepPtr> backward(const RnnPtr& k, const py::array& x, std::optional
                               std::optional<py::array> yh, std::optional<py::array> yc,
                               std::optional<py::array> dy, std::optional<py::array> dyh,
                               std::optional<py::array> dyc, std::optional<py::array> dx,
-                              std::optional<py::array> dw, std::optional<py::array> dr,
-                              std::optional<py::array> db, std::optional<py::array> dh0,
-                              std::optional<py::array> dc0) {
+                              std::optional<RowsArg> dw, std::optional<RowsArg> dr,
+                              std::optional<RowsArg> db, std::optional<py::array> dh0,
+                              std::optional<py::array> dc0, std::vector<py::array> zero) {
   if (!k->training) throw std::invalid_argument("meta._plan.RNN: built for inference only");
   const std::int64_t D = k->D, G = k->G, H = k->H, C = k->C, T = k->T, N = k->N;
   auto args = state_args(k, x, h0, c0);
@@ -306,10 +414,10 @@ std::vector<StepPtr> backward(const RnnPtr& k, const py::array& x, std::optional
   args[DNNL_ARG_DST_ITER] = yh ? bind(k->state_md, *yh, "rnn Y_h") : k->h_last;
   if (k->lstm()) args[DNNL_ARG_DST_ITER_C] = yc ? bind(k->state_md, *yc, "rnn Y_c") : k->c_last;
   std::vector<StepPtr> steps;
-  // d Y: the plan's gradient (one direction), else the kernel's buffer (zeros when no
+  // d Y: the plan's gradient (in oneDNN's layout), else the kernel's buffer (zeros when no
   // gradient reaches Y, or the gradient joined into oneDNN's [T, N, D*H]).
   memory dy_mem;
-  if (dy && D == 1) {
+  if (dy && k->y_direct()) {
     dy_mem = bind(k->y_md, *dy, "rnn dY");
   } else {
     if (!k->dy_own) k->dy_own = k->own(k->y_md);
@@ -343,39 +451,34 @@ std::vector<StepPtr> backward(const RnnPtr& k, const py::array& x, std::optional
   }));
   steps.push_back(primitive_step(k->cell + " backward", k->bwd_prim, std::move(args),
                                  k->bwd.scratchpad_desc()));
-  if (dw) {
-    if (k->dwl_p != k->dwl) steps.push_back(reorder_step(k->dwl, k->dwl_p, "rnn dW -> ldigo"));
-    float* out = static_cast<float*>(address(*dw, D * G * H * C * 4, "rnn dW"));
-    steps.push_back(std::make_shared<LambdaStep>("rnn dW -> ONNX", [k, out] {
-      ldigo_to_onnx(k->f32(k->dwl_p), out, k->D, k->G, k->H, k->C, k->perm);
-    }));
-  }
-  if (dr) {
-    if (k->dwi_p != k->dwi) steps.push_back(reorder_step(k->dwi, k->dwi_p, "rnn dR -> ldigo"));
-    float* out = static_cast<float*>(address(*dr, D * G * H * H * 4, "rnn dR"));
-    steps.push_back(std::make_shared<LambdaStep>("rnn dR -> ONNX", [k, out] {
-      ldigo_to_onnx(k->f32(k->dwi_p), out, k->D, k->G, k->H, k->H, k->perm);
-    }));
-  }
-  if (db) {
-    float* out = static_cast<float*>(address(*db, D * 2 * G * H * 4, "rnn dB"));
-    steps.push_back(std::make_shared<LambdaStep>("rnn dB -> ONNX", [k, out] {
-      const std::int64_t G = k->G, H = k->H;
-      const float* in = k->f32(k->dbias);
-      for (std::int64_t d = 0; d < k->D; ++d) {
-        float* wb = out + d * 2 * G * H;
-        float* rb = wb + G * H;
-        for (std::int64_t g = 0; g < G; ++g) {
-          const float* src = in + (d * k->GB + g) * H;
-          const std::int64_t o = k->perm[g] * H;
-          std::copy(src, src + H, wb + o);
-          // linear-before-reset: o's hidden half has a bias of its own
-          const float* rsrc = (k->cell == "lbr_gru" && g == 2) ? src + H : src;
-          std::copy(rsrc, rsrc + H, rb + o);
+  if (k->dwl_p != k->dwl && dw) steps.push_back(reorder_step(k->dwl, k->dwl_p, "rnn dW -> ldigo"));
+  if (k->dwi_p != k->dwi && dr) steps.push_back(reorder_step(k->dwi, k->dwi_p, "rnn dR -> ldigo"));
+  // gradient arrays the rows do not cover (a parameter sliced in part) hold zeros elsewhere
+  std::vector<std::pair<void*, std::size_t>> zeros;
+  for (const auto& z : zero) zeros.emplace_back(address(z, 0, "rnn gradient"), z.nbytes());
+  auto wrows = dw ? row_pointers(*dw, D * G * H, C, "dW") : std::vector<float*>();
+  auto rrows = dr ? row_pointers(*dr, D * G * H, H, "dR") : std::vector<float*>();
+  auto brows = db ? row_pointers(*db, D * 2 * G, H, "dB") : std::vector<float*>();
+  steps.push_back(std::make_shared<LambdaStep>(
+      "rnn weight gradients -> ONNX rows", [k, zeros, wrows, rrows, brows] {
+        for (const auto& [p, n] : zeros) std::memset(p, 0, n);
+        const std::int64_t D = k->D, G = k->G, H = k->H;
+        if (!wrows.empty()) weights_to_rows(k->dwl_p, wrows, D, G, H, k->C, k->perm);
+        if (!rrows.empty()) weights_to_rows(k->dwi_p, rrows, D, G, H, H, k->perm);
+        if (brows.empty()) return;
+        const float* in = k->f32(k->dbias);
+        for (std::int64_t d = 0; d < D; ++d) {
+          float* const* wb = brows.data() + d * 2 * G;
+          float* const* rb = wb + G;
+          for (std::int64_t g = 0; g < G; ++g) {
+            const float* src = in + (d * k->GB + g) * H;
+            std::copy(src, src + H, wb[k->perm[g]]);
+            // linear-before-reset: o's hidden half has a bias of its own
+            const float* rsrc = (k->cell == "lbr_gru" && g == 2) ? src + H : src;
+            std::copy(rsrc, rsrc + H, rb[k->perm[g]]);
+          }
         }
-      }
-    }));
-  }
+      }));
   return steps;
 }
 
@@ -385,9 +488,10 @@ void bind_rnn(py::module_& m) {
   py::class_<RnnKernel, RnnPtr>(m, "RNN",
                                 "One ONNX LSTM or GRU layer's oneDNN primitives for one shape.")
       .def(py::init<std::string, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                    std::string, bool>(),
+                    std::string, bool, std::string>(),
            py::arg("cell"), py::arg("steps"), py::arg("batch"), py::arg("input_size"),
-           py::arg("hidden_size"), py::arg("direction"), py::arg("training"))
+           py::arg("hidden_size"), py::arg("direction"), py::arg("training"),
+           py::arg("output") = "onnx")
       .def_readonly("info", &RnnKernel::info)
       .def_readonly("internal_bytes", &RnnKernel::internal_bytes)
       .def("prepare", &prepare, py::arg("w"), py::arg("r"), py::arg("b"))
@@ -396,7 +500,7 @@ void bind_rnn(py::module_& m) {
       .def("backward", &backward, py::arg("x"), py::arg("h0"), py::arg("c0"), py::arg("y"),
            py::arg("y_h"), py::arg("y_c"), py::arg("dy"), py::arg("dy_h"), py::arg("dy_c"),
            py::arg("dx"), py::arg("dw"), py::arg("dr"), py::arg("db"), py::arg("dh0"),
-           py::arg("dc0"));
+           py::arg("dc0"), py::arg("zero"));
 }
 
 }  // namespace meta::plan

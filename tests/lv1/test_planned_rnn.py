@@ -159,3 +159,184 @@ def test_changed_weights_reach_the_kernel(op):
         np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
     for name, value in inferred.inference(feeds, outputs=outs).items():
         np.testing.assert_allclose(value, want[name], rtol=2e-5, atol=2e-5)
+
+
+def exported_output_graph(op: str, direction: str, batch_first: bool, seed: int = 0):
+    """Y turned back into oneDNN's order as PyTorch's exporters write it: Transpose(0, 2, 1, 3)
+    and Reshape to [T, N, D*H] (one direction: a Squeeze in the TorchScript export, both in
+    the dynamo one: ``"forward-transpose"``), then, batch first, Transpose to [N, T, D*H]; a
+    weighted sum of that is the loss."""
+    form, direction = direction, direction.split("-")[0]
+    steps, batch, inputs, hidden = 5, 3, 4, 6
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    g = GATES[op]
+    b = GraphBuilder("exported", opset=14)
+    x = b.input("x", np.float32, (steps, batch, inputs))
+    w = b.initializer("W", rng.uniform(-0.5, 0.5, (dirs, g * hidden, inputs)).astype(np.float32))
+    r = b.initializer("R", rng.uniform(-0.5, 0.5, (dirs, g * hidden, hidden)).astype(np.float32))
+    bias = b.initializer("B", rng.uniform(-0.5, 0.5, (dirs, 2 * g * hidden)).astype(np.float32))
+    b.node(op, [x, w, r, bias], outputs=["y"], name="rnn", direction=direction,
+           hidden_size=hidden)
+    if dirs == 2 or form == "forward-transpose":
+        t = b.node("Transpose", ["y"], name="to_tndh", perm=[0, 2, 1, 3])
+        flat = b.node("Reshape", [t, b.initializer("shape", np.array([0, 0, -1], np.int64))],
+                      name="flat")
+    else:
+        flat = b.node("Squeeze", ["y", b.initializer("axes", np.array([1], np.int64))],
+                      name="flat")
+    out = b.node("Transpose", [flat], name="to_ntc", perm=[1, 0, 2]) if batch_first else flat
+    shape = (batch, steps, dirs * hidden) if batch_first else (steps, batch, dirs * hidden)
+    k = b.input("k", np.float32, shape)
+    b.node("ReduceSum", [b.node("Mul", [out, k])], name="loss", keepdims=0)
+    b.output("loss", np.float32, ())
+    feeds = {"x": rng.standard_normal((steps, batch, inputs)).astype(np.float32),
+             "k": rng.uniform(0.5, 1.5, shape).astype(np.float32)}
+    return b.build(), feeds, out
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "forward-transpose", "bidirectional"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_exported_output_transposes_are_written_by_the_kernel(op, direction, batch_first):
+    """The Transpose (and views) back to [T, N, D*H] after Y cost nothing: the kernel writes
+    that value in oneDNN's "tnc" and reads its gradient there; a batch-first Transpose after
+    it stays a node; the results are the reference's, and with Y fetched the kernel writes Y
+    as ONNX has it instead."""
+    graph, feeds, out = exported_output_graph(op, direction, batch_first)
+    want, dwant = ReferenceExecutor(exported_output_graph(op, direction, batch_first)[0]) \
+        .inference_and_backprop(feeds, outputs=[out, "y", "loss"], wrt=["x"])
+    planned = PlannedExecutor(graph)
+    for outputs in (["loss"], ["y", "loss"]):
+        got, dgot = planned.inference_and_backprop(feeds, outputs=outputs, wrt=["x"])
+        place = planned.placement()
+        fused = [n for n in ("to_tndh", "flat", "to_ntc") if n in place
+                 and place[n] == "fused into rnn"]
+        expected = [n for n in ("to_tndh", "flat") if n in place] \
+            if outputs == ["loss"] and direction != "forward" else []
+        assert fused == expected, place
+        for name in outputs:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=2e-5)
+        for name in dwant:
+            np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(planned.inference(feeds, outputs=[out])[out], want[out],
+                               rtol=2e-5, atol=2e-5)
+
+
+# PyTorch's gate blocks (LSTM i, f, g, o; GRU r, z, n) in ONNX's order (i, o, f, c; z, r, h)
+TORCH_ORDER = {"LSTM": [(0, 1), (3, 4), (1, 3)], "GRU": [(1, 2), (0, 1), (2, 3)]}
+
+
+def exported_weights_graph(op: str, direction: str, *, extra: int = 0, slice_read: bool = False,
+                           param_read: bool = False, fed_bias: bool = False, seed: int = 0):
+    """W, R and B as PyTorch's exporter makes them from ``nn.LSTM``'s or ``nn.GRU``'s
+    parameters: each reordered by Slices of gate blocks and a Concat, given the direction axis
+    by Unsqueeze, the two directions concatenated. ``extra``: rows of ``weight_ih`` no Slice
+    reads; ``slice_read``: a Slice's output also read by the loss; ``param_read``: a parameter
+    also read by the loss; ``fed_bias``: ``bias_ih`` an input (no gradient)."""
+    steps, batch, inputs, hidden = 5, 3, 4, 6
+    rng = np.random.default_rng(seed)
+    dirs, gates = (2 if direction == "bidirectional" else 1), GATES[op]
+    b = GraphBuilder("exported", opset=14)
+    x = b.input("x", np.float32, (steps, batch, inputs))
+    count = iter(range(1000))
+    fed: dict[str, np.ndarray] = {}
+
+    def const(values) -> str:
+        return b.initializer(f"c{next(count)}", np.array(values, np.int64))
+
+    def param(name: str, *shape: int) -> str:
+        value = rng.uniform(-0.5, 0.5, shape).astype(np.float32)
+        if fed_bias and name.startswith("bias_ih"):
+            fed[name] = value
+            return b.input(name, np.float32, shape)
+        return b.initializer(name, value)
+
+    def reorder(p: str) -> str:
+        return b.node("Concat", [b.node("Slice", [p, const([lo * hidden]), const([hi * hidden]),
+                                                  const([0])])
+                                 for lo, hi in TORCH_ORDER[op]], axis=0)
+    ws, rs, bs = [], [], []
+    for d in range(dirs):
+        sfx = "_reverse" if d else ""
+        wih = param(f"weight_ih{sfx}", (gates + extra) * hidden, inputs)
+        whh = param(f"weight_hh{sfx}", gates * hidden, hidden)
+        bih, bhh = param(f"bias_ih{sfx}", gates * hidden), param(f"bias_hh{sfx}", gates * hidden)
+        ws.append(b.node("Unsqueeze", [reorder(wih), const([0])]))
+        rs.append(b.node("Unsqueeze", [reorder(whh), const([0])]))
+        bs.append(b.node("Unsqueeze", [b.node("Concat", [reorder(bih), reorder(bhh)], axis=0),
+                                       const([0])]))
+    w, r, bias = (v[0] if dirs == 1 else b.node("Concat", v, axis=0) for v in (ws, rs, bs))
+    b.node(op, [x, w, r, bias], outputs=["y"], name="rnn", direction=direction,
+           hidden_size=hidden)
+    k = b.input("k", np.float32, (steps, dirs, batch, hidden))
+    terms = [b.node("ReduceSum", [b.node("Mul", ["y", k])], keepdims=0)]
+    if slice_read:  # the first Slice (of weight_ih's i gate)
+        first = next(n for n in b.nodes if n.op_type == "Slice").outputs[0]
+        terms.append(b.node("ReduceSum", [b.node("Mul", [first, first])], keepdims=0))
+    if param_read:
+        terms.append(b.node("ReduceSum", [b.node("Mul", ["weight_ih", "weight_ih"])],
+                            keepdims=0))
+    b.node("Sum", terms, name="loss")
+    b.output("loss", np.float32, ())
+    feeds = {"x": rng.standard_normal((steps, batch, inputs)).astype(np.float32),
+             "k": rng.uniform(0.5, 1.5, (steps, dirs, batch, hidden)).astype(np.float32),
+             **fed}
+    return b.build(), feeds
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("case", ["exported", "extra rows", "parameter read twice",
+                                  "slice read elsewhere", "fed bias"])
+def test_exported_weight_slices_fold_into_the_kernel(op, direction, case):
+    """The Slices, Concats and Unsqueezes that build W, R and B from the parameters fold into
+    the kernel, which reads the parameters' rows and writes their gradients (zeros in rows no
+    Slice reads; added to the gradient another reader gives); a Slice whose output something
+    else reads keeps them all as nodes; a source with no gradient (a fed bias) has its rows
+    written to a scratch value. Loss and every gradient are the reference's."""
+    kw = {"extra rows": {"extra": 1}, "parameter read twice": {"param_read": True},
+          "slice read elsewhere": {"slice_read": True}, "fed bias": {"fed_bias": True}
+          }.get(case, {})
+    graph, feeds = exported_weights_graph(op, direction, **kw)
+    want, dwant = ReferenceExecutor(exported_weights_graph(op, direction, **kw)[0]) \
+        .inference_and_backprop(feeds, outputs=["y", "loss"], wrt=["x"])
+    planned = PlannedExecutor(graph)
+    for _ in range(2):
+        got, dgot = planned.inference_and_backprop(feeds, outputs=["loss"], wrt=["x"])
+        place = planned.placement()
+        assert place["rnn"] == "onednn", place
+        chain = {place[n.name] for n in graph.nodes
+                 if n.op_type in ("Slice", "Concat", "Unsqueeze")}
+        if case == "slice read elsewhere":
+            assert "fused into rnn" not in chain, place
+        else:
+            assert chain == {"fused into rnn"}, place
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=2e-5)
+        assert set(dgot) == set(dwant)
+        for name in dwant:
+            np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5,
+                                       err_msg=f"d loss / d {name}")
+    got = PlannedExecutor(graph).inference(feeds, outputs=["y"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=2e-5, atol=2e-5)
+
+
+def test_changed_parameters_reach_the_folded_kernel():
+    """With the exporter's Slices folded, the kernel reads the parameters themselves: moved
+    parameters (a training step, or the graph's version in inference) reach it."""
+    graph, feeds = exported_weights_graph("LSTM", "bidirectional")
+    ref_graph = exported_weights_graph("LSTM", "bidirectional")[0]
+    planned, inferred = PlannedExecutor(graph), PlannedExecutor(graph)
+    planned.inference_and_backprop(feeds, outputs=["loss"], wrt=["x"])
+    inferred.inference(feeds, outputs=["y"])
+    for g in (graph, ref_graph):
+        for name in g.parameters:
+            g.initializers[name] *= np.float32(-0.5)
+        g.touch()
+    want, dwant = ReferenceExecutor(ref_graph).inference_and_backprop(
+        feeds, outputs=["y", "loss"], wrt=["x"])
+    got, dgot = planned.inference_and_backprop(feeds, outputs=["loss"], wrt=["x"])
+    for name in dwant:
+        np.testing.assert_allclose(dgot[name], dwant[name], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(inferred.inference(feeds, outputs=["y"])["y"], want["y"],
+                               rtol=2e-5, atol=2e-5)

@@ -39,7 +39,7 @@ from meta.lv1.plan.lowering.eltwise import (ACTIVATIONS, BINARY, binary, eltwise
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
 from meta.lv1.plan.lowering.pool import pool
-from meta.lv1.plan.lowering.rnn import recurrent
+from meta.lv1.plan.lowering.rnn import fold_slice, recurrent
 from meta.lv1.plan.lowering.tensor import concat, cross_entropy, softmax
 from meta.lv1.plan.lowering.views import gather, transpose, view_node
 
@@ -170,6 +170,7 @@ KERNELS: dict[str, Callable] = {
     "Sum": sum_node,
     "LSTM": recurrent,
     "GRU": recurrent,
+    "Slice": fold_slice,  # the Slices exporters build recurrent weights with
     **{t: binary for t in BINARY},
     **{t: eltwise for t in ACTIVATIONS},
     **{t: view_node for t in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
