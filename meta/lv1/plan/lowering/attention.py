@@ -7,11 +7,14 @@ Unfused, a training step keeps the softmax's output for every head until the bac
 gradient needs it) and the forward holds two copies of the scores at once (each node's input
 and output); at sequence 256 that is 16 MiB a layer for the GPT benchmark (batch 16, 4
 heads), more than everything else a layer keeps. Fused, the scores of ``chunk`` heads live in
-one scratch buffer: the forward writes them there (the scale as the product's post-op, the
-mask added and the softmax taken in place) and multiplies them by V; the backward computes
-them again from A and B (one more product per chunk, as FlashAttention does) and keeps
-nothing across the step. C++ side: the matmul, binary, softmax and eltwise steps of
-cpp/plan/ on chunks (views) of the plan's arrays.
+one scratch buffer: the forward writes them there (then scale, mask and softmax in one pass
+in place) and multiplies them by V; the backward computes them again from A and B (one more
+product per chunk, as FlashAttention does) and keeps nothing across the step. C++ side: the
+matmul steps of cpp/plan/ on chunks (views) of the plan's arrays, and cpp/plan/attention.cpp's
+softmax and its backward, which fold in the scale and the mask (two passes over the scores
+fewer than oneDNN's softmax) and, under a causal mask (-inf, or at most ``CAUSAL_BELOW``,
+above the diagonal), touch only the keys each query sees: the probabilities past the diagonal
+are exactly 0 (exp underflows), written as such without an exp.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from meta.lv1.plan.memory import Value
 
 SCRATCH_BYTES = 1 << 21  # scores of this many bytes at most per chunk of heads
 ENABLED = True  # False: the chain lowers node by node (to measure what the fusion saves)
+CAUSAL_BELOW = -1e9  # a mask at most this strictly above its diagonal is causal
 
 
 def _scalar(ctx: Context, name: str) -> float | None:
@@ -95,6 +99,14 @@ def _chain(ctx: Context, node: Node) -> tuple[list[Node], float, np.ndarray | No
             return None
 
 
+def _causal(mask: np.ndarray | None) -> bool:
+    """Whether a square ``mask`` hides every key after the query: softmax then gives those
+    exactly 0 (exp(-1e9 + s) underflows), so the kernels skip them."""
+    if mask is None or mask.shape[0] != mask.shape[1]:
+        return False
+    return bool(np.all(mask[np.triu_indices(mask.shape[0], 1)] <= CAUSAL_BELOW))
+
+
 def attention(ctx: Context, node: Node) -> Lowered | None:
     """The scores' MatMul ``node`` and the chain after it as one chunked attention, or None
     (the nodes then lower one by one)."""
@@ -114,11 +126,12 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         ctx.absorb(node, n)
     a_in, b_in, v_in = (pb.require_layout(x, "plain") for x in (a, b, v))
     y = pb.output(out, (*sa[:-2], t_q, dv))
+    causal = _causal(mask)
     mask_name = ""
-    if mask is not None:
+    if mask is not None and not (causal and not np.tril(mask).any()):
+        # causal: the kernel reads only the part on and below the diagonal; none when 0
         mask_name = pb.fresh(f"{node.name}.mask")
-        pb.values[mask_name] = Value(mask_name, (1, t_q, t_k), F32, storage="owned",
-                                     array=mask.reshape(1, t_q, t_k))
+        pb.values[mask_name] = Value(mask_name, (t_q, t_k), F32, storage="owned", array=mask)
     scores = pb.output(pb.fresh(f"{node.name}.scores"), (chunk, t_q, t_k))
     spans = [(i, min(i + chunk, heads)) for i in range(0, heads, chunk)]
     rt = pb.rt
@@ -129,14 +142,10 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
     def probabilities(x, s, i: int, j: int) -> list:
         """Steps writing softmax(A . B * scale + mask) of heads i:j into ``s``."""
         c = j - i
-        steps = [rt.matmul([c, t_q, d], [c, d, t_k], False, False, rows(x(a_in), (t_q, d), i, j),
-                           rows(x(b_in), (d, t_k), i, j), None, s,
-                           "linear" if scale != 1.0 else "", scale, 0.0, False)]
-        if mask_name:
-            steps.append(rt.binary([c, t_q, t_k], [1, t_q, t_k], "plain", "plain", "add", s,
-                                   x(mask_name), s))
-        steps.append(rt.softmax([c, t_q, t_k], 2, False, s, s))
-        return steps
+        return [rt.matmul([c, t_q, d], [c, d, t_k], False, False, rows(x(a_in), (t_q, d), i, j),
+                          rows(x(b_in), (d, t_k), i, j), None, s, "", 0.0, 0.0, False),
+                rt.attention_softmax([c, t_q, t_k], scale, x(mask_name) if mask_name else None,
+                                     causal, s, s)]
 
     def forward(x) -> list:
         steps = []
@@ -175,14 +184,12 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                                            add))
                 if targets[a_in] is None and targets[b_in] is None:
                     continue
-                # dP = dY . V^T, then the softmax's backward and the scale, in place
+                # dP = dY . V^T, then the softmax's backward times the scale, in place
                 steps.append(rt.matmul([c, t_q, dv], [c, t_k, dv], False, True, gy,
                                        rows(x(v_in), (t_k, dv), i, j), None, dsc, "", 0.0, 0.0,
                                        False))
-                steps.append(rt.softmax_backward([c, t_q, t_k], 2, False, s, dsc, dsc))
-                if scale != 1.0:
-                    steps.append(rt.eltwise([c, t_q, t_k], "plain", "linear", scale, 0.0, dsc,
-                                            dsc))
+                steps.append(rt.attention_softmax_backward([c, t_q, t_k], scale, causal, s, dsc,
+                                                           dsc))
                 if targets[a_in] is not None:  # dA = dS . B^T
                     dest, add = targets[a_in]
                     steps.append(rt.matmul([c, t_q, t_k], [c, d, t_k], False, True, dsc,
