@@ -45,6 +45,14 @@ def test_gpt_gradients_match_the_reference(monkeypatch, scratch):
     planned = PlannedExecutor(graph).train()
     values, grads = planned.inference_and_backprop(feeds)
     assert fused(planned) == ["h0.attn.mix", "h1.attn.mix"]
+    place = planned.placement()
+    for layer in ("h0", "h1"):  # K, V and the merged output read and written through strides
+        assert place[f"{layer}.attn.q.t"] == "onednn"
+        for t in ("k.t", "v.t", "y.t"):
+            assert place[f"{layer}.attn.{t}"] == f"fused into {layer}.attn.scores", t
+    ran = {s.node for steps in planned._last.records.values() for s in steps
+           if s.name.startswith("Transpose")}
+    assert ran == {"h0.attn.q.t", "h1.attn.q.t", "lm_head.tied", "logits"}, ran
     close(values["loss"], ref_values["loss"], "loss")
     for name, g in ref_grads.items():
         close(grads[name], g, name)
