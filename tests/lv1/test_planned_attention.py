@@ -151,7 +151,8 @@ def softmax_reference(x, scale, mask, causal):
 
 @pytest.mark.parametrize("queries,keys,causal,masked", [
     (1, 1, True, False), (5, 5, True, False), (13, 13, True, True), (24, 24, True, False),
-    (7, 19, True, False), (9, 13, False, True), (16, 16, False, False), (3, 40, False, False)])
+    (7, 19, True, False), (9, 13, False, True), (16, 16, False, False), (3, 40, False, False),
+    (128, 128, True, True)])  # the last above 2^15 scores: split over the threads
 def test_softmax_kernels_match_numpy(queries, keys, causal, masked):
     """cpp/plan/attention.cpp's softmax and its backward over rows of every length mod 8
     (vectors of 8 and their tails); causal rows are 0 past the diagonal whatever the scores
