@@ -2,6 +2,8 @@
 // transposed through its strides (so Gemm's transA/transB and every backward product need no
 // copy), batch dimensions broadcast where they are 1, an optional bias row and fused
 // activation, and an optional accumulate into the output (y += a.b, for summed gradients).
+// An operand or the output may be a strided numpy view (row blocks and key prefixes of
+// attention's per-head arrays): its own strides then describe it, so no copy is made.
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -10,11 +12,37 @@ namespace meta::plan {
 
 namespace {
 
-// Logical (..., rows, cols) view of a row-major array of physical dims, transposed or not.
-memory::desc operand(Dims phys, bool transposed) {
+// True when `a` is a view that is not dense row-major over `phys`: it must then have exactly
+// those dims, and its own strides describe it.
+bool strided(const py::array& a, const Dims& phys, const char* what) {
+  if (a.flags() & py::array::c_style) return false;
+  bool same = std::size_t(a.ndim()) == phys.size();
+  for (std::size_t i = 0; same && i < phys.size(); ++i) same = a.shape(i) == phys[i];
+  if (!same || a.itemsize() != 4)
+    throw std::invalid_argument(std::string("meta._plan.matmul: ") + what +
+                                " is a strided view whose shape is not the operand's dims");
+  for (std::size_t i = 0; i < phys.size(); ++i)
+    if (a.strides(i) % 4 != 0 || a.strides(i) < 0)
+      throw std::invalid_argument(std::string("meta._plan.matmul: ") + what +
+                                  " has strides that are not whole floats");
+  return true;
+}
+
+// The address of a dense array holding md's bytes, or of a strided view (numpy checked it).
+void* view_address(const py::array& a, const memory::desc& md, const char* what) {
+  if (a.flags() & py::array::c_style) return address(a, md.get_size(), what);
+  return const_cast<void*>(a.data());
+}
+
+// Logical (..., rows, cols) view of an array of physical dims (row-major, or the strided view
+// `a`), transposed or not.
+memory::desc operand(Dims phys, bool transposed, const py::array& a, const char* what) {
   const std::size_t n = phys.size();
   Dims strides(n, 1);
-  for (int i = int(n) - 2; i >= 0; --i) strides[i] = strides[i + 1] * phys[i + 1];
+  if (strided(a, phys, what))
+    for (std::size_t i = 0; i < n; ++i) strides[i] = a.strides(i) / 4;
+  else
+    for (int i = int(n) - 2; i >= 0; --i) strides[i] = strides[i + 1] * phys[i + 1];
   if (transposed) {
     std::swap(phys[n - 1], phys[n - 2]);
     std::swap(strides[n - 1], strides[n - 2]);
@@ -28,7 +56,8 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
                bool accumulate) {
   if (a_dims.size() != b_dims.size() || a_dims.size() < 2)
     throw std::invalid_argument("meta._plan.matmul: operands must have one rank >= 2");
-  const memory::desc ma = operand(a_dims, trans_a), mb = operand(b_dims, trans_b);
+  const memory::desc ma = operand(a_dims, trans_a, a, "matmul a"),
+                     mb = operand(b_dims, trans_b, b, "matmul b");
   const auto da = ma.get_dims(), db = mb.get_dims();
   const std::size_t n = a_dims.size();
   if (da[n - 1] != db[n - 2])
@@ -37,16 +66,16 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
   for (std::size_t i = 0; i + 2 < n; ++i) out[i] = std::max<std::int64_t>(da[i], db[i]);
   out[n - 2] = da[n - 2];
   out[n - 1] = db[n - 1];
-  const memory::desc my = make_md(out, "plain");
+  const memory::desc my = operand(out, false, y, "matmul output");
   dnnl::primitive_attr attr = scratch_attr();
   dnnl::post_ops po;
   if (accumulate) po.append_sum(1.f);
   if (!post.empty()) po.append_eltwise(eltwise_algorithm(post, false), post_alpha, post_beta);
   attr.set_post_ops(po);
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(ma, engine(), address(a, 0, "matmul a"))},
-      {DNNL_ARG_WEIGHTS, memory(mb, engine(), address(b, 0, "matmul b"))},
-      {DNNL_ARG_DST, bind(my, y, "matmul output")}};
+      {DNNL_ARG_SRC, memory(ma, engine(), view_address(a, ma, "matmul a"))},
+      {DNNL_ARG_WEIGHTS, memory(mb, engine(), view_address(b, mb, "matmul b"))},
+      {DNNL_ARG_DST, memory(my, engine(), view_address(y, my, "matmul output"))}};
   dnnl::matmul::primitive_desc pd;
   if (bias) {
     Dims bd(n, 1);
@@ -57,9 +86,6 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
   } else {
     pd = dnnl::matmul::primitive_desc(engine(), ma, mb, my, attr);
   }
-  // the operands' sizes, now that the views are known
-  address(a, ma.get_size(), "matmul a");
-  address(b, mb.get_size(), "matmul b");
   return primitive_step("matmul", dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
 }
 

@@ -1,6 +1,8 @@
 """Attention in the planned executor (``meta.lv1.plan.lowering.attention``): MatMul, scale,
 mask, Softmax, MatMul lowered as one chunked node gives the reference executor's losses and
-gradients, and a GPT training step then keeps no (T, T) scores across the step."""
+gradients (under a causal mask too, where it skips the keys after each query, at sequences
+that are and are not a multiple of its query block), and a GPT training step then keeps no
+(T, T) scores across the step."""
 
 from __future__ import annotations
 
@@ -43,6 +45,14 @@ def test_gpt_gradients_match_the_reference(monkeypatch, scratch):
     planned = PlannedExecutor(graph).train()
     values, grads = planned.inference_and_backprop(feeds)
     assert fused(planned) == ["h0.attn.mix", "h1.attn.mix"]
+    place = planned.placement()
+    for layer in ("h0", "h1"):  # K, V and the merged output read and written through strides
+        assert place[f"{layer}.attn.q.t"] == "onednn"
+        for t in ("k.t", "v.t", "y.t"):
+            assert place[f"{layer}.attn.{t}"] == f"fused into {layer}.attn.scores", t
+    ran = {s.node for steps in planned._last.records.values() for s in steps
+           if s.name.startswith("Transpose")}
+    assert ran == {"h0.attn.q.t", "h1.attn.q.t", "lm_head.tied", "logits"}, ran
     close(values["loss"], ref_values["loss"], "loss")
     for name, g in ref_grads.items():
         close(grads[name], g, name)
@@ -51,9 +61,10 @@ def test_gpt_gradients_match_the_reference(monkeypatch, scratch):
                                                      ["logits"])["logits"], "logits")
 
 
-def exported_attention(heads=3, t=5, d=4, divide=False) -> GraphBuilder:
-    """The chain as PyTorch's exporter writes it (no mask; Div by sqrt(d) when ``divide``),
-    over graph inputs whose gradients are asked for."""
+def exported_attention(heads=3, t=5, d=4, divide=False, mask=None) -> GraphBuilder:
+    """The chain as PyTorch's exporter writes it (Div by sqrt(d) when ``divide``; the
+    constant ``mask`` added to the scores when given), over graph inputs whose gradients are
+    asked for."""
     b = GraphBuilder("attention", 17)
     q, k, v = (b.input(n, np.float32, (2, heads, *s)) for n, s in
                (("q", (t, d)), ("k", (d, t)), ("v", (t, d))))
@@ -61,6 +72,9 @@ def exported_attention(heads=3, t=5, d=4, divide=False) -> GraphBuilder:
     if divide:
         s = b.node("Div", [s, b.initializer("root_d", np.asarray(math.sqrt(d), np.float32))],
                    name="scaled")
+    if mask is not None:
+        s = b.node("Add", [s, b.node("Constant", [], name="mask_value", value=mask)],
+                   name="masked")
     p = b.node("Softmax", [s], name="softmax", axis=-1)
     y = b.node("MatMul", [p, v], name="mix")
     w = b.initializer("w", np.linspace(-1, 1, d, dtype=np.float32))
@@ -122,3 +136,90 @@ def test_gpt_step_memory_at_sequence_128_keeps_no_scores(monkeypatch):
     assert not left, f"(T, T) scores beyond a chunk's scratch are left: {left}"
     assert plan.arena_bytes <= unfused_bytes - layers * scores, \
         (plan.arena_bytes, unfused_bytes, scores)
+
+
+def softmax_reference(x, scale, mask, causal):
+    """softmax(x * scale + mask) over the last axis; causal: query i of q sees keys up to
+    k - q + i."""
+    z = x.astype(np.float64) * scale + (0 if mask is None else mask)
+    q, k = x.shape[-2:]
+    if causal:
+        z = z + np.triu(np.full((q, k), -np.inf), k - q + 1)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("queries,keys,causal,masked", [
+    (1, 1, True, False), (5, 5, True, False), (13, 13, True, True), (24, 24, True, False),
+    (7, 19, True, False), (9, 13, False, True), (16, 16, False, False), (3, 40, False, False),
+    (128, 128, True, True)])  # the last above 2^15 scores: split over the threads
+def test_softmax_kernels_match_numpy(queries, keys, causal, masked):
+    """cpp/plan/attention.cpp's softmax and its backward over rows of every length mod 8
+    (vectors of 8 and their tails); causal rows are 0 past the diagonal whatever the scores
+    there (they are never read), and so is their gradient."""
+    rt = runtime.module()
+    rng = np.random.default_rng(queries * 100 + keys)
+    x = (rng.standard_normal((3, queries, keys)) * 4).astype(np.float32)
+    mask = rng.standard_normal((queries, keys)).astype(np.float32) if masked else None
+    p = np.full_like(x, 7.0)
+    rt.attention_softmax([3, queries, keys], 0.3, mask, causal, x, p).run()
+    ref = softmax_reference(x, 0.3, mask, causal)
+    close(p, ref, "probabilities", 1e-6)
+    if causal:
+        hidden = np.triu_indices(queries, keys - queries + 1, keys)
+        assert not p[:, hidden[0], hidden[1]].any()
+    dp = rng.standard_normal(x.shape).astype(np.float32)
+    dx = np.full_like(x, 7.0)
+    rt.attention_softmax_backward([3, queries, keys], 0.3, causal, p, dp, dx).run()
+    close(dx, 0.3 * ref * (dp - (ref * dp).sum(-1, keepdims=True)), "dscores", 1e-5)
+
+
+@pytest.mark.parametrize("block,scratch", [(5, attention.SCRATCH_BYTES), (32, 19 * 19 * 4),
+                                           (4, 19 * 19 * 4)])
+def test_causal_gpt_gradients_at_a_sequence_not_a_multiple_of_the_block(monkeypatch, block,
+                                                                        scratch):
+    """Sequence 19: query blocks of 5 (the last has 4 rows) and 4 (the last has 3), or one
+    block (32 > 19); all heads in one chunk, or one head per chunk."""
+    monkeypatch.setattr(attention, "BLOCK", block)
+    monkeypatch.setattr(attention, "SCRATCH_BYTES", scratch)
+    graph = gpt((19,), classes=11, layers=2, heads=2, width=8, seed=3)
+    causal = []
+    monkeypatch.setattr(attention, "_causal", lambda m, f=attention._causal: causal.append(
+        f(m)) or causal[-1])
+    feeds = tokens(3, 19, 11, seed=4)
+    ref_values, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(feeds)
+    planned = PlannedExecutor(graph).train()
+    values, grads = planned.inference_and_backprop(feeds)
+    assert fused(planned) == ["h0.attn.mix", "h1.attn.mix"] and causal == [True, True]
+    close(values["loss"], ref_values["loss"], "loss")
+    for name, g in ref_grads.items():
+        close(grads[name], g, name)
+
+
+@pytest.mark.parametrize("kind", ["random", "causal with a bias", "causal at -inf"])
+def test_masked_chain_gradients(monkeypatch, kind):
+    """A mask that is not causal keeps every key; a causal one with a bias on and below the
+    diagonal (ALiBi's kind) adds it; -inf above the diagonal is causal too."""
+    monkeypatch.setattr(attention, "BLOCK", 4)
+    t = 11
+    rng = np.random.default_rng(5)
+    mask = rng.standard_normal((t, t)).astype(np.float32)
+    if kind != "random":
+        mask = np.tril(mask) + np.triu(np.full((t, t), -1e9 if "bias" in kind else -np.inf,
+                                               np.float32), 1)
+        if "inf" in kind:
+            mask = np.where(np.isinf(mask), mask, 0).astype(np.float32)
+    assert attention._causal(mask) == (kind != "random")
+    graph = exported_attention(t=t, divide=True, mask=mask).build()
+    feeds = {"q": rng.standard_normal((2, 3, t, 4)).astype(np.float32),
+             "k": rng.standard_normal((2, 3, 4, t)).astype(np.float32),
+             "v": rng.standard_normal((2, 3, t, 4)).astype(np.float32)}
+    wrt = ["q", "k", "v"]
+    ref = ReferenceExecutor(graph).train().inference_and_backprop(feeds, outputs=["mix"],
+                                                                  wrt=wrt)
+    planned = PlannedExecutor(graph).train()
+    ours = planned.inference_and_backprop(feeds, outputs=["mix"], wrt=wrt)
+    assert planned.placement()["masked"] == "fused into scores"
+    close(ours[0]["mix"], ref[0]["mix"], "output")
+    for name in wrt:
+        close(ours[1][name], ref[1][name], f"d{name}")

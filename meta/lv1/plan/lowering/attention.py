@@ -7,11 +7,19 @@ Unfused, a training step keeps the softmax's output for every head until the bac
 gradient needs it) and the forward holds two copies of the scores at once (each node's input
 and output); at sequence 256 that is 16 MiB a layer for the GPT benchmark (batch 16, 4
 heads), more than everything else a layer keeps. Fused, the scores of ``chunk`` heads live in
-one scratch buffer: the forward writes them there (the scale as the product's post-op, the
-mask added and the softmax taken in place) and multiplies them by V; the backward computes
-them again from A and B (one more product per chunk, as FlashAttention does) and keeps
-nothing across the step. C++ side: the matmul, binary, softmax and eltwise steps of
-cpp/plan/ on chunks (views) of the plan's arrays.
+one scratch buffer: the forward writes them there (then scale, mask and softmax in one pass
+in place) and multiplies them by V; the backward computes them again from A and B (one more
+product per chunk, as FlashAttention does) and keeps nothing across the step. C++ side: the
+matmul steps of cpp/plan/ on chunks (views) of the plan's arrays, and cpp/plan/attention.cpp's
+softmax and its backward, which fold in the scale and the mask (two passes over the scores
+fewer than oneDNN's softmax) and, under a causal mask (-inf, or at most ``CAUSAL_BELOW``,
+above the diagonal), touch only the keys each query sees: the probabilities past the diagonal
+are exactly 0 (exp underflows), written as such without an exp. The products that read the
+probabilities or their gradient (P . V, P^T . dY, A^T . dS) then go by blocks of ``BLOCK``
+query rows, each against the keys up to its last row (strided views, no copies): about 5/8 of
+their work at 4 blocks. The products that make scores (A . B, dY . V^T, and dS . B^T) stay
+whole: oneDNN's fast batched kernel takes only dense batches, and its fallback for strided
+ones lost more than the blocks saved there (measured, 1 thread, batch 16 x 4 heads, T 128).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from meta.lv1.plan.memory import Value
 
 SCRATCH_BYTES = 1 << 21  # scores of this many bytes at most per chunk of heads
 ENABLED = True  # False: the chain lowers node by node (to measure what the fusion saves)
+CAUSAL_BELOW = -1e9  # a mask at most this strictly above its diagonal is causal
+BLOCK = 32  # causal: P . V, P^T . dY and A^T . dS by query blocks of this many rows
 
 
 def _scalar(ctx: Context, name: str) -> float | None:
@@ -95,6 +105,36 @@ def _chain(ctx: Context, node: Node) -> tuple[list[Node], float, np.ndarray | No
             return None
 
 
+def _causal(mask: np.ndarray | None) -> bool:
+    """Whether a square ``mask`` hides every key after the query: softmax then gives those
+    exactly 0 (exp(-1e9 + s) underflows), so the kernels skip them."""
+    if mask is None or mask.shape[0] != mask.shape[1]:
+        return False
+    return bool(np.all(mask[np.triu_indices(mask.shape[0], 1)] <= CAUSAL_BELOW))
+
+
+def _transposed_source(ctx: Context, x: str, perm: list[int]) -> tuple[str, int] | None:
+    """When ``x`` is the output of a Transpose by ``perm`` (split heads) read by the attention
+    only: the Transpose's input and the index of its step, which the attention then drops,
+    reading the input through strides instead (oneDNN's batched kernel takes these layouts,
+    acbd and adbc, as they are; a copy of 1 MiB less a layer and direction at the GPT
+    benchmark's size); None otherwise."""
+    pb = ctx.pb
+    if x in ctx.protected or len(ctx.consumers.get(x, [])) != 1 or len(ctx.shape(x)) != 4:
+        return None
+    for k in range(len(pb.steps) - 1, -1, -1):
+        step = pb.steps[k]
+        if x not in step.writes:
+            continue
+        op = ctx.ops.get(step.node)
+        if step.name != "Transpose" or step.writes != (x,) or len(step.reads) != 1 \
+                or op is None or op.perm is None or list(op.perm) != perm \
+                or pb.values[step.reads[0]].layout != "plain":
+            return None
+        return step.reads[0], k
+    return None
+
+
 def attention(ctx: Context, node: Node) -> Lowered | None:
     """The scores' MatMul ``node`` and the chain after it as one chunked attention, or None
     (the nodes then lower one by one)."""
@@ -109,43 +149,91 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
     v, out = mix.inputs[1], mix.outputs[0]
     sa, sb, sv = ctx.shape(a), ctx.shape(b), ctx.shape(v)
     heads, t_q, d, t_k, dv = prod(sa[:-2]), sa[-2], sa[-1], sb[-1], sv[-1]
+    lead = sa[:-2]
+    n_h = lead[-1] if lead else 1
+    n_g = heads // n_h
     chunk = max(1, min(heads, SCRATCH_BYTES // (t_q * t_k * 4)))
     for n in chain:
         ctx.absorb(node, n)
-    a_in, b_in, v_in = (pb.require_layout(x, "plain") for x in (a, b, v))
-    y = pb.output(out, (*sa[:-2], t_q, dv))
+    # K and V's split heads read through strides, their Transposes' steps dropped (their
+    # backward then finds no gradient and adds nothing), and the merge of the heads after the
+    # attention written through strides; Q keeps its copy: read through strides it cost the
+    # products more than the copy (GPT benchmark, 1 thread), while for K, V and the output the
+    # copies cost more (see _transposed_source)
+    sources = {a: None, b: _transposed_source(ctx, b, [0, 2, 3, 1]),
+               v: _transposed_source(ctx, v, [0, 2, 1, 3])}
+    for k in sorted((src[1] for src in sources.values() if src), reverse=True):
+        ctx.fused_into.setdefault(node.name, []).append(pb.steps[k].node)
+        del pb.steps[k]
+    a_in, b_in, v_in = (sources[x][0] if sources[x] else pb.require_layout(x, "plain")
+                        for x in (a, b, v))
+    merge = ctx.single_consumer(out, ("Transpose",)) if len(sa) == 4 else None
+    if merge is not None and (ctx.ops[merge.name].perm is None
+                              or list(ctx.ops[merge.name].perm) != [0, 2, 1, 3]
+                              or not ctx.float32(merge.outputs[0])):
+        merge = None
+    if merge is not None:
+        ctx.absorb(node, merge)
+        y = pb.output(merge.outputs[0], ctx.shape(merge.outputs[0]))
+    else:
+        y = pb.output(out, (*sa[:-2], t_q, dv))
+    # how each array is laid out: its (G, H, rows, cols) view from the plan's array
+    perms = {a_in: (0, 2, 1, 3) if sources[a] else None,
+             b_in: (0, 2, 3, 1) if sources[b] else None,
+             v_in: (0, 2, 1, 3) if sources[v] else None,
+             y: (0, 2, 1, 3) if merge is not None else None}
+    causal = _causal(mask)
     mask_name = ""
-    if mask is not None:
+    if mask is not None and not (causal and not np.tril(mask).any()):
+        # causal: the kernel reads only the part on and below the diagonal; none when 0
         mask_name = pb.fresh(f"{node.name}.mask")
-        pb.values[mask_name] = Value(mask_name, (1, t_q, t_k), F32, storage="owned",
-                                     array=mask.reshape(1, t_q, t_k))
+        pb.values[mask_name] = Value(mask_name, (t_q, t_k), F32, storage="owned", array=mask)
     scores = pb.output(pb.fresh(f"{node.name}.scores"), (chunk, t_q, t_k))
-    spans = [(i, min(i + chunk, heads)) for i in range(0, heads, chunk)]
+    # (first G, end G, first head, end head) of each chunk
+    if chunk >= n_h:
+        spans = [(g, min(g + chunk // n_h, n_g), 0, n_h) for g in range(0, n_g, chunk // n_h)]
+    else:
+        spans = [(g, g + 1, h, min(h + chunk, n_h)) for g in range(n_g)
+                 for h in range(0, n_h, chunk)]
+    # (first row, end row, keys) of each query block, the last first: it reaches every key,
+    # so in the backward it writes (or adds to) all of dV and dB and the others add theirs
+    blocks = [(r, min(r + BLOCK, t_q), min(r + BLOCK, t_q)) for r in range(0, t_q, BLOCK)
+              ][::-1] if causal else [(0, t_q, t_k)]
     rt = pb.rt
 
-    def rows(arr: np.ndarray, shape: tuple[int, int], i: int, j: int) -> np.ndarray:
-        return arr.reshape(heads, *shape)[i:j]
+    def view(arr: np.ndarray, like: str, shape: tuple[int, int], span) -> np.ndarray:
+        """The (G, H, rows, cols) view of ``arr`` (laid out as ``like``), one chunk's heads."""
+        g0, g1, h0, h1 = span
+        perm = perms.get(like)
+        full = arr.transpose(perm) if perm else arr.reshape(n_g, n_h, *shape)
+        return full[g0:g1, h0:h1]
 
-    def probabilities(x, s, i: int, j: int) -> list:
-        """Steps writing softmax(A . B * scale + mask) of heads i:j into ``s``."""
-        c = j - i
-        steps = [rt.matmul([c, t_q, d], [c, d, t_k], False, False, rows(x(a_in), (t_q, d), i, j),
-                           rows(x(b_in), (d, t_k), i, j), None, s,
-                           "linear" if scale != 1.0 else "", scale, 0.0, False)]
-        if mask_name:
-            steps.append(rt.binary([c, t_q, t_k], [1, t_q, t_k], "plain", "plain", "add", s,
-                                   x(mask_name), s))
-        steps.append(rt.softmax([c, t_q, t_k], 2, False, s, s))
-        return steps
+    def dims(span, *rest: int) -> list[int]:
+        return [span[1] - span[0], span[3] - span[2], *rest]
+
+    def probabilities(x, s, span) -> list:
+        """Steps writing softmax(A . B * scale + mask) of one chunk's heads into ``s``."""
+        c = (span[1] - span[0]) * (span[3] - span[2])
+        return [rt.matmul(dims(span, t_q, d), dims(span, d, t_k), False, False,
+                          view(x(a_in), a_in, (t_q, d), span),
+                          view(x(b_in), b_in, (d, t_k), span), None, s, "", 0.0, 0.0, False),
+                rt.attention_softmax([c, t_q, t_k], scale, x(mask_name) if mask_name else None,
+                                     causal, s.reshape(c, t_q, t_k), s.reshape(c, t_q, t_k))]
+
+    def scratch(x, name: str, span) -> np.ndarray:
+        return x(name)[:(span[1] - span[0]) * (span[3] - span[2])].reshape(
+            dims(span, t_q, t_k))
 
     def forward(x) -> list:
         steps = []
-        for i, j in spans:
-            s = x(scores)[:j - i]
-            steps += probabilities(x, s, i, j)
-            steps.append(rt.matmul([j - i, t_q, t_k], [j - i, t_k, dv], False, False, s,
-                                   rows(x(v_in), (t_k, dv), i, j), None,
-                                   rows(x(y), (t_q, dv), i, j), "", 0.0, 0.0, False))
+        for span in spans:
+            s = scratch(x, scores, span)
+            steps += probabilities(x, s, span)
+            vv, yy = view(x(v_in), v_in, (t_k, dv), span), view(x(y), y, (t_q, dv), span)
+            for r0, r1, k in blocks:
+                steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, k, dv), False, False,
+                                       s[:, :, r0:r1, :k], vv[:, :, :k], None,
+                                       yy[:, :, r0:r1], "", 0.0, 0.0, False))
         return steps
 
     pb.step("attention", [a_in, b_in, v_in, mask_name, scores], [scores, y], forward)
@@ -156,43 +244,62 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         g = pb.grad(y)
         if g is None:
             return
+        perms[g] = perms[y]
         ps = pb.output(pb.fresh(f"{node.name}.probabilities"), (chunk, t_q, t_k))
         ds = pb.output(pb.fresh(f"{node.name}.dscores"), (chunk, t_q, t_k))
-        targets = {x: pb.grad_target(x, can_accumulate=True) if ctx.needs(x) else None
-                   for x in (a_in, b_in, v_in)}
+        targets = {x: pb.grad_target(x_in, can_accumulate=True) if ctx.needs(x) else None
+                   for x, x_in in ((a, a_in), (b, b_in), (v, v_in))}
+        for x, x_in in ((a, a_in), (b, b_in), (v, v_in)):
+            if targets[x] is not None:
+                perms[targets[x][0]] = perms[x_in]
 
         def build(x) -> list:
             steps = []
-            for i, j in spans:
-                c = j - i
-                s, dsc = x(ps)[:c], x(ds)[:c]
-                gy = rows(x(g), (t_q, dv), i, j)
-                steps += probabilities(x, s, i, j)
-                if targets[v_in] is not None:  # dV = P^T . dY
-                    dest, add = targets[v_in]
-                    steps.append(rt.matmul([c, t_q, t_k], [c, t_q, dv], True, False, s, gy,
-                                           None, rows(x(dest), (t_k, dv), i, j), "", 0.0, 0.0,
-                                           add))
-                if targets[a_in] is None and targets[b_in] is None:
+            for span in spans:
+                s, dsc = scratch(x, ps, span), scratch(x, ds, span)
+                c = (span[1] - span[0]) * (span[3] - span[2])
+                gy = view(x(g), g, (t_q, dv), span)
+                qa = view(x(a_in), a_in, (t_q, d), span)
+                kb = view(x(b_in), b_in, (d, t_k), span)
+                vv = view(x(v_in), v_in, (t_k, dv), span)
+                steps += probabilities(x, s, span)
+                if targets[v] is not None:  # dV = P^T . dY
+                    dest, add = targets[v]
+                    dvv = view(x(dest), dest, (t_k, dv), span)
+                    for n, (r0, r1, k) in enumerate(blocks):
+                        steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, r1 - r0, dv),
+                                               True, False, s[:, :, r0:r1, :k], gy[:, :, r0:r1],
+                                               None, dvv[:, :, :k], "", 0.0, 0.0, add or n > 0))
+                if targets[a] is None and targets[b] is None:
                     continue
-                # dP = dY . V^T, then the softmax's backward and the scale, in place
-                steps.append(rt.matmul([c, t_q, dv], [c, t_k, dv], False, True, gy,
-                                       rows(x(v_in), (t_k, dv), i, j), None, dsc, "", 0.0, 0.0,
-                                       False))
-                steps.append(rt.softmax_backward([c, t_q, t_k], 2, False, s, dsc, dsc))
-                if scale != 1.0:
-                    steps.append(rt.eltwise([c, t_q, t_k], "plain", "linear", scale, 0.0, dsc,
-                                            dsc))
-                if targets[a_in] is not None:  # dA = dS . B^T
-                    dest, add = targets[a_in]
-                    steps.append(rt.matmul([c, t_q, t_k], [c, d, t_k], False, True, dsc,
-                                           rows(x(b_in), (d, t_k), i, j), None,
-                                           rows(x(dest), (t_q, d), i, j), "", 0.0, 0.0, add))
-                if targets[b_in] is not None:  # dB = A^T . dS
-                    dest, add = targets[b_in]
-                    steps.append(rt.matmul([c, t_q, d], [c, t_q, t_k], True, False,
-                                           rows(x(a_in), (t_q, d), i, j), dsc, None,
-                                           rows(x(dest), (d, t_k), i, j), "", 0.0, 0.0, add))
+                # dP = dY . V^T, then the softmax's backward times the scale, in place
+                steps.append(rt.matmul(dims(span, t_q, dv), dims(span, t_k, dv), False, True, gy,
+                                       vv, None, dsc, "", 0.0, 0.0, False))
+                steps.append(rt.attention_softmax_backward(
+                    [c, t_q, t_k], scale, causal, s.reshape(c, t_q, t_k),
+                    dsc.reshape(c, t_q, t_k), dsc.reshape(c, t_q, t_k)))
+                if targets[a] is not None:  # dA = dS . B^T
+                    dest, add = targets[a]
+                    steps.append(rt.matmul(dims(span, t_q, t_k), dims(span, d, t_k), False, True,
+                                           dsc, kb, None, view(x(dest), dest, (t_q, d), span),
+                                           "", 0.0, 0.0, add))
+                if targets[b] is not None and perms[targets[b][0]] is None:  # dB = A^T . dS
+                    dest, add = targets[b]
+                    db = view(x(dest), dest, (d, t_k), span)
+                    for n, (r0, r1, k) in enumerate(blocks):
+                        steps.append(rt.matmul(dims(span, r1 - r0, d), dims(span, r1 - r0, k),
+                                               True, False, qa[:, :, r0:r1],
+                                               dsc[:, :, r0:r1, :k], None, db[:, :, :, :k], "",
+                                               0.0, 0.0, add or n > 0))
+                elif targets[b] is not None:  # B is K^T read from K: dK = dS^T . A instead
+                    dest, add = targets[b]  # (oneDNN has no fast kernel writing dB so)
+                    g0, g1, h0, h1 = span
+                    dk = x(dest).transpose(0, 2, 1, 3)[g0:g1, h0:h1]
+                    for n, (r0, r1, k) in enumerate(blocks):
+                        steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, r1 - r0, d),
+                                               True, False, dsc[:, :, r0:r1, :k],
+                                               qa[:, :, r0:r1], None, dk[:, :, :k], "",
+                                               0.0, 0.0, add or n > 0))
             return steps
 
         reads = [g, a_in, b_in, v_in, mask_name, ps, ds]
