@@ -119,16 +119,19 @@ def _timed(graph: Any, executor: Any, optimizer: Any, feeds: dict, steps: int,
             step_s, float(np.median(update_s)), profiled)
 
 
-def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, str]:
-    """This node's link between two ranks, or the default with the reason (one process)."""
+def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, Link | None, str]:
+    """This node's link between two ranks and its polled waits' link, or the default and
+    None with the reason (one process)."""
     if comm.size < 2:
-        return Machine().intra, "links: the cost model's defaults (no MPI: run under " \
+        return Machine().intra, None, "links: the cost model's defaults (no MPI: run under " \
             "mpiexec -n 2 to measure them)"
     ping = measure_link(comm)
     sizes = sorted({4096, max(grad_bytes // 4, 8192), max(grad_bytes, 16384)})
     ring = measure_allreduce(comm, sizes)
+    polled = measure_link(comm, (4096, max(grad_bytes, 16384)), repeats=10, polled=True)
     link = Link(max(ping.alpha, ring.alpha), max(ping.beta, ring.beta))
-    return link, f"links measured with {comm.size} ranks (ping-pong {ping}; allreduce {ring})"
+    return link, polled, f"links measured with {comm.size} ranks (ping-pong {ping}; " \
+        f"allreduce {ring}; polled ping-pong {polled})"
 
 
 def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = None,
@@ -160,7 +163,7 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         notes.append(f"{recipe.name} measured on {measured.executor}: step "
                      f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
         grad_bytes = _gradient_bytes(recipe)
-    link, how = measure_links(comm, grad_bytes)
+    link, polled, how = measure_links(comm, grad_bytes)
     notes.append(how)
     # the compute rate, for recipes without measured costs: a float32 matrix product
     a = np.ones((512, 512), np.float32)
@@ -190,7 +193,7 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
                           source=f"{base.source}; compute measured by meta plan --calibrate"
                           f" on {os.uname().nodename}: " + "; ".join(notes[:-1]))
     else:
-        machine = replace(base, nodes=1, ranks_per_node=cores, cores=cores,
+        machine = replace(base, nodes=1, ranks_per_node=cores, cores=cores, polled=polled,
                           memory_bytes=float(memory),
                           flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
                           source="measured by meta plan --calibrate; " + "; ".join(notes)

@@ -70,6 +70,9 @@ class Machine:
     source: str = "the cost model's defaults (not measured)"
     costs: dict[str, RecipeCosts] = field(default_factory=dict)
     cores: int = 0  # per node; 0: one per rank (ranks_per_node). More ranks than cores share
+    # a message waited for by polling (the asynchronous servers' and workers' waits); None:
+    # as the link it crosses (an MPI with a progress thread, or not measured)
+    polled: Link | None = None
 
     @property
     def cores_per_node(self) -> int:
@@ -93,6 +96,12 @@ class Machine:
     def link(self, ranks: int) -> Link:
         """The slowest link a collective over ``ranks`` consecutive ranks crosses."""
         return self.intra if ranks <= self.ranks_per_node else self.inter
+
+    def polled_link(self, ranks: int) -> Link:
+        """A polled wait's link among ``ranks``: measured within a node, or the link."""
+        if self.polled is not None and ranks <= self.ranks_per_node:
+            return self.polled
+        return self.link(ranks)
 
 
 def _link(table: Any, where: str) -> Link:
@@ -139,7 +148,7 @@ def load_machine(path: str | Path) -> Machine:
             kw["memory_bytes"] = float(data["memory_bytes"])
     except (TypeError, ValueError) as err:
         raise MachineError(f"machine file {str(path)!r}: {err}") from err
-    for key in ("intra", "inter"):
+    for key in ("intra", "inter", "polled"):
         if key in data:
             kw[key] = _link(data[key], f"machine file {str(path)!r}, [{key}]")
     costs = {}
@@ -181,8 +190,10 @@ def machine_toml(machine: Machine) -> str:
     for key in ("name", "source", "nodes", "ranks_per_node", "cores", "flops", "memory_bytes",
                 "copy_beta"):
         lines.append(f"{key} = {_toml_value(getattr(machine, key))}")
-    for key in ("intra", "inter"):
+    for key in ("intra", "inter", "polled"):
         link = getattr(machine, key)
+        if link is None:
+            continue
         lines += ["", f"[{key}]  # {link}", f"alpha = {link.alpha!r}", f"beta = {link.beta!r}"]
     for recipe, c in machine.costs.items():
         lines += ["", f"[costs.{recipe}]"]

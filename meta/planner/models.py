@@ -162,6 +162,7 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
     if p < 2:
         return out
     workers = p - 1
+    link = machine.polled_link(p)  # servers and workers wait by polling
     work = work.busy(min(workers, machine.ranks_per_node), machine.cores_per_node)
     # a worker: pack, send the gradient, wait for the parameters; the server applies each
     # gradient and copies the parameters out, one worker after another (a closed queue)

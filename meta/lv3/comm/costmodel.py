@@ -67,11 +67,30 @@ def gather_bcast(link: Link, p: int, nbytes: float) -> float:
 
 
 def measure_link(comm: Communicator, sizes: tuple[int, ...] = PING_BYTES,
-                 repeats: int = 20) -> Link:
+                 repeats: int = 20, polled: bool = False) -> Link:
     """Fit alpha and beta from ping-pongs between ranks 0 and 1 (collective: all ranks call it;
-    the others wait). Every rank returns the same Link; at size 1 it is free (zeros)."""
+    the others wait). Every rank returns the same Link; at size 1 it is free (zeros).
+
+    ``polled``: each side waits as the asynchronous strategies' servers and workers do, by
+    ``polling.poll_all`` (test, sleep, test): MPI moves a large message only inside those
+    tests, a piece per test, so such a wait costs far more than a blocking one (on the 2-core
+    machine about 10x for a 1 MB message)."""
     if comm.size < 2:
         return Link(0.0, 0.0)
+    if polled:
+        from meta.lv3.comm.polling import poll_all
+
+        def send(buf: np.ndarray, peer: int) -> None:
+            poll_all(comm, [comm.isend(buf, peer, tags.LINK_PROBE)])
+
+        def recv(buf: np.ndarray, peer: int) -> None:
+            poll_all(comm, [comm.irecv(buf, peer, tags.LINK_PROBE)])
+    else:
+        def send(buf: np.ndarray, peer: int) -> None:
+            comm.send(buf, peer, tag=tags.LINK_PROBE)
+
+        def recv(buf: np.ndarray, peer: int) -> None:
+            comm.recv(buf, peer, tag=tags.LINK_PROBE)
     times = np.zeros(len(sizes))
     if comm.rank < 2:
         other = 1 - comm.rank
@@ -81,11 +100,11 @@ def measure_link(comm: Communicator, sizes: tuple[int, ...] = PING_BYTES,
             for _ in range(repeats + 2):
                 start = time.perf_counter()
                 if comm.rank == 0:
-                    comm.send(buf, other, tag=tags.LINK_PROBE)
-                    comm.recv(buf, other, tag=tags.LINK_PROBE)
+                    send(buf, other)
+                    recv(buf, other)
                 else:
-                    comm.recv(buf, other, tag=tags.LINK_PROBE)
-                    comm.send(buf, other, tag=tags.LINK_PROBE)
+                    recv(buf, other)
+                    send(buf, other)
                 samples.append((time.perf_counter() - start) / 2)
             times[i] = np.median(samples[2:])  # the first round trips set up the connection
     comm.bcast(times, root=0)
