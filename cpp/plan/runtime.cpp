@@ -172,8 +172,15 @@ StepPtr copy_step(const py::array& x, const py::array& y, std::int64_t n, bool a
   float* py_ = static_cast<float*>(address(y, n * 4, "copy destination"));
   if (accumulate)
     return std::make_shared<LambdaStep>("accumulate", [=] {
-#pragma omp parallel for simd if (n > (1 << 16))
-      for (std::int64_t i = 0; i < n; ++i) py_[i] += px[i];
+      // chunks with an inner simd loop: GCC 12 left a combined "parallel for simd" in a
+      // lambda scalar (1.05 ms on 2^20 floats at 1 thread; numpy's += 0.16)
+      constexpr std::int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+        const std::int64_t i1 = std::min(n, (c + 1) * kChunk);
+#pragma omp simd
+        for (std::int64_t i = c * kChunk; i < i1; ++i) py_[i] += px[i];
+      }
     });
   return std::make_shared<LambdaStep>("copy", [=] { std::memcpy(py_, px, n * 4); });
 }

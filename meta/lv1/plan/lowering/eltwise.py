@@ -117,6 +117,10 @@ def eltwise(ctx: Context, node: Node, op) -> Lowered | None:
     layout = v.layout
     dims = list(v.shape) or [1]  # oneDNN has no 0-d tensors: a scalar as one element
     y = pb.output(out, v.shape, F32, layout)
+    count = prod(dims)
+    if e.name == "gelu_erf" and layout == "plain" and ctx.needs(x) \
+            and ctx.consumers.get(x) == [node] and x not in ctx.protected:
+        return gelu_keeping_derivative(ctx, node, x, y, count)
     pb.step(node.op_type, [x], [y],
             lambda a: [pb.rt.eltwise(dims, layout, e.name, e.alpha, e.beta, a(x), a(y))])
     if not ctx.needs(x):
@@ -127,6 +131,13 @@ def eltwise(ctx: Context, node: Node, op) -> Lowered | None:
         g = pb.grad(y)
         if g is None:
             return
+        if e.name == "gelu_erf" and layout == "plain":
+            # our loop (eltwise.cpp's gelu): oneDNN's gelu_erf backward ran 0.9 ms on
+            # 2048 x 512 at 1 thread and did not speed up at 2; this one 0.73 and 0.36
+            dest, add = pb.grad_target(x, can_accumulate=True)
+            pb.step(f"{node.op_type} backward", [x, g], [dest],
+                    lambda a: [pb.rt.gelu(count, a(x), a(g), a(dest), add)], "backward")
+            return
         dest, _ = pb.grad_target(x)
         saved = y if use_dst else x
         pb.step(f"{node.op_type} backward", [saved, g], [dest],
@@ -134,6 +145,26 @@ def eltwise(ctx: Context, node: Node, op) -> Lowered | None:
                                                   use_dst, a(saved), a(g), a(dest))],
                 "backward")
     return Lowered(node, backward, "onednn")
+
+
+def gelu_keeping_derivative(ctx: Context, node: Node, x: str, y: str, count: int) -> Lowered:
+    """Gelu (erf) in training when nothing else reads its input: the forward writes y and
+    gelu'(x) in one pass (the derivative's bytes replace x's, which nothing keeps), the
+    backward is dx = dy * gelu'(x). On 2048 x 512 at 1 thread: 0.76 + 0.25 ms, against
+    oneDNN's forward and our backward from x, 0.50 + 0.75."""
+    pb = ctx.pb
+    d = pb.output(pb.fresh(f"{y}@derivative"), pb.value(x).shape)
+    pb.step(node.op_type, [x], [y, d],
+            lambda a: [pb.rt.gelu(count, a(x), None, a(y), False, a(d))])
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dest, add = pb.grad_target(x, can_accumulate=True)
+        pb.step(f"{node.op_type} backward", [g, d], [dest],
+                lambda a: [pb.rt.multiply(count, a(g), a(d), a(dest), add)], "backward")
+    return Lowered(node, backward, "native")
 
 
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
