@@ -35,11 +35,9 @@ def fused(executor) -> list[str]:
             and k.endswith(".mix")]
 
 
-@pytest.mark.parametrize("scratch", [attention.SCRATCH_BYTES, 16 * 16 * 4])
-
-def planned_matches_reference(graph, t: int, rng: np.random.Generator, fused: str) -> None:
+def planned_matches_reference(graph, t: int, rng: np.random.Generator, folded: str) -> None:
     """The exported attention ``graph`` (q (2, 3, t, 4), k transposed, v) on the planned
-    executor: node ``fused`` folded into the scores' node, the output and the gradients of
+    executor: node ``folded`` fused into the scores' node, the output and the gradients of
     q, k and v those of the reference executor."""
     feeds = {"q": rng.standard_normal((2, 3, t, 4)).astype(np.float32),
              "k": rng.standard_normal((2, 3, 4, t)).astype(np.float32),
@@ -49,11 +47,13 @@ def planned_matches_reference(graph, t: int, rng: np.random.Generator, fused: st
                                                                   wrt=wrt)
     planned = PlannedExecutor(graph).train()
     ours = planned.inference_and_backprop(feeds, outputs=["mix"], wrt=wrt)
-    assert planned.placement()[fused] == "fused into scores"
+    assert planned.placement()[folded] == "fused into scores"
     close(ours[0]["mix"], ref[0]["mix"], "output")
     for name in wrt:
         close(ours[1][name], ref[1][name], f"d{name}")
 
+
+@pytest.mark.parametrize("scratch", [attention.SCRATCH_BYTES, 16 * 16 * 4])
 def test_gpt_gradients_match_the_reference(monkeypatch, scratch):
     """One chunk of all heads, and one head per chunk (the scratch holds one (T, T) block)."""
     monkeypatch.setattr(attention, "SCRATCH_BYTES", scratch)
@@ -106,7 +106,7 @@ def exported_attention(heads=3, t=5, d=4, divide=False, mask=None) -> GraphBuild
 @pytest.mark.parametrize("divide", [False, True])
 def test_exported_chain_gradients_with_respect_to_q_k_v(divide):
     graph = exported_attention(divide=divide).build()
-    planned_matches_reference(graph, 5, np.random.default_rng(2), fused="softmax")
+    planned_matches_reference(graph, 5, np.random.default_rng(2), folded="softmax")
 
 
 def test_a_fetched_softmax_is_not_fused():
@@ -217,4 +217,4 @@ def test_masked_chain_gradients(monkeypatch, kind):
             mask = np.where(np.isinf(mask), mask, 0).astype(np.float32)
     assert attention._causal(mask) == (kind != "random")
     graph = exported_attention(t=t, divide=True, mask=mask).build()
-    planned_matches_reference(graph, t, rng, fused="masked")
+    planned_matches_reference(graph, t, rng, folded="masked")
