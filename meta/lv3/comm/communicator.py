@@ -469,6 +469,7 @@ def launched_size(environ: os._Environ | dict = os.environ) -> int | None:
 # The exit status of a job that a rank's uncaught exception ended: meta's "error" status (as
 # ``meta run`` aborts with when training raises), not 1, which says that a metric missed.
 UNCAUGHT_EXIT = 2
+ABORT_GRACE_S = 0.3  # between a rank's last words and MPI_Abort
 
 
 def abort_on_uncaught_exception(comm: MPICommunicator, code: int = UNCAUGHT_EXIT) -> None:
@@ -487,6 +488,11 @@ def abort_on_uncaught_exception(comm: MPICommunicator, code: int = UNCAUGHT_EXIT
             print(f"meta: rank {comm.rank} of {comm.size} stopped on an uncaught "
                   f"{kind.__name__}; ending all {comm.size} ranks", file=sys.stderr, flush=True)
         finally:
+            # MPI_Abort tears the launcher's forwarding down with the ranks: give it a moment
+            # to pass on what this rank just wrote (under CI's load the traceback was cut off
+            # mid-line and the one line above never arrived)
+            sys.stderr.flush()
+            time.sleep(ABORT_GRACE_S)
             comm.abort(code)
 
     sys.excepthook = abort
