@@ -4,6 +4,7 @@ at the ranks this machine runs (item 4 of issue 30, the part that runs here).
     mpiexec -n 2 python benchmarks/plan_validation.py     # allreduce rows at P = 2 (also 3, 4)
     python benchmarks/plan_validation.py --pipelines      # pipelines of 2 and 4 stages
     python benchmarks/plan_validation.py --asynchronous   # Downpour, asynchronous PS
+    python benchmarks/plan_validation.py --two-nodes      # allreduce on two emulated nodes
 
 Each writes its rows into docs/plan_validation.md (and .json), keeping the others'.
 
@@ -27,6 +28,12 @@ samples; each a ``meta run`` under mpiexec against the planner's prediction from
 ``meta plan RECIPE --calibrate`` on the same ranks just before, the measured step being rank
 0's timeline phases per step summed (for the asynchronous strategies, a worker's step).
 
+``--two-nodes`` (not under mpiexec) runs the allreduce rows at P = 2 and 4 on two emulated
+nodes: MPICH's ``MPIR_CVAR_NUM_CLIQUES=2`` splits the ranks into two groups (even and odd
+ranks) with shared memory only within each, and ``UCX_TLS=tcp,self`` sends what crosses
+between them through the TCP stack, as between two machines. The calibration then measures
+both links and the planner costs the allreduce on the one between nodes.
+
 A row whose error is beyond ``--bound`` (20 %, the issue's acceptance) is marked.
 """
 
@@ -42,7 +49,7 @@ from pathlib import Path
 from meta.files import write_text
 from meta.lv2 import build_optimizer
 from meta.lv3 import Allreduce, world
-from meta.planner.calibrate import calibrate
+from meta.planner.calibrate import TWO_NODES_ENV, calibrate
 from meta.planner.models import allreduce_models
 from meta.planner.workload import build_network, feeds_for, make_workload
 from meta.recipe import load_recipe
@@ -75,13 +82,19 @@ def stepper(recipe, comm, options: dict | None):
 
 def measure(name: str, args, comm) -> list[dict]:
     recipe = load_recipe(REPO / "recipes" / f"{name}.py")
-    # this node with all P ranks on it (P may be more than its cores, as at 3 and 4 here)
-    machine = calibrate(recipe, comm=comm, steps=args.steps).oversubscribed(comm.size)
+    machine = calibrate(recipe, comm=comm, steps=args.steps)
+    if args.two_nodes and machine.nodes != 2:
+        raise SystemExit(f"plan_validation: --two-nodes: MPI placed the {comm.size} ranks on "
+                         f"{machine.nodes} node(s), not 2 (the emulation needs MPICH: "
+                         f"{' '.join(f'{k}={v}' for k, v in TWO_NODES_ENV.items())})")
+    if machine.nodes == 1:  # all P ranks on this node (P may be more than its cores)
+        machine = machine.oversubscribed(comm.size)
+    where = f"{machine.nodes} nodes: " if machine.nodes > 1 else ""
     work = make_workload(recipe, machine)
-    models = {pr.label: pr for pr in allreduce_models(work, machine, comm.size)}
+    models = {where + pr.label: pr for pr in allreduce_models(work, machine, comm.size)}
     predicted = {label: pr.step_s for label, pr in models.items()}
-    steps = {label: stepper(recipe, comm, opts) for label, opts in OPTIONS.items()
-             if label in predicted}
+    steps = {where + label: stepper(recipe, comm, opts) for label, opts in OPTIONS.items()
+             if where + label in predicted}
     steps[ALONE] = stepper(recipe, comm, None)
     for step in steps.values():
         for _ in range(args.warmup):
@@ -111,7 +124,9 @@ def measure(name: str, args, comm) -> list[dict]:
                      "error": error, "beyond_bound": abs(error) > args.bound,
                      "alone_ms": alone * 1e3, "beside_ms": beside * 1e3,
                      "beside_error": beside / measured - 1,
-                     "link": str(machine.intra), "compute": work.source})
+                     "link": str(machine.intra) if not where else
+                     f"{where}within a node {machine.intra}, between nodes {machine.inter}",
+                     "compute": work.source})
     return rows
 
 
@@ -208,6 +223,20 @@ def pipelines(args) -> list[dict]:
     return rows
 
 
+def two_nodes(args) -> None:
+    """The allreduce rows on two emulated nodes, at 2 and 4 ranks: this script under
+    ``mpiexec`` with ``TWO_NODES_ENV``; its ranks write their rows into the report."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **TWO_NODES_ENV}
+    for ranks in (2, 4):
+        words = [sys.executable, __file__, "--two-nodes", "--recipes", args.recipes,
+                 "--steps", str(args.steps), "--repeats", str(args.repeats), "--warmup",
+                 str(args.warmup), "--bound", str(args.bound), "--out", args.out]
+        subprocess.run(["mpiexec", "-n", str(ranks), *words], env=env, check=True)
+
+
 ASYNCHRONOUS = {  # recipe -> the planner's label of its configuration
     "mnist_downpour": "Downpour, 1 server(s), push/1 fetch/1",
     "mnist_parameter_server": "asynchronous parameter server (1)",
@@ -249,8 +278,10 @@ def write_report(rows: list[dict], args) -> None:
                "Produced on this machine by `benchmarks/plan_validation.py`: "
                "`mpiexec -n P python benchmarks/plan_validation.py`\n(allreduce, P = 2, 3, 4), "
                "`python benchmarks/plan_validation.py --pipelines` (pipelines of 2\nand 4 "
-               "stages) and `python benchmarks/plan_validation.py --asynchronous` (Downpour "
-               "and the\nasynchronous parameter server at 3 and 4 ranks); last run "
+               "stages), `python benchmarks/plan_validation.py --asynchronous` (Downpour "
+               "and the\nasynchronous parameter server at 3 and 4 ranks) and `python "
+               "benchmarks/plan_validation.py --two-nodes`\n(allreduce at 2 and 4 ranks on "
+               "two emulated nodes: rows `2 nodes: ...`); last run "
                f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. Rows whose\nmodel error "
                f"is beyond ±{args.bound:.0%} are marked: {within} of {len(rows)} within. "
                "The load column is the\nload average when the row was measured (other jobs "
@@ -269,6 +300,8 @@ def main() -> None:
     parser.add_argument("--asynchronous", action="store_true", help="(without mpiexec) the "
                         "Downpour and asynchronous parameter server rows instead, each a "
                         "meta run under mpiexec -n 3 or 4")
+    parser.add_argument("--two-nodes", action="store_true", help="(without mpiexec) the "
+                        "allreduce rows on two emulated nodes instead, at 2 and 4 ranks")
     parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
                         "of the asynchronous runs")
     parser.add_argument("--steps", type=int, default=20)
@@ -284,6 +317,9 @@ def main() -> None:
         write_report(merged(kept, rows), args)
         return
     comm = world()
+    if args.two_nodes and comm.size == 1:
+        two_nodes(args)
+        return
     load_before = os.getloadavg()[0]
     rows = [r for name in args.recipes.split(",") for r in measure(name, args, comm)]
     load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"

@@ -7,8 +7,11 @@ every node's forward and backward time), plus the optimizer's update, timed apar
 (``measure_link``) and blocking allreduces of the recipe's gradient size read back through the
 ring formula (``measure_allreduce``), the larger of the two fits kept, since the strategies
 send both kinds of message. Without MPI (one process) the links stay the cost model's
-defaults and the written file says so; the network between nodes is never measured here (one
-machine has none), so ``inter`` is always the default or what the user typed in.
+defaults and the written file says so. Ranks on several nodes (MPI's shared-memory groups)
+also measure the link between nodes: a ping-pong between two nodes' first ranks, and the
+allreduce over all ranks, which crosses it. On one host, groups of ranks with shared memory
+switched off between them emulate nodes (``benchmarks/plan_validation.py --two-nodes``);
+they share the host's cores. On one node ``inter`` stays the default or what the user typed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 import numpy as np
@@ -24,10 +27,15 @@ import numpy as np
 from meta.lv2 import build_optimizer
 from meta.lv3 import world
 from meta.lv3.comm.costmodel import Link, measure_allreduce, measure_link
+from meta.lv3.comm.shared_memory import node_of
 from meta.planner.machine import GIB, Machine, RecipeCosts
 from meta.planner.workload import build_network, feeds_for, graph_signature
 from meta.recipe import Recipe
 
+# two groups of ranks as two nodes on one host, for MPICH (with its UCX network module, the
+# wheel's): shared memory only within each group (even and odd ranks), and what crosses
+# between them through the TCP stack, as between two machines
+TWO_NODES_ENV = {"MPIR_CVAR_NUM_CLIQUES": "2", "UCX_TLS": "tcp,self"}
 CACHE_FLUSH_BYTES = 64 << 20  # more than a node's last-level cache
 ONE_OFF = 3.0  # a step this many times the median is a one-time cost, not the step's
 
@@ -130,19 +138,63 @@ def _timed(graph: Any, executor: Any, optimizer: Any, feeds: dict, steps: int,
             step_s, float(np.median(update_s)), profiled)
 
 
-def measure_links(comm: Any, grad_bytes: int) -> tuple[Link, Link | None, str]:
-    """This node's link between two ranks and its polled waits' link, or the default and
-    None with the reason (one process)."""
+@dataclass(frozen=True)
+class Layout:
+    """How MPI placed the ranks: each node's ranks (MPI's shared-memory groups), and whether
+    they all run on one host (several groups on one host: nodes emulated, e.g. MPICH's
+    ``MPIR_CVAR_NUM_CLIQUES``, which share the host's cores)."""
+
+    nodes: tuple[tuple[int, ...], ...]
+    one_host: bool
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(len(n) for n in self.nodes)
+
+
+def layout_of(comm: Any) -> Layout:
+    """The nodes of ``comm``'s ranks (collective); one node of one rank without MPI."""
     if comm.size < 2:
-        return Machine().intra, None, "links: the cost model's defaults (no MPI: run under " \
-            "mpiexec -n 2 to measure them)"
-    ping = measure_link(comm)
+        return Layout(((0,),), True)
+    node = node_of(comm)
+    leader = comm.rank if node is None else node.bcast_obj(comm.rank)
+    seen = comm.gather_obj((leader, comm.rank, os.uname().nodename))
+    groups: dict[int, list[int]] = defaultdict(list)
+    for lead, rank, _host in seen or []:
+        groups[lead].append(rank)
+    layout = Layout(tuple(tuple(sorted(g)) for _, g in sorted(groups.items())),
+                    len({host for *_, host in seen or []}) == 1)
+    return comm.bcast_obj(layout)
+
+
+def measure_links(comm: Any, grad_bytes: int,
+                  layout: Layout) -> tuple[Link, Link | None, Link | None, str]:
+    """The link between two ranks of a node, the link between two nodes (None on one node)
+    and a node's polled waits' link, or the default and Nones with the reason (one
+    process). The allreduce fit over all ranks goes with the slowest link it crosses."""
+    if comm.size < 2:
+        return Machine().intra, None, None, "links: the cost model's defaults (no MPI: run " \
+            "under mpiexec -n 2 to measure them)"
     sizes = sorted({4096, max(grad_bytes // 4, 8192), max(grad_bytes, 16384)})
     ring = measure_allreduce(comm, sizes)
-    polled = measure_link(comm, (4096, max(grad_bytes, 16384)), repeats=10, polled=True)
-    link = Link(max(ping.alpha, ring.alpha), max(ping.beta, ring.beta))
-    return link, polled, f"links measured with {comm.size} ranks (ping-pong {ping}; " \
-        f"allreduce {ring}; polled ping-pong {polled})"
+    within = next((n[:2] for n in layout.nodes if len(n) > 1), None)
+    polled = None
+    if within is not None:
+        ping = measure_link(comm, pair=within)
+        polled = measure_link(comm, (4096, max(grad_bytes, 16384)), repeats=10, polled=True,
+                              pair=within)
+    how = f"links measured with {comm.size} ranks"
+    if len(layout.nodes) == 1:
+        intra = Link(max(ping.alpha, ring.alpha), max(ping.beta, ring.beta))
+        return intra, None, polled, f"{how} (ping-pong {ping}; allreduce {ring}; polled " \
+            f"ping-pong {polled})"
+    across = measure_link(comm, pair=(layout.nodes[0][0], layout.nodes[1][0]))
+    inter = Link(max(across.alpha, ring.alpha), max(across.beta, ring.beta))
+    intra = ping if within is not None else Machine().intra
+    return intra, inter, polled, f"{how} on {len(layout.nodes)} nodes" + (
+        " (emulated on one host)" if layout.one_host else "") + \
+        f" (within a node: ping-pong {intra if within else 'not measured, one rank a node'};" \
+        f" between nodes: ping-pong {across}, allreduce {ring}; polled ping-pong {polled})"
 
 
 def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = None,
@@ -176,7 +228,8 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         notes.append(f"{recipe.name} measured on {measured.executor}: step "
                      f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
         grad_bytes = _gradient_bytes(recipe)
-    link, polled, how = measure_links(comm, grad_bytes)
+    layout = layout_of(comm)
+    link, inter, polled, how = measure_links(comm, grad_bytes, layout)
     notes.append(how)
     # the compute rate, for recipes without measured costs: a float32 matrix product
     a = np.ones((512, 512), np.float32)
@@ -205,12 +258,21 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         machine = replace(base, flops=flops, costs=costs, copy_beta=copy_beta,
                           source=f"{base.source}; compute measured by meta plan --calibrate"
                           f" on {os.uname().nodename}: " + "; ".join(notes[:-1]))
-    else:
+    elif inter is None:
         machine = replace(base, nodes=1, ranks_per_node=cores, cores=cores, polled=polled,
                           memory_bytes=float(memory),
                           flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
                           source="measured by meta plan --calibrate; " + "; ".join(notes)
                           + "; inter: not measurable on one machine (default)")
+    else:  # ranks on several nodes (or groups emulating them): the link between them too;
+        # emulated nodes share this host's cores
+        nodes = len(layout.nodes)
+        per_node = max(1, cores // nodes) if layout.one_host else cores
+        machine = replace(base, nodes=nodes, ranks_per_node=layout.ranks_per_node,
+                          cores=per_node, polled=polled, memory_bytes=float(memory),
+                          flops=flops, intra=link, inter=inter, costs=costs,
+                          copy_beta=copy_beta,
+                          source="measured by meta plan --calibrate; " + "; ".join(notes))
     if stream is not None and comm.rank == 0:
         for note in notes:
             print(f"meta plan: {note}", file=stream)

@@ -73,6 +73,11 @@ class Machine:
     # a message waited for by polling (the asynchronous servers' and workers' waits); None:
     # as the link it crosses (an MPI with a progress thread, or not measured)
     polled: Link | None = None
+    # whether MPI moves a nonblocking collective while the rank computes (an asynchronous
+    # progress thread, e.g. MPICH_ASYNC_PROGRESS=1, or a network that offloads it); without,
+    # an overlapped bucket moves only inside the calls that test it, and an allreduce
+    # overlapped with the backward hides almost nothing (benchmarks/plan_validation.py)
+    progress: bool = False
 
     @property
     def cores_per_node(self) -> int:
@@ -142,6 +147,11 @@ def load_machine(path: str | Path) -> Machine:
         for key in ("flops", "copy_beta"):
             if key in data:
                 kw[key] = float(data[key])
+        if "progress" in data:
+            if not isinstance(data["progress"], bool):
+                raise MachineError(f"machine file {str(path)!r}: progress must be true or "
+                                   f"false, got {data['progress']!r}")
+            kw["progress"] = data["progress"]
         if "memory_gib" in data:
             kw["memory_bytes"] = float(data["memory_gib"]) * GIB
         if "memory_bytes" in data:
@@ -188,7 +198,7 @@ def machine_toml(machine: Machine) -> str:
     """The TOML text ``load_machine`` reads back to an equal Machine."""
     lines = [f"# meta plan machine description ({machine.source})"]
     for key in ("name", "source", "nodes", "ranks_per_node", "cores", "flops", "memory_bytes",
-                "copy_beta"):
+                "copy_beta", "progress"):
         lines.append(f"{key} = {_toml_value(getattr(machine, key))}")
     for key in ("intra", "inter", "polled"):
         link = getattr(machine, key)

@@ -67,9 +67,11 @@ def gather_bcast(link: Link, p: int, nbytes: float) -> float:
 
 
 def measure_link(comm: Communicator, sizes: tuple[int, ...] = PING_BYTES,
-                 repeats: int = 20, polled: bool = False) -> Link:
-    """Fit alpha and beta from ping-pongs between ranks 0 and 1 (collective: all ranks call it;
-    the others wait). Every rank returns the same Link; at size 1 it is free (zeros).
+                 repeats: int = 20, polled: bool = False,
+                 pair: tuple[int, int] = (0, 1)) -> Link:
+    """Fit alpha and beta from ping-pongs between the ranks of ``pair`` (0 and 1 unless given:
+    two ranks on different nodes measure the link between nodes). Collective: all ranks call
+    it; the others wait. Every rank returns the same Link; at size 1 it is free (zeros).
 
     ``polled``: each side waits as the asynchronous strategies' servers and workers do, by
     ``polling.poll_all`` (test, sleep, test): MPI moves a large message only inside those
@@ -92,14 +94,15 @@ def measure_link(comm: Communicator, sizes: tuple[int, ...] = PING_BYTES,
         def recv(buf: np.ndarray, peer: int) -> None:
             comm.recv(buf, peer, tag=tags.LINK_PROBE)
     times = np.zeros(len(sizes))
-    if comm.rank < 2:
-        other = 1 - comm.rank
+    first, second = pair
+    if comm.rank in pair:
+        other = second if comm.rank == first else first
         for i, nbytes in enumerate(sizes):
             buf = np.zeros(nbytes, np.uint8)
             samples = []
             for _ in range(repeats + 2):
                 start = time.perf_counter()
-                if comm.rank == 0:
+                if comm.rank == first:
                     send(buf, other)
                     recv(buf, other)
                 else:
@@ -107,7 +110,7 @@ def measure_link(comm: Communicator, sizes: tuple[int, ...] = PING_BYTES,
                     send(buf, other)
                 samples.append((time.perf_counter() - start) / 2)
             times[i] = np.median(samples[2:])  # the first round trips set up the connection
-    comm.bcast(times, root=0)
+    times = comm.bcast(times, root=first)
     beta, alpha = np.polyfit(np.array(sizes, dtype=np.float64), times, 1)
     return Link(max(float(alpha), 0.0), max(float(beta), 0.0))
 
