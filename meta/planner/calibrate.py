@@ -40,7 +40,8 @@ CACHE_FLUSH_BYTES = 64 << 20  # more than a node's last-level cache
 ONE_OFF = 3.0  # a step this many times the median is a one-time cost, not the step's
 
 
-def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCosts:
+def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
+                   comm: Any = None) -> RecipeCosts:
     """Per-node forward/backward seconds and step seconds of ``steps`` training steps at the
     recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). A node's figure
     is its median over the steps; the step's is their mean, which is what a run of many steps
@@ -49,7 +50,9 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
     wait of a synchronous step on its slowest rank (``step_spread``). The same at an eighth of
     the batch fits each figure as a fixed time per call plus a part linear in the batch: a
     pipeline's micro-batch of 16 samples costs more than an eighth of 128 (mnist_pipeline's
-    were predicted 45-69 % fast without it)."""
+    were predicted 45-69 % fast without it). Under ``comm`` (collective: every rank
+    measures at once, sharing the cores as in training) the step's mean and spread are
+    every rank's steps pooled."""
     d = recipe.definitions
     graph, train = build_network(recipe)
     choice = d.choices["executor"]
@@ -65,6 +68,10 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
     fwd, bwd, steps_s, update, profiled = _timed(graph, executor, optimizer,
                                                  feeds_for(graph, train, big), steps, warmup)
     steps_s = _without_one_offs(steps_s)
+    ranks = comm.size if comm is not None else 1
+    if ranks > 1:  # the ranks' counts differ once one-offs are left out
+        gathered = comm.gather_obj(steps_s)
+        steps_s = comm.bcast_obj([x for mine in gathered or [] for x in mine])
     step = float(np.mean(steps_s))
     if not profiled:  # an executor without profiling: the whole step, on the nodes by size
         sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
@@ -86,7 +93,7 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2) -> RecipeCos
         extra_fixed = _intercept(extra2, extra, small, big)
     return RecipeCosts(graph_signature(graph), choice.name, big, fwd, bwd, step, update,
                        fixed_f, fixed_b, extra_fixed,
-                       tuple(round(float(x) / step, 4) for x in steps_s))
+                       tuple(round(float(x) / step, 4) for x in steps_s), ranks)
 
 
 def _without_one_offs(steps: list[float]) -> list[float]:
@@ -216,14 +223,7 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     grad_bytes = 1 << 20
     notes = []
     if recipe is not None:
-        measured = measure_recipe(recipe, steps=steps)
-        if comm.size > 1:  # every rank's steps, taken at the same time: the spread pooled
-            mine = [x * measured.step_s for x in measured.step_spread]  # ranks' counts
-            gathered = comm.gather_obj(mine)  # differ once one-offs are left out
-            pooled = comm.bcast_obj([x for steps in gathered or [] for x in steps])
-            mean = float(np.mean(pooled))
-            measured = replace(measured, step_s=mean, ranks_measured=comm.size, step_spread=tuple(
-                round(float(x) / mean, 4) for x in np.ravel(pooled)))
+        measured = measure_recipe(recipe, steps=steps, comm=comm)
         costs[recipe.name] = measured
         notes.append(f"{recipe.name} measured on {measured.executor}: step "
                      f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
