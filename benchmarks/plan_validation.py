@@ -23,7 +23,7 @@ Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet
 
 ``--pipelines`` and ``--asynchronous`` (not under mpiexec) run the recipes themselves:
 ``mnist_pipeline`` at 2 and 4 stages, 4 and 8 micro-batches, GPipe and 1F1B, one epoch each;
-``mnist_downpour`` and ``mnist_parameter_server`` at 3 and 4 ranks on ``--async-samples``
+``mnist_downpour`` and ``mnist_parameter_server`` at 2, 3 and 4 ranks on ``--async-samples``
 samples; each a ``meta run`` under mpiexec against the planner's prediction from
 ``meta plan RECIPE --calibrate`` on the same ranks just before, the measured step being rank
 0's timeline phases per step summed (for the asynchronous strategies, a worker's step).
@@ -245,7 +245,7 @@ ASYNCHRONOUS = {  # recipe -> the planner's label of its configuration
 
 def asynchronous(args) -> list[dict]:
     """Downpour (one server, push and fetch every step) and the asynchronous parameter server
-    at 3 and 4 ranks (a server and 2 or 3 workers): a ``meta run`` of a shortened epoch of
+    at 2, 3 and 4 ranks (a server and 1 to 3 workers): a ``meta run`` of a shortened epoch of
     each recipe against the planner's prediction of a worker's step, from a calibration of
     the recipe on the same ranks just before. The measured step is worker 0's (rank 0's)
     phases per step summed."""
@@ -256,7 +256,7 @@ def asynchronous(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, label in ASYNCHRONOUS.items():
-            for ranks in (3, 4):
+            for ranks in (2, 3, 4):
                 machine, work = _calibrated(name, ranks, args.steps, Path(tmp))
                 metrics = _run_metrics(name, ranks, {"epochs": "1", "train_samples": str(
                     args.async_samples)}, Path(tmp) / f"run_{name}_{ranks}")
@@ -279,7 +279,7 @@ def write_report(rows: list[dict], args) -> None:
                "`mpiexec -n P python benchmarks/plan_validation.py`\n(allreduce, P = 2, 3, 4), "
                "`python benchmarks/plan_validation.py --pipelines` (pipelines of 2\nand 4 "
                "stages), `python benchmarks/plan_validation.py --asynchronous` (Downpour "
-               "and the\nasynchronous parameter server at 3 and 4 ranks) and `python "
+               "and the\nasynchronous parameter server at 2, 3 and 4 ranks) and `python "
                "benchmarks/plan_validation.py --two-nodes`\n(allreduce at 2 and 4 ranks on "
                "two emulated nodes: rows `2 nodes: ...`); last run "
                f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. Rows whose\nmodel error "
@@ -299,7 +299,7 @@ def main() -> None:
                         "pipeline rows instead, each a meta run under mpiexec -n 2 or 4")
     parser.add_argument("--asynchronous", action="store_true", help="(without mpiexec) the "
                         "Downpour and asynchronous parameter server rows instead, each a "
-                        "meta run under mpiexec -n 3 or 4")
+                        "meta run under mpiexec -n 2, 3 or 4")
     parser.add_argument("--two-nodes", action="store_true", help="(without mpiexec) the "
                         "allreduce rows on two emulated nodes instead, at 2 and 4 ranks")
     parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
