@@ -340,6 +340,13 @@ def test_a_synchronous_step_waits_for_its_slowest_rank():
                             Machine(), 2)[0]
     assert allreduce_models(w, Machine(), 2)[0].step_s == pytest.approx(
         flat.step_s + 0.25 * 3e-3)
+    # averaging every k steps waits for the slowest rank's k steps, whose sums spread
+    # sqrt(k) times one step's: per step, the wait over sqrt(k)
+    steady = {pr.label: pr.step_s for pr in averaging_models(
+        Workload("s", 64, w.layers, 4096, 1, 0.0, "given"), Machine(), 2)}
+    for pr in averaging_models(w, Machine(), 2):
+        every = int(pr.sets["distributed.average_every"])
+        assert pr.step_s == pytest.approx(steady[pr.label] + 0.25 * 3e-3 / math.sqrt(every))
 
 
 def test_ranks_sharing_cores_are_rescaled_to_the_ranks_a_strategy_keeps_busy():

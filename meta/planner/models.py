@@ -122,12 +122,15 @@ def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Predictio
 
 def averaging_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     """``model_averaging``: local steps, the parameters averaged every k steps (the
-    strategy's own ``predict_comm_s``: an allreduce of them over k)."""
+    strategy's own ``predict_comm_s``: an allreduce of them over k). The averaging waits for
+    the slowest rank's k steps: independent steps' sums spread by sqrt(k) times one step's
+    spread, so the wait per step is ``sync_s(p) / sqrt(k)``."""
     if p < 2:
         return []
     n, out = work.param_bytes, []
     for every in (4, 16):
-        comm = (allreduce_s(machine, p, n) + 2 * n * machine.copy_beta) / every
+        comm = (allreduce_s(machine, p, n) + 2 * n * machine.copy_beta) / every \
+            + work.sync_s(p) / math.sqrt(every)
         step = work.compute_s + work.update_s + comm
         out.append(Prediction(
             "model_averaging", f"model averaging every {every} steps",
