@@ -7,7 +7,15 @@
 // D is the product of the trailing dims (1 for (N, C)); the classes of one element lie D apart.
 // Work is split into tasks of (n, a block of d) over OpenMP; the reduction adds the tasks'
 // partial sums in task order (in double), so the loss does not depend on the thread count.
-// e^x is meta::exp_vec (vectorised; std::exp, a scalar call, made this slower than numpy).
+// e^x over positions (D > 1, a language model's (N, vocab, T)) is meta::exp_vec, vectorised
+// across the block (std::exp, a scalar call, made this slower than numpy). (N, C) rows keep
+// std::exp summed in class order, the loop this kernel replaced, so a classifier's results are
+// the same to the bit as before. Not for accuracy (both are within about 1 ulp of float64,
+// unbiased) but because a ReLU network's trajectory is not a continuous function of the last
+// bit: in tests/lv1/test_batchnorm_precision.py's CNN one pre-ReLU value sits 8e-7 below zero
+// at step 5 (PyTorch float64), exp_vec's 1-ulp differences in dscores put it above, and its
+// parameters end 3.6e-4 from PyTorch's instead of 1.4e-6 (PyTorch float32 itself, its initial
+// weights moved by 1 ulp, lands that far in 3 of 12 tries).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -102,8 +110,7 @@ StepPtr cross_entropy(const std::string& node, std::int64_t n, std::int64_t c, s
 #pragma omp simd reduction(max : mx)
           for (std::int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
           float zz = 0;
-#pragma omp simd reduction(+ : zz)
-          for (std::int64_t j = 0; j < c; ++j) zz += meta::exp_vec(row[j] - mx);
+          for (std::int64_t j = 0; j < c; ++j) zz += std::exp(row[j] - mx);  // in order
           const float lz = mx + std::log(zz);
 #pragma omp simd
           for (std::int64_t j = 0; j < c; ++j) out[j] = row[j] - lz;
@@ -238,13 +245,11 @@ StepPtr cross_entropy_backward(std::int64_t n, std::int64_t c, std::int64_t d,
         }
         for (std::int64_t q = 0; q < len; ++q) g[q] = k[q] - g[q];  // the softmax's factor
         if (d == 1) {  // one element, classes contiguous
-          const float f = g[0];
+          const float f = g[0];  // std::exp, as the forward (see the top)
           if (grow) {
-#pragma omp simd
-            for (std::int64_t j = 0; j < c; ++j) drow[j] = meta::exp_vec(lrow[j]) * f + grow[j];
+            for (std::int64_t j = 0; j < c; ++j) drow[j] = std::exp(lrow[j]) * f + grow[j];
           } else {
-#pragma omp simd
-            for (std::int64_t j = 0; j < c; ++j) drow[j] = meta::exp_vec(lrow[j]) * f;
+            for (std::int64_t j = 0; j < c; ++j) drow[j] = std::exp(lrow[j]) * f;
           }
         } else {
           for (std::int64_t j = 0; j < c; ++j) {
