@@ -1,5 +1,5 @@
-// Softmax, LogSoftmax and Concat in a plan (oneDNN), and the fused softmax cross-entropy loss
-// (our loop): forward and backward.
+// Softmax, LogSoftmax and Concat in a plan (oneDNN), forward and backward. The fused softmax
+// cross-entropy loss is in loss.cpp.
 #include <cmath>
 #include <stdexcept>
 
@@ -86,50 +86,6 @@ std::vector<StepPtr> concat_backward(const std::vector<Dims>& dims, const std::s
   return steps;
 }
 
-// loss = mean_n -log softmax(scores)[n, label_n]; logp kept for the backward.
-StepPtr cross_entropy(std::int64_t n, std::int64_t c, const py::array& scores,
-                      const py::array& labels, const py::array& loss, const py::array& logp) {
-  const float* s = static_cast<const float*>(address(scores, n * c * 4, "loss scores"));
-  const std::int64_t* t =
-      static_cast<const std::int64_t*>(address(labels, n * 8, "loss labels"));
-  float* l = static_cast<float*>(address(loss, 4, "loss"));
-  float* lp = static_cast<float*>(address(logp, n * c * 4, "loss log-probabilities"));
-  return std::make_shared<LambdaStep>("softmax cross-entropy", [=] {
-    double total = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float* row = s + i * c;
-      float* out = lp + i * c;
-      float m = row[0];
-      for (std::int64_t j = 1; j < c; ++j) m = std::max(m, row[j]);
-      float z = 0;
-      for (std::int64_t j = 0; j < c; ++j) z += std::exp(row[j] - m);
-      const float lz = m + std::log(z);
-      for (std::int64_t j = 0; j < c; ++j) out[j] = row[j] - lz;
-      const std::int64_t k = t[i];
-      if (k < 0 || k >= c) throw std::out_of_range("softmax cross-entropy: label out of range");
-      total -= out[k];
-    }
-    *l = float(total / double(n));
-  });
-}
-
-// dscores = (softmax - onehot) * dloss / n
-StepPtr cross_entropy_backward(std::int64_t n, std::int64_t c, const py::array& dloss,
-                               const py::array& logp, const py::array& labels,
-                               const py::array& dscores) {
-  const float* dl = static_cast<const float*>(address(dloss, 4, "loss gradient"));
-  const float* lp = static_cast<const float*>(address(logp, n * c * 4, "log-probabilities"));
-  const std::int64_t* t = static_cast<const std::int64_t*>(address(labels, n * 8, "labels"));
-  float* d = static_cast<float*>(address(dscores, n * c * 4, "loss dscores"));
-  return std::make_shared<LambdaStep>("softmax cross-entropy backward", [=] {
-    const float k = *dl / float(n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      for (std::int64_t j = 0; j < c; ++j) d[i * c + j] = std::exp(lp[i * c + j]) * k;
-      d[i * c + t[i]] -= k;
-    }
-  });
-}
-
 }  // namespace
 
 void bind_tensor(py::module_& m) {
@@ -141,13 +97,6 @@ void bind_tensor(py::module_& m) {
         py::arg("y"));
   m.def("concat_backward", &concat_backward, py::arg("dims"), py::arg("layout"),
         py::arg("axis"), py::arg("dy"), py::arg("dxs"));
-}
-
-void bind_loss(py::module_& m) {
-  m.def("cross_entropy", &cross_entropy, py::arg("n"), py::arg("c"), py::arg("scores"),
-        py::arg("labels"), py::arg("loss"), py::arg("logp"));
-  m.def("cross_entropy_backward", &cross_entropy_backward, py::arg("n"), py::arg("c"),
-        py::arg("dloss"), py::arg("logp"), py::arg("labels"), py::arg("dscores"));
 }
 
 }  // namespace meta::plan

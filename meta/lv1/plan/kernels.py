@@ -17,8 +17,9 @@ BatchNormalization + ReLU, and views (Reshape, Flatten, Squeeze, Unsqueeze, Iden
 in inference) that cost nothing.
 
 Each kernel family's lowerings live in ``meta.lv1.plan.lowering``, one module per file of
-``cpp/plan/`` (conv, eltwise, matmul, norm, pool, rnn, tensor; views for what costs no kernel);
-this module keeps the dispatch (``lower``), the fallback (``python_node``) and the table.
+``cpp/plan/`` (conv, eltwise, loss, matmul, norm, pool, rnn, tensor; views for what costs no
+kernel); this module keeps the dispatch (``lower``), the fallback (``python_node``) and the
+table.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ from meta.lv1.plan.context import F32, Context, py_step
 from meta.lv1.plan.lowering.conv import conv
 from meta.lv1.plan.lowering.eltwise import (ACTIVATIONS, BINARY, binary, eltwise, reduce_mean,
                                             sum_node)
+from meta.lv1.plan.lowering.loss import cross_entropy
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
 from meta.lv1.plan.lowering.pool import pool
 from meta.lv1.plan.lowering.rnn import fold_slice, recurrent
-from meta.lv1.plan.lowering.tensor import concat, cross_entropy, softmax
+from meta.lv1.plan.lowering.tensor import concat, softmax
 from meta.lv1.plan.lowering.views import gather, transpose, view_node
 
 __all__ = ["F32", "KERNELS", "Context", "lower", "py_step", "python_node"]

@@ -1,11 +1,9 @@
-"""Softmax, LogSoftmax, the fused softmax cross-entropy loss and Concat. C++ side:
-cpp/plan/tensor.cpp."""
+"""Softmax, LogSoftmax and Concat. C++ side: cpp/plan/tensor.cpp (the fused softmax
+cross-entropy loss: loss.py)."""
 
 from __future__ import annotations
 
 from math import prod
-
-import numpy as np
 
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
@@ -39,40 +37,6 @@ def softmax(ctx: Context, node: Node, op) -> Lowered | None:
                 lambda a: [pb.rt.softmax_backward(dims, axis, log, a(y), a(g), a(dest))],
                 "backward")
     return Lowered(node, backward, "onednn")
-
-
-def cross_entropy(ctx: Context, node: Node, op) -> Lowered | None:
-    pb = ctx.pb
-    scores, labels = node.inputs[:2]
-    loss = node.outputs[0]
-    logp_out = node.outputs[1] if len(node.outputs) > 1 else ""
-    if (len(node.inputs) > 2 and node.inputs[2]) or op.ignore_index is not None \
-            or op.reduction != "mean":
-        return None
-    shape = ctx.shape(scores)
-    if len(shape) != 2 or not ctx.float32(scores) or ctx.dtype(labels) != np.int64 \
-            or ctx.shape(labels) != shape[:1]:
-        return None
-    if logp_out and (ctx.consumers.get(logp_out) or logp_out in ctx.protected):
-        return None
-    n, c = shape
-    s_in = pb.require_layout(scores, "plain")
-    out = pb.output(loss, ())
-    logp = pb.output(logp_out or pb.fresh("logp"), shape)
-    pb.step("SoftmaxCrossEntropyLoss", [s_in, labels], [out, logp],
-            lambda a: [pb.rt.cross_entropy(n, c, a(s_in), a(labels), a(out), a(logp))])
-    if not ctx.needs(scores):
-        return Lowered(node, None, "native")
-
-    def backward(pb: PlanBuilder) -> None:
-        g = pb.grad(out)
-        if g is None:
-            return
-        dest, _ = pb.grad_target(s_in)
-        pb.step("SoftmaxCrossEntropyLoss backward", [g, logp, labels], [dest],
-                lambda a: [pb.rt.cross_entropy_backward(n, c, a(g), a(logp), a(labels),
-                                                        a(dest))], "backward")
-    return Lowered(node, backward, "native")
 
 
 def concat(ctx: Context, node: Node, op) -> Lowered | None:
