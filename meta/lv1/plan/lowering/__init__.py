@@ -1,3 +1,3 @@
 """Lowerings by kernel family, one module per file of ``cpp/plan/`` (conv, eltwise, matmul,
-norm, pool, tensor) and ``views`` for what costs no kernel (views, Gather of one index,
-Transpose). ``meta.lv1.plan.kernels`` dispatches to them."""
+norm, pool, tensor, embedding: Gather by ids that vary) and ``views`` for what costs no kernel
+(views, Gather of one index, Transpose). ``meta.lv1.plan.kernels`` dispatches to them."""

@@ -1,0 +1,155 @@
+"""The embedding's planned kernel (``meta.lv1.plan.lowering.embedding``, cpp/plan/embedding.cpp):
+Gather of table rows by int32 or int64 ids and its scatter-add backward, against numpy and the
+reference executor; negative and repeated ids, a gradient added to (a tied head) or written,
+the same bits at any thread count, and an id out of range failing naming the node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta._threads import set_threads
+from meta.lv1 import GraphBuilder, PlannedExecutor, ReferenceExecutor
+from meta.lv1.plan import runtime
+
+from .test_planned_attention import close
+
+pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
+
+VOCAB, WIDTH = 7, 5
+
+
+def lookup_model(dtype=np.int64, tied=False, shape=(4, 6), width=WIDTH):
+    """ids -> table rows -> sum of rows * a constant (so that each token's dy differs); with
+    ``tied``, the rows also go through a head whose weight is the table's transpose (the GPT's
+    tie: the head's gradient reaches the table first, the embedding's adds to it)."""
+    b = GraphBuilder("embedding", 17)
+    ids = b.input("input", dtype, shape)
+    rng = np.random.default_rng(0)
+    table = b.initializer("table", rng.standard_normal((VOCAB, width)).astype(np.float32))
+    rows = b.node("Gather", [table, ids], name="embed")
+    coeff = b.initializer("coeff", rng.standard_normal((*shape, width)).astype(np.float32))
+    h = b.node("Mul", [rows, coeff], name="weigh")
+    if tied:
+        head = b.node("Transpose", [table], name="head.t", perm=[1, 0])
+        h = b.node("MatMul", [h, head], name="head")
+    loss = b.node("ReduceSum", [b.node("Mul", [h, h], name="square")], name="loss",
+                  keepdims=0)
+    b.output(loss, np.float32, ())
+    graph = b.build()
+    return graph
+
+
+def ids_with_repeats_and_negatives(dtype, shape=(4, 6), seed=1):
+    ids = np.random.default_rng(seed).integers(-VOCAB, VOCAB, shape).astype(dtype)
+    ids[0, :4] = [3, 3, -4, 3]  # -4 is row 3 too
+    ids[1, :2] = [-1, VOCAB - 1]
+    return ids
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("tied", [False, True])
+def test_forward_and_table_gradient_match_the_reference(monkeypatch, dtype, tied):
+    """Tied, the embedding's backward adds to the gradient the head wrote; else it writes."""
+    graph = lookup_model(dtype, tied)
+    feeds = {"input": ids_with_repeats_and_negatives(dtype)}
+    rt, adds = runtime.module(), []
+    monkeypatch.setattr(rt, "embedding_backward", lambda *a, f=rt.embedding_backward: (
+        adds.append(a[6]), f(*a))[1])
+    ref_values, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(
+        feeds, outputs=["embed"])
+    planned = PlannedExecutor(graph).train()
+    values, grads = planned.inference_and_backprop(feeds, outputs=["embed"])
+    assert planned.placement()["embed"] == "native"
+    steps = [s.name for s in planned._last.records["backward"]]
+    assert "Gather backward" in steps and adds == [tied]
+    np.testing.assert_array_equal(values["embed"], ref_values["embed"])
+    close(values["loss"], ref_values["loss"], "loss")
+    close(grads["table"], ref_grads["table"], "table gradient")
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("add", [False, True])
+def test_kernel_is_numpys_take_and_add_at_bit_for_bit(dtype, add):
+    """The steps on their own: forward is np.take; backward sums each row's tokens in token
+    order from zero (or from what the gradient held, ``add``), as np.add.at does."""
+    rt = runtime.module()
+    rng = np.random.default_rng(2)
+    rows, width, n = 11, 21, 40  # width not a multiple of a cache line's 16 floats
+    table = rng.standard_normal((rows, width)).astype(np.float32)
+    ids = rng.integers(-rows, rows, n).astype(dtype)
+    y = np.full((n, width), 7.0, np.float32)
+    rt.embedding(rows, width, n, ids, table, y, "e").run()
+    np.testing.assert_array_equal(y, np.take(table, ids, axis=0))
+    dy = rng.standard_normal((n, width)).astype(np.float32)
+    dw = rng.standard_normal((rows, width)).astype(np.float32)
+    expected = dw.copy() if add else np.zeros_like(dw)
+    np.add.at(expected, ids % rows, dy)
+    rt.embedding_backward(rows, width, n, ids, dy, dw, add, "e").run()
+    np.testing.assert_array_equal(dw, expected)
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_backward_gives_the_same_bits_at_one_two_and_three_threads(add):
+    """Large enough to run in parallel (2048 tokens of width 72: columns split unevenly),
+    with skewed ids (a few rows take most tokens, as a character model's common letters)."""
+    rt = runtime.module()
+    rng = np.random.default_rng(3)
+    rows, width, n = 65, 72, 2048
+    ids = np.minimum(rng.geometric(0.2, n) - 1, rows - 1).astype(np.int64)
+    dy = rng.standard_normal((n, width)).astype(np.float32)
+    start = rng.standard_normal((rows, width)).astype(np.float32)
+    previous = rt.max_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            set_threads(threads)
+            assert rt.max_threads() == threads
+            dw = start.copy()
+            rt.embedding_backward(rows, width, n, ids, dy, dw, add, "e").run()
+            results.append(dw)
+    finally:
+        set_threads(previous)
+    expected = start.copy() if add else np.zeros_like(start)
+    np.add.at(expected, ids, dy)
+    for dw in results:
+        np.testing.assert_array_equal(dw, expected)
+
+
+def test_planned_gradient_is_the_same_at_one_and_two_threads():
+    """2048 tokens of width 40: the backward runs in parallel (the other nodes are
+    elementwise, so any difference would be the embedding's)."""
+    graph = lookup_model(np.int64, shape=(32, 64), width=40)
+    feeds = {"input": np.random.default_rng(4).integers(-VOCAB, VOCAB, (32, 64))}
+    previous = runtime.module().max_threads()
+    grads = []
+    try:
+        for threads in (1, 2):
+            set_threads(threads)
+            grads.append(PlannedExecutor(graph).train().inference_and_backprop(feeds)[1])
+    finally:
+        set_threads(previous)
+    np.testing.assert_array_equal(grads[0]["table"], grads[1]["table"])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bad", [VOCAB, -VOCAB - 1])
+def test_an_id_out_of_range_fails_in_one_line_naming_the_node(dtype, bad):
+    planned = PlannedExecutor(lookup_model(dtype)).train()
+    ids = np.zeros((4, 6), dtype)
+    planned.inference_and_backprop({"input": ids})
+    ids[2, 3] = bad
+    with pytest.raises(IndexError) as caught:
+        planned.inference_and_backprop({"input": ids})
+    assert str(caught.value) == f"node 'embed': Gather index out of range [-{VOCAB}, " \
+                                f"{VOCAB - 1}]"
+
+
+def test_ids_of_another_integer_type_run_the_operators_code_saying_why():
+    graph = lookup_model(np.int16)
+    feeds = {"input": ids_with_repeats_and_negatives(np.int16)}
+    _, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(feeds)
+    planned = PlannedExecutor(graph).train()
+    _, grads = planned.inference_and_backprop(feeds)
+    assert planned.placement()["embed"].startswith("python (Gather: ids of dtype int16")
+    close(grads["table"], ref_grads["table"], "table gradient")
