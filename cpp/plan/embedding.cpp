@@ -1,13 +1,16 @@
-// The embedding in a plan (our loops): Gather of rows of a (rows, width) float32 table by
-// int32 or int64 ids, and its backward, the scatter-add of dy's rows into the table's
-// gradient (meta/lv1/plan/lowering/embedding.py).
+// Gather in a plan (our loops), for the embedding (rows of a (rows, width) float32 table by
+// int32 or int64 token ids, meta/lv1/plan/lowering/embedding.py) and for Gather by constant
+// indices along any axis (lowering/views.py: a BERT's first token, h[:, 0]): x seen as
+// (outer, rows, inner), y[o, j] = x[o, ids[j]]; and the backward, the scatter-add of dy's
+// rows into dx.
 //
-// Forward copies one row per token, the tokens shared among the threads. Backward must give
-// the same bits at any thread count, so no thread splits a sum: each thread owns a range of
-// the width's columns (whole cache lines of 16 floats) and walks every token in order, adding
-// its slice of dy's row into the token's row. Every gradient entry is thus summed in token
-// order whatever the threads, as numpy's add.at does, and the work is balanced however the
-// tokens are spread over the vocabulary (a character model's few common letters).
+// Forward copies one row per (o, j), shared among the threads. Backward must give the same
+// bits at any thread count, so no thread splits a sum: each thread owns whole slabs o, or,
+// with fewer slabs than threads (the embedding: one), a range of columns (whole cache lines of
+// 16 floats), and walks every id in order, adding its slice of dy's row into the id's row.
+// Every gradient entry is thus summed in the ids' order whatever the threads, as numpy's
+// add.at does, and the work is balanced however the tokens are spread over the vocabulary (a
+// character model's few common letters).
 #include <omp.h>
 
 #include <algorithm>
@@ -42,40 +45,55 @@ inline std::int64_t wrap(I id, std::int64_t rows) {
   return id < 0 ? std::int64_t(id) + rows : std::int64_t(id);
 }
 
+// y[o, j] = x[o, ids[j]] for o < outer, j < n: rows of `inner` floats, one per (o, j), shared
+// among the threads.
 template <class I>
-StepPtr forward(std::int64_t rows, std::int64_t width, std::int64_t n, const I* ids,
-                const float* table, float* y, const std::string& node) {
-  return std::make_shared<LambdaStep>("embedding", [=] {
+StepPtr forward(std::int64_t outer, std::int64_t rows, std::int64_t inner, std::int64_t n,
+                const I* ids, const float* x, float* y, const std::string& node) {
+  return std::make_shared<LambdaStep>("gather", [=] {
     check_ids(ids, n, rows, node);
-#pragma omp parallel for schedule(static) if (n * width >= kParallel)
-    for (std::int64_t i = 0; i < n; ++i)
-      std::memcpy(y + i * width, table + wrap(ids[i], rows) * width, width * sizeof(float));
+#pragma omp parallel for schedule(static) if (outer * n * inner >= kParallel)
+    for (std::int64_t k = 0; k < outer * n; ++k) {
+      const std::int64_t o = k / n, j = k % n;
+      std::memcpy(y + k * inner, x + (o * rows + wrap(ids[j], rows)) * inner,
+                  inner * sizeof(float));
+    }
   });
 }
 
-// dw (+)= sum over tokens i of dy[i] into row ids[i]; `add` keeps what dw holds (a tied
-// weight's other gradient), else dw is zeroed first (rows shared among the threads).
+// dx[o, ids[j]] (+)= dy[o, j] for every j in order; `add` keeps what dx holds (a tied weight's
+// other gradient), else dx is zeroed first. With at least as many slabs (o) as threads, each
+// thread owns whole slabs; else (the embedding: one slab) each owns a range of columns.
 template <class I>
-StepPtr backward(std::int64_t rows, std::int64_t width, std::int64_t n, const I* ids,
-                 const float* dy, float* dw, bool add, const std::string& node) {
-  return std::make_shared<LambdaStep>("embedding backward", [=] {
+StepPtr backward(std::int64_t outer, std::int64_t rows, std::int64_t inner, std::int64_t n,
+                 const I* ids, const float* dy, float* dx, bool add, const std::string& node) {
+  return std::make_shared<LambdaStep>("gather backward", [=] {
     check_ids(ids, n, rows, node);
-    const std::int64_t work = n * width + (add ? 0 : rows * width);
+    const std::int64_t slab = rows * inner;
+    const std::int64_t work = outer * (n * inner + (add ? 0 : slab));
 #pragma omp parallel if (work >= kParallel)
     {
       const std::int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-      if (!add) {
-        const std::int64_t r0 = rows * t / threads, r1 = rows * (t + 1) / threads;
-        std::memset(dw + r0 * width, 0, (r1 - r0) * width * sizeof(float));
+      std::int64_t o0 = 0, o1 = outer, c0 = 0, c1 = inner;
+      if (outer >= threads) {
+        o0 = outer * t / threads;
+        o1 = outer * (t + 1) / threads;
+        if (!add) std::memset(dx + o0 * slab, 0, (o1 - o0) * slab * sizeof(float));
+      } else {
+        if (!add) {
+          const std::int64_t total = outer * rows;  // rows of all slabs, shared out
+          const std::int64_t r0 = total * t / threads, r1 = total * (t + 1) / threads;
+          std::memset(dx + r0 * inner, 0, (r1 - r0) * inner * sizeof(float));
 #pragma omp barrier
+        }
+        const std::int64_t lines = (inner + 15) / 16;
+        c0 = std::min(inner, lines * t / threads * 16);
+        c1 = std::min(inner, lines * (t + 1) / threads * 16);
       }
-      const std::int64_t lines = (width + 15) / 16;
-      const std::int64_t c0 = std::min(width, lines * t / threads * 16);
-      const std::int64_t c1 = std::min(width, lines * (t + 1) / threads * 16);
-      if (c0 < c1) {
-        for (std::int64_t i = 0; i < n; ++i) {
-          float* __restrict d = dw + wrap(ids[i], rows) * width;
-          const float* __restrict s = dy + i * width;
+      for (std::int64_t o = o0; o < o1 && c0 < c1; ++o) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          float* __restrict d = dx + o * slab + wrap(ids[j], rows) * inner;
+          const float* __restrict s = dy + (o * n + j) * inner;
 #pragma omp simd
           for (std::int64_t c = c0; c < c1; ++c) d[c] += s[c];
         }
@@ -94,37 +112,39 @@ StepPtr by_id_type(const py::array& ids, std::int64_t n, const char* what, F&& m
   throw std::invalid_argument(std::string("meta._plan: ") + what + " must be int32 or int64");
 }
 
-StepPtr embedding(std::int64_t rows, std::int64_t width, std::int64_t n, const py::array& ids,
-                  const py::array& table, const py::array& y, const std::string& node) {
-  const float* t =
-      static_cast<const float*>(address(table, rows * width * 4, "embedding table"));
-  float* out = static_cast<float*>(address(y, n * width * 4, "embedding output"));
-  return by_id_type(ids, n, "embedding ids", [&](const auto* p) {
-    return forward(rows, width, n, p, t, out, node);
+StepPtr gather(std::int64_t outer, std::int64_t rows, std::int64_t inner, std::int64_t n,
+               const py::array& ids, const py::array& x, const py::array& y,
+               const std::string& node) {
+  const float* px =
+      static_cast<const float*>(address(x, outer * rows * inner * 4, "gather input"));
+  float* out = static_cast<float*>(address(y, outer * n * inner * 4, "gather output"));
+  return by_id_type(ids, n, "gather indices", [&](const auto* p) {
+    return forward(outer, rows, inner, n, p, px, out, node);
   });
 }
 
-StepPtr embedding_backward(std::int64_t rows, std::int64_t width, std::int64_t n,
-                           const py::array& ids, const py::array& dy, const py::array& dw,
-                           bool add, const std::string& node) {
-  const float* g = static_cast<const float*>(address(dy, n * width * 4, "embedding dy"));
-  float* d = static_cast<float*>(address(dw, rows * width * 4, "embedding table gradient"));
-  return by_id_type(ids, n, "embedding ids", [&](const auto* p) {
-    return backward(rows, width, n, p, g, d, add, node);
+StepPtr gather_backward(std::int64_t outer, std::int64_t rows, std::int64_t inner,
+                        std::int64_t n, const py::array& ids, const py::array& dy,
+                        const py::array& dx, bool add, const std::string& node) {
+  const float* g = static_cast<const float*>(address(dy, outer * n * inner * 4, "gather dy"));
+  float* d = static_cast<float*>(address(dx, outer * rows * inner * 4, "gather dx"));
+  return by_id_type(ids, n, "gather indices", [&](const auto* p) {
+    return backward(outer, rows, inner, n, p, g, d, add, node);
   });
 }
 
 }  // namespace
 
 void bind_embedding(py::module_& m) {
-  m.def("embedding", &embedding, py::arg("rows"), py::arg("width"), py::arg("n"),
-        py::arg("ids"), py::arg("table"), py::arg("y"), py::arg("node"),
-        "y[i] = table[ids[i]] for n ids (int32 or int64; -k is row rows-k).");
-  m.def("embedding_backward", &embedding_backward, py::arg("rows"), py::arg("width"),
-        py::arg("n"), py::arg("ids"), py::arg("dy"), py::arg("dw"), py::arg("add"),
-        py::arg("node"),
-        "dw[ids[i]] += dy[i] in token order (dw zeroed first unless add): the same bits at "
-        "any thread count.");
+  m.def("gather", &gather, py::arg("outer"), py::arg("rows"), py::arg("inner"), py::arg("n"),
+        py::arg("ids"), py::arg("x"), py::arg("y"), py::arg("node"),
+        "y[o, j] = x[o, ids[j]]: x seen as (outer, rows, inner), y as (outer, n, inner); "
+        "n ids, int32 or int64, -k is row rows-k.");
+  m.def("gather_backward", &gather_backward, py::arg("outer"), py::arg("rows"),
+        py::arg("inner"), py::arg("n"), py::arg("ids"), py::arg("dy"), py::arg("dx"),
+        py::arg("add"), py::arg("node"),
+        "dx[o, ids[j]] += dy[o, j] in the ids' order (dx zeroed first unless add): the same "
+        "bits at any thread count.");
 }
 
 }  // namespace meta::plan

@@ -1,7 +1,8 @@
-"""The embedding's planned kernel (``meta.lv1.plan.lowering.embedding``, cpp/plan/embedding.cpp):
-Gather of table rows by int32 or int64 ids and its scatter-add backward, against numpy and the
-reference executor; negative and repeated ids, a gradient added to (a tied head) or written,
-the same bits at any thread count, and an id out of range failing naming the node."""
+"""Gather's planned kernels (``meta.lv1.plan.lowering.embedding``, cpp/plan/embedding.cpp): the
+embedding (table rows by int32 or int64 ids) and Gather by constant indices along any axis,
+with their scatter-add backward, against numpy and the reference executor; negative and
+repeated ids, a gradient added to (a tied head) or written, the same bits at any thread
+count, and an id out of range failing naming the node."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def test_forward_and_table_gradient_match_the_reference(monkeypatch, dtype, tied
     graph = lookup_model(dtype, tied)
     feeds = {"input": ids_with_repeats_and_negatives(dtype)}
     rt, adds = runtime.module(), []
-    monkeypatch.setattr(rt, "embedding_backward", lambda *a, f=rt.embedding_backward: (
-        adds.append(a[6]), f(*a))[1])
+    monkeypatch.setattr(rt, "gather_backward", lambda *a, f=rt.gather_backward: (
+        adds.append(a[7]), f(*a))[1])
     ref_values, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(
         feeds, outputs=["embed"])
     planned = PlannedExecutor(graph).train()
@@ -79,13 +80,13 @@ def test_kernel_is_numpys_take_and_add_at_bit_for_bit(dtype, add):
     table = rng.standard_normal((rows, width)).astype(np.float32)
     ids = rng.integers(-rows, rows, n).astype(dtype)
     y = np.full((n, width), 7.0, np.float32)
-    rt.embedding(rows, width, n, ids, table, y, "e").run()
+    rt.gather(1, rows, width, n, ids, table, y, "e").run()
     np.testing.assert_array_equal(y, np.take(table, ids, axis=0))
     dy = rng.standard_normal((n, width)).astype(np.float32)
     dw = rng.standard_normal((rows, width)).astype(np.float32)
     expected = dw.copy() if add else np.zeros_like(dw)
     np.add.at(expected, ids % rows, dy)
-    rt.embedding_backward(rows, width, n, ids, dy, dw, add, "e").run()
+    rt.gather_backward(1, rows, width, n, ids, dy, dw, add, "e").run()
     np.testing.assert_array_equal(dw, expected)
 
 
@@ -106,7 +107,7 @@ def test_backward_gives_the_same_bits_at_one_two_and_three_threads(add):
             set_threads(threads)
             assert rt.max_threads() == threads
             dw = start.copy()
-            rt.embedding_backward(rows, width, n, ids, dy, dw, add, "e").run()
+            rt.gather_backward(1, rows, width, n, ids, dy, dw, add, "e").run()
             results.append(dw)
     finally:
         set_threads(previous)
@@ -153,3 +154,75 @@ def test_ids_of_another_integer_type_run_the_operators_code_saying_why():
     _, grads = planned.inference_and_backprop(feeds)
     assert planned.placement()["embed"].startswith("python (Gather: ids of dtype int16")
     close(grads["table"], ref_grads["table"], "table gradient")
+
+
+def constant_gather_model(index, axis, shared=False, shape=(4, 6, 5)):
+    """p * c -> Gather(., constant index, axis) -> sum of squares; with ``shared``, p * c is
+    also summed on its own, so the Gather's gradient adds to what that sum wrote."""
+    b = GraphBuilder("constant_gather", 17)
+    rng = np.random.default_rng(5)
+    p = b.initializer("p", rng.standard_normal(shape).astype(np.float32))
+    h = b.node("Mul", [p, b.initializer("c", rng.standard_normal(shape).astype(np.float32))],
+               name="scale")
+    picked = b.node("Gather", [h, b.initializer("index", np.asarray(index, np.int64))],
+                    name="pick", axis=axis)
+    loss = b.node("ReduceSum", [b.node("Mul", [picked, picked], name="square")],
+                  name="sq" if shared else "loss", keepdims=0)
+    if shared:
+        loss = b.node("Add", [loss, b.node("ReduceSum", [h], name="all", keepdims=0)],
+                      name="loss")
+    b.output(loss, np.float32, ())
+    return b.build()
+
+
+@pytest.mark.parametrize("index,axis", [
+    (0, 1), (-1, 1), (2, 2),  # one index after a batch axis: h[:, 0], no view
+    ([0, 3, 3, -1], 1), ([[1, 1], [0, 2]], 0), ([4, 0, 4], 2), ([2, 2, 0], -1)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_gather_by_constant_indices_matches_the_reference(monkeypatch, index, axis, shared):
+    """Shared, the Gather's backward adds to the gradient the other sum wrote."""
+    graph = constant_gather_model(index, axis, shared)
+    rt, adds = runtime.module(), []
+    monkeypatch.setattr(rt, "gather_backward", lambda *a, f=rt.gather_backward: (
+        adds.append(a[7]), f(*a))[1])
+    ref_values, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(
+        {}, outputs=["pick"])
+    planned = PlannedExecutor(graph).train()
+    values, grads = planned.inference_and_backprop({}, outputs=["pick"])
+    assert planned.placement()["pick"] == "native" and adds == [shared]
+    np.testing.assert_array_equal(values["pick"], ref_values["pick"])
+    close(values["loss"], ref_values["loss"], "loss")
+    close(grads["p"], ref_grads["p"], "gradient")
+
+
+def test_gather_of_one_index_after_ones_stays_a_view():
+    graph = constant_gather_model(3, 1, shape=(1, 6, 5))
+    planned = PlannedExecutor(graph).train()
+    planned.inference_and_backprop({})
+    assert planned.placement()["pick"] == "view"
+
+
+@pytest.mark.parametrize("outer", [1, 2, 5])
+@pytest.mark.parametrize("add", [False, True])
+def test_backward_over_slabs_gives_the_same_bits_at_any_thread_count(outer, add):
+    """Fewer slabs than threads: columns split; as many or more: slabs split."""
+    rt = runtime.module()
+    rng = np.random.default_rng(6)
+    rows, inner, n = 40, 48, 300
+    ids = rng.integers(-rows, rows, n)
+    dy = rng.standard_normal((outer, n, inner)).astype(np.float32)
+    start = rng.standard_normal((outer, rows, inner)).astype(np.float32)
+    expected = start.copy() if add else np.zeros_like(start)
+    np.add.at(expected, (slice(None), ids % rows), dy)
+    previous = rt.max_threads()
+    try:
+        for threads in (1, 2, 3):
+            set_threads(threads)
+            dx = start.copy()
+            rt.gather_backward(outer, rows, inner, n, ids, dy, dx, add, "g").run()
+            np.testing.assert_array_equal(dx, expected, err_msg=f"{threads} threads")
+            y = np.empty_like(dy)
+            rt.gather(outer, rows, inner, n, ids, start, y, "g").run()
+            np.testing.assert_array_equal(y, np.take(start, ids, axis=1))
+    finally:
+        set_threads(previous)

@@ -1,6 +1,6 @@
 """Lowerings that cost no kernel or only a copy: views (Reshape, Flatten, Squeeze, Unsqueeze,
-Identity, Dropout in inference), Gather of one constant index (a view; Gather by ids that vary
-is the embedding's kernel, ``lowering.embedding``), and Transpose (the runtime's transpose
+Identity, Dropout in inference), Gather of one constant index (a view; other Gathers are
+``lowering.embedding``'s kernels), and Transpose (the runtime's transpose
 step). C++ side: cpp/plan/runtime.cpp (reorder, transpose, copy, fill)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
-from meta.lv1.plan.lowering.embedding import embedding
+from meta.lv1.plan.lowering.embedding import embedding, gather_by_constant
 
 
 def dropout_is_identity(ctx: Context, node: Node, op) -> bool:
@@ -101,10 +101,11 @@ def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, "onednn")
 
 
-def gather(ctx: Context, node: Node, op) -> Lowered | None:
+def gather(ctx: Context, node: Node, op) -> Lowered | str | None:
     """Gather of one constant index along the first axis that has more than one element
     before it: a contiguous block of the input, so a view (the split of PyTorch's packed
-    attention projections)."""
+    attention projections). Other constant indices and ids that vary: Gather's kernels
+    (``lowering.embedding``)."""
     pb = ctx.pb
     data, idx = node.inputs
     out = node.outputs[0]
@@ -112,11 +113,11 @@ def gather(ctx: Context, node: Node, op) -> Lowered | None:
     shape = ctx.shape(data)
     if index is None:  # ids that vary: the embedding's kernel, if it takes them
         return embedding(ctx, node, op)
-    if index.size != 1 or not shape or not ctx.float32(data, out):
+    if not shape or not ctx.float32(data, out):
         return None
     axis = int(op.axis) % len(shape)
-    if any(d != 1 for d in shape[:axis]):
-        return None
+    if index.size != 1 or any(d != 1 for d in shape[:axis]):
+        return gather_by_constant(ctx, node, index, axis)
     i = int(index.reshape(())) % shape[axis]
     block = prod(shape[axis + 1:])
     src = pb.require_layout(data, "plain")
