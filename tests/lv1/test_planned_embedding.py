@@ -226,3 +226,51 @@ def test_backward_over_slabs_gives_the_same_bits_at_any_thread_count(outer, add)
             np.testing.assert_array_equal(y, np.take(start, ids, axis=1))
     finally:
         set_threads(previous)
+
+
+def split_model(indices, used=None, shape=(3, 4, 5), axis=0):
+    """p * c split by one-index Gathers (views) along ``axis``, as PyTorch's packed attention
+    projection is split into Q, K and V; each part used (or not, ``used``) in the loss."""
+    b = GraphBuilder("split", 17)
+    rng = np.random.default_rng(7)
+    p = b.initializer("p", rng.standard_normal(shape).astype(np.float32))
+    h = b.node("Mul", [p, b.initializer("c", rng.standard_normal(shape).astype(np.float32))],
+               name="scale")
+    terms = []
+    for k, i in enumerate(indices):
+        part = b.node("Gather", [h, b.initializer(f"i{k}", np.asarray(i, np.int64))],
+                      name=f"part{k}", axis=axis)
+        if used is not None and not used[k]:
+            continue
+        if k % 2:  # sum of squares
+            term = b.node("Mul", [part, part], name=f"sq{k}")
+        else:  # weighted sum
+            term = b.node("Mul", [part, b.initializer(f"w{k}", rng.standard_normal(
+                shape[axis + 1:]).astype(np.float32))], name=f"weigh{k}")
+        terms.append(b.node("ReduceSum", [term], name=f"sum{k}", keepdims=0))
+    loss = terms[0]
+    for k, t in enumerate(terms[1:]):
+        loss = b.node("Add", [loss, t], name="loss" if k == len(terms) - 2 else f"add{k}")
+    b.output(loss, np.float32, ())
+    return b.build()
+
+
+@pytest.mark.parametrize("indices,used,axis,shape,tiled", [
+    ([0, 1, 2], None, 0, (3, 4, 5), True),  # Q, K, V
+    ([2, 0, -2], None, 0, (3, 4, 5), True),  # in another order, one index negative
+    ([0, 1, 2, 3], None, 1, (1, 4, 6), True),  # after a leading 1
+    ([0, 2], None, 0, (3, 4, 5), False),  # the middle block has no gradient: zeros
+    ([0, 1, 2], [True, False, True], 0, (3, 4, 5), False),  # K unused: its block is zeros
+    ([0, 1, 1, 2], None, 0, (3, 4, 5), False)])  # a block read twice: its gradients sum
+def test_a_tensor_split_by_one_index_gathers_gets_its_gradient_without_zeroing(
+        indices, used, axis, shape, tiled):
+    graph = split_model(indices, used, shape, axis)
+    _, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop({})
+    planned = PlannedExecutor(graph).train()
+    planned.inference_and_backprop({})
+    _, grads = planned.inference_and_backprop({})  # the second: nothing left from the first
+    assert all(planned.placement()[f"part{k}"] == "view" for k in range(len(indices))
+               if used is None or used[k])
+    close(grads["p"], ref_grads["p"], "gradient")
+    names = planned._last.programs["backward"].names
+    assert ("fill" not in names) == tiled, names
