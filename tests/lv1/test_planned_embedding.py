@@ -274,3 +274,29 @@ def test_a_tensor_split_by_one_index_gathers_gets_its_gradient_without_zeroing(
     close(grads["p"], ref_grads["p"], "gradient")
     names = planned._last.programs["backward"].names
     assert ("fill" not in names) == tiled, names
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_gather_by_fed_ids_along_any_axis_matches_the_reference(axis):
+    """The kernel takes ids that vary along any axis of float32 data: (4, 6, 5) by (2, 3)."""
+    shape = (4, 6, 5)
+    b = GraphBuilder("fed_gather", 17)
+    rng = np.random.default_rng(8)
+    ids = b.input("input", np.int64, (2, 3))
+    p = b.initializer("p", rng.standard_normal(shape).astype(np.float32))
+    h = b.node("Mul", [p, b.initializer("c", rng.standard_normal(shape).astype(np.float32))],
+               name="scale")
+    picked = b.node("Gather", [h, ids], name="pick", axis=axis)
+    loss = b.node("ReduceSum", [b.node("Mul", [picked, picked], name="square")], name="loss",
+                  keepdims=0)
+    b.output(loss, np.float32, ())
+    graph = b.build()
+    size = shape[axis]
+    feeds = {"input": np.array([[0, size - 1, -1], [1, 1, -size]], np.int64)}
+    ref_values, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(
+        feeds, outputs=["pick"])
+    planned = PlannedExecutor(graph).train()
+    values, grads = planned.inference_and_backprop(feeds, outputs=["pick"])
+    assert planned.placement()["pick"] == "native"
+    np.testing.assert_array_equal(values["pick"], ref_values["pick"])
+    close(grads["p"], ref_grads["p"], "gradient")

@@ -1,7 +1,8 @@
 """Gather's kernels (C++ side: cpp/plan/embedding.cpp). The embedding: rows of a (vocabulary,
-width) float32 table by int32 or int64 token ids that vary (a feed, not a constant). And Gather
-by constant indices along any axis of a float32 tensor (``gather_by_constant``, for what is no
-view: a BERT's first token, ``h[:, 0]``, was a Python step).
+width) float32 table by int32 or int64 token ids that vary (a feed, not a constant), and so
+any float32 Gather by such ids along any axis. And Gather by constant indices along any axis
+(``gather_by_constant``, for what is no view: a BERT's first token, ``h[:, 0]``, was a Python
+step).
 
 Forward copies each token's row (OpenMP over tokens). Backward scatter-adds dy's rows into the
 table's gradient, each thread owning a range of the width's columns (or whole slabs before the
@@ -29,24 +30,26 @@ ID_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 def embedding(ctx: Context, node: Node, op) -> Lowered | str | None:
-    """The kernel for Gather(table, ids) along axis 0 of a float32 (rows, width) table; None
-    when the node is not that (``views.gather`` then decides), a reason when the ids' dtype is
-    one the kernel does not take (the operator's own code runs it)."""
+    """The kernel for Gather(data, ids) of float32 data by ids that vary, along any axis (the
+    embedding: axis 0 of a (rows, width) table); None when the data is not float32
+    (``views.gather`` then decides), a reason when the ids' dtype is one the kernel does not
+    take (the operator's own code runs it)."""
     pb = ctx.pb
     data, idx = node.inputs
     out = node.outputs[0]
     shape = ctx.shape(data)
-    if len(shape) != 2 or int(op.axis) % 2 != 0 or not ctx.float32(data, out) \
-            or ctx.dtype(idx).kind not in "iu":
+    if not shape or not ctx.float32(data, out) or ctx.dtype(idx).kind not in "iu":
         return None
     if ctx.dtype(idx) not in ID_TYPES:
         return f"ids of dtype {ctx.dtype(idx)}: the kernel takes int32 and int64"
-    rows, width = shape
+    axis = int(op.axis) % len(shape)
+    outer, rows, inner = prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
     n = prod(ctx.shape(idx))
     name = node.name
+    src = pb.require_layout(data, "plain")
     y = pb.output(out, ctx.shape(out))
-    pb.step("Gather", [data, idx], [y],
-            lambda a: [pb.rt.gather(1, rows, width, n, a(idx), a(data), a(y), name)])
+    pb.step("Gather", [src, idx], [y],
+            lambda a: [pb.rt.gather(outer, rows, inner, n, a(idx), a(src), a(y), name)])
     if not ctx.needs(data):
         return Lowered(node, None, "native")
 
@@ -54,10 +57,10 @@ def embedding(ctx: Context, node: Node, op) -> Lowered | str | None:
         g = pb.grad(y)
         if g is None:
             return
-        dest, add = pb.grad_target(data, can_accumulate=True)
+        dest, add = pb.grad_target(src, can_accumulate=True)
         pb.step("Gather backward", [idx, g, *([dest] if add else [])], [dest],
-                lambda a: [pb.rt.gather_backward(1, rows, width, n, a(idx), a(g), a(dest), add,
-                                                 name)], "backward")
+                lambda a: [pb.rt.gather_backward(outer, rows, inner, n, a(idx), a(g), a(dest),
+                                                 add, name)], "backward")
     return Lowered(node, backward, "native")
 
 
