@@ -15,6 +15,7 @@ PYBIND11_MODULE(_plan, m) {
   bind_loss(m);
   bind_rnn(m);
   bind_attention(m);
+  bind_embedding(m);
   m.attr("onednn_version") = [] {
     const auto* v = dnnl::version();
     return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +

@@ -108,6 +108,7 @@ void bind_tensor(py::module_& m);
 void bind_loss(py::module_& m);
 void bind_rnn(py::module_& m);
 void bind_attention(py::module_& m);
+void bind_embedding(py::module_& m);
 
 // Shared by the builders.
 dnnl::algorithm eltwise_algorithm(const std::string& name, bool use_dst);

@@ -1,5 +1,5 @@
 """The language models' other planned kernels: the token embedding (Gather of table rows by
-ids, its backward the tokens sorted and summed), MatMul + bias Add as one product (with its
+ids, its backward a scatter-add in token order), MatMul + bias Add as one product (with its
 activation where the backward allows), and a residual sum handing its gradient over without a
 copy. Each against the reference executor."""
 

@@ -1,6 +1,7 @@
 """Lowerings that cost no kernel or only a copy: views (Reshape, Flatten, Squeeze, Unsqueeze,
-Identity, Dropout in inference), Gather of one constant index (a view), and Transpose (the
-runtime's transpose step). C++ side: cpp/plan/runtime.cpp (reorder, transpose, copy, fill)."""
+Identity, Dropout in inference), Gather of one constant index (a view; other Gathers are
+``lowering.embedding``'s kernels), and Transpose (the runtime's transpose
+step). C++ side: cpp/plan/runtime.cpp (reorder, transpose, copy, fill)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
+from meta.lv1.plan.lowering.embedding import embedding, gather_by_constant
 
 
 def dropout_is_identity(ctx: Context, node: Node, op) -> bool:
@@ -99,23 +101,23 @@ def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, "onednn")
 
 
-def gather(ctx: Context, node: Node, op) -> Lowered | None:
+def gather(ctx: Context, node: Node, op) -> Lowered | str | None:
     """Gather of one constant index along the first axis that has more than one element
     before it: a contiguous block of the input, so a view (the split of PyTorch's packed
-    attention projections)."""
+    attention projections). Other constant indices and ids that vary: Gather's kernels
+    (``lowering.embedding``)."""
     pb = ctx.pb
     data, idx = node.inputs
     out = node.outputs[0]
     index = ctx.constant(idx)
     shape = ctx.shape(data)
-    if index is None and len(shape) == 2 and int(op.axis) == 0 and ctx.float32(data, out) \
-            and ctx.dtype(idx).kind in "iu":
-        return embedding(ctx, node)
-    if index is None or index.size != 1 or not shape or not ctx.float32(data, out):
+    if index is None:  # ids that vary: the embedding's kernel, if it takes them
+        return embedding(ctx, node, op)
+    if not shape or not ctx.float32(data, out):
         return None
     axis = int(op.axis) % len(shape)
-    if any(d != 1 for d in shape[:axis]):
-        return None
+    if index.size != 1 or any(d != 1 for d in shape[:axis]):
+        return gather_by_constant(ctx, node, index, axis)
     i = int(index.reshape(())) % shape[axis]
     block = prod(shape[axis + 1:])
     src = pb.require_layout(data, "plain")
@@ -129,67 +131,35 @@ def gather(ctx: Context, node: Node, op) -> Lowered | None:
             return
         dest, add = pb.grad_target(src, can_accumulate=True)
         total = prod(shape)
+        key = f"gather tiles {src}"
+        if not add:  # the first contribution decides for its siblings
+            ctx.objects[key] = src == data and _tiles(ctx, data, axis)
+        tiled = ctx.objects.get(key, False)
 
         def build(a):
-            steps = [] if add else [pb.rt.fill(a(dest), total, 0.0)]
             region = a(dest).reshape(-1)[i * block:(i + 1) * block]
+            if tiled:  # the siblings write the rest: no zeros, no sums
+                return [pb.rt.copy(a(g), region, block, False)]
+            steps = [] if add else [pb.rt.fill(a(dest), total, 0.0)]
             return [*steps, pb.rt.copy(a(g), region, block, True)]
         pb.step("Gather backward", [g, dest] if add else [g], [dest], build, "backward")
     return Lowered(node, backward, "view")
 
 
-
-
-def embedding(ctx: Context, node: Node) -> Lowered:
-    """Gather of rows of a (vocabulary, width) table by token ids: the embedding. Forward:
-    numpy's take into the plan's buffer. Backward: the table's gradient sums dy's rows by
-    token, the tokens sorted (stably: each token's rows summed in their order, as add.at
-    would) and each run of equal tokens summed by one reduceat: well under a millisecond for
-    2048 tokens of width 128, where numpy's add.at took 12 ms, and without BLAS: a one-hot
-    product through numpy's matmul did as well at one thread, but at two OpenBLAS's threads
-    and the kernels' OpenMP threads took the two cores from each other (the GPT step 52 ->
-    125 ms). Token ids out of range fail as the operator does."""
-    pb = ctx.pb
-    data, idx = node.inputs
-    out = node.outputs[0]
-    rows_, width = ctx.shape(data)
-    y = pb.output(out, ctx.shape(out))
-    name = node.name
-
-    def forward(a):
-        table, ids, dst = a(data), a(idx), a(y).reshape(-1, width)
-
-        def run() -> None:
-            flat = ids.reshape(-1)
-            if flat.size and (flat.max() >= rows_ or flat.min() < -rows_):
-                raise IndexError(f"node {name!r}: Gather index out of range [-{rows_}, "
-                                 f"{rows_ - 1}]")
-            np.take(table, flat, axis=0, out=dst)
-        return [py_step(run, f"Gather {name}")]
-    pb.step("Gather", [data, idx], [y], forward)
-    if not ctx.needs(data):
-        return Lowered(node, None, "native")
-
-    def backward(pb: PlanBuilder) -> None:
-        g = pb.grad(y)
-        if g is None:
-            return
-        dest, add = pb.grad_target(data, can_accumulate=True)
-
-        def build(a):
-            ids, dy, dw = a(idx), a(g).reshape(-1, width), a(dest)
-
-            def run() -> None:
-                if not add:
-                    dw[...] = 0.0
-                flat = ids.reshape(-1) % rows_
-                if not flat.size:
-                    return
-                order = np.argsort(flat, kind="stable")
-                tokens = flat[order]
-                starts = np.flatnonzero(np.r_[True, tokens[1:] != tokens[:-1]])
-                dw[tokens[starts]] += np.add.reduceat(dy[order], starts, axis=0)
-            return [py_step(run, f"Gather {name} backward")]
-        pb.step("Gather backward", [idx, g, *([dest] if add else [])], [dest], build,
-                "backward")
-    return Lowered(node, backward, "native")
+def _tiles(ctx: Context, data: str, axis: int) -> bool:
+    """Whether ``data``'s gradient is exactly its one-index Gathers' gradients side by side:
+    every reader of ``data`` is such a Gather (a view) along ``axis``, each index taken once,
+    all indices taken, each Gather's output already given a gradient (the readers' backward
+    ran). Their backward steps then copy their blocks in, where each would otherwise add its
+    block to a gradient the first one zeroed whole (the split of PyTorch's packed attention
+    projections into Q, K and V: 2% of the transformer benchmark's step at 2 threads)."""
+    shape = ctx.shape(data)
+    taken: set[int] = set()
+    for reader in ctx.consumers.get(data, []):
+        index = ctx.constant(reader.inputs[1]) if reader.op_type == "Gather" else None
+        if index is None or index.size != 1 or reader.inputs[0] != data \
+                or int(ctx.ops[reader.name].axis) % len(shape) != axis \
+                or ctx.pb.grad(reader.outputs[0]) is None:
+            return False
+        taken.add(int(index.reshape(())) % shape[axis])
+    return len(taken) == shape[axis] == len(ctx.consumers.get(data, []))
