@@ -230,6 +230,14 @@ def measure(steps: dict[str, Step], batch: int, n_steps: int, repeats: int,
     return {name: [batch / t for t in times] for name, times in blocks.items()}
 
 
+def paired_ratio(rates: list[float], base: list[float]) -> float:
+    """The median over rounds of a variant's block against the base's block of the same round
+    (taken next to each other): a slow spell of the machine (this VM's two vCPUs were at
+    times worth one core for seconds: BERT's 2-thread step 50 ms, not 33) moves both blocks
+    of a round, so it cancels here where it can move one variant's median and not the other's."""
+    return statistics.median(a / b for a, b in zip(rates, base))
+
+
 def throughput(args: argparse.Namespace) -> dict:
     threads = [int(t) for t in args.threads.split(",")]
     results, others, first, flops = [], {}, {}, {}
@@ -266,13 +274,16 @@ def throughput(args: argparse.Namespace) -> dict:
               f"{r['min']:>8.0f}-{r['max']:<8.0f} {1e3 * r['batch'] / r['median']:>8.2f} "
               f"{r['gflops']:>8.1f} {r['peak_fraction']:>7.1%}")
     median = {(r["model"], r["threads"], r["variant"]): r["median"] for r in results}
-    print("\nratios of medians, this run (throughput; > 1 means meta is faster):")
+    blocks = {(r["model"], r["threads"], r["variant"]): r["samples_per_s"] for r in results}
+    print("\nratios of medians, this run (throughput; > 1 means meta is faster), and in "
+          "brackets the median of paired ratios (each round's adjacent blocks):")
     for model in args.models.split(","):
         for n in threads:
             m = {v: median[model, n, v] for v in VARIANTS if (model, n, v) in median}
             bases = [b for b in ("pytorch", "torch.compile") if b in m] or ["meta native"]
-            vs = [f"{v.split()[-1]}/{b.split()[-1]} {m[v] / m[b]:.2f}" for b in bases
-                  for v in VARIANTS if v in m and v.startswith("meta") and v != b]
+            vs = [f"{v.split()[-1]}/{b.split()[-1]} {m[v] / m[b]:.2f} "
+                  f"[{paired_ratio(blocks[model, n, v], blocks[model, n, b]):.2f}]"
+                  for b in bases for v in VARIANTS if v in m and v.startswith("meta") and v != b]
             planned = m["meta planned"] * flops[model] / MODELS[model][1] / 1e9
             print(f"  {model:<12} {n} thread(s): {', '.join(vs)}; planned {planned:.1f} "
                   f"GFLOP/s, {planned / peaks[model, n][0]:.1%} of the GEMM peak "
