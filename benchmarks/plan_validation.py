@@ -21,7 +21,8 @@ Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet
    with those options, in blocks of ``--steps`` steps that alternate between the options
    (``--repeats`` blocks each, the median block kept).
 
-``--pipelines`` and ``--asynchronous`` (not under mpiexec) run the recipes themselves:
+``--pipelines`` and ``--asynchronous`` (not under mpiexec) run the recipes themselves,
+``--trials`` times (a calibration and a run each; a row holds the medians of both):
 ``mnist_pipeline`` at 2 and 4 stages, 4 and 8 micro-batches, GPipe and 1F1B, one epoch each;
 ``mnist_downpour`` and ``mnist_parameter_server`` at 2, 3 and 4 ranks on ``--async-samples``
 samples; each a ``meta run`` under mpiexec against the planner's prediction from
@@ -189,12 +190,19 @@ def _phases_per_step(metrics: dict) -> float:
                if f"{k}_ms_per_step" in metrics)
 
 
-def _row(recipe: str, ranks: int, pr, measured: float, machine, work, args) -> dict:
-    error = pr.step_s / measured - 1
-    row = {"recipe": recipe, "ranks": ranks, "configuration": pr.label,
-           "predicted_ms": pr.step_s * 1e3, "measured_ms": measured * 1e3, "error": error,
+def _row(recipe: str, ranks: int, label: str, trials: list[tuple[float, float]], machine,
+         work, args) -> dict:
+    """A configuration's row from its trials' (predicted, measured) seconds: the medians of
+    each, so one calibration or run that a slow spell of the machine caught does not decide
+    the row (this VM's step times of polling strategies moved by a third between runs)."""
+    predicted = statistics.median(p for p, _ in trials)
+    measured = statistics.median(m for _, m in trials)
+    error = predicted / measured - 1
+    row = {"recipe": recipe, "ranks": ranks, "configuration": label,
+           "predicted_ms": predicted * 1e3, "measured_ms": measured * 1e3, "error": error,
            "beyond_bound": abs(error) > args.bound, "link": str(machine.intra),
-           "compute": work.source, "load": f"load average {os.getloadavg()[0]:.1f}"}
+           "compute": work.source, "load": f"load average {os.getloadavg()[0]:.1f}",
+           "trials": [{"predicted_ms": p * 1e3, "measured_ms": m * 1e3} for p, m in trials]}
     print(row, flush=True)
     return row
 
@@ -211,15 +219,20 @@ def pipelines(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for stages in (2, 4):
-            machine, work = _calibrated("mnist_pipeline", stages, args.steps, Path(tmp))
-            for m, sched in ((4, "1f1b"), (8, "1f1b"), (4, "gpipe"), (8, "gpipe")):
-                metrics = _run_metrics(
-                    "mnist_pipeline", stages,
-                    {"epochs": "1", "distributed.micro_batches": str(m),
-                     "distributed.schedule": sched}, Path(tmp) / f"run_{stages}_{m}_{sched}")
-                pr = pipeline_model(work, machine, stages, stages, m, sched, 1)
-                rows.append(_row("mnist_pipeline", stages, pr, _phases_per_step(metrics),
-                                 machine, work, args))
+            trials: dict[str, list[tuple[float, float]]] = {}
+            for trial in range(args.trials):
+                machine, work = _calibrated("mnist_pipeline", stages, args.steps, Path(tmp))
+                for m, sched in ((4, "1f1b"), (8, "1f1b"), (4, "gpipe"), (8, "gpipe")):
+                    metrics = _run_metrics(
+                        "mnist_pipeline", stages,
+                        {"epochs": "1", "distributed.micro_batches": str(m),
+                         "distributed.schedule": sched},
+                        Path(tmp) / f"run_{stages}_{m}_{sched}_{trial}")
+                    pr = pipeline_model(work, machine, stages, stages, m, sched, 1)
+                    trials.setdefault(pr.label, []).append(
+                        (pr.step_s, _phases_per_step(metrics)))
+            rows += [_row("mnist_pipeline", stages, label, pairs, machine, work, args)
+                     for label, pairs in trials.items()]
     return rows
 
 
@@ -257,13 +270,15 @@ def asynchronous(args) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, label in ASYNCHRONOUS.items():
             for ranks in (2, 3, 4):
-                machine, work = _calibrated(name, ranks, args.steps, Path(tmp))
-                metrics = _run_metrics(name, ranks, {"epochs": "1", "train_samples": str(
-                    args.async_samples)}, Path(tmp) / f"run_{name}_{ranks}")
-                pr = next(x for x in parameter_server_models(work, machine, ranks)
-                          if x.label == label)
-                rows.append(_row(name, ranks, pr, _phases_per_step(metrics), machine, work,
-                                 args))
+                trials = []
+                for trial in range(args.trials):
+                    machine, work = _calibrated(name, ranks, args.steps, Path(tmp))
+                    metrics = _run_metrics(name, ranks, {"epochs": "1", "train_samples": str(
+                        args.async_samples)}, Path(tmp) / f"run_{name}_{ranks}_{trial}")
+                    pr = next(x for x in parameter_server_models(work, machine, ranks)
+                              if x.label == label)
+                    trials.append((pr.step_s, _phases_per_step(metrics)))
+                rows.append(_row(name, ranks, label, trials, machine, work, args))
     return rows
 
 
@@ -302,6 +317,8 @@ def main() -> None:
                         "meta run under mpiexec -n 2, 3 or 4")
     parser.add_argument("--two-nodes", action="store_true", help="(without mpiexec) the "
                         "allreduce rows on two emulated nodes instead, at 2 and 4 ranks")
+    parser.add_argument("--trials", type=int, default=3, help="calibrations and runs per "
+                        "configuration of --pipelines and --asynchronous (the rows: medians)")
     parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
                         "of the asynchronous runs")
     parser.add_argument("--steps", type=int, default=20)

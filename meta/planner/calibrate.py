@@ -67,11 +67,8 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
     small = max(1, big // 8)
     fwd, bwd, steps_s, update, profiled = _timed(graph, executor, optimizer,
                                                  feeds_for(graph, train, big), steps, warmup)
-    steps_s = _without_one_offs(steps_s)
     ranks = comm.size if comm is not None else 1
-    if ranks > 1:  # the ranks' counts differ once one-offs are left out
-        gathered = comm.gather_obj(steps_s)
-        steps_s = comm.bcast_obj([x for mine in gathered or [] for x in mine])
+    steps_s = _pooled(_without_one_offs(steps_s), comm)
     step = float(np.mean(steps_s))
     if not profiled:  # an executor without profiling: the whole step, on the nodes by size
         sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
@@ -85,7 +82,7 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
     if small < big and profiled:
         f2, b2, steps2, update2, _ = _timed(graph, executor, optimizer,
                                             feeds_for(graph, train, small), steps, warmup)
-        step2 = float(np.mean(_without_one_offs(steps2)))
+        step2 = float(np.mean(_pooled(_without_one_offs(steps2), comm)))
         fixed_f = {k: _intercept(f2.get(k, 0.0), v, small, big) for k, v in fwd.items()}
         fixed_b = {k: _intercept(b2.get(k, 0.0), v, small, big) for k, v in bwd.items()}
         extra = max(step - update - sum(fwd.values()) - sum(bwd.values()), 0.0)
@@ -94,6 +91,15 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
     return RecipeCosts(graph_signature(graph), choice.name, big, fwd, bwd, step, update,
                        fixed_f, fixed_b, extra_fixed,
                        tuple(round(float(x) / step, 4) for x in steps_s), ranks)
+
+
+def _pooled(steps: list[float], comm: Any) -> list[float]:
+    """Every rank's steps (collective), or these without MPI: the ranks' counts differ once
+    one-offs are left out."""
+    if comm is None or comm.size < 2:
+        return steps
+    gathered = comm.gather_obj(steps)
+    return comm.bcast_obj([x for mine in gathered or [] for x in mine])
 
 
 def _without_one_offs(steps: list[float]) -> list[float]:
