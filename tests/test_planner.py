@@ -23,6 +23,7 @@ from meta.planner.models import (
     allreduce_s,
     averaging_models,
     closed_queue,
+    node_bound,
     parameter_server_models,
     pipeline_model,
     rank_configurations,
@@ -148,6 +149,20 @@ def test_gpipe_bubble_is_s_minus_1_over_m_plus_s_minus_1(stages, m):
     assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)
     one_f = pipeline_model(w, free, stages, stages, m, "1f1b", 1)
     assert one_f.memory_bytes < pr.memory_bytes  # 1F1B keeps at most S micro-batches
+
+
+def test_a_pipeline_waits_for_its_slowest_stage_s_share_of_the_network():
+    """Steps of 0.5 and 1.5 times the mean: the larger of two stages' steps is 1.25 of the
+    mean, so 2 stages wait 25 % of a stage's work per step (3 ms of the network's 6 ms
+    forward and backward: 0.75 ms), not 25 % of the whole network's (1.5 ms)."""
+    stages, m = 2, 4
+    w = work(layers=stages)
+    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    steady = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    spread = replace(w, spread=(0.5, 1.5))
+    waiting = pipeline_model(spread, free, stages, stages, m, "gpipe", 1)
+    assert spread.sync_fraction(2) == pytest.approx(0.25)
+    assert waiting.step_s - steady.step_s == pytest.approx(0.25 * 6e-3 / stages)
 
 
 def test_a_micro_batch_keeps_each_call_s_fixed_cost():
@@ -373,6 +388,22 @@ def test_downpour_worker_pays_its_passes_and_transfers(cluster):
     saved = (2 - 2 / 16) * (n * cluster.copy_beta + n * link.beta + link.alpha)
     assert every.step_s - rarely.step_s == pytest.approx(saved, rel=1e-6)
     assert rarely.step_s > w.compute_s + w.update_s + DOWNPOUR_PASSES * n * cluster.copy_beta
+
+
+def test_asynchronous_strategies_on_one_node_are_bound_by_its_cores():
+    """A server and 3 workers on a 2-core node: each worker step needs its compute (at a core
+    to itself), its pack, the server's update and copy and both sides' copies of the two
+    4 MiB messages, and 3 such steps share 2 cores; across nodes no such bound applies."""
+    w = work(param_mb=4.0)
+    four = Machine(ranks_per_node=2, cores=2).oversubscribed(4)
+    n, copy = w.param_bytes, w.param_bytes * four.copy_beta
+    cpu = w.compute_s + copy + (w.update_s + copy) + 4 * n * four.intra.beta
+    assert node_bound(four, 4, 3, cpu) == pytest.approx(3 * cpu / 2)
+    server = next(pr for pr in parameter_server_models(w, four, 4)
+                  if pr.strategy == "async_parameter_server")
+    assert server.step_s >= 3 * cpu / 2 - 1e-12
+    spread = Machine(ranks_per_node=1, cores=1, nodes=4)
+    assert node_bound(spread, 4, 3, cpu) == 0.0
 
 
 def test_oversubscribed_keeps_every_rank_on_one_node_and_its_cores(cluster, tmp_path):

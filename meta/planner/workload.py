@@ -87,19 +87,24 @@ class Workload:
                         self.param_bytes, self.state_slots, self.update_s * f, self.source,
                         self.extra_s * f, self.extra_fixed_s * f, self.spread, active)
 
-    def sync_s(self, p: int) -> float:
-        """What a step synchronised over ``p`` ranks waits beyond the mean step: the expected
-        maximum of ``p`` draws from the measured steps (order statistics of the empirical
-        distribution: sum of x_(i) ((i/n)^p - ((i-1)/n)^p)) less their mean, on the compute.
-        Beyond the sample's size this saturates at the slowest measured step, so at large P
-        it errs low."""
+    def sync_fraction(self, p: int) -> float:
+        """What a step synchronised over ``p`` ranks waits beyond the mean step, as a fraction
+        of it: the expected maximum of ``p`` draws from the measured steps (order statistics
+        of the empirical distribution: sum of x_(i) ((i/n)^p - ((i-1)/n)^p)) over their mean,
+        less one. Beyond the sample's size this saturates at the slowest measured step, so at
+        large P it errs low."""
         if p < 2 or not self.spread:
             return 0.0
         x = sorted(self.spread)
         n = len(x)
         expected_max = sum(v * ((i / n) ** p - ((i - 1) / n) ** p) for i, v in
                            enumerate(x, start=1))
-        return max(expected_max / (sum(x) / n) - 1.0, 0.0) * self.compute_s
+        return max(expected_max / (sum(x) / n) - 1.0, 0.0)
+
+    def sync_s(self, p: int) -> float:
+        """``sync_fraction`` of this step's compute: the wait of ``p`` ranks that each run the
+        whole step (data parallelism)."""
+        return self.sync_fraction(p) * self.compute_s
 
     @property
     def forward_s(self) -> float:
