@@ -392,12 +392,12 @@ def test_downpour_worker_pays_its_passes_and_transfers(cluster):
 
 def test_asynchronous_strategies_on_one_node_are_bound_by_its_cores():
     """A server and 3 workers on a 2-core node: each worker step needs its compute (at a core
-    to itself), its pack, the server's update and copy and both sides' copies of the two
-    4 MiB messages, and 3 such steps share 2 cores; across nodes no such bound applies."""
+    to itself), its pack, the server's update and copy and both sides' memory copies of the
+    two 4 MiB messages, and 3 such steps share 2 cores; across nodes no such bound applies."""
     w = work(param_mb=4.0)
     four = Machine(ranks_per_node=2, cores=2).oversubscribed(4)
-    n, copy = w.param_bytes, w.param_bytes * four.copy_beta
-    cpu = w.compute_s + copy + (w.update_s + copy) + 4 * n * four.intra.beta
+    copy = w.param_bytes * four.copy_beta
+    cpu = w.compute_s + copy + (w.update_s + copy) + 4 * copy
     assert node_bound(four, 4, 3, cpu) == pytest.approx(3 * cpu / 2)
     server = next(pr for pr in parameter_server_models(w, four, 4)
                   if pr.strategy == "async_parameter_server")

@@ -195,9 +195,10 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
     think = work.compute_s + copy + 2 * link.message(n)
     comm = 2 * link.message(n) + closed_queue(workers, think, service)
     # the node's cores also bound it: per worker step, the worker's compute and pack, the
-    # server's update and copy, and both sides' copies of the two messages
+    # server's update and copy, and both sides' copies of the two messages (on one node a
+    # message is the ranks' own memory copies: at copy_beta, not the polled link's fit)
     alone = full.busy(1, machine.cores_per_node)  # a rank with a core to itself
-    cpu = alone.compute_s + copy + service + 4 * n * link.beta
+    cpu = alone.compute_s + copy + service + 4 * copy  # each message: a copy on each side
     comm = max(comm, node_bound(machine, p, workers, cpu) - work.compute_s - copy)
     out.append(Prediction("async_parameter_server", "asynchronous parameter server (1)",
                           {"distributed": "async_parameter_server"}, p, work.batch * workers,
@@ -230,7 +231,7 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
             # per worker step, the servers' updates and copies and their side of the bytes
             alone = full.busy(1, machine.cores_per_node)
             own = local - work.compute_s - work.update_s + alone.compute_s + alone.update_s
-            serving = load * servers / w + per_step * n * link.beta
+            serving = load * servers / w + per_step * copy  # their side of the messages
             step = max(step, node_bound(machine, p, w, own + serving))
             out.append(Prediction(
                 "downpour", f"Downpour, {servers} server(s), push/{n_push} fetch/{n_fetch}",
