@@ -23,7 +23,6 @@ from meta.planner.models import (
     allreduce_s,
     averaging_models,
     closed_queue,
-    node_bound,
     parameter_server_models,
     pipeline_model,
     rank_configurations,
@@ -388,22 +387,6 @@ def test_downpour_worker_pays_its_passes_and_transfers(cluster):
     saved = (2 - 2 / 16) * (n * cluster.copy_beta + n * link.beta + link.alpha)
     assert every.step_s - rarely.step_s == pytest.approx(saved, rel=1e-6)
     assert rarely.step_s > w.compute_s + w.update_s + DOWNPOUR_PASSES * n * cluster.copy_beta
-
-
-def test_asynchronous_strategies_on_one_node_are_bound_by_its_cores():
-    """A server and 3 workers on a 2-core node: each worker step needs its compute (at a core
-    to itself), its pack, the server's update and copy and both sides' memory copies of the
-    two 4 MiB messages, and 3 such steps share 2 cores; across nodes no such bound applies."""
-    w = work(param_mb=4.0)
-    four = Machine(ranks_per_node=2, cores=2).oversubscribed(4)
-    copy = w.param_bytes * four.copy_beta
-    cpu = w.compute_s + copy + (w.update_s + copy) + 4 * copy
-    assert node_bound(four, 4, 3, cpu) == pytest.approx(3 * cpu / 2)
-    server = next(pr for pr in parameter_server_models(w, four, 4)
-                  if pr.strategy == "async_parameter_server")
-    assert server.step_s >= 3 * cpu / 2 - 1e-12
-    spread = Machine(ranks_per_node=1, cores=1, nodes=4)
-    assert node_bound(spread, 4, 3, cpu) == 0.0
 
 
 def test_oversubscribed_keeps_every_rank_on_one_node_and_its_cores(cluster, tmp_path):

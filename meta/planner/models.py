@@ -140,18 +140,6 @@ def averaging_models(work: Workload, machine: Machine, p: int) -> list[Predictio
     return out
 
 
-def node_bound(machine: Machine, p: int, workers: int, cpu_s: float) -> float:
-    """A worker's step when all ``p`` ranks share one node's cores: ``workers`` steps' CPU
-    (``cpu_s`` each: the worker's and the servers' work for it, memory copies of messages
-    included, which on one node are the ranks' own work) over the cores; 0 where the ranks
-    span nodes. The asynchronous servers wait by polling, but their copies and updates run on
-    the cores the workers compute on: with a server and 2-3 workers on 2 cores the workers'
-    steps measured 4-5 ms where the latency path predicted 2."""
-    if p > machine.ranks_per_node:
-        return 0.0
-    return workers * cpu_s / machine.cores_per_node
-
-
 def closed_queue(workers: int, think_s: float, service_s: float) -> float:
     """Mean value analysis of a closed network (Reiser and Lavenberg): ``workers`` clients
     each away ``think_s``, then queueing at one server that takes ``service_s`` each; the
@@ -194,12 +182,6 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
     service = work.update_s + copy
     think = work.compute_s + copy + 2 * link.message(n)
     comm = 2 * link.message(n) + closed_queue(workers, think, service)
-    # the node's cores also bound it: per worker step, the worker's compute and pack, the
-    # server's update and copy, and both sides' copies of the two messages (on one node a
-    # message is the ranks' own memory copies: at copy_beta, not the polled link's fit)
-    alone = full.busy(1, machine.cores_per_node)  # a rank with a core to itself
-    cpu = alone.compute_s + copy + service + 4 * copy  # each message: a copy on each side
-    comm = max(comm, node_bound(machine, p, workers, cpu) - work.compute_s - copy)
     out.append(Prediction("async_parameter_server", "asynchronous parameter server (1)",
                           {"distributed": "async_parameter_server"}, p, work.batch * workers,
                           work.compute_s + copy + comm, work.compute_s + copy, comm,
@@ -227,12 +209,6 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
             wait = max(trip - local * n_fetch, 0.0) / n_fetch
             step = max(local + wait + link.alpha * servers * (1 / n_push + 1 / n_fetch),
                        load)
-            # the node's cores: the worker's own work (``local``, at a core to itself) and,
-            # per worker step, the servers' updates and copies and their side of the bytes
-            alone = full.busy(1, machine.cores_per_node)
-            own = local - work.compute_s - work.update_s + alone.compute_s + alone.update_s
-            serving = load * servers / w + per_step * copy  # their side of the messages
-            step = max(step, node_bound(machine, p, w, own + serving))
             out.append(Prediction(
                 "downpour", f"Downpour, {servers} server(s), push/{n_push} fetch/{n_fetch}",
                 {"distributed": "downpour", "distributed.servers": str(servers),
