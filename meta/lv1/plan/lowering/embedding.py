@@ -34,7 +34,6 @@ def embedding(ctx: Context, node: Node, op) -> Lowered | str | None:
     embedding: axis 0 of a (rows, width) table); None when the data is not float32
     (``views.gather`` then decides), a reason when the ids' dtype is one the kernel does not
     take (the operator's own code runs it)."""
-    pb = ctx.pb
     data, idx = node.inputs
     out = node.outputs[0]
     shape = ctx.shape(data)
@@ -43,41 +42,30 @@ def embedding(ctx: Context, node: Node, op) -> Lowered | str | None:
     if ctx.dtype(idx) not in ID_TYPES:
         return f"ids of dtype {ctx.dtype(idx)}: the kernel takes int32 and int64"
     axis = int(op.axis) % len(shape)
-    outer, rows, inner = prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
-    n = prod(ctx.shape(idx))
-    name = node.name
-    src = pb.require_layout(data, "plain")
-    y = pb.output(out, ctx.shape(out))
-    pb.step("Gather", [src, idx], [y],
-            lambda a: [pb.rt.gather(outer, rows, inner, n, a(idx), a(src), a(y), name)])
-    if not ctx.needs(data):
-        return Lowered(node, None, "native")
-
-    def backward(pb: PlanBuilder) -> None:
-        g = pb.grad(y)
-        if g is None:
-            return
-        dest, add = pb.grad_target(src, can_accumulate=True)
-        pb.step("Gather backward", [idx, g, *([dest] if add else [])], [dest],
-                lambda a: [pb.rt.gather_backward(outer, rows, inner, n, a(idx), a(g), a(dest),
-                                                 add, name)], "backward")
-    return Lowered(node, backward, "native")
+    return _gather(ctx, node, axis, prod(ctx.shape(idx)), [idx], lambda a: a(idx))
 
 
 def gather_by_constant(ctx: Context, node: Node, index: np.ndarray, axis: int) -> Lowered:
     """Gather of float32 data by constant ``index`` along ``axis``: the data seen as (outer,
     rows, inner), the output as (outer, index.size, inner)."""
+    ids = np.ascontiguousarray(index.reshape(-1), np.int64)
+    ctx.objects[f"gather indices {node.name}"] = ids  # the steps point into it: kept
+    return _gather(ctx, node, axis, ids.size, [], lambda a: ids)
+
+
+def _gather(ctx: Context, node: Node, axis: int, n: int, id_inputs: list[str],
+            ids_of) -> Lowered:
+    """The forward and backward steps of a Gather of ``n`` ids along ``axis`` of the node's
+    float32 data, seen as (outer, rows, inner): ``ids_of(a)`` gives the ids' array (a fed
+    tensor's buffer, listed in ``id_inputs``, or a constant the plan keeps)."""
     pb = ctx.pb
     data, out, name = node.inputs[0], node.outputs[0], node.name
     shape = ctx.shape(data)
     outer, rows, inner = prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
-    ids = np.ascontiguousarray(index.reshape(-1), np.int64)
-    n = ids.size
-    ctx.objects[f"gather indices {name}"] = ids  # the steps point into it: the plan keeps it
     src = pb.require_layout(data, "plain")
     y = pb.output(out, ctx.shape(out))
-    pb.step("Gather", [src], [y],
-            lambda a: [pb.rt.gather(outer, rows, inner, n, ids, a(src), a(y), name)])
+    pb.step("Gather", [src, *id_inputs], [y],
+            lambda a: [pb.rt.gather(outer, rows, inner, n, ids_of(a), a(src), a(y), name)])
     if not ctx.needs(data):
         return Lowered(node, None, "native")
 
@@ -86,7 +74,7 @@ def gather_by_constant(ctx: Context, node: Node, index: np.ndarray, axis: int) -
         if g is None:
             return
         dest, add = pb.grad_target(src, can_accumulate=True)
-        pb.step("Gather backward", [g, *([dest] if add else [])], [dest],
-                lambda a: [pb.rt.gather_backward(outer, rows, inner, n, ids, a(g), a(dest), add,
-                                                 name)], "backward")
+        pb.step("Gather backward", [*id_inputs, g, *([dest] if add else [])], [dest],
+                lambda a: [pb.rt.gather_backward(outer, rows, inner, n, ids_of(a), a(g),
+                                                 a(dest), add, name)], "backward")
     return Lowered(node, backward, "native")
