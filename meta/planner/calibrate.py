@@ -264,21 +264,19 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         machine = replace(base, flops=flops, costs=costs, copy_beta=copy_beta,
                           source=f"{base.source}; compute measured by meta plan --calibrate"
                           f" on {os.uname().nodename}: " + "; ".join(notes[:-1]))
-    elif inter is None:
-        machine = replace(base, nodes=1, ranks_per_node=cores, cores=cores, polled=polled,
-                          memory_bytes=float(memory),
+    else:  # this machine: one node, or (the link between them measured) several, of which
+        # groups emulating them on one host share its cores
+        shape = dict(nodes=1, ranks_per_node=cores, cores=cores)
+        unmeasured = "; inter: not measurable on one machine (default)"
+        if inter is not None:
+            nodes = len(layout.nodes)
+            shape = dict(nodes=nodes, ranks_per_node=layout.ranks_per_node, inter=inter,
+                         cores=max(1, cores // nodes) if layout.one_host else cores)
+            unmeasured = ""
+        machine = replace(base, **shape, polled=polled, memory_bytes=float(memory),
                           flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
                           source="measured by meta plan --calibrate; " + "; ".join(notes)
-                          + "; inter: not measurable on one machine (default)")
-    else:  # ranks on several nodes (or groups emulating them): the link between them too;
-        # emulated nodes share this host's cores
-        nodes = len(layout.nodes)
-        per_node = max(1, cores // nodes) if layout.one_host else cores
-        machine = replace(base, nodes=nodes, ranks_per_node=layout.ranks_per_node,
-                          cores=per_node, polled=polled, memory_bytes=float(memory),
-                          flops=flops, intra=link, inter=inter, costs=costs,
-                          copy_beta=copy_beta,
-                          source="measured by meta plan --calibrate; " + "; ".join(notes))
+                          + unmeasured)
     if stream is not None and comm.rank == 0:
         for note in notes:
             print(f"meta plan: {note}", file=stream)
