@@ -15,10 +15,10 @@ import pytest
 
 from meta.cli import main
 from meta.lv3.comm.costmodel import Link
+from meta.planner.async_pattern import DOWNPOUR_PASSES, AsyncPattern
 from meta.planner.calibrate import TWO_NODES_ENV
-from meta.planner.machine import Machine, MachineError, load_machine, save_machine
+from meta.planner.machine import Machine, MachineError, RecipeCosts, load_machine, save_machine
 from meta.planner.models import (
-    DOWNPOUR_PASSES,
     allreduce_models,
     allreduce_s,
     averaging_models,
@@ -252,17 +252,26 @@ def test_calibrate_measures_this_machine(tmp_path, capsys, mnist_dir):
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3])
 def test_calibrate_under_mpi_measures_the_link(tmp_path, mpirun: Callable[..., str],
-                                               mnist_dir) -> None:
-    """Two ranks: the link between them fitted (not the defaults), written once by rank 0."""
+                                               mnist_dir, ranks) -> None:
+    """The link between two ranks fitted (not the defaults), written once by rank 0; and the
+    asynchronous patterns with 1 and 2 workers: their steps, waits and the polled link."""
     out = tmp_path / "two.toml"
     env = {"META_MNIST_DIR": str(mnist_dir)} if mnist_dir else None
-    log = mpirun(2, [sys.executable, "-m", "meta", "plan", "mnist_mlp", "--calibrate",
-                     str(out), "--steps", "1", "--set", "batch_size=8"], env=env, timeout=120)
+    log = mpirun(ranks, [sys.executable, "-m", "meta", "plan", "mnist_mlp", "--calibrate",
+                         str(out), "--steps", "1", "--set", "batch_size=8"], env=env,
+                 timeout=120)
     machine = load_machine(out)
-    assert "links measured with 2 ranks" in machine.source, log
+    assert f"links measured with {ranks} ranks" in machine.source, log
     assert machine.intra != Machine().intra and machine.intra.beta > 0
     assert log.count("meta plan: wrote") == 1
+    pattern = machine.costs["mnist_mlp"].pattern
+    assert pattern is not None and pattern.ranks == ranks, log
+    assert pattern.step_s > 0 and pattern.overlapped_step_s > 0 and pattern.pass_s > 0
+    assert pattern.service_s > 0 and pattern.fetch_wait_s > 0
+    assert machine.polled == pattern.link and pattern.link.alpha > 0
+    assert f"asynchronous patterns at {ranks} ranks" in machine.source
 
 
 @pytest.mark.mpi
@@ -399,3 +408,39 @@ def test_oversubscribed_keeps_every_rank_on_one_node_and_its_cores(cluster, tmp_
     assert any("ZeRO-1" in pr.label for pr in allreduce_models(work(), four, 4))
     assert not any("ZeRO-1" in pr.label for pr in allreduce_models(work(), two, 4))
     assert load_machine(save_machine(four, tmp_path / "m.toml")) == four
+
+
+def measured_pattern(ranks: int = 3) -> AsyncPattern:
+    return AsyncPattern(ranks, step_s=6e-3, link=Link(4e-4, 1e-10), service_s=1e-3,
+                        overlapped_step_s=5e-3, pass_s=1e-4, push_wait_s=3e-4,
+                        fetch_wait_s=7e-4)
+
+
+def test_asynchronous_workers_step_as_measured_in_their_pattern():
+    """Measured at 3 ranks (every rank stepping: 4.5 ms; a worker in the blocking pattern
+    6 ms, in the overlapped one 5 ms): the asynchronous server's worker computes 6 / 4.5 of
+    the step; Downpour's 5 / 4.5, plus its measured passes and its waits once per push and
+    per fetch. At 4 ranks, not measured, the computing ranks per core rescale it."""
+    pattern = measured_pattern()
+    w = Workload("s", 64, (Layer("fc", "Gemm", 1e-3, 2e-3, 4096, 64),), 4096, 1, 1.5e-3,
+                 "given", ranks_measured=3, pattern=pattern, pattern_base_s=4.5e-3)
+    m = Machine(ranks_per_node=3, cores=2, polled=pattern.link)
+    preds = {pr.label: pr for pr in parameter_server_models(w, m, 3)}
+    ps = preds["asynchronous parameter server (1)"]
+    assert ps.compute_s == pytest.approx(3e-3 * 6 / 4.5 + 4096 * m.copy_beta)
+    assert ps.comm_s > 2 * pattern.link.message(4096)
+    every = preds["Downpour, 1 server(s), push/1 fetch/1"]
+    local = 4.5e-3 * 5 / 4.5 + (DOWNPOUR_PASSES + 2) * pattern.pass_s
+    assert every.step_s == pytest.approx(local + 3e-4 + 7e-4 + 2 * m.intra.alpha)
+    rarely = preds["Downpour, 1 server(s), push/1 fetch/16"]
+    local = 4.5e-3 * 5 / 4.5 + (DOWNPOUR_PASSES + 1 + 1 / 16) * pattern.pass_s
+    assert rarely.step_s == pytest.approx(local + 3e-4 + 7e-4 / 16
+                                          + (1 + 1 / 16) * m.intra.alpha)
+    assert w.as_worker(4, 3, 2) == w.busy(3, 2) and w.measured_pattern(4) is None
+
+
+def test_a_measured_pattern_round_trips_through_the_machine_file(tmp_path):
+    costs = RecipeCosts("abc", "planned", 8, {"fc": 1e-3}, {"fc": 2e-3}, 4e-3,
+                        pattern=measured_pattern(2))
+    machine = Machine(costs={"mnist_mlp": costs}, polled=costs.pattern.link)
+    assert load_machine(save_machine(machine, tmp_path / "m.toml")) == machine

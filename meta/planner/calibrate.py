@@ -12,6 +12,10 @@ also measure the link between nodes: a ping-pong between two nodes' first ranks,
 allreduce over all ranks, which crosses it. On one host, groups of ranks with shared memory
 switched off between them emulate nodes (``benchmarks/plan_validation.py --two-nodes``);
 they share the host's cores. On one node ``inter`` stays the default or what the user typed.
+(3) With a recipe under MPI, the asynchronous strategies' patterns, the same training step as
+the workers' work (``meta.planner.async_pattern``): a worker's step in each, its waits, and
+the polled link of its exchanges with a server (``polled``), which replaces the polled
+ping-pong that a calibration without a recipe measures.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
@@ -28,6 +32,8 @@ from meta.lv2 import build_optimizer
 from meta.lv3 import world
 from meta.lv3.comm.costmodel import Link, measure_allreduce, measure_link
 from meta.lv3.comm.shared_memory import node_of
+from meta.lv3.flat import FlatBuffer
+from meta.planner.async_pattern import measure_async_pattern
 from meta.planner.machine import GIB, Machine, RecipeCosts
 from meta.planner.workload import build_network, feeds_for, graph_signature
 from meta.recipe import Recipe
@@ -40,8 +46,60 @@ CACHE_FLUSH_BYTES = 64 << 20  # more than a node's last-level cache
 ONE_OFF = 3.0  # a step this many times the median is a one-time cost, not the step's
 
 
+@dataclass
+class TrainingStep:
+    """A recipe's network on its executor (profiling on where it has it) with its optimizer,
+    built once: the recipe's measurement and the asynchronous pattern step the same one."""
+
+    graph: Any
+    train: Any
+    executor: Any
+    optimizer: Any
+    batch: int
+
+    @classmethod
+    def build(cls, recipe: Recipe) -> TrainingStep:
+        d = recipe.definitions
+        graph, train = build_network(recipe)
+        choice = d.choices["executor"]
+        options = dict(choice.options)
+        if "profile" in choice.component.options:
+            options["profile"] = True
+        executor = choice.component.build(graph, **options)
+        executor.train(True)
+        opt = d.choices["optimizer"]
+        optimizer = build_optimizer(opt.component, opt.options, graph.parameters, 1000, 1)
+        return cls(graph, train, executor, optimizer, int(d.batch_size))
+
+    def feeds(self, batch: int) -> dict:
+        return feeds_for(self.graph, self.train, batch)
+
+    def flat_update(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The optimizer as a server applies it: a flat gradient in, the flat parameters
+        out. At its first call the parameters move into one buffer (a server's own training
+        is over by then)."""
+        flat: list[FlatBuffer] = []
+
+        def update(grads: np.ndarray) -> np.ndarray:
+            if not flat:
+                flat.append(FlatBuffer.adopt(self.optimizer.params))
+            params = flat[0]
+            self.optimizer.step(FlatBuffer(params.shapes, params.dtype, grads).views)
+            return params.buffer
+        return update
+
+    def runner(self) -> Callable[[], None]:
+        """One training step at the recipe's batch: forward, backward and the update."""
+        feeds = self.feeds(self.batch)
+
+        def run() -> None:
+            _values, grads = self.executor.inference_and_backprop(feeds)
+            self.optimizer.step(grads)
+        return run
+
+
 def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
-                   comm: Any = None) -> RecipeCosts:
+                   comm: Any = None, built: TrainingStep | None = None) -> RecipeCosts:
     """Per-node forward/backward seconds and step seconds of ``steps`` training steps at the
     recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). A node's figure
     is its median over the steps; the step's is their mean, which is what a run of many steps
@@ -52,21 +110,14 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
     pipeline's micro-batch of 16 samples costs more than an eighth of 128 (mnist_pipeline's
     were predicted 45-69 % fast without it). Under ``comm`` (collective: every rank
     measures at once, sharing the cores as in training) the step's mean and spread are
-    every rank's steps pooled."""
-    d = recipe.definitions
-    graph, train = build_network(recipe)
-    choice = d.choices["executor"]
-    options = dict(choice.options)
-    if "profile" in choice.component.options:
-        options["profile"] = True
-    executor = choice.component.build(graph, **options)
-    executor.train(True)
-    opt = d.choices["optimizer"]
-    optimizer = build_optimizer(opt.component, opt.options, graph.parameters, 1000, 1)
-    big = int(d.batch_size)
+    every rank's steps pooled. ``built``: the step to time (else built here)."""
+    built = built or TrainingStep.build(recipe)
+    graph, executor, optimizer = built.graph, built.executor, built.optimizer
+    choice = recipe.definitions.choices["executor"]
+    big = built.batch
     small = max(1, big // 8)
     fwd, bwd, steps_s, update, profiled = _timed(graph, executor, optimizer,
-                                                 feeds_for(graph, train, big), steps, warmup)
+                                                 built.feeds(big), steps, warmup)
     ranks = comm.size if comm is not None else 1
     steps_s = _pooled(_without_one_offs(steps_s), comm)
     step = float(np.mean(steps_s))
@@ -81,7 +132,7 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
     extra_fixed = 0.0
     if small < big and profiled:
         f2, b2, steps2, update2, _ = _timed(graph, executor, optimizer,
-                                            feeds_for(graph, train, small), steps, warmup)
+                                            built.feeds(small), steps, warmup)
         step2 = float(np.mean(_pooled(_without_one_offs(steps2), comm)))
         fixed_f = {k: _intercept(f2.get(k, 0.0), v, small, big) for k, v in fwd.items()}
         fixed_b = {k: _intercept(b2.get(k, 0.0), v, small, big) for k, v in bwd.items()}
@@ -180,34 +231,37 @@ def layout_of(comm: Any) -> Layout:
     return comm.bcast_obj(layout)
 
 
-def measure_links(comm: Any, grad_bytes: int,
-                  layout: Layout) -> tuple[Link, Link | None, Link | None, str]:
+def measure_links(comm: Any, grad_bytes: int, layout: Layout,
+                  polled: Link | None = None) -> tuple[Link, Link | None, Link | None, str]:
     """The link between two ranks of a node, the link between two nodes (None on one node)
     and a node's polled waits' link, or the default and Nones with the reason (one
-    process). The allreduce fit over all ranks goes with the slowest link it crosses."""
+    process). The allreduce fit over all ranks goes with the slowest link it crosses.
+    ``polled``: already measured (the asynchronous pattern's exchange); else a polled
+    ping-pong within a node, the other ranks waiting."""
     if comm.size < 2:
         return Machine().intra, None, None, "links: the cost model's defaults (no MPI: run " \
             "under mpiexec -n 2 to measure them)"
     sizes = sorted({4096, max(grad_bytes // 4, 8192), max(grad_bytes, 16384)})
     ring = measure_allreduce(comm, sizes)
     within = next((n[:2] for n in layout.nodes if len(n) > 1), None)
-    polled = None
+    polled_how = f"polled exchange {polled} (asynchronous pattern)"
     if within is not None:
         ping = measure_link(comm, pair=within)
-        polled = measure_link(comm, (4096, max(grad_bytes, 16384)), repeats=10, polled=True,
-                              pair=within)
+        if polled is None:
+            polled = measure_link(comm, (4096, max(grad_bytes, 16384)), repeats=10,
+                                  polled=True, pair=within)
+            polled_how = f"polled ping-pong {polled}"
     how = f"links measured with {comm.size} ranks"
     if len(layout.nodes) == 1:
         intra = Link(max(ping.alpha, ring.alpha), max(ping.beta, ring.beta))
-        return intra, None, polled, f"{how} (ping-pong {ping}; allreduce {ring}; polled " \
-            f"ping-pong {polled})"
+        return intra, None, polled, f"{how} (ping-pong {ping}; allreduce {ring}; {polled_how})"
     across = measure_link(comm, pair=(layout.nodes[0][0], layout.nodes[1][0]))
     inter = Link(max(across.alpha, ring.alpha), max(across.beta, ring.beta))
     intra = ping if within is not None else Machine().intra
     return intra, inter, polled, f"{how} on {len(layout.nodes)} nodes" + (
         " (emulated on one host)" if layout.one_host else "") + \
         f" (within a node: ping-pong {intra if within else 'not measured, one rank a node'};" \
-        f" between nodes: ping-pong {across}, allreduce {ring}; polled ping-pong {polled})"
+        f" between nodes: ping-pong {across}, allreduce {ring}; {polled_how})"
 
 
 def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = None,
@@ -228,14 +282,24 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     costs = dict(base.costs)
     grad_bytes = 1 << 20
     notes = []
+    pattern = None
     if recipe is not None:
-        measured = measure_recipe(recipe, steps=steps, comm=comm)
-        costs[recipe.name] = measured
+        built = TrainingStep.build(recipe)
+        measured = measure_recipe(recipe, steps=steps, comm=comm, built=built)
         notes.append(f"{recipe.name} measured on {measured.executor}: step "
                      f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
-        grad_bytes = _gradient_bytes(recipe)
+        params = built.graph.parameters.values()
+        grad_bytes = int(sum(v.nbytes for v in params))
+        pattern = measure_async_pattern(comm, built.runner(), built.flat_update(),
+                                        int(sum(v.size for v in params)),
+                                        rounds=max(20, 2 * steps))
+        if pattern is not None:
+            measured = replace(measured, pattern=pattern)
+            notes.append(str(pattern))
+        costs[recipe.name] = measured
     layout = layout_of(comm)
-    link, inter, polled, how = measure_links(comm, grad_bytes, layout)
+    link, inter, polled, how = measure_links(comm, grad_bytes, layout,
+                                             pattern.link if pattern else None)
     notes.append(how)
     # the compute rate, for recipes without measured costs: a float32 matrix product
     a = np.ones((512, 512), np.float32)
@@ -281,8 +345,3 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         for note in notes:
             print(f"meta plan: {note}", file=stream)
     return machine
-
-
-def _gradient_bytes(recipe: Recipe) -> int:
-    graph, _train = build_network(recipe)
-    return int(sum(v.nbytes for v in graph.parameters.values()))

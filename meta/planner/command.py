@@ -50,9 +50,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``meta plan``; a bad recipe, machine file or option is one line and exit status 2."""
     from meta.component import ComponentError
     from meta.planner.machine import MachineError
-    from meta.recipe import RecipeError
-
     from meta.planner.virtual_time import SimulationError
+    from meta.recipe import RecipeError
 
     try:
         return _simulate(args) if args.simulate is not None else _plan(args)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meta.lv3.comm.costmodel import Link
+from meta.planner.async_pattern import AsyncPattern
 
 GIB = 1 << 30
 
@@ -50,6 +51,9 @@ class RecipeCosts:
     # ranks that stepped at once while measuring (each on a share of the node's cores when
     # more than its cores): ``Workload.busy`` rescales to the ranks a strategy keeps busy
     ranks_measured: int = 1
+    # the asynchronous strategies' patterns measured with this step as the workers' work
+    # (``meta.planner.async_pattern``); None: not measured (one process, a described cluster)
+    pattern: AsyncPattern | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,8 @@ def load_machine(path: str | Path) -> Machine:
                 {k: float(v) for k, v in table.get("backward_fixed_s", {}).items()},
                 float(table.get("extra_fixed_s", 0.0)),
                 tuple(float(v) for v in table.get("step_spread", ())),
-                int(table.get("ranks_measured", 1)))
+                int(table.get("ranks_measured", 1)),
+                AsyncPattern.from_table(table["pattern"]) if "pattern" in table else None)
         except KeyError as err:
             raise MachineError(f"{where}: missing key {err.args[0]!r}") from err
     kw["costs"] = costs
@@ -210,6 +215,9 @@ def machine_toml(machine: Machine) -> str:
         for key in ("signature", "executor", "batch", "step_s", "update_s", "extra_fixed_s",
                     "step_spread", "ranks_measured"):
             lines.append(f"{key} = {_toml_value(getattr(c, key))}")
+        if c.pattern is not None:
+            lines += ["", f"[costs.{recipe}.pattern]  # {c.pattern}"]
+            lines += [f"{k} = {v!r}" for k, v in c.pattern.table().items()]
         for key in ("forward_s", "backward_s", "forward_fixed_s", "backward_fixed_s"):
             lines += ["", f"[costs.{recipe}.{key}]"]
             lines += [f"{_toml_value(k)} = {v!r}" for k, v in getattr(c, key).items()]

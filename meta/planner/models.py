@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from meta.lv3.comm.costmodel import Link, gather_bcast, ring_allreduce, shared_reduce
 from meta.lv3.data_parallel.allreduce import Allreduce
 from meta.lv3.pipeline.schedule import schedule, simulate
+from meta.planner.async_pattern import DOWNPOUR_PASSES
 from meta.planner.machine import Machine
 from meta.planner.workload import Layer, Workload
 
@@ -152,16 +153,12 @@ def closed_queue(workers: int, think_s: float, service_s: float) -> float:
     return response
 
 
-# A Downpour worker's step passes over its n gradient bytes besides the optimizer's own: the
-# pack and the accrued sum, the local move taken (copy, subtract) and added to the two logs of
-# moves the servers have not seen; and per push the outbox copy, per fetch the landing
-DOWNPOUR_PASSES = 6
-
 
 def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
-    """The consistent server, the asynchronous one and Downpour's configurations. The
-    servers of the asynchronous ones wait more than they compute: only the workers are taken
-    to share a node's cores (``Workload.busy``)."""
+    """The consistent server, the asynchronous one and Downpour's configurations. A worker
+    of the asynchronous ones with one server steps as measured in that pattern at these
+    ranks, when it was (``Workload.as_worker``); otherwise its servers, which wait more than
+    they compute, are left out and only the workers share a node's cores."""
     n, link, full = work.param_bytes, machine.link(p), work
     copy = n * machine.copy_beta
     out = []
@@ -176,7 +173,8 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
         return out
     workers = p - 1
     link = machine.polled_link(p)  # servers and workers wait by polling
-    work = work.busy(min(workers, machine.ranks_per_node), machine.cores_per_node)
+    issue = machine.link(p).alpha  # a worker's call that starts a message
+    work = work.as_worker(p, min(workers, machine.ranks_per_node), machine.cores_per_node)
     # a worker: pack, send the gradient, wait for the parameters; the server applies each
     # gradient and copies the parameters out, one worker after another (a closed queue)
     service = work.update_s + copy
@@ -191,13 +189,22 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
         if servers >= p:
             break
         w = p - servers
-        work = full.busy(min(w, machine.ranks_per_node), machine.cores_per_node)
+        # one server at the ranks the patterns were measured at: Downpour's own pattern
+        pattern = full.measured_pattern(p) if servers == 1 else None
+        work = full.as_worker(p if servers == 1 else 0, min(w, machine.ranks_per_node),
+                              machine.cores_per_node, overlapped=True)
         for n_push, n_fetch in INTERVALS:
-            # MPI moves a nonblocking message's bytes inside the calls that test or wait on
-            # it (no progress thread): a worker pays its push's and fetch's transfer itself
             per_step = 1 / n_push + 1 / n_fetch
-            local = work.compute_s + work.update_s + (DOWNPOUR_PASSES + per_step) * copy \
-                + per_step * n * link.beta
+            if pattern is None:
+                # MPI moves a nonblocking message's bytes inside the calls that test or wait
+                # on it (no progress thread): a worker pays its push's and fetch's transfer
+                local = work.compute_s + work.update_s + (DOWNPOUR_PASSES + per_step) * copy \
+                    + per_step * n * link.beta
+                handoffs = 0.0
+            else:  # measured: its passes, and its waits for the last push and fetch
+                local = work.compute_s + work.update_s \
+                    + (DOWNPOUR_PASSES + per_step) * pattern.pass_s
+                handoffs = pattern.push_wait_s / n_push + pattern.fetch_wait_s / n_fetch
             # a server, per push: the shard's update; per fetch: its shard copied out
             push_service = work.update_s / servers + copy / servers
             fetch_service = copy / servers
@@ -206,9 +213,8 @@ def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Pr
             # beyond them is waited for, and the servers' work per step bounds the step
             trip = 2 * link.message(n / servers) + closed_queue(
                 w, local * n_fetch, push_service * n_fetch / n_push + fetch_service)
-            wait = max(trip - local * n_fetch, 0.0) / n_fetch
-            step = max(local + wait + link.alpha * servers * (1 / n_push + 1 / n_fetch),
-                       load)
+            wait = max(max(trip - local * n_fetch, 0.0) / n_fetch, handoffs)
+            step = max(local + wait + issue * servers * per_step, load)
             out.append(Prediction(
                 "downpour", f"Downpour, {servers} server(s), push/{n_push} fetch/{n_fetch}",
                 {"distributed": "downpour", "distributed.servers": str(servers),

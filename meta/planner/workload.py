@@ -20,6 +20,7 @@ from meta.lv1 import build_model
 from meta.lv1.executor import ReferenceExecutor
 from meta.lv2 import build_dataset
 from meta.lv2.dataset_registry import classes
+from meta.planner.async_pattern import AsyncPattern
 from meta.planner.machine import Machine, RecipeCosts
 from meta.recipe import Recipe
 
@@ -73,6 +74,10 @@ class Workload:
     extra_fixed_s: float = 0.0  # of extra_s, per executor call whatever the batch
     spread: tuple[float, ...] = ()  # measured steps over their mean (RecipeCosts.step_spread)
     ranks_measured: int = 1  # ranks stepping at once when the times were measured
+    # the asynchronous patterns measured with this step (RecipeCosts.pattern), and the step
+    # (update included) they are relative to: its time with every rank stepping
+    pattern: AsyncPattern | None = None
+    pattern_base_s: float = 0.0
 
     def busy(self, active: int, cores: int) -> Workload:
         """This step with ``active`` ranks computing at once on a node of ``cores`` cores,
@@ -81,11 +86,33 @@ class Workload:
         machine a calibration at 3 ranks steps 3 at once, while Downpour's 2 workers compute
         and its server mostly waits."""
         f = max(1.0, active / cores) / max(1.0, self.ranks_measured / cores)
+        return self._slowed(f, active)
+
+    def measured_pattern(self, ranks: int) -> AsyncPattern | None:
+        """The asynchronous patterns, if they were measured at ``ranks`` ranks."""
+        if self.pattern is not None and self.pattern.ranks == ranks and self.pattern_base_s:
+            return self.pattern
+        return None
+
+    def as_worker(self, ranks: int, active: int, cores: int,
+                  overlapped: bool = False) -> Workload:
+        """This step on a worker of an asynchronous strategy with one server at ``ranks``
+        ranks: as measured in its pattern (``overlapped``: Downpour's) at those ranks
+        (``meta.planner.async_pattern``), else ``busy(active, cores)``. On a node with more
+        ranks than cores the pattern differs from both (its docstring has the figures)."""
+        pattern = self.measured_pattern(ranks)
+        if pattern is None:
+            return self.busy(active, cores)
+        step = pattern.overlapped_step_s if overlapped else pattern.step_s
+        return self._slowed(step / self.pattern_base_s, self.ranks_measured)
+
+    def _slowed(self, f: float, active: int) -> Workload:
         if f == 1.0:
             return self
         return Workload(self.recipe, self.batch, tuple(x.slowed(f) for x in self.layers),
                         self.param_bytes, self.state_slots, self.update_s * f, self.source,
-                        self.extra_s * f, self.extra_fixed_s * f, self.spread, active)
+                        self.extra_s * f, self.extra_fixed_s * f, self.spread, active,
+                        self.pattern, self.pattern_base_s)
 
     def sync_fraction(self, p: int) -> float:
         """What a step synchronised over ``p`` ranks waits beyond the mean step, as a fraction
@@ -130,7 +157,7 @@ class Workload:
         return Workload(self.recipe, batch, tuple(x.at(f) for x in self.layers),
                         self.param_bytes, self.state_slots, self.update_s, self.source,
                         scale(self.extra_s, self.extra_fixed_s, f), self.extra_fixed_s,
-                        self.spread, self.ranks_measured)
+                        self.spread, self.ranks_measured, self.pattern, self.pattern_base_s)
 
 
 def graph_signature(graph: Any) -> str:
@@ -212,7 +239,7 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
         return Workload(recipe.name, batch, layers, total_params, slots, costs.update_s,
                         f"measured on {costs.executor} at batch {costs.batch}",
                         scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra),
-                        costs.step_spread, costs.ranks_measured)
+                        costs.step_spread, costs.ranks_measured, costs.pattern, costs.step_s)
     # 2 flops per multiply-add; a weight is used once per sample (convolutions: once per
     # output position, which this estimate misses: it errs low for them)
     layers = []

@@ -12,6 +12,8 @@ The shard-server protocol is one protocol, spoken by ``downpour``, ``hierarchica
 from __future__ import annotations
 
 LINK_PROBE = 7  # costmodel.measure_link's ping-pong
+# planner.async_pattern's workers and server: EXCHANGE (answered at once), PUSH, FETCH
+ASYNC_PATTERN = (8, 9, 10)
 # parameter_server.central's asynchronous server (and parameter_server.rma):
 # GRADS, PARAMS, DONE, ORDER, ROSTER
 ASYNC_SERVER = (11, 12, 13, 14, 15)
@@ -29,9 +31,9 @@ PIPELINE_MICRO_BATCHES = range(0, 32000)
 PIPELINE = (32765, 32766)  # MPI guarantees tags up to 32767
 
 BLOCKS: dict[str, tuple[int, ...] | range] = {
-    "link_probe": (LINK_PROBE,), "async_server": ASYNC_SERVER, "ring": (RING,),
-    "shard_server": SHARD_SERVER, "sandblaster": SANDBLASTER, "hierarchy": HIERARCHY,
-    "group_create": (GROUP_CREATE,), "pipeline": PIPELINE,
+    "link_probe": (LINK_PROBE,), "async_pattern": ASYNC_PATTERN, "async_server": ASYNC_SERVER,
+    "ring": (RING,), "shard_server": SHARD_SERVER, "sandblaster": SANDBLASTER,
+    "hierarchy": HIERARCHY, "group_create": (GROUP_CREATE,), "pipeline": PIPELINE,
     "pipeline_micro_batches": PIPELINE_MICRO_BATCHES,
 }
 SHARED_ON_PURPOSE = ("pipeline_micro_batches",)  # see the module's docstring
