@@ -15,10 +15,13 @@ import pytest
 
 from meta.cli import main
 from meta.lv3.comm.costmodel import Link
+from meta.lv3.comm.polling import POLL_S
+from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES, AsyncPattern
 from meta.planner.calibrate import TWO_NODES_ENV
 from meta.planner.machine import Machine, MachineError, RecipeCosts, load_machine, save_machine
 from meta.planner.models import (
+    ACCUMULATE_PASSES,
     allreduce_models,
     allreduce_s,
     averaging_models,
@@ -136,12 +139,18 @@ def test_sharded_server_is_the_seeds_formula():
                                                                 * 4e6 / 2)
 
 
+def free_machine(**kw) -> Machine:
+    """Messages and copies free: the schedule's own time."""
+    return Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64,
+                   copy_beta=0.0, **kw)
+
+
 @pytest.mark.parametrize("stages, m", [(2, 4), (4, 8), (4, 16)])
 def test_gpipe_bubble_is_s_minus_1_over_m_plus_s_minus_1(stages, m):
     """Equal stages and free messages: the simulated GPipe step is (M+S-1) micro-steps of
     one stage, its idle share (S-1)/(M+S-1)."""
     w = work(layers=stages)
-    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    free = free_machine()
     pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
     assert pr.notes == (f"bubble {(stages - 1) / (m + stages - 1):.3f}",)
     micro = 3e-3 / m
@@ -156,12 +165,44 @@ def test_a_pipeline_waits_for_its_slowest_stage_s_share_of_the_network():
     forward and backward: 0.75 ms), not 25 % of the whole network's (1.5 ms)."""
     stages, m = 2, 4
     w = work(layers=stages)
-    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    free = free_machine()
     steady = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
     spread = replace(w, spread=(0.5, 1.5))
     waiting = pipeline_model(spread, free, stages, stages, m, "gpipe", 1)
     assert spread.sync_fraction(2) == pytest.approx(0.25)
     assert waiting.step_s - steady.step_s == pytest.approx(0.25 * 6e-3 / stages)
+
+
+def test_a_pipeline_stage_sums_each_micro_batch_s_gradients():
+    """Each backward adds its micro-batch's gradients into the stage's accumulators, a pass
+    of 1.5 copies over the stage's parameters: GPipe's (M+S-1) micro-steps each longer."""
+    stages, m, beta = 2, 4, 1e-10
+    w = work(layers=stages)
+    free = pipeline_model(w, free_machine(), stages, stages, m, "gpipe", 1)
+    summed = pipeline_model(w, replace(free_machine(), copy_beta=beta), stages, stages, m,
+                            "gpipe", 1)
+    per_stage = w.param_bytes / stages
+    assert summed.step_s - free.step_s == pytest.approx(
+        (m + stages - 1) * ACCUMULATE_PASSES * per_stage * beta)
+
+
+def test_stages_beyond_the_cores_are_predicted_between_sharing_and_taking_turns():
+    """4 stages measured stepping at once on 2 cores (each at half a core): the step is
+    midway between the stages always sharing the cores at that speed and the stages taking
+    turns, two operations at a time at a core's speed, each message half a poll late (as
+    ``simulate`` with 2 cores plays it); both bounds are noted."""
+    stages, m = 4, 8
+    w = replace(work(layers=stages), ranks_measured=4)
+    pr = pipeline_model(w, free_machine(cores=2), stages, stages, m, "1f1b", 1)
+    plans = [schedule("1f1b", s, stages, m) for s in range(stages)]
+    late = [POLL_S / 2] * (stages - 1)
+    turns = simulate(plans, [0.5e-3 / m] * stages, [1e-3 / m] * stages, late, late, cores=2)
+    shared = simulate(plans, [1e-3 / m] * stages, [2e-3 / m] * stages)
+    assert pr.step_s == pytest.approx((turns.step_s + shared.step_s) / 2 + 0.5e-3 / stages)
+    assert pr.notes[1] == (f"stages take turns on 2 cores: {turns.step_s * 1e3:.2f}-"
+                           f"{shared.step_s * 1e3:.2f} ms")
+    assert pipeline_model(w, free_machine(), stages, stages, m, "1f1b", 1).step_s == \
+        pytest.approx(shared.step_s + 0.5e-3 / stages)
 
 
 def test_a_micro_batch_keeps_each_call_s_fixed_cost():
@@ -175,7 +216,7 @@ def test_a_micro_batch_keeps_each_call_s_fixed_cost():
                                           for x in w.layers), w.param_bytes, w.state_slots,
                  w.update_s, w.source)
     assert w.layers[0].at(1 / m).forward_s == pytest.approx(0.5e-3 + 0.5e-3 / m)
-    free = Machine(intra=Link(0.0, 0.0), inter=Link(0.0, 0.0), ranks_per_node=64)
+    free = free_machine()
     pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
     micro = 1.5e-3 + 1.5e-3 / m  # a stage's forward and backward of one micro-batch
     assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from meta.lv3.comm.costmodel import Link, gather_bcast, ring_allreduce, shared_reduce
+from meta.lv3.comm.polling import POLL_S
 from meta.lv3.data_parallel.allreduce import Allreduce
 from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES
@@ -29,6 +30,7 @@ from meta.planner.workload import Layer, Workload
 MICRO_BATCHES = (4, 8, 16, 32)
 STAGES = (2, 4, 8)
 INTERVALS = ((1, 1), (4, 4), (16, 16), (1, 16))  # Downpour's (n_push, n_fetch)
+ACCUMULATE_PASSES = 1.0  # a pipeline stage's sum of a micro-batch's gradients, in copies
 
 
 @dataclass(frozen=True)
@@ -245,8 +247,8 @@ def cut(layers: tuple[Layer, ...], stages: int) -> list[list[Layer]]:
 
 def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int,
                    sched: str, replicas: int, servers: int = 0) -> Prediction:
-    groups = cut(work.layers, stages)
     link = machine.link(stages)
+    groups = cut(work.layers, stages)
     # a micro-batch's node times: each node's fixed part per call, the rest over M; the step's
     # time no node owns (the executor's own work around each node, copies): its fixed part
     # shared out by the stages' numbers of nodes, the rest by their node time
@@ -261,10 +263,35 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
         bw = sum(x.at(f).backward_s for x in g)
         added = work.extra_fixed_s * nodes + rest * share
         fwd.append(fw + added * (fw / (fw + bw) if fw + bw > 0 else 0.5))
-        bwd.append(bw + added * (bw / (fw + bw) if fw + bw > 0 else 0.5))
+        # a stage sums each micro-batch's gradients into its accumulators (``PipelineStage``:
+        # ``grads[p] += g[p]``): a pass over its parameters per backward, about a copy's
+        # time (three streams of memory the caches mostly hold); without it the pipelines
+        # of 2 stages were predicted 7-15 % fast
+        bwd.append(bw + added * (bw / (fw + bw) if fw + bw > 0 else 0.5)
+                   + ACCUMULATE_PASSES * sum(x.param_bytes for x in g) * machine.copy_beta)
     edge = [g[-1].activation_bytes * work.batch / m if g else 0 for g in groups[:-1]]
     act = [link.message(b) for b in edge]
-    sim = simulate([schedule(sched, s, stages, m) for s in range(stages)], fwd, bwd, act, act)
+    plans = [schedule(sched, s, stages, m) for s in range(stages)]
+    sim = simulate(plans, fwd, bwd, act, act)
+    notes = [f"bubble {sim.bubble:.3f}"]
+    sim_s = sim.step_s
+    cores = machine.cores_per_node if machine.cores_per_node < stages <= \
+        machine.ranks_per_node else None
+    if cores:
+        # more stages than cores on one node (the validation's 4 stages on 2 cores): the
+        # times above are the calibration's, every rank stepping at once, as if every stage
+        # always shared the cores (an upper bound: 4 stages were measured 2-31 % faster).
+        # Stages that take turns, each operation at a core's speed and a polled message half
+        # a poll late (``PipelineStrategy.simulated``), are a lower bound (19-34 % slower
+        # measured: a stage woken between computing ones waits for a core, which neither
+        # holds). The step is taken midway, both bounds noted
+        speed = 1 / max(1.0, work.ranks_measured / cores)
+        late = [a + POLL_S / 2 for a in act]
+        turns = simulate(plans, [x * speed for x in fwd], [x * speed for x in bwd], late, late,
+                         cores).step_s
+        sim_s = (turns + sim.step_s) / 2
+        notes.append(f"stages take turns on {cores} cores: {turns * 1e3:.2f}-"
+                     f"{sim.step_s * 1e3:.2f} ms")
     stage_params = [sum(x.param_bytes for x in g) for g in groups]
     update = work.update_s * max(stage_params) / max(work.param_bytes, 1)
     compute = max(fw + bw for fw, bw in zip(fwd, bwd)) * m
@@ -272,14 +299,14 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
     memory = max(sp * (2 + work.state_slots) + sum(x.activation_bytes for x in g)
                  * work.batch / m * k for sp, g, k in zip(stage_params, groups, stored))
     sent = max(2 * sum(edge), 0)
-    comm = sim.step_s - compute
+    comm = sim_s - compute
     sets = {"distributed": "pipeline", "distributed.stages": str(stages),
             "distributed.micro_batches": str(m), "distributed.schedule": sched}
     label = f"pipeline {stages} stages x {m} micro-batches, {sched}"
     # the stages meet at every micro-batch's hand-over: a step ends with its slowest stage,
     # whose step's work is the busiest stage's (``compute``), not the whole network's: the
     # measured steps' relative spread applies to that (as a fraction, as in allreduce)
-    step = sim.step_s + update + work.sync_fraction(stages) * compute
+    step = sim_s + update + work.sync_fraction(stages) * compute
     samples = work.batch
     if replicas > 1 and servers == 0:
         grads = allreduce_s(machine, p, max(stage_params)) + work.sync_s(replicas)
@@ -299,8 +326,7 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
         label = f"hybrid: {replicas} x {label}, Downpour {servers} server(s)"
         samples = work.batch * replicas
     return Prediction(sets["distributed"], label, sets, p, samples, step, compute + update,
-                      max(comm, 0.0), memory, sent,
-                      notes=(f"bubble {sim.bubble:.3f}",))
+                      max(comm, 0.0), memory, sent, notes=tuple(notes))
 
 
 def pipeline_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
