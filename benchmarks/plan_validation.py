@@ -11,7 +11,8 @@ Each writes its rows into docs/plan_validation.md (and .json), keeping the other
 Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at
 64; ``shakespeare_gpt``: the GPT at 32 x 64 tokens):
 
-1. the planner's calibration on these ranks (``meta.planner.calibrate.calibrate``): every
+1. ``--trials`` (3) calibrations of the planner on these ranks, the rows holding the
+   medians of their predictions (``meta.planner.calibrate.calibrate``): every
    rank times the recipe's step per node at the same time (so the cores are shared as in
    training; the steps' spread gives the wait on the slowest rank), and the link between
    two ranks is fitted from ping-pongs and allreduces;
@@ -83,17 +84,24 @@ def stepper(recipe, comm, options: dict | None):
 
 def measure(name: str, args, comm) -> list[dict]:
     recipe = load_recipe(REPO / "recipes" / f"{name}.py")
-    machine = calibrate(recipe, comm=comm, steps=args.steps)
-    if args.two_nodes and machine.nodes != 2:
-        raise SystemExit(f"plan_validation: --two-nodes: MPI placed the {comm.size} ranks on "
-                         f"{machine.nodes} node(s), not 2 (the emulation needs MPICH: "
-                         f"{' '.join(f'{k}={v}' for k, v in TWO_NODES_ENV.items())})")
-    if machine.nodes == 1:  # all P ranks on this node (P may be more than its cores)
-        machine = machine.oversubscribed(comm.size)
-    where = f"{machine.nodes} nodes: " if machine.nodes > 1 else ""
-    work = make_workload(recipe, machine)
-    models = {where + pr.label: pr for pr in allreduce_models(work, machine, comm.size)}
-    predicted = {label: pr.step_s for label, pr in models.items()}
+    # ``--trials`` calibrations, each predicting every option: the medians are the rows'
+    # (one calibration at 3 ranks on 2 cores had the MLP's compute 17 % low)
+    trials: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(args.trials):
+        machine = calibrate(recipe, comm=comm, steps=args.steps)
+        if args.two_nodes and machine.nodes != 2:
+            raise SystemExit(f"plan_validation: --two-nodes: MPI placed the {comm.size} ranks"
+                             f" on {machine.nodes} node(s), not 2 (the emulation needs MPICH: "
+                             f"{' '.join(f'{k}={v}' for k, v in TWO_NODES_ENV.items())})")
+        if machine.nodes == 1:  # all P ranks on this node (P may be more than its cores)
+            machine = machine.oversubscribed(comm.size)
+        where = f"{machine.nodes} nodes: " if machine.nodes > 1 else ""
+        work = make_workload(recipe, machine)
+        for pr in allreduce_models(work, machine, comm.size):  # (step, its exchange)
+            trials.setdefault(where + pr.label, []).append(
+                (pr.step_s, pr.step_s - work.compute_s - work.update_s))
+    predicted = {label: statistics.median(s for s, _ in t) for label, t in trials.items()}
+    exchange = {label: statistics.median(e for _, e in t) for label, t in trials.items()}
     steps = {where + label: stepper(recipe, comm, opts) for label, opts in OPTIONS.items()
              if where + label in predicted}
     steps[ALONE] = stepper(recipe, comm, None)
@@ -117,8 +125,7 @@ def measure(name: str, args, comm) -> list[dict]:
         measured = comm.allreduce_obj(statistics.median(times[label]), op="max")
         # the model's exchange on top of the compute measured in the same blocks: the
         # communication model's error, the load's drift since the calibration taken out
-        pr = models[label]
-        beside = alone + pr.step_s - work.compute_s - work.update_s
+        beside = alone + exchange[label]
         error = predicted[label] / measured - 1
         rows.append({"recipe": name, "ranks": comm.size, "configuration": label,
                      "predicted_ms": predicted[label] * 1e3, "measured_ms": measured * 1e3,
@@ -246,7 +253,8 @@ def two_nodes(args) -> None:
     for ranks in (2, 4):
         words = [sys.executable, __file__, "--two-nodes", "--recipes", args.recipes,
                  "--steps", str(args.steps), "--repeats", str(args.repeats), "--warmup",
-                 str(args.warmup), "--bound", str(args.bound), "--out", args.out]
+                 str(args.warmup), "--bound", str(args.bound), "--out", args.out,
+                 "--trials", str(args.trials)]
         subprocess.run(["mpiexec", "-n", str(ranks), *words], env=env, check=True)
 
 
@@ -306,8 +314,10 @@ def write_report(rows: list[dict], args) -> None:
                f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. Rows whose\nmodel error "
                f"is beyond ±{args.bound:.0%} are marked: {within} of {len(rows)} within. "
                "The load column is the\nload average when the row was measured (other jobs "
-               "share the machine). The planner's\ncalibration, on the same ranks just before "
-               "each measurement:\n\n" + "\n".join(f"- {x}" for x in notes)
+               "share the machine). Each row holds the medians of `--trials` (3) "
+               "calibrations of the\nplanner on the same ranks just before the measurement "
+               "(and, for the pipelines and the\nasynchronous strategies, of as many runs); "
+               "the last calibration's figures:\n\n" + "\n".join(f"- {x}" for x in notes)
                + "\n\n" + text + "\n")
     write_text(out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")
@@ -323,8 +333,8 @@ def main() -> None:
                         "meta run under mpiexec -n 2, 3 or 4")
     parser.add_argument("--two-nodes", action="store_true", help="(without mpiexec) the "
                         "allreduce rows on two emulated nodes instead, at 2 and 4 ranks")
-    parser.add_argument("--trials", type=int, default=3, help="calibrations and runs per "
-                        "configuration of --pipelines and --asynchronous (the rows: medians)")
+    parser.add_argument("--trials", type=int, default=3, help="calibrations per row (and for "
+                        "--pipelines and --asynchronous, runs): the rows hold the medians")
     parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
                         "of the asynchronous runs")
     parser.add_argument("--steps", type=int, default=20)
