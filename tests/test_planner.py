@@ -485,3 +485,16 @@ def test_a_measured_pattern_round_trips_through_the_machine_file(tmp_path):
                         pattern=measured_pattern(2))
     machine = Machine(costs={"mnist_mlp": costs}, polled=costs.pattern.link)
     assert load_machine(save_machine(machine, tmp_path / "m.toml")) == machine
+
+
+def test_a_pattern_of_one_message_size_fits_no_beta():
+    """A network of 3 values sends the same size in both exchanges: alpha only, no division
+    by the sizes' difference."""
+    from meta.planner.async_pattern import _figures
+
+    worker = (([1e-3], [3e-4], [3e-4]), ([1e-3], [1e-5], [1e-4], [2e-4]))
+    server = (([1e-4], [1e-4]), ([], []))
+    pattern = _figures(2, (3, 3), [worker], list(server))
+    assert pattern.link.alpha == pytest.approx(1e-4) and pattern.link.beta == 0.0
+    assert pattern.step_s == 1e-3
+    assert (pattern.pass_s, pattern.push_wait_s, pattern.fetch_wait_s) == (1e-5, 1e-4, 2e-4)

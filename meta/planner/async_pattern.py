@@ -128,7 +128,8 @@ def _figures(ranks: int, sizes: tuple[int, int], workers: list, server: list) ->
     per_message = [max((np.mean(pooled(0, 1 + k)) - np.mean(service[k])) / 2, 0.0)
                    for k in (0, 1)]
     big, small = sizes[0] * 4, sizes[1] * 4
-    beta = max((per_message[0] - per_message[1]) / (big - small), 0.0)
+    # (a network of fewer than 4 values sends one size only: no beta to fit)
+    beta = max((per_message[0] - per_message[1]) / (big - small), 0.0) if big > small else 0.0
     alpha = max(per_message[1] - beta * small, 0.0)
     return AsyncPattern(ranks, float(np.mean(pooled(0, 0))), Link(float(alpha), float(beta)),
                         float(np.mean(service[0])), float(np.mean(pooled(1, 0))),
