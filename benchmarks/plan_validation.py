@@ -49,11 +49,10 @@ import time
 from pathlib import Path
 
 from meta.files import write_text
-from meta.lv2 import build_optimizer
 from meta.lv3 import Allreduce, world
-from meta.planner.calibrate import TWO_NODES_ENV, calibrate
+from meta.planner.calibrate import TWO_NODES_ENV, TrainingStep, calibrate
 from meta.planner.models import allreduce_models
-from meta.planner.workload import build_network, feeds_for, make_workload
+from meta.planner.workload import make_workload
 from meta.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,20 +65,12 @@ OPTIONS = {"allreduce": {"overlap": False, "shared_memory": False},
 def stepper(recipe, comm, options: dict | None):
     """One step of the recipe's network under ``Allreduce(**options)``; ``None``: the
     executor and optimizer alone, no exchange (the compute alongside)."""
-    d = recipe.definitions
-    graph, train = build_network(recipe)
-    choice = d.choices["executor"]
-    executor = choice.component.build(graph, **choice.options).train()
-    opt = d.choices["optimizer"]
-    optimizer = build_optimizer(opt.component, opt.options, graph.parameters, 1000, 1)
-    feeds = feeds_for(graph, train, int(d.batch_size))
+    built = TrainingStep.build(recipe, profile=False)
     if options is None:
-        def alone() -> None:
-            _values, grads = executor.inference_and_backprop(feeds)
-            optimizer.step(grads)
-        return alone
-    strategy = Allreduce(optimizer, comm, **options)
-    return lambda: strategy.step_with(executor, feeds)
+        return built.runner()
+    strategy = Allreduce(built.optimizer, comm, **options)
+    feeds = built.feeds(built.batch)
+    return lambda: strategy.step_with(built.executor, feeds)
 
 
 def measure(name: str, args, comm) -> list[dict]:

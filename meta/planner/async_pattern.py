@@ -208,7 +208,7 @@ def _serve(comm: Any, workers: list[int], total: int, sizes: tuple[int, int],
     per blocking exchange of either size."""
     inboxes = [np.ones(sizes[0], np.float32) for _ in workers]
     outboxes = [np.empty(sizes[0], np.float32) for _ in workers]
-    params = update(inboxes[0])
+    params: Any = None  # set by the first update: each worker pushes before it fetches
     receives = [comm.irecv(box, w) for box, w in zip(inboxes, workers)]
     sends: list[Any] = [None] * len(workers)
     expected = total * (2 if overlapped else 1)

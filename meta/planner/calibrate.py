@@ -58,12 +58,14 @@ class TrainingStep:
     batch: int
 
     @classmethod
-    def build(cls, recipe: Recipe) -> TrainingStep:
+    def build(cls, recipe: Recipe, profile: bool = True) -> TrainingStep:
+        """As ``meta run`` builds it; ``profile``: the executor's per-node timing on, where it
+        has it (the calibration's; a measured run leaves it off)."""
         d = recipe.definitions
         graph, train = build_network(recipe)
         choice = d.choices["executor"]
         options = dict(choice.options)
-        if "profile" in choice.component.options:
+        if profile and "profile" in choice.component.options:
             options["profile"] = True
         executor = choice.component.build(graph, **options)
         executor.train(True)
@@ -244,7 +246,8 @@ def measure_links(comm: Any, grad_bytes: int, layout: Layout,
     sizes = sorted({4096, max(grad_bytes // 4, 8192), max(grad_bytes, 16384)})
     ring = measure_allreduce(comm, sizes)
     within = next((n[:2] for n in layout.nodes if len(n) > 1), None)
-    polled_how = f"polled exchange {polled} (asynchronous pattern)"
+    polled_how = (f"polled exchange {polled} (asynchronous pattern)" if polled is not None
+                  else "polled: not measured, one rank a node")
     if within is not None:
         ping = measure_link(comm, pair=within)
         if polled is None:

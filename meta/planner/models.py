@@ -155,7 +155,6 @@ def closed_queue(workers: int, think_s: float, service_s: float) -> float:
     return response
 
 
-
 def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     """The consistent server, the asynchronous one and Downpour's configurations. A worker
     of the asynchronous ones with one server steps as measured in that pattern at these
@@ -285,10 +284,10 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
         # a poll late (``PipelineStrategy.simulated``), are a lower bound (19-34 % slower
         # measured: a stage woken between computing ones waits for a core, which neither
         # holds). The step is taken midway, both bounds noted
-        speed = 1 / max(1.0, work.ranks_measured / cores)
+        factor = work.slowdown(cores, cores)  # as many ranks computing as cores
         late = [a + POLL_S / 2 for a in act]
-        turns = simulate(plans, [x * speed for x in fwd], [x * speed for x in bwd], late, late,
-                         cores).step_s
+        turns = simulate(plans, [x * factor for x in fwd], [x * factor for x in bwd], late,
+                         late, cores).step_s
         sim_s = (turns + sim.step_s) / 2
         notes.append(f"stages take turns on {cores} cores: {turns * 1e3:.2f}-"
                      f"{sim.step_s * 1e3:.2f} ms")

@@ -11,7 +11,7 @@ the step is attributed per node, so a pipeline cut or a tensor-parallel split ca
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -85,8 +85,12 @@ class Workload:
         compute-bound rank's time grows with the ranks per core beyond one. On this 2-core
         machine a calibration at 3 ranks steps 3 at once, while Downpour's 2 workers compute
         and its server mostly waits."""
-        f = max(1.0, active / cores) / max(1.0, self.ranks_measured / cores)
-        return self._slowed(f, active)
+        return self._slowed(self.slowdown(active, cores), active)
+
+    def slowdown(self, active: int, cores: int) -> float:
+        """How much longer each time is with ``active`` ranks computing on ``cores`` cores
+        than with the ``ranks_measured`` that shared them while it was measured."""
+        return max(1.0, active / cores) / max(1.0, self.ranks_measured / cores)
 
     def measured_pattern(self, ranks: int) -> AsyncPattern | None:
         """The asynchronous patterns, if they were measured at ``ranks`` ranks."""
@@ -109,10 +113,9 @@ class Workload:
     def _slowed(self, f: float, active: int) -> Workload:
         if f == 1.0:
             return self
-        return Workload(self.recipe, self.batch, tuple(x.slowed(f) for x in self.layers),
-                        self.param_bytes, self.state_slots, self.update_s * f, self.source,
-                        self.extra_s * f, self.extra_fixed_s * f, self.spread, active,
-                        self.pattern, self.pattern_base_s)
+        return replace(self, layers=tuple(x.slowed(f) for x in self.layers),
+                       update_s=self.update_s * f, extra_s=self.extra_s * f,
+                       extra_fixed_s=self.extra_fixed_s * f, ranks_measured=active)
 
     def sync_fraction(self, p: int) -> float:
         """What a step synchronised over ``p`` ranks waits beyond the mean step, as a fraction
@@ -154,10 +157,8 @@ class Workload:
     def at_batch(self, batch: int) -> Workload:
         """The same step on ``batch`` samples: node times scale linearly, the update not."""
         f = batch / self.batch
-        return Workload(self.recipe, batch, tuple(x.at(f) for x in self.layers),
-                        self.param_bytes, self.state_slots, self.update_s, self.source,
-                        scale(self.extra_s, self.extra_fixed_s, f), self.extra_fixed_s,
-                        self.spread, self.ranks_measured, self.pattern, self.pattern_base_s)
+        return replace(self, batch=batch, layers=tuple(x.at(f) for x in self.layers),
+                       extra_s=scale(self.extra_s, self.extra_fixed_s, f))
 
 
 def graph_signature(graph: Any) -> str:
