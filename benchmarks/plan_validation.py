@@ -51,6 +51,7 @@ from pathlib import Path
 from meta.files import write_text
 from meta.lv3 import Allreduce, world
 from meta.planner.calibrate import TWO_NODES_ENV, TrainingStep, calibrate
+from meta.planner.machine import save_machine
 from meta.planner.models import allreduce_models
 from meta.planner.workload import make_workload
 from meta.recipe import load_recipe
@@ -78,8 +79,12 @@ def measure(name: str, args, comm) -> list[dict]:
     # ``--trials`` calibrations, each predicting every option: the medians are the rows'
     # (one calibration at 3 ranks on 2 cores had the MLP's compute 17 % low)
     trials: dict[str, list[tuple[float, float]]] = {}
-    for _ in range(args.trials):
+    for trial in range(args.trials):
         machine = calibrate(recipe, comm=comm, steps=args.steps)
+        if args.keep_calibrations and comm.rank == 0:
+            where = "_two_nodes" if args.two_nodes else ""
+            save_machine(machine, Path(args.keep_calibrations)
+                         / f"{name}_{comm.size}{where}_{trial}.toml")
         if args.two_nodes and machine.nodes != 2:
             raise SystemExit(f"plan_validation: --two-nodes: MPI placed the {comm.size} ranks"
                              f" on {machine.nodes} node(s), not 2 (the emulation needs MPICH: "
@@ -241,11 +246,13 @@ def two_nodes(args) -> None:
     import sys
 
     env = {**os.environ, **TWO_NODES_ENV}
-    for ranks in (2, 4):
+    for ranks in map(int, args.two_node_ranks.split(",")):
         words = [sys.executable, __file__, "--two-nodes", "--recipes", args.recipes,
                  "--steps", str(args.steps), "--repeats", str(args.repeats), "--warmup",
                  str(args.warmup), "--bound", str(args.bound), "--out", args.out,
                  "--trials", str(args.trials)]
+        if args.keep_calibrations:
+            words += ["--keep-calibrations", args.keep_calibrations]
         subprocess.run(["mpiexec", "-n", str(ranks), *words], env=env, check=True)
 
 
@@ -324,6 +331,8 @@ def main() -> None:
                         "meta run under mpiexec -n 2, 3 or 4")
     parser.add_argument("--two-nodes", action="store_true", help="(without mpiexec) the "
                         "allreduce rows on two emulated nodes instead, at 2 and 4 ranks")
+    parser.add_argument("--two-node-ranks", default="2,4", help="the ranks of --two-nodes "
+                        "(comma-separated: each split evenly between the two nodes)")
     parser.add_argument("--trials", type=int, default=3, help="calibrations per row (and for "
                         "--pipelines and --asynchronous, runs): the rows hold the medians")
     parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
@@ -333,6 +342,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bound", type=float, default=0.20)
     parser.add_argument("--out", default=str(REPO / "docs" / "plan_validation.md"))
+    parser.add_argument("--keep-calibrations", metavar="DIR", help="save each allreduce "
+                        "calibration's machine there (TOML), to predict from again")
     args = parser.parse_args()
     old = Path(args.out).with_suffix(".json")
     kept = json.loads(old.read_text()) if old.exists() else []

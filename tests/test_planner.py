@@ -390,6 +390,39 @@ def test_closed_queue_is_mean_value_analysis():
     assert 200 / (3.0 + many) == pytest.approx(1.0, rel=1e-3)
 
 
+class _TwoRanksInStep:
+    """A communicator of two ranks whose second takes twice this rank's time at every step,
+    this rank's slow spells included (what slows the host slows both)."""
+
+    size = 2
+
+    def barrier(self) -> None:
+        pass
+
+    def gather_obj(self, mine: list[float]) -> list[list[float]]:
+        return [mine, [2 * t for t in mine]]
+
+    def bcast_obj(self, obj):
+        return obj
+
+
+def test_the_wait_on_the_slowest_rank_comes_from_steps_taken_together():
+    """The spread a synchronous step waits on is each rank's step over the ranks' mean of
+    the same step: steps that vary by a factor of 50 (a slow spell both ranks share) leave
+    only the second rank's constant 4/3 against the first's 2/3, one value per rank and step."""
+    from meta.planner.calibrate import synchronized_spread
+
+    times = iter([1e-4] * 3 + [5e-3] * 3)
+
+    def run() -> None:
+        time.sleep(next(times))
+
+    spread = synchronized_spread(run, _TwoRanksInStep(), steps=4, warmup=2)
+    assert len(spread) == 8
+    assert spread[:4] == pytest.approx([2 / 3] * 4, abs=1e-4)
+    assert spread[4:] == pytest.approx([4 / 3] * 4, abs=1e-4)
+
+
 def test_a_synchronous_step_waits_for_its_slowest_rank():
     """Steps of 0.5 and 1.5 times the mean: the larger of two draws is 1.25 on average, so
     two ranks wait 25 % of the compute; one rank or no spread waits nothing; more ranks wait
