@@ -124,6 +124,7 @@ def measure(name: str, args, comm) -> list[dict]:
         beside = alone + exchange[label]
         error = predicted[label] / measured - 1
         rows.append({"recipe": name, "ranks": comm.size, "configuration": label,
+                     "machine": here(),
                      "predicted_ms": predicted[label] * 1e3, "measured_ms": measured * 1e3,
                      "error": error, "beyond_bound": abs(error) > args.bound,
                      "alone_ms": alone * 1e3, "beside_ms": beside * 1e3,
@@ -201,7 +202,7 @@ def _row(recipe: str, ranks: int, label: str, trials: list[tuple[float, float]],
     predicted = statistics.median(p for p, _ in trials)
     measured = statistics.median(m for _, m in trials)
     error = predicted / measured - 1
-    row = {"recipe": recipe, "ranks": ranks, "configuration": label,
+    row = {"recipe": recipe, "ranks": ranks, "configuration": label, "machine": here(),
            "predicted_ms": predicted * 1e3, "measured_ms": measured * 1e3, "error": error,
            "beyond_bound": abs(error) > args.bound, "link": str(machine.intra),
            "compute": work.source, "load": f"load average {os.getloadavg()[0]:.1f}",
@@ -294,6 +295,51 @@ def asynchronous(args) -> list[dict]:
     return rows
 
 
+def cpu_name() -> str:
+    """The processor's model name (Linux), else the platform's word for it."""
+    import platform
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "an unknown CPU"
+
+
+def here() -> str:
+    """This machine, as a row records it."""
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+
+
+def _ranks_of(rows: list[dict], recipes: tuple[str, ...], two_nodes: bool = False) -> str:
+    ranks = sorted({r["ranks"] for r in rows if r["recipe"] in recipes
+                    and r["configuration"].startswith("2 nodes") == two_nodes})
+    return ", ".join(map(str, ranks))
+
+
+def commands(rows: list[dict], trials: int = 3) -> list[str]:
+    """What produced the rows: one line per kind of row present (``trials``: the allreduce
+    rows', named where it is not the default)."""
+    allreduce = ("mnist_mlp", "mnist_lenet", "shakespeare_gpt")
+    more = f" --trials {trials}" if trials != 3 else ""
+    out = []
+    if ranks := _ranks_of(rows, allreduce):
+        out.append(f"`mpiexec -n P python benchmarks/plan_validation.py{more}` (allreduce, P = "
+                   f"{ranks})")
+    if ranks := _ranks_of(rows, allreduce, two_nodes=True):
+        out.append("`python benchmarks/plan_validation.py --two-nodes --two-node-ranks "
+                   f"{ranks.replace(' ', '')}{more}` (allreduce on two emulated nodes: rows "
+                   "`2 nodes: ...`)")
+    if ranks := _ranks_of(rows, ("mnist_pipeline",)):
+        out.append("`python benchmarks/plan_validation.py --pipelines` (pipelines of "
+                   f"{ranks} stages)")
+    if ranks := _ranks_of(rows, ("mnist_downpour", "mnist_parameter_server")):
+        out.append("`python benchmarks/plan_validation.py --asynchronous` (Downpour and "
+                   f"the asynchronous parameter server at {ranks} ranks)")
+    return out
+
+
 def write_report(rows: list[dict], args) -> None:
     text = table(rows, args.bound)
     print(text)
@@ -301,22 +347,19 @@ def write_report(rows: list[dict], args) -> None:
     notes = sorted({f"{r['recipe']} at P = {r['ranks']}: {r['link']}; compute {r['compute']}"
                     for r in rows})
     within = sum(not r["beyond_bound"] for r in rows)
+    trials = sorted({len(r["trials"]) for r in rows if "trials" in r} | {args.trials})
+    machines = sorted({r.get("machine", here()) for r in rows})
     write_text(out, "# `meta plan` against measured step times\n\n"
-               "Produced on this machine by `benchmarks/plan_validation.py`: "
-               "`mpiexec -n P python benchmarks/plan_validation.py`\n(allreduce, P = 2, 3, 4), "
-               "`python benchmarks/plan_validation.py --pipelines` (pipelines of 2\nand 4 "
-               "stages), `python benchmarks/plan_validation.py --asynchronous` (Downpour "
-               "and the\nasynchronous parameter server at 2, 3 and 4 ranks) and `python "
-               "benchmarks/plan_validation.py --two-nodes`\n(allreduce at 2 and 4 ranks on "
-               "two emulated nodes: rows `2 nodes: ...`); last run "
-               f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. Rows whose\nmodel error "
-               f"is beyond ±{args.bound:.0%} are marked: {within} of {len(rows)} within. "
-               "The load column is the\nload average when the row was measured (other jobs "
-               "share the machine). Each row holds the medians of `--trials` (3) "
-               "calibrations of the\nplanner on the same ranks just before the measurement "
-               "(and, for the pipelines and the\nasynchronous strategies, of as many runs); "
-               "the last calibration's figures:\n\n" + "\n".join(f"- {x}" for x in notes)
-               + "\n\n" + text + "\n")
+               f"Produced by `benchmarks/plan_validation.py` on {' and '.join(machines)}, "
+               f"last run {time.strftime('%Y-%m-%d')}:\n\n"
+               + "\n".join(f"- {c}" for c in commands(rows, args.trials)) + "\n\n"
+               f"Rows whose model error is beyond ±{args.bound:.0%} are marked: {within} of "
+               f"{len(rows)} within. The load column is the load average when the row was "
+               "measured (the benchmark's own ranks count). Each row holds the medians of "
+               f"`--trials` ({'/'.join(map(str, trials))}) calibrations of the planner on the "
+               "same ranks just before the measurement (and, for the pipelines and the "
+               "asynchronous strategies, of as many runs); the last calibration's figures:"
+               "\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n" + text + "\n")
     write_text(out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 
 from meta.cli import main
-from meta.lv3.comm.costmodel import Link
+from meta.lv3.comm.costmodel import Link, shared_reduce
 from meta.lv3.comm.polling import POLL_S
 from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES, AsyncPattern
@@ -30,6 +30,7 @@ from meta.planner.models import (
     pipeline_model,
     rank_configurations,
     sharded_server_s,
+    yielding_wait,
 )
 from meta.planner.report import best_sets, load_validation, settable, table
 from meta.planner.workload import Layer, Workload
@@ -78,6 +79,8 @@ def test_machine_file_reads_and_round_trips(cluster, tmp_path):
     assert back == cluster and not back.progress
     progressing = replace(cluster, progress=True)
     assert load_machine(save_machine(progressing, tmp_path / "p.toml")) == progressing
+    reads = replace(cluster, shared_read_beta=4.2e-10)
+    assert load_machine(save_machine(reads, tmp_path / "r.toml")) == reads
 
 
 @pytest.mark.parametrize("text, message", [
@@ -285,6 +288,7 @@ def test_calibrate_measures_this_machine(tmp_path, capsys, mnist_dir):
     assert set(costs.forward_s) >= {"fc0", "fc1", "logits"} and costs.forward_s["fc0"] > 0
     assert costs.backward_s["fc0"] > 0 and costs.step_s > 0
     assert "no MPI" in machine.source and machine.flops > 0
+    assert machine.shared_read_beta is None  # one process: nothing shared, not measured
     capsys.readouterr()
     assert main(["plan", "mnist_mlp", "--ranks", "4", "--machine", str(out),
                  "--set", "batch_size=8"]) == 0
@@ -313,6 +317,9 @@ def test_calibrate_under_mpi_measures_the_link(tmp_path, mpirun: Callable[..., s
     assert pattern.service_s > 0 and pattern.fetch_wait_s > 0
     assert machine.polled == pattern.link and pattern.link.alpha > 0
     assert f"asynchronous patterns at {ranks} ranks" in machine.source
+    # the reads of what another rank just wrote: measured (ranks share this machine)
+    assert machine.shared_read_beta is not None and machine.shared_read_beta >= 0, log
+    assert "reads of what another rank just wrote" in machine.source
 
 
 @pytest.mark.mpi
@@ -421,6 +428,37 @@ def test_the_wait_on_the_slowest_rank_comes_from_steps_taken_together():
     assert len(spread) == 8
     assert spread[:4] == pytest.approx([2 / 3] * 4, abs=1e-4)
     assert spread[4:] == pytest.approx([4 / 3] * 4, abs=1e-4)
+
+
+def test_ranks_that_yield_their_cores_wait_only_for_the_slowest_core():
+    """ZeRO-1's fences yield the core with more ranks than cores: with as many ranks on each
+    core the wait is the slowest of the C cores' sums of p/C steps (spread 1/sqrt(p/C) as
+    much); with a core a rank short, or a core each, the ranks' own wait."""
+    w = Workload("synthetic", 64, (Layer("fc", "Gemm", 1e-3, 2e-3, 4096, 64),), 4096, 1,
+                 0.0, "given", spread=(0.5, 1.5))
+    two_cores = replace(Machine(), ranks_per_node=4, cores=2)
+    assert yielding_wait(w, two_cores, 4) == pytest.approx(0.25 / math.sqrt(2) * 3e-3)
+    assert yielding_wait(w, two_cores, 3) == w.sync_s(3)
+    assert yielding_wait(w, two_cores, 2) == w.sync_s(2)
+    zero = {pr.label: pr for pr in allreduce_models(w, two_cores, 4)}
+    assert zero["allreduce ZeRO-1 (shared memory)"].comm_s < zero["allreduce"].comm_s
+
+
+def test_the_shared_exchange_reads_at_its_measured_rate():
+    """Measured, the reads of what other ranks wrote move the gradients' slices and, in the
+    next forward, the parameters the others stepped: twice (P-1)/P of the bytes at that rate;
+    not measured, the slices at the link's beta (the MPI ping-pong's)."""
+    link = Link(alpha=2e-6, beta=1e-10)
+    assert shared_reduce(link, 2, 1e6, read_beta=4e-10) == pytest.approx(
+        2 * 2e-6 + 2 * 0.5e6 * 4e-10)
+    assert shared_reduce(link, 1, 1e6, read_beta=4e-10) == 0.0
+    assert shared_reduce(link, 4, 1e6) == pytest.approx(2 * 2e-6 + 0.75e6 * 1e-10)
+    measured = replace(Machine(), shared_read_beta=4e-10)
+    slow = {pr.label: pr for pr in allreduce_models(work(), measured, 2)}
+    fast = {pr.label: pr for pr in allreduce_models(work(), Machine(), 2)}
+    label = "allreduce ZeRO-1 (shared memory)"
+    assert slow[label].step_s > fast[label].step_s
+    assert slow["allreduce"].step_s == fast["allreduce"].step_s
 
 
 def test_a_synchronous_step_waits_for_its_slowest_rank():

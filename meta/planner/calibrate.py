@@ -30,7 +30,7 @@ import numpy as np
 
 from meta.lv2 import build_optimizer
 from meta.lv3 import world
-from meta.lv3.comm.costmodel import Link, measure_allreduce, measure_link
+from meta.lv3.comm.costmodel import Link, measure_allreduce, measure_link, measure_shared_reads
 from meta.lv3.comm.shared_memory import node_of
 from meta.lv3.flat import FlatBuffer
 from meta.planner.async_pattern import measure_async_pattern
@@ -325,6 +325,9 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     layout = layout_of(comm)
     link, inter, polled, how = measure_links(comm, grad_bytes, layout,
                                              pattern.link if pattern else None)
+    shared_read_beta = measure_shared_reads(comm, grad_bytes) if comm.size > 1 else None
+    if shared_read_beta is not None:
+        how += f"; reads of what another rank just wrote {shared_read_beta * 1e9:.3f} ns/B"
     notes.append(how)
     # the compute rate, for recipes without measured costs: a float32 matrix product
     a = np.ones((512, 512), np.float32)
@@ -363,6 +366,7 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
                          cores=max(1, cores // nodes) if layout.one_host else cores)
             unmeasured = ""
         machine = replace(base, **shape, polled=polled, memory_bytes=float(memory),
+                          shared_read_beta=shared_read_beta,
                           flops=flops, intra=link, costs=costs, copy_beta=copy_beta,
                           source="measured by meta plan --calibrate; " + "; ".join(notes)
                           + unmeasured)

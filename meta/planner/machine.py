@@ -82,6 +82,10 @@ class Machine:
     # an overlapped bucket moves only inside the calls that test it, and an allreduce
     # overlapped with the backward hides almost nothing (benchmarks/plan_validation.py)
     progress: bool = False
+    # seconds per byte of reading what another rank of a node has just written (the
+    # shared-memory exchange's reads: ``costmodel.measure_shared_reads``); None: not measured,
+    # that exchange moved at ``intra``'s beta
+    shared_read_beta: float | None = None
 
     @property
     def cores_per_node(self) -> int:
@@ -148,7 +152,7 @@ def load_machine(path: str | Path) -> Machine:
                 kw[key] = int(data[key])
                 if kw[key] < (0 if key == "cores" else 1):
                     raise MachineError(f"machine file {str(path)!r}: {key} must be >= 1")
-        for key in ("flops", "copy_beta"):
+        for key in ("flops", "copy_beta", "shared_read_beta"):
             if key in data:
                 kw[key] = float(data[key])
         if "progress" in data:
@@ -203,8 +207,9 @@ def machine_toml(machine: Machine) -> str:
     """The TOML text ``load_machine`` reads back to an equal Machine."""
     lines = [f"# meta plan machine description ({machine.source})"]
     for key in ("name", "source", "nodes", "ranks_per_node", "cores", "flops", "memory_bytes",
-                "copy_beta", "progress"):
-        lines.append(f"{key} = {_toml_value(getattr(machine, key))}")
+                "copy_beta", "progress", "shared_read_beta"):
+        if getattr(machine, key) is not None:
+            lines.append(f"{key} = {_toml_value(getattr(machine, key))}")
     for key in ("intra", "inter", "polled"):
         link = getattr(machine, key)
         if link is None:
