@@ -11,16 +11,18 @@ Each writes its rows into docs/plan_validation.md (and .json), keeping the other
 Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at
 64; ``shakespeare_gpt``: the GPT at 32 x 64 tokens):
 
-1. ``--trials`` (3) calibrations of the planner on these ranks, the rows holding the
-   medians of their predictions (``meta.planner.calibrate.calibrate``): every
-   rank times the recipe's step per node at the same time (so the cores are shared as in
-   training; the steps' spread gives the wait on the slowest rank), and the link between
-   two ranks is fitted from ping-pongs and allreduces;
+1. a calibration of the planner on these ranks (``meta.planner.calibrate.calibrate``):
+   every rank times the recipe's step per node at the same time (so the cores are shared
+   as in training; steps taken together give the wait on the slowest rank), and the link
+   between two ranks is fitted from ping-pongs and allreduces;
 2. the planner's prediction at P = the ranks for each allreduce option it ranks (MPI's
    allreduce with and without overlap; ZeRO-1 in shared memory);
 3. the same steps measured: the recipe's network on its executor, wrapped in ``Allreduce``
    with those options, in blocks of ``--steps`` steps that alternate between the options
-   (``--repeats`` blocks each, the median block kept).
+   (``--repeats`` blocks each, the median block kept);
+
+``--trials`` (3) times, the rows holding the medians of the predictions and of the
+measurements.
 
 ``--pipelines`` and ``--asynchronous`` (not under mpiexec) run the recipes themselves,
 ``--trials`` times (a calibration and a run each; a row holds the medians of both):
@@ -74,11 +76,31 @@ def stepper(recipe, comm, options: dict | None):
     return lambda: strategy.step_with(built.executor, feeds)
 
 
+def timed_blocks(steps: dict, args, comm) -> dict[str, float]:
+    """Each step's seconds: ``--repeats`` blocks of ``--steps`` steps, the options' blocks
+    alternating, the median block; the slower rank's (a synchronous step ends when all
+    have)."""
+    times: dict[str, list[float]] = {label: [] for label in steps}
+    for _ in range(args.repeats):
+        for label, step in steps.items():
+            comm.barrier()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            times[label].append((time.perf_counter() - start) / args.steps)
+    return {label: comm.allreduce_obj(statistics.median(t), op="max")
+            for label, t in times.items()}
+
+
 def measure(name: str, args, comm) -> list[dict]:
+    """The allreduce rows of one recipe: ``--trials`` times a calibration and its predictions,
+    then the steps measured; each row the medians of both (one calibration at 3 ranks on 2
+    cores had the MLP's compute 17 % low, and one measurement of the MLP on two emulated
+    nodes at 4 ranks took 19.2 ms a step, another 22.8)."""
     recipe = load_recipe(REPO / "recipes" / f"{name}.py")
-    # ``--trials`` calibrations, each predicting every option: the medians are the rows'
-    # (one calibration at 3 ranks on 2 cores had the MLP's compute 17 % low)
-    trials: dict[str, list[tuple[float, float]]] = {}
+    predictions: dict[str, list[tuple[float, float]]] = {}  # (step, its exchange)
+    measured: dict[str, list[float]] = {}
+    steps: dict = {}
     for trial in range(args.trials):
         machine = calibrate(recipe, comm=comm, steps=args.steps)
         if args.keep_calibrations and comm.rank == 0:
@@ -93,45 +115,40 @@ def measure(name: str, args, comm) -> list[dict]:
             machine = machine.oversubscribed(comm.size)
         where = f"{machine.nodes} nodes: " if machine.nodes > 1 else ""
         work = make_workload(recipe, machine)
-        for pr in allreduce_models(work, machine, comm.size):  # (step, its exchange)
-            trials.setdefault(where + pr.label, []).append(
+        for pr in allreduce_models(work, machine, comm.size):
+            predictions.setdefault(where + pr.label, []).append(
                 (pr.step_s, pr.step_s - work.compute_s - work.update_s))
-    predicted = {label: statistics.median(s for s, _ in t) for label, t in trials.items()}
-    exchange = {label: statistics.median(e for _, e in t) for label, t in trials.items()}
-    steps = {where + label: stepper(recipe, comm, opts) for label, opts in OPTIONS.items()
-             if where + label in predicted}
-    steps[ALONE] = stepper(recipe, comm, None)
-    for step in steps.values():
-        for _ in range(args.warmup):
-            step()
-    times: dict[str, list[float]] = {label: [] for label in steps}
-    for _ in range(args.repeats):
-        for label, step in steps.items():
-            comm.barrier()
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            times[label].append((time.perf_counter() - start) / args.steps)
+        if not steps:
+            steps = {where + label: stepper(recipe, comm, opts)
+                     for label, opts in OPTIONS.items() if where + label in predictions}
+            steps[ALONE] = stepper(recipe, comm, None)
+            for step in steps.values():
+                for _ in range(args.warmup):
+                    step()
+        for label, seconds in timed_blocks(steps, args, comm).items():
+            measured.setdefault(label, []).append(seconds)
     rows = []
-    # the slower rank's: a synchronous step ends when both have
-    alone = comm.allreduce_obj(statistics.median(times[ALONE]), op="max")
+    alone = statistics.median(measured[ALONE])
     for label in steps:
         if label == ALONE:
             continue
-        measured = comm.allreduce_obj(statistics.median(times[label]), op="max")
+        predicted = statistics.median(s for s, _ in predictions[label])
+        step = statistics.median(measured[label])
         # the model's exchange on top of the compute measured in the same blocks: the
         # communication model's error, the load's drift since the calibration taken out
-        beside = alone + exchange[label]
-        error = predicted[label] / measured - 1
+        beside = alone + statistics.median(e for _, e in predictions[label])
+        error = predicted / step - 1
         rows.append({"recipe": name, "ranks": comm.size, "configuration": label,
                      "machine": here(),
-                     "predicted_ms": predicted[label] * 1e3, "measured_ms": measured * 1e3,
+                     "predicted_ms": predicted * 1e3, "measured_ms": step * 1e3,
                      "error": error, "beyond_bound": abs(error) > args.bound,
                      "alone_ms": alone * 1e3, "beside_ms": beside * 1e3,
-                     "beside_error": beside / measured - 1,
+                     "beside_error": beside / step - 1,
                      "link": str(machine.intra) if not where else
                      f"{where}within a node {machine.intra}, between nodes {machine.inter}",
-                     "compute": work.source})
+                     "compute": work.source,
+                     "trials": [{"predicted_ms": p * 1e3, "measured_ms": m * 1e3}
+                                for (p, _), m in zip(predictions[label], measured[label])]})
     return rows
 
 

@@ -386,6 +386,13 @@ def test_the_worst_measured_error_of_a_configuration_is_shown(cluster, tmp_path)
     path = tmp_path / "validation.json"
     path.write_text(json.dumps(rows))
     assert load_validation(path, "synthetic")["allreduce"]["ranks"] == 3
+    # another machine's file (``--validated`` again): its worse row counts
+    more = tmp_path / "sixteen_cores.json"
+    more.write_text(json.dumps([{"recipe": "synthetic", "ranks": 16,
+                                 "configuration": "allreduce", "error": 0.21}]))
+    assert load_validation([path, more], "synthetic")["allreduce"]["ranks"] == 16
+    assert main(["plan", "mnist_mlp", "--ranks", "16", "--validated", str(path),
+                 "--validated", str(tmp_path / "missing.json")]) == 2
 
 
 def test_closed_queue_is_mean_value_analysis():

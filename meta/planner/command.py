@@ -22,9 +22,10 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override the recipe's MUTABLE values (as meta run)")
     plan.add_argument("--top", type=int, default=15, help="rows of the ranking shown")
-    plan.add_argument("--validated", metavar="JSON", help="measured model errors "
-                      "(benchmarks/plan_validation.py's JSON): shown per configuration, "
-                      "marked beyond --bound")
+    plan.add_argument("--validated", metavar="JSON", action="append", help="measured "
+                      "model errors (benchmarks/plan_validation.py's JSON; again for more "
+                      "files: the worst row counts): shown per configuration, marked beyond "
+                      "--bound")
     plan.add_argument("--bound", type=float, default=0.20, help="the model error bound "
                       "(default 0.20)")
     plan.add_argument("--plot", metavar="PNG", help="plot predicted throughput against P "

@@ -15,14 +15,17 @@ MB = 1 << 20
 SCALES = tuple(2 ** k for k in range(13))  # 1 ... 4,096
 
 
-def load_validation(path: str | Path, recipe: str) -> dict[str, dict]:
-    """Rows of ``benchmarks/plan_validation.py``'s JSON for ``recipe``, by configuration: of
-    a configuration measured at several P, the row with the largest error (the one a user
-    should know about)."""
-    try:
-        rows = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise MachineError(f"validation file {str(path)!r} cannot be read: {err}") from err
+def load_validation(paths: str | Path | list[str | Path], recipe: str) -> dict[str, dict]:
+    """Rows of ``benchmarks/plan_validation.py``'s JSON files for ``recipe``, by
+    configuration: of a configuration measured at several P (or on several machines), the
+    row with the largest error (the one a user should know about)."""
+    rows = []
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        try:
+            rows += json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise MachineError(f"validation file {str(path)!r} cannot be read: {err}") \
+                from err
     worst: dict[str, dict] = {}
     for r in rows:
         known = worst.get(r.get("configuration", ""))
