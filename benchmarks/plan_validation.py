@@ -373,9 +373,12 @@ def write_report(rows: list[dict], args) -> None:
                f"Rows whose model error is beyond ±{args.bound:.0%} are marked: {within} of "
                f"{len(rows)} within. The load column is the load average when the row was "
                "measured (the benchmark's own ranks count). Each row holds the medians of "
-               f"`--trials` ({'/'.join(map(str, trials))}) calibrations of the planner on the "
-               "same ranks just before the measurement (and, for the pipelines and the "
-               "asynchronous strategies, of as many runs); the last calibration's figures:"
+               f"`--trials` ({'/'.join(map(str, trials))}) trials, each a calibration of the "
+               "planner on the same ranks and then the measurement (a `meta run` for the "
+               "pipelines and the asynchronous strategies)" + (
+                   "; rows without trials in the JSON were measured once, after their "
+                   "calibrations" if any("trials" not in r for r in rows) else "")
+               + "; the last calibration's figures:"
                "\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n" + text + "\n")
     write_text(out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")

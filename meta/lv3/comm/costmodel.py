@@ -71,14 +71,13 @@ def measure_shared_reads(comm: Communicator, nbytes: int, repeats: int = 40) -> 
     or 6.1). Collective over ``comm``; the slowest node's figure, or None where no node has
     two ranks sharing memory."""
     from meta.lv3.comm.shared_memory import SharedSegments, node_of
-    from meta.lv3.flat import shard_bounds
 
     node = node_of(comm)
     beta, sharing = 0.0, 0.0
     if node is not None and node.size > 1:
         sharing = 1.0
         count = max(int(nbytes) // 4, 4096)
-        lo, hi = shard_bounds(count, node.size)[node.rank]
+        lo, hi = node.rank * count // node.size, (node.rank + 1) * count // node.size
         polling = node.size > (os.cpu_count() or 1)
         shared = SharedSegments.on_first(node, np.zeros(count, np.float32), polling)
         private = np.zeros(count, np.float32)
