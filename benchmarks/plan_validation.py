@@ -104,9 +104,9 @@ def measure(name: str, args, comm) -> list[dict]:
     for trial in range(args.trials):
         machine = calibrate(recipe, comm=comm, steps=args.steps)
         if args.keep_calibrations and comm.rank == 0:
-            where = "_two_nodes" if args.two_nodes else ""
+            suffix = "_two_nodes" if args.two_nodes else ""
             save_machine(machine, Path(args.keep_calibrations)
-                         / f"{name}_{comm.size}{where}_{trial}.toml")
+                         / f"{name}_{comm.size}{suffix}_{trial}.toml")
         if args.two_nodes and machine.nodes != 2:
             raise SystemExit(f"plan_validation: --two-nodes: MPI placed the {comm.size} ranks"
                              f" on {machine.nodes} node(s), not 2 (the emulation needs MPICH: "
@@ -393,11 +393,12 @@ def main() -> None:
                         "Downpour and asynchronous parameter server rows instead, each a "
                         "meta run under mpiexec -n 2, 3 or 4")
     parser.add_argument("--two-nodes", action="store_true", help="(without mpiexec) the "
-                        "allreduce rows on two emulated nodes instead, at 2 and 4 ranks")
+                        "allreduce rows on two emulated nodes instead, at --two-node-ranks")
     parser.add_argument("--two-node-ranks", default="2,4", help="the ranks of --two-nodes "
                         "(comma-separated: each split evenly between the two nodes)")
-    parser.add_argument("--trials", type=int, default=3, help="calibrations per row (and for "
-                        "--pipelines and --asynchronous, runs): the rows hold the medians")
+    parser.add_argument("--trials", type=int, default=3, help="trials per row, each a "
+                        "calibration and a measurement (for --pipelines and --asynchronous, "
+                        "a meta run): the rows hold the medians")
     parser.add_argument("--async-samples", type=int, default=16384, help="training samples "
                         "of the asynchronous runs")
     parser.add_argument("--steps", type=int, default=20)

@@ -325,7 +325,7 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     layout = layout_of(comm)
     link, inter, polled, how = measure_links(comm, grad_bytes, layout,
                                              pattern.link if pattern else None)
-    shared_read_beta = measure_shared_reads(comm, grad_bytes) if comm.size > 1 else None
+    shared_read_beta = measure_shared_reads(comm, grad_bytes)  # None without shared memory
     if shared_read_beta is not None:
         how += f"; reads of what another rank just wrote {shared_read_beta * 1e9:.3f} ns/B"
     notes.append(how)

@@ -12,7 +12,6 @@ the textbook formula for its exchange (e.g. ring allreduce, 2(P-1)alpha + 2(P-1)
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -70,6 +69,7 @@ def measure_shared_reads(comm: Communicator, nbytes: int, repeats: int = 40) -> 
     apart), the ping-pong's beta 0.3 in both, and the MLP's ZeRO-1 step followed it (4.8 ms
     or 6.1). Collective over ``comm``; the slowest node's figure, or None where no node has
     two ranks sharing memory."""
+    from meta import _threads
     from meta.lv3.comm.shared_memory import SharedSegments, node_of
 
     node = node_of(comm)
@@ -78,7 +78,8 @@ def measure_shared_reads(comm: Communicator, nbytes: int, repeats: int = 40) -> 
         sharing = 1.0
         count = max(int(nbytes) // 4, 4096)
         lo, hi = node.rank * count // node.size, (node.rank + 1) * count // node.size
-        polling = node.size > (os.cpu_count() or 1)
+        # wait in the fences as the exchange does (Strategy.oversubscribed)
+        polling = node.size > _threads.cores()
         shared = SharedSegments.on_first(node, np.zeros(count, np.float32), polling)
         private = np.zeros(count, np.float32)
 
@@ -97,8 +98,7 @@ def measure_shared_reads(comm: Communicator, nbytes: int, repeats: int = 40) -> 
         excess = rounds(shared.segments[0]) - rounds(private)
         beta = max(excess, 0.0) / ((node.size - 1) / node.size * count * 4)
         shared.free()
-        node.free()
-    elif node is not None:
+    if node is not None:
         node.free()
     if comm.size > 1:
         beta, sharing = (float(x) for x in comm.allreduce(np.array([beta, sharing]), op="max"))
