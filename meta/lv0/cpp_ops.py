@@ -15,6 +15,12 @@ header it includes by ``#include "..."`` (meta's own headers included), the comp
 version, the flags, and the Python and pybind11 versions. A build goes to a temporary file that
 is renamed into place, under a file lock, so MPI ranks starting together compile once and
 never load a half-written library.
+
+The cache is private: loading a library runs its code, so a library another user could have
+written must never be loaded. meta makes the cache folders with mode 0700 and refuses, in one
+line (``UnsafeCacheError``), a cache folder, build folder or library that is not this user's,
+that others may write, or that is a symbolic link (the cache root itself may be reached through
+one the user made). Each user keeps a cache of their own; nothing is shared.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import re
 import secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -51,6 +58,10 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 class CppOpBuildError(RuntimeError):
     """The C++ source did not compile (or no compiler was found); the message holds the
     compiler's first errors in the user's file and the command line used."""
+
+
+class UnsafeCacheError(CppOpBuildError):
+    """A cache folder or library another user could have written: meta loads none of it."""
 
 
 # -- where things are --------------------------------------------------------------------------
@@ -80,6 +91,45 @@ def cache_dir() -> Path:
         return Path(os.environ["META_CACHE_DIR"]) / "cpp_ops"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "meta" / "cpp_ops"
+
+
+def _unsafe(path: Path, follow: bool = False) -> str | None:
+    """Why ``path`` could hold another user's code: not this user's, writable by others, a
+    symbolic link (unless ``follow``); None where it is safe. A folder others may write is
+    safe only with the sticky bit (as /tmp: no one renames another's entries)."""
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _refuse(path: Path, problem: str, what: str) -> UnsafeCacheError:
+    return UnsafeCacheError(
+        f"C++ op cache {what} {path} {problem}: meta loads no library another user could have "
+        f"written; set META_CACHE_DIR to a folder of your own (made with mode 0700)")
+
+
+def private_cache() -> Path:
+    """``cache_dir()``, made with mode 0700 where it is missing, after checking that it and the
+    folder holding it are this user's and writable by no one else (``UnsafeCacheError``)."""
+    root = cache_dir()
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root.mkdir(exist_ok=True, mode=0o700)
+    except OSError as err:
+        raise UnsafeCacheError(f"C++ op cache folder {root} cannot be made ({err.strerror}); "
+                               f"set META_CACHE_DIR to a writable folder of your own") from err
+    for folder in (root.parent, root):  # the parent: no one else may swap the folder out
+        if problem := _unsafe(folder, follow=True):
+            raise _refuse(folder, problem, "folder")
+    return root
 
 
 def compiler() -> list[str]:
@@ -176,10 +226,16 @@ def build(source: str | os.PathLike[str], extra_flags: Sequence[str] = ()) -> Mo
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:16]
     stem = re.sub(r"\W", "_", path.stem, flags=re.ASCII)  # a C identifier: PyInit_<name>
     name = f"_meta_op_{stem}_{key}"
-    folder = cache_dir() / f"{stem}-{key}"
+    folder = private_cache() / f"{stem}-{key}"
     library = folder / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        if problem := _unsafe(folder):
+            raise _refuse(folder, problem, "folder") from None
+    if os.path.lexists(library) and (problem := _unsafe(library)):
+        raise _refuse(library, problem, "library")
     if not library.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # other ranks wait here, then find the library
             if not library.is_file():
@@ -193,8 +249,7 @@ def build(source: str | os.PathLike[str], extra_flags: Sequence[str] = ()) -> Mo
 
 def _compile(command: list[str], source: Path, library: Path) -> None:
     """Run ``command -o <temp>`` and rename the result to ``library`` (atomic on POSIX)."""
-    # A fresh name (not mkstemp's 0600 file) so the library gets the umask's permissions and
-    # other users of a shared cache can load it.
+    # A fresh name in the private build folder (mode 0700): the umask's permissions are safe.
     temp = str(library.parent / f".build-{os.getpid()}-{secrets.token_hex(4)}{library.suffix}")
     full = [*command, "-o", temp]
     try:
