@@ -5,6 +5,8 @@ A transformation is ``init(params) -> state`` and ``update(grads, state, params)
 thin stateful wrapper the trainer calls. The update rules follow seed 003 (the overview of
 distributed deep learning): SGD with momentum is ``chain(trace(m), scale(-lr))``, Adam is
 ``chain(scale_by_adam(), scale(-lr))``, AdamW adds ``add_decayed_weights`` between the two.
+``adam``/``adamw`` take ``torch.optim.Adam``/``AdamW``'s step (eps outside the bias-corrected
+root); Kingma & Ba's form (seed 003's) is ``eps_form="kingma"``.
 Weight decay, clipping and learning-rate schedules are transformations too, not flags.
 
 States hold only arrays and integers, so a checkpoint can store them as they are.
@@ -18,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from meta.component import Component, ComponentError, Option, Registry
+from meta.common.component import Component, ComponentError, Option, Registry
 from meta.lv1.roles import TensorView
 
 Params = dict[str, np.ndarray]
@@ -137,19 +139,53 @@ def scale_by_adadelta(rho: float = 0.9, eps: float = 1e-6) -> GradientTransforma
     return GradientTransformation(init, update, elementwise=True)
 
 
-def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
-    """Adam (Kingma & Ba, in seed 003's form): m, v moving averages of g and g^2; update
-    sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps), with t the step count from 1."""
+ADAM_FORMS = ("pytorch", "kingma")
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, amsgrad: bool = False,
+                  eps_form: str = "pytorch") -> GradientTransformation:
+    """Adam's direction: m, v moving averages of g and g^2, t the step count from 1.
+
+    ``eps_form`` says where ``eps`` sits, which decides the step while ``sqrt(v)`` is near
+    ``eps`` (early steps, rarely used weights):
+
+    * ``"pytorch"`` (default, as ``torch.optim.Adam``/``AdamW``): ``m / (1 - b1^t) /
+      (sqrt(v / (1 - b2^t)) + eps)``, so a user moving from PyTorch gets the same update
+      from the same name;
+    * ``"kingma"`` (Kingma & Ba's efficient form, the end of their Algorithm 1, and seed 003's):
+      ``sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)``, which is the first with ``eps``
+      scaled by ``sqrt(1 - b2^t)``.
+
+    ``amsgrad`` (Reddi et al., 2018, as PyTorch does it) divides by the running maximum of
+    ``v`` instead of ``v``, bias-corrected by the current step's ``1 - b2^t``.
+
+    >>> t = scale_by_adam()
+    >>> u, s = t.update({"w": np.array([2.0])}, t.init({"w": np.zeros(1)}), {})
+    >>> round(float(u["w"][0]), 6), s["t"]
+    (1.0, 1)
+    """
+    if eps_form not in ADAM_FORMS:
+        raise ValueError(f"eps_form must be one of {list(ADAM_FORMS)}, got {eps_form!r}")
+    kingma = eps_form == "kingma"
 
     def init(params: Params) -> State:
-        return {"m": _zeros(params), "v": _zeros(params), "t": 0}
+        state = {"m": _zeros(params), "v": _zeros(params), "t": 0}
+        if amsgrad:
+            state["v_max"] = _zeros(params)
+        return state
 
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
         t = state["t"] + 1
         m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
         v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
-        step = math.sqrt(1 - b2**t) / (1 - b1**t)
-        return {k: step * m[k] / (np.sqrt(v[k]) + eps) for k in grads}, {"m": m, "v": v, "t": t}
+        new_state = {"m": m, "v": v, "t": t}
+        if amsgrad:
+            v = new_state["v_max"] = {k: np.maximum(state["v_max"][k], v[k]) for k in grads}
+        bias1, root_bias2 = 1 - b1**t, math.sqrt(1 - b2**t)
+        if kingma:
+            step = root_bias2 / bias1
+            return {k: step * m[k] / (np.sqrt(v[k]) + eps) for k in grads}, new_state
+        return {k: m[k] / (np.sqrt(v[k]) / root_bias2 + eps) / bias1 for k in grads}, new_state
 
     return GradientTransformation(init, update, elementwise=True)
 
@@ -329,16 +365,22 @@ def adadelta(lr: LearningRate = 1.0, rho: float = 0.9, eps: float = 1e-6,
 
 
 def adam(lr: LearningRate = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-         weight_decay: float = 0.0) -> GradientTransformation:
-    """Adam; ``weight_decay`` here is L2 added to the gradient (see ``adamw`` for decoupled)."""
-    return _with_decay([scale_by_adam(b1, b2, eps)], lr, weight_decay)
+         weight_decay: float = 0.0, amsgrad: bool = False,
+         eps_form: str = "pytorch") -> GradientTransformation:
+    """Adam, ``torch.optim.Adam``'s update by default (``eps_form``: see ``scale_by_adam``);
+    ``weight_decay`` here is L2 added to the gradient, as PyTorch's Adam does (see ``adamw``
+    for decoupled)."""
+    return _with_decay([scale_by_adam(b1, b2, eps, amsgrad, eps_form)], lr, weight_decay)
 
 
 def adamw(lr: LearningRate = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.01) -> GradientTransformation:
-    """Adam with decoupled weight decay (Loshchilov & Hutter): the decay skips Adam's scaling."""
-    return chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay),
-                 scale_by_learning_rate(lr))
+          weight_decay: float = 0.01, amsgrad: bool = False,
+          eps_form: str = "pytorch") -> GradientTransformation:
+    """Adam with decoupled weight decay (Loshchilov & Hutter), ``torch.optim.AdamW``'s update by
+    default: ``p <- p - lr * (adam_direction + weight_decay * p)``, the decay skipping Adam's
+    scaling."""
+    return chain(scale_by_adam(b1, b2, eps, amsgrad, eps_form),
+                 add_decayed_weights(weight_decay), scale_by_learning_rate(lr))
 
 
 class Optimizer:
@@ -428,7 +470,13 @@ OPTIMIZERS.add("adadelta", adadelta, {"rho": Option(0.9, "decay of the averages"
                                       **lr_option(1.0, "Zeiler 2012 and PyTorch")})
 _ADAM = {"b1": Option(0.9, "decay of the first moment", low=0.0, below=1.0),
          "b2": Option(0.999, "decay of the second moment", low=0.0, below=1.0),
-         "eps": Option(1e-8, "added to the denominator", above=0)}
+         "eps": Option(1e-8, "added to the denominator", above=0),
+         "amsgrad": Option(False, "divide by the running maximum of the second moment "
+                                  "(Reddi et al. 2018, as PyTorch)"),
+         "eps_form": Option("pytorch", "pytorch: m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps), as "
+                                       "torch.optim.Adam; kingma: sqrt(1-b2^t)/(1-b1^t) * "
+                                       "m / (sqrt(v) + eps), Kingma & Ba's form",
+                            choices=ADAM_FORMS)}
 OPTIMIZERS.add("adam", adam, {**_ADAM, **lr_option(1e-3, "Kingma & Ba 2015 and PyTorch")})
 OPTIMIZERS.add("adamw", adamw, {**_ADAM, "weight_decay": Option(0.01, "decoupled weight decay",
                                                                 low=0.0),

@@ -82,10 +82,29 @@ def test_adadelta_by_hand():
 
 
 def test_adam_by_hand():
-    # t=1: m = 0.2, v = 0.004, step = sqrt(1-0.999)/(1-0.9); t=2: m = 0.28, v = 0.004996
-    u1 = math.sqrt(1 - 0.999) / (1 - 0.9) * 0.2 / (math.sqrt(0.004) + 1e-8)
-    u2 = math.sqrt(1 - 0.999**2) / (1 - 0.9**2) * 0.28 / (math.sqrt(0.004996) + 1e-8)
-    assert run(adam(0.1), [2.0, 1.0]) == pytest.approx(1 - 0.1 * u1 - 0.1 * u2)
+    # PyTorch's form: t=1: m = 0.2, v = 0.004; t=2: m = 0.28, v = 0.004996
+    u1 = 0.2 / (1 - 0.9) / (math.sqrt(0.004 / (1 - 0.999)) + 1e-8)
+    u2 = 0.28 / (1 - 0.9**2) / (math.sqrt(0.004996 / (1 - 0.999**2)) + 1e-8)
+    assert run(adam(0.1), [2.0, 1.0]) == pytest.approx(1 - 0.1 * u1 - 0.1 * u2, abs=1e-12)
+
+
+def test_adam_kingma_form_by_hand():
+    # Kingma & Ba's (seed 003's) form: step = sqrt(1-0.999^t)/(1-0.9^t), eps beside sqrt(v)
+    eps = 1e-3  # large, so the two forms part visibly
+    u1 = math.sqrt(1 - 0.999) / (1 - 0.9) * 0.2 / (math.sqrt(0.004) + eps)
+    u2 = math.sqrt(1 - 0.999**2) / (1 - 0.9**2) * 0.28 / (math.sqrt(0.004996) + eps)
+    kingma = run(adam(0.1, eps=eps, eps_form="kingma"), [2.0, 1.0])
+    assert kingma == pytest.approx(1 - 0.1 * u1 - 0.1 * u2, abs=1e-12)
+    assert abs(kingma - run(adam(0.1, eps=eps), [2.0, 1.0])) > 1e-4
+
+
+def test_adam_amsgrad_by_hand():
+    # v: 0.004 then 0.999*0.004 = 0.003996; the maximum keeps 0.004, bias-corrected at t=2
+    u1 = 0.2 / (1 - 0.9) / (math.sqrt(0.004 / (1 - 0.999)) + 1e-8)
+    u2 = 0.18 / (1 - 0.9**2) / (math.sqrt(0.004 / (1 - 0.999**2)) + 1e-8)
+    got = run(adam(0.1, amsgrad=True), [2.0, 0.0])
+    assert got == pytest.approx(1 - 0.1 * u1 - 0.1 * u2, abs=1e-12)
+    assert abs(got - run(adam(0.1), [2.0, 0.0])) > 1e-5
 
 
 def test_adamw_decay_is_decoupled():
@@ -185,7 +204,7 @@ def test_fused_momentum_step_matches_the_chain():
 def test_default_learning_rates_are_the_literatures(name, lr):
     """A recipe naming an optimizer and no lr gets its paper's and PyTorch's rate (one shared
     0.05 made Adam diverge); SGD keeps meta's 0.05, which goes with its momentum 0.9."""
-    from meta.recipe import AtLeast, make_recipe
+    from meta.run.recipe import AtLeast, make_recipe
 
     recipe = make_recipe("t", {"optimizer": name}, {}, {"test_accuracy": AtLeast(0.5)})
     assert recipe.definitions.choices["optimizer"].values()["lr"] == lr
@@ -195,7 +214,7 @@ def test_adam_by_default_steps_each_weight_by_1e_3():
     """Built from a recipe as the runner builds it: Adam's first step moves every weight by
     its learning rate (the bias-corrected m / sqrt(v) is the gradient's sign)."""
     from meta.lv2 import build_optimizer
-    from meta.recipe import AtLeast, make_recipe
+    from meta.run.recipe import AtLeast, make_recipe
 
     recipe = make_recipe("t", {"optimizer": "adam"}, {}, {"test_accuracy": AtLeast(0.5)})
     choice = recipe.definitions.choices["optimizer"]
