@@ -1,4 +1,4 @@
-"""docs/operators.md is what the registry gives today (regenerating changes nothing)."""
+"""docs/reference/operators.md is what the registry gives today (regenerating changes nothing)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ sys.path.remove(str(ROOT / "tools"))
 
 def test_committed_page_is_up_to_date() -> None:
     assert gen_operators_page.PAGE.read_text() == gen_operators_page.render(), \
-        "docs/operators.md is out of date: run python tools/gen_operators_page.py"
+        "docs/reference/operators.md is out of date: run python tools/gen_operators_page.py"
 
 
 def test_page_states_known_facts() -> None:

@@ -1,7 +1,9 @@
 """Build meta's API reference from its docstrings with pdoc, failing on any warning.
 
 Usage: ``python tools/build_api_docs.py [OUTPUT_DIR]`` (default: a temporary folder, removed
-afterwards: CI only checks that it builds). pdoc reports what it cannot render (a module that
+afterwards: it only checks that it builds). The documentation site builds the same pages into
+itself under ``api/`` (``tools/mkdocs_hooks.py`` calls ``build``; CI runs ``mkdocs build
+--strict``, where each warning returned here is a build warning). pdoc reports what it cannot render (a module that
 fails to import, a broken cross-reference, a signature it cannot read) as Python warnings and
 still writes the pages; here every such warning is printed and the exit status is 1, so a
 docstring that stops rendering fails CI as a test would.

@@ -1,5 +1,5 @@
-"""Write docs/operators.md: every registered operator, its ONNX versions, backward, native and
-planned support, from the registry itself (so the page cannot drift from the code).
+"""Write docs/reference/operators.md: every registered operator, its ONNX versions, backward,
+native and planned support, from the registry itself (so the page cannot drift from the code).
 
 Usage: ``python tools/gen_operators_page.py [--check]``. ``--check`` writes nothing and exits
 1 when the committed page differs from what the registry gives (tests/test_operators_page.py
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "operators.md"
+PAGE = ROOT / "docs" / "reference" / "operators.md"
 
 HEADER = """# Operators
 
