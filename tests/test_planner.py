@@ -34,7 +34,7 @@ from meta.planner.models import (
 )
 from meta.planner.report import best_sets, load_validation, settable, table
 from meta.planner.workload import Layer, Workload
-from meta.recipe import load_recipe
+from meta.run.recipe import load_recipe
 
 CLUSTER = """
 name = "cluster"
@@ -89,6 +89,19 @@ def test_machine_file_reads_and_round_trips(cluster, tmp_path):
     ("nodes = 0\n", "nodes must be >= 1"),
     ("progress = 1\n", "progress must be true or false, got 1"),
     ("nodes = [\n", "is not TOML"),
+    # a rate of 0 divided by (a ZeroDivisionError traceback before); nan, inf: no prediction
+    ("flops = 0\n", r"flops = 0.0: must be a finite number > 0"),
+    ("flops = nan\n", r"flops = nan: must be a finite number > 0"),
+    ("memory_gib = -1\n", r"memory = -1073741824.0: must be a finite number > 0"),
+    ("copy_beta = inf\n", r"copy_beta = inf: must be a finite number >= 0"),
+    ("[intra]\nalpha = -1e-6\nbeta = 1e-10\n", r"\[intra\]: alpha = -1e-06: must be"),
+    ("costs = 3\n", "costs must be a table of recipes"),
+    ("[costs.x]\nsignature = 'a'\nexecutor = 'e'\nbatch = 0\nforward_s = {}\n"
+     "backward_s = {}\nstep_s = 1.0\n", r"\[costs.x\]: batch and ranks_measured must be"),
+    ("[costs.x]\nsignature = 'a'\nexecutor = 'e'\nbatch = 8\nforward_s = 3\n"
+     "backward_s = {}\nstep_s = 1.0\n", r"\[costs.x\]: 'int' object has no attribute"),
+    ("[costs.x]\nsignature = 'a'\nexecutor = 'e'\nbatch = 8\nforward_s = {}\n"
+     "backward_s = {}\nstep_s = 0.0\n", r"\[costs.x\]: step_s = 0.0: must be"),
 ])
 def test_machine_file_errors_name_the_key(tmp_path, text, message):
     path = tmp_path / "bad.toml"
@@ -277,6 +290,46 @@ def test_meta_plan_names_a_bad_machine_file(tmp_path, capsys):
     assert "m.toml" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("line", ["flops = 0", "flops = nan", "[inter]\nalpha = 1\nbeta = -1"])
+def test_meta_plan_with_a_bad_rate_in_the_machine_file_is_one_line_and_exit_2(
+        tmp_path, capsys, line):
+    (tmp_path / "m.toml").write_text(line + "\n")
+    assert main(["plan", "mnist_mlp", "--ranks", "4", "--machine",
+                 str(tmp_path / "m.toml")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"meta plan: machine file '{tmp_path / 'm.toml'}'")
+
+
+@pytest.mark.parametrize("option", [["--sigma", "nan"], ["--sigma", "inf"], ["--sigma", "-1"],
+                                    ["--compute-ms", "inf"], ["--compute-ms", "nan"]])
+def test_meta_plan_simulate_refuses_a_value_that_is_not_a_finite_number(capsys, option):
+    assert main(["plan", "mnist_mlp", "--simulate", "2", *option]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"meta plan: {option[0]} {float(option[1])}: "
+                                               "must be a finite number"), err
+
+
+def test_meta_plan_at_a_billion_ranks_answers_in_seconds(capsys, mnist_dir):
+    """Nothing in the planner takes a step per rank (``closed_queue`` in closed form beyond
+    EXACT_QUEUE clients): 10^9 ranks took over 240 s before; the imports and the data read
+    to size the network take most of what is left."""
+    start = time.perf_counter()
+    assert main(["plan", "recipes/mnist_mlp.py", "--ranks", "1000000000"]) == 0
+    assert time.perf_counter() - start < 10
+    assert "P = 1000000000" in capsys.readouterr().out
+
+
+def test_meta_plan_without_the_recipe_s_data_is_one_line_and_exit_2(tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.setenv("META_MNIST_DIR", str(tmp_path / "none"))
+    monkeypatch.setenv("META_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("urllib.request.urlopen", lambda *a, **k: (_ for _ in ()).throw(
+        OSError("no network in this test")))
+    assert main(["plan", "recipes/mnist_mlp.py", "--ranks", "4"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("meta plan: ") and "mnist" in err[0], err
+
+
 def test_calibrate_measures_this_machine(tmp_path, capsys, mnist_dir):
     """One process, a small batch, one timed step: per-node costs written and used."""
     out = tmp_path / "here.toml"
@@ -402,6 +455,23 @@ def test_closed_queue_is_mean_value_analysis():
     assert closed_queue(2, 3.0, 1.0) == pytest.approx(1.25)
     many = closed_queue(200, think_s=3.0, service_s=1.0)
     assert 200 / (3.0 + many) == pytest.approx(1.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("ratio", [1e-4, 10.0, 1e4, 2e4, 2.0001e4, 3e4, 1e6, 1e12])
+def test_closed_queue_beyond_the_recursion_is_the_same_model(ratio, monkeypatch):
+    """Beyond ``EXACT_QUEUE`` clients the product form's sum gives what the recursion gives,
+    also at the knee (clients = think/service), where an approximation (Schweitzer's) was off
+    by 25 %; and a billion clients take a fraction of a second."""
+    from meta.planner import models
+
+    clients, service = 20_001, 1e-3
+    exact = closed_queue(clients, ratio * service, service)
+    monkeypatch.setattr(models, "EXACT_QUEUE", 100)
+    assert closed_queue(clients, ratio * service, service) == pytest.approx(exact, rel=1e-9)
+    start = time.perf_counter()
+    for workers in (10**9, int(ratio) + 7):
+        assert closed_queue(workers, ratio * service, service) >= service
+    assert time.perf_counter() - start < 1.0
 
 
 class _TwoRanksInStep:

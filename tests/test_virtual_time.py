@@ -30,7 +30,7 @@ from meta.planner.virtual_time import (
 from tests.launch import clean_env, find_mpiexec, run_command
 
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": {"name": "synthetic", "train_examples": 384, "test_examples": 128,
                          "input_shape": [16]},
              "hidden": [16], "optimizer": "adagrad"}
@@ -127,7 +127,7 @@ def test_warm_start_holds_the_other_workers_back() -> None:
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory: pytest.TempPathFactory):
-    from meta.recipe import load_recipe
+    from meta.run.recipe import load_recipe
 
     path = tmp_path_factory.mktemp("vt") / "downpour_synthetic.py"
     path.write_text(textwrap.dedent(RECIPE))
@@ -190,7 +190,7 @@ def test_a_schedule_the_workers_cannot_follow_is_refused(recipe, tmp_path: Path)
 @pytest.mark.parametrize("argv, shown", [
     (["--simulate", "8,x"], "--simulate '8,x': expected worker counts"),
     (["--simulate", "0"], "worker counts must be >= 1"),
-    (["--simulate", "2", "--sigma", "-1"], "--sigma -1.0: must be >= 0"),
+    (["--simulate", "2", "--sigma", "-1"], "--sigma -1.0: must be a finite number >= 0"),
     (["--simulate", "2", "--set", "distributed=allreduce"], "distributed with 'allreduce'"),
 ])
 def test_plan_simulate_errors_are_one_line(recipe, capsys, argv, shown) -> None:
@@ -242,7 +242,7 @@ def _meta(*args: str) -> list[str]:
 def test_a_real_downpour_run_is_reproduced_bit_for_bit(tmp_path: Path) -> None:
     """mpiexec -n 4: 1 server + 3 workers of recipes/mnist_downpour.py, shortened; fetches
     every 3 steps (so some land early, before the local step) and pushes every 2."""
-    from meta.replay import replay
+    from meta.run.replay import replay
 
     out = tmp_path / "run"
     run_command([str(find_mpiexec()), "-n", "4",

@@ -4,6 +4,7 @@ in). Heavy imports wait inside ``cmd_plan`` so ``meta --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -49,15 +50,19 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``meta plan``; a bad recipe, machine file or option is one line and exit status 2."""
-    from meta.component import ComponentError
+    from meta.common.component import ComponentError
+    from meta.lv2.datasets import DatasetError
     from meta.planner.machine import MachineError
     from meta.planner.virtual_time import SimulationError
-    from meta.recipe import RecipeError
+    from meta.run.recipe import RecipeError
 
     try:
         return _simulate(args) if args.simulate is not None else _plan(args)
     except (RecipeError, MachineError, ComponentError, SimulationError) as err:
         print(f"meta plan: {err}", file=sys.stderr)
+        return 2
+    except DatasetError as err:  # the recipe's data, read to size its network
+        print(f"meta plan: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
 
 
@@ -66,7 +71,7 @@ def _plan(args: argparse.Namespace) -> int:
     from meta.lv3 import world
     from meta.planner.calibrate import calibrate
     from meta.planner.machine import Machine, load_machine, save_machine
-    from meta.recipe import RecipeError, load_recipe
+    from meta.run.recipe import RecipeError, load_recipe
 
     start = time.perf_counter()
     try:
@@ -84,6 +89,8 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"meta plan: wrote {args.calibrate} ({machine.source})")
         if not args.ranks:
             return 0
+    if not 0 <= args.bound < math.inf:
+        raise MachineError(f"--bound {args.bound}: must be a finite number >= 0")
     if recipe is None or args.ranks < 1:
         print("meta plan: give a RECIPE and --ranks P (or --calibrate [OUT])", file=sys.stderr)
         return 2
@@ -118,7 +125,7 @@ def _simulate(args: argparse.Namespace) -> int:
         simulate,
         timing_for,
     )
-    from meta.recipe import RecipeError, load_recipe
+    from meta.run.recipe import RecipeError, load_recipe
 
     try:
         counts = [int(n) for n in args.simulate.split(",")]
@@ -127,11 +134,11 @@ def _simulate(args: argparse.Namespace) -> int:
                               f"8,64,512") from None
     if not counts or min(counts) < 1:
         raise SimulationError(f"--simulate {args.simulate!r}: worker counts must be >= 1")
-    for key, value, bad, bound in (
-            ("--sigma", args.sigma, args.sigma < 0, ">= 0"),
+    for key, value, bad, bound in (  # "not >=": nan is bad too
+            ("--sigma", args.sigma, not (0 <= args.sigma < math.inf), "a finite number >= 0"),
             ("--points", args.points, args.points < 1, ">= 1"),
             ("--compute-ms", args.compute_ms, args.compute_ms is not None
-             and not args.compute_ms > 0, "> 0")):
+             and not 0 < args.compute_ms < math.inf, "a finite number > 0")):
         if bad:
             raise SimulationError(f"{key} {value}: must be {bound}")
     if not args.recipe:

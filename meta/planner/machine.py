@@ -121,15 +121,27 @@ def _link(table: Any, where: str) -> Link:
     if not isinstance(table, dict):
         raise MachineError(f"{where}: expected a table with alpha and beta")
     try:
-        return Link(float(table["alpha"]), float(table["beta"]))
+        link = Link(float(table["alpha"]), float(table["beta"]))
     except KeyError as err:
         raise MachineError(f"{where}: missing key {err.args[0]!r}") from err
     except (TypeError, ValueError) as err:
         raise MachineError(f"{where}: {err}") from err
+    for key in ("alpha", "beta"):
+        _check(f"{where}: {key}", getattr(link, key), zero=True)
+    return link
+
+
+def _check(where: str, value: float, zero: bool) -> float:
+    """``value`` where it is a finite number > 0 (>= 0 with ``zero``); else MachineError: a
+    rate of 0 divides by zero, a nan or inf makes every prediction nan or inf."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise MachineError(f"{where} = {value!r}: must be a finite number "
+                           f"{'>= 0' if zero else '> 0'}")
+    return value
 
 
 def load_machine(path: str | Path) -> Machine:
-    """Read a machine TOML file (see docs/planner.md for its keys)."""
+    """Read a machine TOML file (see docs/design/planner.md for its keys)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -154,7 +166,8 @@ def load_machine(path: str | Path) -> Machine:
                     raise MachineError(f"machine file {str(path)!r}: {key} must be >= 1")
         for key in ("flops", "copy_beta", "shared_read_beta"):
             if key in data:
-                kw[key] = float(data[key])
+                kw[key] = _check(f"machine file {str(path)!r}: {key}", float(data[key]),
+                                 zero=key != "flops")
         if "progress" in data:
             if not isinstance(data["progress"], bool):
                 raise MachineError(f"machine file {str(path)!r}: progress must be true or "
@@ -164,12 +177,16 @@ def load_machine(path: str | Path) -> Machine:
             kw["memory_bytes"] = float(data["memory_gib"]) * GIB
         if "memory_bytes" in data:
             kw["memory_bytes"] = float(data["memory_bytes"])
+        if "memory_bytes" in kw:
+            _check(f"machine file {str(path)!r}: memory", kw["memory_bytes"], zero=False)
     except (TypeError, ValueError) as err:
         raise MachineError(f"machine file {str(path)!r}: {err}") from err
     for key in ("intra", "inter", "polled"):
         if key in data:
             kw[key] = _link(data[key], f"machine file {str(path)!r}, [{key}]")
     costs = {}
+    if not isinstance(data.get("costs", {}), dict):
+        raise MachineError(f"machine file {str(path)!r}: costs must be a table of recipes")
     for recipe, table in data.get("costs", {}).items():
         where = f"machine file {str(path)!r}, [costs.{recipe}]"
         try:
@@ -186,6 +203,15 @@ def load_machine(path: str | Path) -> Machine:
                 AsyncPattern.from_table(table["pattern"]) if "pattern" in table else None)
         except KeyError as err:
             raise MachineError(f"{where}: missing key {err.args[0]!r}") from err
+        except (TypeError, ValueError, AttributeError) as err:
+            raise MachineError(f"{where}: {err}") from err
+        for key in ("step_s", "update_s", "extra_fixed_s"):
+            _check(f"{where}: {key}", getattr(costs[recipe], key), zero=key != "step_s")
+        for key in ("forward_s", "backward_s", "forward_fixed_s", "backward_fixed_s"):
+            for node, value in getattr(costs[recipe], key).items():
+                _check(f"{where}: {key}.{node}", value, zero=True)
+        if costs[recipe].batch < 1 or costs[recipe].ranks_measured < 1:
+            raise MachineError(f"{where}: batch and ranks_measured must be >= 1")
     kw["costs"] = costs
     kw.setdefault("source", f"described in {path}")
     return Machine(**kw)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from meta.lv3.comm.costmodel import Link, gather_bcast, ring_allreduce, shared_reduce
 from meta.lv3.comm.polling import POLL_S
 from meta.lv3.data_parallel.allreduce import Allreduce
@@ -159,16 +161,51 @@ def averaging_models(work: Workload, machine: Machine, p: int) -> list[Predictio
     return out
 
 
+EXACT_QUEUE = 20_000  # clients up to which ``closed_queue`` runs its recursion
+_CHUNK = 1 << 14  # terms of ``_finite_source``'s sum summed at once
+_NEGLIGIBLE = 40.0  # a term this far below the largest (in log) is left out: e^-40
+
+
 def closed_queue(workers: int, think_s: float, service_s: float) -> float:
     """Mean value analysis of a closed network (Reiser and Lavenberg): ``workers`` clients
     each away ``think_s``, then queueing at one server that takes ``service_s`` each; the
     mean time a request spends at the server, its own service included. Exact for
-    exponential service; the asynchronous parameter server's queue."""
+    exponential service; the asynchronous parameter server's queue. The recursion takes a
+    step per client: beyond ``EXACT_QUEUE`` clients (``meta plan --ranks 1000000000`` must
+    answer in seconds) the same model's closed form instead (``_finite_source``)."""
+    if workers > EXACT_QUEUE and think_s > 0 and service_s > 0:
+        return _finite_source(workers, think_s, service_s)
     queue = response = 0.0
     for k in range(1, workers + 1):
         response = service_s * (1 + queue)
         queue = k / (think_s + response) * response
     return response
+
+
+def _finite_source(workers: int, think_s: float, service_s: float) -> float:
+    """``closed_queue`` from the machine-repairman model's product form. By the arrival
+    theorem a request finds the mean queue of the network with one client fewer (N = workers
+    - 1), and there i clients are at the server with probability proportional to
+    N!/(N-i)! (D/Z)^i; the response is D (1 + that mean). The terms rise to a peak at
+    i = N - Z/D and fall away from it: summed (relative to the peak) outward from it, chunk by
+    chunk, until they are negligible: a few times sqrt(N) terms at most."""
+    n, log_r = workers - 1, math.log(think_s / service_s)
+    peak = min(n, max(0, math.floor(n - think_s / service_s)))
+    total, weighted = 1.0, float(peak)  # the peak's term, over itself, and i times it
+    for step in (1, -1):  # right of the peak, then left of it
+        at, level = peak, 0.0
+        while 0 <= at + step <= n:
+            m = np.arange(at, min(at + _CHUNK, n), dtype=np.float64) if step == 1 else \
+                np.arange(at - 1, max(at - 1 - _CHUNK, -1), -1, dtype=np.float64)
+            # term(i+1)/term(i) = (N - i)/r: the logs of the terms at m+1 (right), m (left)
+            logs = level + step * np.cumsum(np.log(n - m) - log_r)
+            terms = np.exp(logs)
+            total += float(terms.sum())
+            weighted += float((terms * (m + (step == 1))).sum())
+            at, level = at + step * len(m), float(logs[-1])
+            if logs.max() < -_NEGLIGIBLE:
+                break
+    return service_s * (1 + weighted / total)
 
 
 def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
