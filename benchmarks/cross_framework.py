@@ -50,9 +50,9 @@ from train_step import (
 )
 
 from meta import lv1
-from meta._threads import set_threads
+from meta.common.threads import set_threads
 from meta.bench.stats import ratio_of_medians, ratio_of_medians_by_run
-from meta.files import write_bytes, write_text
+from meta.common.files import write_bytes, write_text
 
 try:
     import onnxruntime

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from meta import lv1
-from meta.files import write_text
+from meta.common.files import write_text
 from meta.lv2 import Optimizer, sgd
 from meta.lv3 import Allreduce, world
 from meta.lv3.comm.costmodel import measure_allreduce

@@ -26,7 +26,7 @@ tables the fastest of each configuration's N times (other processes only ever sl
 
     .venv/bin/python benchmarks/dbn_scaling.py                   # 1, 2, 4 ranks; ~4 min
     .venv/bin/python benchmarks/dbn_scaling.py --ranks 1,2 --set epochs=4 --out runs/dbn4
-    .venv/bin/python benchmarks/dbn_scaling.py --docs --repeat 2 # docs/dbn_scaling.{png,md}
+    .venv/bin/python benchmarks/dbn_scaling.py --docs --repeat 2 # docs/results/dbn_scaling.{png,md}
 
 It prints the tables and writes ``OUT/scaling.json``, ``OUT/scaling.md`` and ``OUT/scaling.png``
 (time and speed-up against ranks, one line per strategy and accuracy).
@@ -45,10 +45,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meta._threads import THREAD_VARIABLES, cores
+from meta.common.threads import THREAD_VARIABLES, cores
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs"
+DOCS = REPO / "docs" / "results"
 # (accuracy, whether reaching it counts, label): the seed asks > 90 %, the recipe >= 97 %.
 THRESHOLDS = ((0.90, False, "> 90 %"), (0.97, True, ">= 97 %"))
 # Two fine-tuning epochs more than the recipe's 4, so that runs whose larger global batch or
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="BLAS/OpenMP threads per rank (0: meta's default, cores / ranks)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "dbn_scaling")
     parser.add_argument("--docs", action="store_true",
-                        help="also copy the plot and tables to docs/dbn_scaling.{png,md}")
+                        help="also copy the plot and tables to docs/results/dbn_scaling.{png,md}")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of all runs; the tables take each configuration's fastest")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per launch")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import threadpoolctl
 
-from meta._threads import cores, set_threads
+from meta.common.threads import cores, set_threads
 from meta.lv0 import native
 
 try:

@@ -46,9 +46,9 @@ from harness import (OtherLoad, environment, gemm_peak, graph_flops, interleaved
 from onnx import numpy_helper
 
 from meta import lv1
-from meta._threads import set_threads
+from meta.common.threads import set_threads
 from meta.bench.stats import ratio_of_medians
-from meta.files import write_text
+from meta.common.files import write_text
 
 try:
     import onnxruntime

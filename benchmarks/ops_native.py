@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from harness import OtherLoad, environment, interleaved_blocks, print_environment, torch
 
-from meta._threads import set_threads
+from meta.common.threads import set_threads
 from meta.lv0 import Context, lookup
 
 PAUSE_S = 0.05  # before each timed block: let the previous variant's thread pools go idle

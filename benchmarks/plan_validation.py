@@ -6,7 +6,7 @@ at the ranks this machine runs (item 4 of issue 30, the part that runs here).
     python benchmarks/plan_validation.py --asynchronous   # Downpour, asynchronous PS
     python benchmarks/plan_validation.py --two-nodes      # allreduce on two emulated nodes
 
-Each writes its rows into docs/plan_validation.md (and .json), keeping the others'.
+Each writes its rows into docs/results/plan_validation.md (and .json), keeping the others'.
 
 Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at
 64; ``shakespeare_gpt``: the GPT at 32 x 64 tokens):
@@ -50,13 +50,13 @@ import statistics
 import time
 from pathlib import Path
 
-from meta.files import write_text
+from meta.common.files import write_text
 from meta.lv3 import Allreduce, world
 from meta.planner.calibrate import TWO_NODES_ENV, TrainingStep, calibrate
 from meta.planner.machine import save_machine
 from meta.planner.models import allreduce_models
 from meta.planner.workload import make_workload
-from meta.recipe import load_recipe
+from meta.run.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 ALONE = "no exchange"
@@ -405,7 +405,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bound", type=float, default=0.20)
-    parser.add_argument("--out", default=str(REPO / "docs" / "plan_validation.md"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "plan_validation.md"))
     parser.add_argument("--keep-calibrations", metavar="DIR", help="save each allreduce "
                         "calibration's machine there (TOML), to predict from again")
     args = parser.parse_args()

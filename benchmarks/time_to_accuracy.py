@@ -35,7 +35,7 @@ VARIANTS = ("meta planned", "meta native", "pytorch")
 
 def run(model: str, variant: str, threads: int, target: float) -> dict:
     from meta import lv1
-    from meta._threads import set_threads
+    from meta.common.threads import set_threads
     from meta.lv2 import Optimizer, sgd
     from meta.lv2.datasets import mnist
     from meta.lv2.sampler import ShuffleSampler

@@ -102,7 +102,7 @@ def _torch_variant(graph, threads: int, compiled: bool):
 
 def run(variant: str, threads: int, target: float, max_steps: int, eval_every: int) -> dict:
     """One training run of ``variant`` until the validation loss reaches ``target``."""
-    from meta._threads import set_threads
+    from meta.common.threads import set_threads
     from meta.lv1.language_models import gpt
     from meta.lv2.sampler import ShuffleSampler
 
@@ -214,7 +214,7 @@ def _paired_ratios(results: list[dict], threads: int, other: str) -> list[float]
 
 
 def _write_json(args: argparse.Namespace, env: dict, results: list[dict]) -> None:
-    from meta.files import write_text
+    from meta.common.files import write_text
 
     settings = vars(args) | {"json": str(args.json), "plot": str(args.plot)}
     write_text(args.json, json.dumps({"environment": env, "load_now": os.getloadavg()[0],

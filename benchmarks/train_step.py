@@ -52,7 +52,7 @@ from harness import (OtherLoad, environment, gemm_peak, graph_flops, interleaved
                      print_environment, torch)
 
 from meta import lv1, lv2
-from meta._threads import set_threads
+from meta.common.threads import set_threads
 
 if torch is not None:
     import torch.nn.functional as F

@@ -2,7 +2,7 @@
 for N = 8, 64 and 512 virtual workers (meta.planner.virtual_time; issue 30, item 3).
 
 Run:  python benchmarks/virtual_time.py [--workers 8,64,512 --servers 32 --sigma 0.2]
-      (writes docs/virtual_time.png and docs/virtual_time.json; a few minutes on 2 cores)
+      (writes docs/results/virtual_time.png and docs/results/virtual_time.json; a few minutes on 2 cores)
 
 The network is small on purpose, so the whole figure generates in minutes: an MLP 784-32-10
 on MNIST (all 60,000 training images, one epoch, batch 32), Downpour with 32 server shards
@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": "mnist", "model": {"name": "mlp", "hidden": [32]},
              "optimizer": "adagrad"}
     MUTABLE = {"distributed": {"name": "downpour", "servers": 32, "n_fetch": 1,
@@ -48,7 +48,7 @@ def main() -> None:
     from meta.planner.calibrate import measure_recipe
     from meta.planner.machine import Machine
     from meta.planner.virtual_time import curve_table, draw_curves, simulate, timing_for
-    from meta.recipe import load_recipe
+    from meta.run.recipe import load_recipe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="8,64,512")
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=32)
     ap.add_argument("--sigma", type=float, default=0.2)
     ap.add_argument("--points", type=int, default=24)
-    ap.add_argument("--out", default="docs/virtual_time")
+    ap.add_argument("--out", default="docs/results/virtual_time")
     args = ap.parse_args()
     lrs = [float(x) for x in args.lrs.split(",")]
     panels: list[tuple[float, list]] = []

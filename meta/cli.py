@@ -81,12 +81,12 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def _user_message(args: argparse.Namespace, comm, err: BaseException, folder) -> str | None:
-    """The one line for an exception raised in code the user brought (``meta.errors``), its
+    """The one line for an exception raised in code the user brought (``meta.run.errors``), its
     traceback kept in ``folder/error.log`` (by rank 0) and printed with ``--debug``; None when
     meta's own code raised."""
     from pathlib import Path
 
-    from meta.errors import keep_traceback, raised_in_user_file, user_error
+    from meta.run.errors import keep_traceback, raised_in_user_file, user_error
 
     user = user_error(err) or raised_in_user_file(err, [Path(args.recipe).resolve().parent])
     if user is None:
@@ -100,12 +100,12 @@ def _user_message(args: argparse.Namespace, comm, err: BaseException, folder) ->
 def _prepare(args: argparse.Namespace, comm, locks: list):
     """(RecipeRun, None) or (None, the input error's message) on this rank. Rank 0 first
     takes the output folder's lock (appended to ``locks``): one run per folder."""
-    from meta.component import ComponentError
+    from meta.common.component import ComponentError
     from meta.lv1 import GraphError
     from meta.lv2 import CheckpointError, DatasetError
-    from meta.recipe import RecipeError, load_recipe
-    from meta.run_dir import RunDirError, RunLock, output_folder
-    from meta.runner import RecipeRun
+    from meta.run.recipe import RecipeError, load_recipe
+    from meta.run.run_dir import RunDirError, RunLock, output_folder
+    from meta.run.runner import RecipeRun
 
     try:
         recipe = load_recipe(args.recipe).with_overrides(_parse_sets(args.set))
@@ -130,7 +130,7 @@ def _prepare(args: argparse.Namespace, comm, locks: list):
 def cmd_run(args: argparse.Namespace) -> int:
     """``meta run``: train a recipe and judge its metrics; exit 0 PASS, 1 FAIL, 2 bad usage, 130/143
     after SIGINT/SIGTERM (checkpointed at a step boundary)."""
-    from meta.errors import SIGNALS, Interrupted
+    from meta.run.errors import SIGNALS, Interrupted
     from meta.lv3 import world
 
     comm, locks = world(), []
@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, comm, locks: list) -> int:
-    from meta.run_dir import training_error
+    from meta.run.run_dir import training_error
 
     run, error = _prepare(args, comm, locks)
     # Ranks agree on whether any failed before anyone enters a collective; rank 0 reports.
@@ -244,8 +244,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_components(args: argparse.Namespace) -> int:
     """The components a recipe can name, with their options (``meta components optimizer``)."""
-    from meta.component import unknown
-    from meta.recipe import registry
+    from meta.common.component import unknown
+    from meta.run.recipe import registry
 
     kinds = {"model": "model", "dataset": "dataset", "optimizer": "optimizer",
              "executor": "executor", "distributed": "strategy", "events": "event",
@@ -276,7 +276,7 @@ def recipe_summary(path) -> str:
 
 def cmd_recipes(args: argparse.Namespace) -> int:
     """The shipped recipes, one line each: ``meta run NAME`` runs one from any folder."""
-    from meta.recipe import SHIPPED, shipped_recipes
+    from meta.run.recipe import SHIPPED, shipped_recipes
 
     shipped = shipped_recipes()
     print(f"{len(shipped)} recipes in {SHIPPED.resolve()} (meta run NAME; a path runs yours)")
@@ -389,7 +389,7 @@ def input_problem(cls, given: int) -> str:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """``meta run`` under mpiexec, restarted from its checkpoint when a rank dies."""
-    from meta.launch import Launch, LaunchError
+    from meta.run.launch import Launch, LaunchError
 
     # The run options are checked here, once, rather than by N ranks after they started.
     run_args = make_parser().parse_args(["run", args.recipe, *args.run_args])
@@ -405,7 +405,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Recompute an asynchronous run on one process in its recorded update order."""
-    from meta.replay import ReplayError, replay
+    from meta.run.replay import ReplayError, replay
 
     try:
         done = replay(args.run_dir)
@@ -415,7 +415,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.save:
         import numpy as np
 
-        from meta.files import atomic_write
+        from meta.common.files import atomic_write
 
         with atomic_write(args.save, "wb") as f:
             np.savez(f, **done.params)

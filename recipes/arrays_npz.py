@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2 import Event, Metric, register_event, register_metric
 from meta.recipe import AtLeast
 

@@ -5,7 +5,7 @@ k times larger effective batch). Every rank applies the same update: replicas st
 Run:  mpiexec -n 2 meta run recipes/custom_strategy.py
 """
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv3 import Strategy, register_strategy
 from meta.recipe import AtLeast
 

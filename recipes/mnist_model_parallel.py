@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv1 import models
 from meta.lv1.builder import GraphBuilder
 from meta.recipe import AtLeast

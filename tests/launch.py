@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meta._threads import THREAD_VARIABLES
+from meta.common.threads import THREAD_VARIABLES
 
 MPI_TIMEOUT_S = 120
 # Variables of an outer launcher (if pytest itself runs under one) must not leak into ours.

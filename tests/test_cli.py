@@ -10,7 +10,7 @@ import pytest
 from meta.cli import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, main
 
 SMALL = """
-    from meta.recipe import AtLeast, AtMost
+    from meta.run.recipe import AtLeast, AtMost
     FIXED = {{"dataset": "mnist", "hidden": [32]}}
     MUTABLE = {{"epochs": 1, "train_samples": 2000, "batch_size": 64, "lr": 0.05,
                "executor": "reference"}}
@@ -141,7 +141,7 @@ def test_version_names_the_distribution_version_and_where_meta_is(capsys, monkey
 def test_shipped_recipes_run_by_name_from_any_folder(tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
-    from meta.recipe import load_recipe, shipped_recipes
+    from meta.run.recipe import load_recipe, shipped_recipes
 
     monkeypatch.chdir(tmp_path)  # an empty folder: no recipes/ here
     shipped = shipped_recipes()
@@ -154,7 +154,7 @@ def test_shipped_recipes_run_by_name_from_any_folder(tmp_path, monkeypatch, caps
     assert Path(data).is_file() and Path(model).is_file()
     # a file of that name here wins, as a script's path does
     (tmp_path / "mnist_mlp.py").write_text(
-        "from meta.recipe import AtLeast\nFIXED = {}\nMUTABLE = {'epochs': 1}\n"
+        "from meta.run.recipe import AtLeast\nFIXED = {}\nMUTABLE = {'epochs': 1}\n"
         "METRICS = {'test_accuracy': AtLeast(0.5)}\n")
     assert load_recipe("mnist_mlp.py").path == Path("mnist_mlp.py")
     assert main(["run", "mnist_mpl"]) == EXIT_ERROR
@@ -164,7 +164,7 @@ def test_shipped_recipes_run_by_name_from_any_folder(tmp_path, monkeypatch, caps
 
 
 def test_recipes_lists_each_shipped_recipe_on_one_line(capsys):
-    from meta.recipe import shipped_recipes
+    from meta.run.recipe import shipped_recipes
 
     assert main(["recipes"]) == EXIT_PASS
     lines = capsys.readouterr().out.splitlines()

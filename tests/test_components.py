@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from meta.component import ComponentError, Option, Registry
+from meta.common.component import ComponentError, Option, Registry
 from meta.lv3 import SingleProcessCommunicator
-from meta.recipe import load_recipe
-from meta.runner import RecipeRun
+from meta.run.recipe import load_recipe
+from meta.run.runner import RecipeRun
 
 
 def test_options_convert_check_and_parse():
@@ -49,7 +49,7 @@ def test_adding_a_dataset_and_a_strategy_is_one_new_file_each(tmp_path):
     """What a user writes: a module per component beside the recipe, nothing in meta."""
     (tmp_path / "blobs.py").write_text(textwrap.dedent('''
         import numpy as np
-        from meta.component import Option
+        from meta.common.component import Option
         from meta.lv2 import register_dataset
 
         @register_dataset("blobs", n=Option(400, "examples per split", low=10))
@@ -77,7 +77,7 @@ def test_adding_a_dataset_and_a_strategy_is_one_new_file_each(tmp_path):
     recipe = tmp_path / "mine.py"
     recipe.write_text(textwrap.dedent('''
         import blobs, plain_sgd
-        from meta.recipe import AtLeast
+        from meta.run.recipe import AtLeast
         FIXED = {"dataset": {"name": "blobs", "n": 300}, "model": {"name": "mlp", "hidden": [16]},
                  "distributed": "local_only"}
         MUTABLE = {"epochs": 3, "batch_size": 20, "lr": 0.05}

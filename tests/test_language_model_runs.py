@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from meta.lv3 import SingleProcessCommunicator
-from meta.recipe import AtMost, load_recipe, make_recipe
-from meta.runner import run_recipe
+from meta.run.recipe import AtMost, load_recipe, make_recipe
+from meta.run.runner import run_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n" * 12

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from meta.cli import EXIT_ERROR, main
-from meta.launch import Launch, describe_exit
+from meta.run.launch import Launch, describe_exit
 
 FAKE = """#!{python}
 import json, os, sys

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TOP = ("meta.recipe", "meta.runner", "meta.cli")
+TOP = ("meta.run.recipe", "meta.run.runner", "meta.cli")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -49,7 +49,7 @@ def test_operators_use_only_level_0():
     assert not offenders, "\n".join(offenders)
 
 
-# -- Level 3's wings (docs/architecture.md draws them) ----------------------------------------
+# -- Level 3's wings (docs/design/architecture.md draws them) ----------------------------------------
 META = REPO / "meta"
 LV3 = META / "lv3"
 # wing -> the parts of Level 3 it may import (besides itself); a top-level module is its own

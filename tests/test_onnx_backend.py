@@ -1,4 +1,4 @@
-"""ONNX's own node conformance suite, driven through ``meta.onnx_backend`` by
+"""ONNX's own node conformance suite, driven through ``meta.lv1.onnx_backend`` by
 ``onnx.backend.test.BackendTest`` exactly as it drives onnxruntime.
 
 Every node case shipped in the installed onnx wheel runs on the CPU device, except those
@@ -18,7 +18,7 @@ import onnx.backend.test
 import pytest
 from onnx import TensorProto, helper
 
-from meta.onnx_backend import MetaBackend
+from meta.lv1.onnx_backend import MetaBackend
 
 NARROW = ("numpy has no dtype for float8, float4, int4, int2 or bfloat16: meta computes in "
           "numpy dtypes (and widens such initializers to float32 on import)")

@@ -1,4 +1,4 @@
-"""Checks before training (meta.preflight): each problem names the model's side and the
+"""Checks before training (meta.run.preflight): each problem names the model's side and the
 data's, every problem in one message."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv1 import mlp
 from meta.lv2 import ArrayDataset
-from meta.preflight import check_model_and_data, check_ranks
-from meta.recipe import registry
+from meta.run.preflight import check_model_and_data, check_ranks
+from meta.run.recipe import registry
 
 
 def _data(n: int = 8, features: int = 6, classes: int = 4) -> ArrayDataset:

@@ -39,7 +39,7 @@ settings.load_profile(os.environ.get("META_HYPOTHESIS_PROFILE", "meta-ci"))
 
 DATASET = {"name": "synthetic", "train_examples": 48, "test_examples": 16, "input_shape": [6]}
 RECIPE = """
-    from meta.recipe import AtLeast, AtMost
+    from meta.run.recipe import AtLeast, AtMost
     FIXED = {fixed}
     MUTABLE = {mutable}
     METRICS = {metrics}
@@ -366,3 +366,51 @@ def test_onnx_files(batch: Any, features: Any, classes: Any, out_rank: int, op: 
         _well_behaved(code, err)
         code, _, err = _cli(["inspect", str(model)])
         _well_behaved(code, err, allowed=(0, 2))
+
+
+# -- the planner's machine file ----------------------------------------------------------------
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}.get(repr(value), repr(value))
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2, 10**12),
+                    st.sampled_from([0, 0.0, -1.0, 1e-300, 1e300]), st.text(max_size=4),
+                    st.booleans())
+MACHINE_KEYS = ["nodes", "ranks_per_node", "cores", "flops", "memory_gib", "memory_bytes",
+                "copy_beta", "shared_read_beta", "progress", "name", "speed"]
+
+
+@given(top=st.dictionaries(st.sampled_from(MACHINE_KEYS), numbers, max_size=4),
+       links=st.dictionaries(st.sampled_from(["intra", "inter", "polled"]),
+                             st.dictionaries(st.sampled_from(["alpha", "beta", "gamma"]),
+                                             numbers, max_size=2), max_size=2),
+       ranks=st.sampled_from([1, 2, 7, 4096, 10**9]))
+@settings(max_examples=8)
+def test_machine_files(top: dict[str, Any], links: dict[str, dict[str, Any]],
+                       ranks: int) -> None:
+    """``meta plan --machine FILE``: a plan (exit 0) or one line and exit 2, never a
+    traceback, and bounded in time at any P."""
+    import time
+
+    text = "".join(f"{k} = {_toml(v)}\n" for k, v in top.items())
+    for table, keys in links.items():
+        text += f"[{table}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
+    with _folder() as tmp:
+        machine = Path(tmp) / "machine.toml"
+        machine.write_text(text)
+        start = time.perf_counter()
+        code, out, err = _cli(["plan", str(_recipe(Path(tmp))), "--ranks", str(ranks),
+                               "--machine", str(machine), "--top", "3"])
+        assert time.perf_counter() - start < 30, text
+        assert code in (0, 2) and "Traceback" not in err, (text, err)
+        if code == 2:
+            assert len(err.strip().splitlines()) == 1 and err.startswith("meta plan: "), \
+                (text, err)
+        else:
+            assert "samples/s" in out and "nan" not in out.split("samples/s", 1)[1], (text, out)

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from meta.recipe import AtLeast, AtMost, RecipeError, judge, load_recipe, make_recipe
+from meta.run.recipe import AtLeast, AtMost, RecipeError, judge, load_recipe, make_recipe
 
 GOOD = {"dataset": "mnist", "hidden": [64]}
 MUTABLE = {"epochs": 2, "lr": 0.1, "seed": 0}
@@ -133,7 +133,7 @@ def test_switching_a_component_rechecks_its_options():
 
 def test_recipe_files(tmp_path):
     ok = write(tmp_path, """
-        from meta.recipe import AtLeast
+        from meta.run.recipe import AtLeast
         FIXED = {"dataset": "mnist"}
         MUTABLE = {"epochs": 1}
         METRICS = {"test_accuracy": AtLeast(0.5)}
@@ -154,7 +154,7 @@ def test_only_the_three_sections_are_sections(tmp_path):
     r = load_recipe(write(tmp_path, """
         from meta.lv1.models import MODELS
         from meta.lv2.optimizers import OPTIMIZERS
-        from meta.recipe import AtLeast
+        from meta.run.recipe import AtLeast
         HIDDEN = 32
         EPOCHS = 2
         FIXED = {"dataset": "mnist", "hidden": [HIDDEN]}
@@ -177,7 +177,7 @@ def test_thresholds_and_verdict():
     assert not bad.passed and bad.checks == {"test_accuracy": True, "train_time_s": False}
     assert "FAIL" in bad.table()
     with pytest.raises(RecipeError, match="direction"):
-        from meta.recipe import Threshold
+        from meta.run.recipe import Threshold
         Threshold(1.0, "about")
 
 
@@ -196,7 +196,7 @@ def test_no_shipped_recipe_bounds_the_wall_clock():
     (read without running them: some register components)."""
     import ast
 
-    from meta.recipe import shipped_recipes
+    from meta.run.recipe import shipped_recipes
 
     bounded = {}
     for name, path in shipped_recipes().items():
@@ -271,7 +271,7 @@ def test_a_users_ops_py_beside_the_recipe_is_the_module_it_imports(tmp_path):
         """))
     (tmp_path / "r.py").write_text(textwrap.dedent("""
         import ops
-        from meta.recipe import AtLeast
+        from meta.run.recipe import AtLeast
 
         FIXED = {"dataset": "mnist"}
         MUTABLE = {"epochs": 1, "lr": 0.1}
@@ -282,7 +282,7 @@ def test_a_users_ops_py_beside_the_recipe_is_the_module_it_imports(tmp_path):
         import meta
         assert "ops" not in sys.modules, sys.modules["ops"]
         from meta.lv0 import lookup
-        from meta.recipe import load_recipe
+        from meta.run.recipe import load_recipe
         load_recipe({str(tmp_path / "r.py")!r})
         print(sys.modules["ops"].__file__)
         print(lookup("Twice", 1, "user.ops").__module__)

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import meta.files
+import meta.common.files
 from meta.cli import EXIT_ERROR, EXIT_PASS, main
-from meta.files import OutputError, atomic_write, write_text
+from meta.common.files import OutputError, atomic_write, write_text
 from meta.lv2.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from meta.run_dir import LOCK, RunDirError, RunLock
+from meta.run.run_dir import LOCK, RunDirError, RunLock
 
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": {"name": "synthetic", "train_examples": 64, "test_examples": 32,
                          "input_shape": [8]}, "hidden": [8]}
     MUTABLE = {"epochs": 2, "batch_size": 16, "lr": 0.1}
@@ -80,14 +80,14 @@ class FullDisk:
 
 
 def fill_disk(monkeypatch: pytest.MonkeyPatch, name: str, room: int = 10) -> None:
-    """Writes of files named ``name`` (through meta.files) hit a full disk."""
-    real = meta.files._open_temp
+    """Writes of files named ``name`` (through meta.common.files) hit a full disk."""
+    real = meta.common.files._open_temp
 
     def open_temp(tmp: Path, mode: str, **options: Any) -> Any:
         f = real(tmp, mode, **options)
         return FullDisk(f, room) if tmp.name.startswith(name + ".") else f
 
-    monkeypatch.setattr(meta.files, "_open_temp", open_temp)
+    monkeypatch.setattr(meta.common.files, "_open_temp", open_temp)
 
 
 # -- atomic writes ---------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_a_second_run_into_a_busy_folder_is_refused_before_training(tmp_path, ca
 
 def test_a_lock_is_held_while_training_and_removed_at_the_end(tmp_path, capsys, monkeypatch):
     out, seen = tmp_path / "out", []
-    from meta.runner import RecipeRun
+    from meta.run.runner import RecipeRun
 
     execute = RecipeRun.execute
     monkeypatch.setattr(RecipeRun, "execute",
@@ -222,7 +222,7 @@ def test_an_output_failing_during_training_exits_2_naming_it(tmp_path, capsys, m
 def test_metrics_json_is_written_last(tmp_path, capsys, monkeypatch):
     out, order = tmp_path / "out", []
     real = os.replace
-    monkeypatch.setattr(meta.files.os, "replace",
+    monkeypatch.setattr(meta.common.files.os, "replace",
                         lambda a, b: order.append(Path(b).name) or real(a, b))
     assert main(["run", recipe(tmp_path), "--output-dir", str(out), "--quiet"]) == EXIT_PASS
     assert order[-2:] == ["model.onnx", "metrics.json"], order

@@ -14,7 +14,7 @@ from meta.lv2.datasets import clear_cache
 from meta.lv2.idx import write_idx
 
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     {prelude}
     FIXED = {{"dataset": "mnist", "hidden": [8]}}
     MUTABLE = {{"epochs": 1, "batch_size": 16}}
@@ -92,7 +92,7 @@ def test_a_recipe_registering_a_builtin_name_exits_2(tmp_path: Path, capsys) -> 
 
 # -- mistakes found at start or while training (issue 17, item 5) -----------------------------
 SYNTHETIC = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     {prelude}
     FIXED = {{"dataset": {{"name": "synthetic", "train_examples": 64, "test_examples": 32,
                           "input_shape": [8]}}, "model": {model}}}
@@ -247,7 +247,7 @@ def _write(tmp_path: Path, body: str, name: str = "user") -> str:
 
 USER = """
     import numpy as np
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     {prelude}
     FIXED = {{"dataset": {dataset}, "model": {model}{fixed}}}
     MUTABLE = {{"epochs": 2, "batch_size": 16, "lr": 0.1}}
@@ -554,7 +554,7 @@ def test_a_failed_resume_keeps_the_finished_runs_metrics(tmp_path: Path, capsys,
     (metrics.previous.json), never deleted."""
     import errno
 
-    from meta.files import OutputError
+    from meta.common.files import OutputError
     from meta.lv2 import checkpoint
 
     recipe, out = _finished(tmp_path)
@@ -625,8 +625,8 @@ def test_as_many_servers_as_ranks_is_refused_before_the_data_is_loaded(tmp_path:
     the dataset function runs (a fake 2-rank communicator: nothing collective happens)."""
     import types
 
-    from meta.recipe import RecipeError, load_recipe
-    from meta.runner import RecipeRun
+    from meta.run.recipe import RecipeError, load_recipe
+    from meta.run.runner import RecipeRun
 
     prelude = """
     from meta.lv2 import register_dataset
@@ -648,7 +648,7 @@ def test_a_loss_that_never_changed_is_warned_about() -> None:
     """NothingLearned's verdict: parameters that never moved, a loss that never changed."""
     import types
 
-    from meta.runner import NothingLearned
+    from meta.run.runner import NothingLearned
 
     params = {"w": np.ones(3, np.float32)}
     trainer = types.SimpleNamespace(executor=types.SimpleNamespace(

@@ -8,8 +8,8 @@ import pytest
 from meta.lv2 import LBFGS, OPTIMIZERS, Optimizer, build_optimizer
 from meta.lv2.optimizers import learning_rate
 from meta.lv3 import SingleProcessCommunicator
-from meta.recipe import AtLeast, RecipeError, make_recipe
-from meta.runner import RecipeRun
+from meta.run.recipe import AtLeast, RecipeError, make_recipe
+from meta.run.runner import RecipeRun
 
 METRICS = {"test_accuracy": AtLeast(0.5)}
 SMALL = {"dataset": {"name": "synthetic", "train_examples": 64, "test_examples": 32},

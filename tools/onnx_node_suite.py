@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
               f"listed but passing; gradients compared in {len(report['graded'])} cases")
         return 1 if report["failed"] or report["stale"] else 0
 
-    from meta.onnx_backend import MetaBackend
+    from meta.lv1.onnx_backend import MetaBackend
 
     ours = run(MetaBackend, args.pattern)
     lines = [summary("meta", ours)]

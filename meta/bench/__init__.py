@@ -1,7 +1,7 @@
 """Reproducible benchmarking: timing with statistics, environment records, A/B reports.
 
 Sits beside the four levels, above them: it times operators (Level 0) and whole recipes (through
-``meta.runner``) and needs nothing from them in return.
+``meta.run.runner``) and needs nothing from them in return.
 
 >>> import numpy as np
 >>> from meta.bench import measure, ratio_of_medians

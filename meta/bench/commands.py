@@ -186,7 +186,7 @@ def run_repeated(first_run: Any, args: argparse.Namespace, comm: Any) -> int:
 
 def _variants(args: argparse.Namespace) -> list[Any]:
     from meta.bench.recipes import RecipeVariant
-    from meta.recipe import load_recipe
+    from meta.run.recipe import load_recipe
 
     common = parse_sets(args.set, "--set")
     if args.variant:
@@ -233,7 +233,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from meta.lv1 import GraphError
     from meta.lv2 import DatasetError
     from meta.lv3 import world
-    from meta.recipe import RecipeError
+    from meta.run.recipe import RecipeError
 
     comm = world()
     say = _say(comm)
@@ -273,7 +273,7 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
     """``meta bench-op``: the numpy/C++ table of ``meta.bench.opbench`` and then the forward across
     backends and frameworks of ``meta.bench.crossbench``; writes report.json and op_times.png. Exit
     2 on a bad operator, shape or attribute."""
-    from meta._threads import set_threads
+    from meta.common.threads import set_threads
     from meta.bench import plots
     from meta.bench import report as reports
     from meta.bench.environment import environment

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from meta._threads import THREAD_VARIABLES, cores
+from meta.common.threads import THREAD_VARIABLES, cores
 
 REPO = Path(__file__).resolve().parents[2]
 # Thread and placement settings that change timings, beyond the ones meta itself sets.

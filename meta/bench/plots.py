@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from meta.bench.stats import median_ci
-from meta.files import atomic_write
+from meta.common.files import atomic_write
 
 WIDTH_IN, DPI = 6.4, 100
 

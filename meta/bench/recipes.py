@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, TextIO
 import numpy as np
 
 from meta.bench.events import StepTimer
-from meta.recipe import Recipe
+from meta.run.recipe import Recipe
 
 SKIP_STEPS = 3  # first steps of each run: caches and BLAS buffers still warming up
 
@@ -91,7 +91,7 @@ RunFactory = Callable[[RecipeVariant, Path], Any]  # -> a RecipeRun
 
 def default_factory(comm: Any, stream: TextIO | None) -> RunFactory:
     """RecipeRuns that print to ``stream`` (None: nowhere) and export no ONNX."""
-    from meta.runner import RecipeRun
+    from meta.run.runner import RecipeRun
 
     def make(variant: RecipeVariant, output_dir: Path) -> Any:
         return RecipeRun(variant.recipe, comm, stream=stream or io.StringIO(),

@@ -23,7 +23,7 @@ from meta.bench.stats import (
     ratio_of_medians_by_run,
     summarize,
 )
-from meta.files import write_text
+from meta.common.files import write_text
 
 SCHEMA = "meta.bench/1"
 TABLE_METRICS = ("test_accuracy", "test_loss")

@@ -217,6 +217,6 @@ def load_operator_file(path: str) -> tuple[Any, str]:
     except (OSError, SyntaxError, ImportError) as err:  # the file itself cannot be imported
         return None, f"--module {path}: cannot import it ({type(err).__name__}: {err})"
     except Exception as err:  # the user's code raised while it ran: said in one line
-        from meta.user_code import UserCodeError
+        from meta.common.user_code import UserCodeError
 
         return None, str(UserCodeError(f"--module {path}", "", "on import", err))

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from meta._moved import forward_names
+from meta.common.moved import forward_names
 from meta.lv1.graph import Dim, Graph, Node, TensorInfo
 
 DEFAULT_OPSET = 17

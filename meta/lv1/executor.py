@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Iterable, Mapping, Self, Sequence
 
 import numpy as np
 
-from meta.component import Option, Registry
+from meta.common.component import Option, Registry
 from meta.lv0 import Context, InferenceContext, Operator, check_backward, native
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from meta.component import Component, ComponentError, Option, Registry
+from meta.common.component import Component, ComponentError, Option, Registry
 from meta.lv1.graph import Graph
 from meta.lv1.layers import (
     BatchNorm,

@@ -44,6 +44,7 @@ EXPORTER_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 SCOPES = "pkg.torch.onnx.name_scopes"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+FX_NODE = "pkg.torch.onnx.fx_node"
 
 
 def _literal_list(text: str) -> list[str]:
@@ -54,47 +55,128 @@ def _literal_list(text: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
 
 
-def _signature(g: onnx.GraphProto) -> tuple[set[str], set[str], set[str]]:
-    """(parameters, buffers, mutated buffers) of the exported program's graph signature."""
+def _signature(g: onnx.GraphProto) -> tuple[set[str], set[str], set[str], dict[str, str]]:
+    """(parameters, buffers, mutated buffers, placeholder -> parameter) of the exported
+    program's graph signature (``p_fc_weight: PARAMETER target='fc.weight'``)."""
     text = next((p.value for p in g.metadata_props if p.key == SIGNATURE), "")
     found: dict[str, set[str]] = {"PARAMETER": set(), "BUFFER": set(), "BUFFER_MUTATION": set()}
-    for kind, target in re.findall(r":\s*(PARAMETER|BUFFER|BUFFER_MUTATION)\s+target='([^']+)'",
-                                   text):
+    placeholders: dict[str, str] = {}
+    for holder, kind, target in re.findall(
+            r"(\w+):\s*(PARAMETER|BUFFER|BUFFER_MUTATION)\s+target='([^']+)'", text):
         found[kind].add(target)
-    return found["PARAMETER"], found["BUFFER"], found["BUFFER_MUTATION"]
+        if kind == "PARAMETER":
+            placeholders[holder] = target
+    return found["PARAMETER"], found["BUFFER"], found["BUFFER_MUTATION"], placeholders
 
 
-def _unmerge(nodes: list[Node], scopes: list[list[str]], initializers: dict[str, np.ndarray],
-             marks: dict[str, str], signature: set[str]) -> list[str]:
+def _fx_reads(node: onnx.NodeProto, placeholders: dict[str, str]) -> set[str] | None:
+    """The parameters the node's source operation read, by the exporter's ``fx_node`` record
+    (``aten.linear(args = (%x, %p_fc_weight, %p_fc_bias))``); None where it names none (no
+    record, or a node the optimizer made): then only the module path can say."""
+    text = next((p.value for p in node.metadata_props if p.key == FX_NODE), "")
+    reads = {placeholders[h] for h in re.findall(r"%(\w+)", text) if h in placeholders}
+    return reads or None
+
+
+def _unmerge(nodes: list[Node], scopes: list[list[str]], reads: list[set[str] | None],
+             initializers: dict[str, np.ndarray], marks: dict[str, str], signature: set[str],
+             folded: dict[str, list[str]]) -> list[str]:
     """Parameters the exporter's optimizer merged because they were equal at export time
-    (every LayerNorm's ones, zero-initialized biases): each node reading one from outside its
-    own module gets its own copy under the name of the one parameter of its module (the
-    innermost with exactly one) that the file lacks, as in PyTorch. Returns the names made."""
+    (every LayerNorm's ones, zero-initialized biases, the layers of an ``nn.TransformerEncoder``,
+    deep copies of one layer, and their folded W^T): each node that reads one as another
+    parameter of the model gets its own copy, as in PyTorch. Equal at export is not tied: a
+    node reads a parameter as its own when the exporter's fx record says so (a tied embedding
+    and head read one name); without that record, when the parameter is of the node's module.
+    The copy is named after the parameter the node read (a folded one ``val_1@<that name>``).
+    Returns the names made."""
     missing = {p for p in signature if p not in initializers}
     made: list[str] = []
-    for node, scope in zip(nodes, scopes):
+    for node, scope, read in zip(nodes, scopes, reads):
         modules = scope[:-1]  # the last entry names the op itself
         for i, x in enumerate(node.inputs):
-            if marks.get(x) != "PARAMETER" or "." not in x or x.rsplit(".", 1)[0] in modules:
+            sources = [s for s in folded.get(x, ()) if s in signature]
+            own = x if marks.get(x) == "PARAMETER" else \
+                (sources[0] if len(sources) == 1 and marks.get(x) is None else None)
+            if own is None or "." not in own:
                 continue
-            attr = x.rsplit(".", 1)[1]
-            for module in reversed(modules):
-                prefix = f"{module}." if module else ""
-                names = [p for p in missing if p.startswith(prefix) and
-                         (p == f"{prefix}{attr}" or p.endswith(f".{attr}"))]
-                if f"{prefix}{attr}" in names:
-                    names = [f"{prefix}{attr}"]
-                if len(names) > 1:
-                    break  # more than one would fit: leave it merged (the note says so)
-                if names:
-                    name = names[0]
-                    if name not in initializers:
-                        initializers[name] = initializers[x].copy()
-                        marks[name] = "PARAMETER"
-                        made.append(name)
-                    node.inputs[i] = name
-                    break
+            attr = own.rsplit(".", 1)[1]
+            if read is not None:  # the exporter says which parameters the node read
+                if own in read:
+                    continue  # its own (or one tied parameter read under one name)
+                names = [p for p in read if p in missing and p.rsplit(".", 1)[-1] == attr]
+            else:
+                if own.rsplit(".", 1)[0] in modules:
+                    continue
+                names = []
+                for module in reversed(modules):
+                    prefix = f"{module}." if module else ""
+                    names = [p for p in missing if p.startswith(prefix) and
+                             (p == f"{prefix}{attr}" or p.endswith(f".{attr}"))]
+                    if f"{prefix}{attr}" in names:
+                        names = [f"{prefix}{attr}"]
+                    if names:
+                        break
+            if len(names) != 1:
+                continue  # none, or more than one would fit: left merged (the note says so)
+            name = names[0]
+            copy = name if x == own else f"{x}@{name}"
+            if copy not in initializers:
+                initializers[copy] = initializers[x].copy()
+                if x == own:
+                    marks[copy] = "PARAMETER"
+                else:
+                    folded[copy] = [name]
+                made.append(name)
+            node.inputs[i] = copy
     return made
+
+
+def _restore_expands(nodes: list[Node], initializers: dict[str, np.ndarray],
+                     marks: dict[str, str], signature: set[str], folded: dict[str, list[str]],
+                     batch: int | None) -> list[str]:
+    """Parameters the exporter's optimizer broadcast into a new initializer (a fixed batch:
+    ViT's ``cls.expand(N, -1, -1)`` folded into an (N, 1, d) tensor) made one parameter again:
+    the initializer becomes ``Expand(parameter, its shape)``, so every batch slot's copy trains
+    as the one PyTorch parameter (the gradient summed over the slots). The axes broadcast are
+    those along which the value is constant; a value that is one repeated number (a
+    zero-initialized token) says nothing, so the batch axis is taken when its size is the
+    fed batch. Returns notes, one per parameter restored."""
+    notes = []
+    for name in list(initializers):
+        value = initializers[name]
+        params = [s for s in folded.get(name, ()) if s in signature and s not in initializers]
+        if marks.get(name) is not None or len(params) != 1 or value.ndim == 0 or \
+                not np.issubdtype(value.dtype, np.floating):
+            continue
+        source = params[0]
+        if sum(source in folded.get(k, ()) for k in initializers) != 1:
+            continue  # more than one tensor holds it: not a plain broadcast
+        uniform = bool(np.all(value == value.flat[0]))
+        if uniform:
+            axes = [0] if batch is not None and value.shape[0] == batch > 1 else []
+        else:
+            axes = [a for a in range(value.ndim) if value.shape[a] > 1 and
+                    np.array_equal(value, np.broadcast_to(np.take(value, [0], axis=a),
+                                                          value.shape))]
+        if not axes:
+            continue
+        kept = value[tuple(slice(0, 1) if a in axes else slice(None)
+                           for a in range(value.ndim))].copy()
+        shape = f"{name}.shape"
+        while shape in initializers:
+            shape += "_"
+        del initializers[name]
+        folded.pop(name, None)
+        initializers[source] = kept
+        initializers[shape] = np.array(value.shape, np.int64)
+        marks[source] = "PARAMETER"
+        nodes.insert(0, Node("Expand", [source, shape], [name], f"expand/{name}"))
+        guess = " (its values are all equal: the batch axis is taken as broadcast)" \
+            if uniform else ""
+        notes.append(f"restored {name} = Expand({source}, {list(value.shape)}), which the "
+                     f"exporter's optimizer had folded: {source} {list(kept.shape)} trains "
+                     f"as one parameter, as in PyTorch{guess}")
+    return notes
 
 
 def _restore_biases(nodes: list[Node], initializers: dict[str, np.ndarray],
@@ -125,15 +207,20 @@ def _restore_biases(nodes: list[Node], initializers: dict[str, np.ndarray],
     return restored
 
 
-# How a note that the file cannot train as its source model did begins: ``meta run`` refuses
-# such a model before training (``meta.preflight``) unless the user chose what trains.
+# How a note that the file cannot train as its source model did begins: ``from_onnx`` refuses
+# such a file (one line, with the remedy) unless the caller passes ``as_exported=True``; then
+# the note begins with AS_EXPORTED instead, and says what trains.
 CANNOT_TRAIN = "cannot train as its source did"
+AS_EXPORTED = "trains as exported (as_exported=True), not as its source did"
+REEXPORT = ("re-export with torch.onnx.export(..., optimize=False) (a dynamic batch with "
+            "dynamic_shapes=...) or dynamo=False")
 
 
 def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.ndarray],
            signature: set[str], buffers: set[str], mutated: set[str], unmerged: list[str],
-           has_scopes: bool, folded: dict[str, list[str]]) -> list[str]:
-    """One line per way this file cannot train as the PyTorch model it was exported from."""
+           has_scopes: bool, folded: dict[str, list[str]], read: set[str] | None) -> list[str]:
+    """One line per way this file cannot train as the PyTorch model it was exported from;
+    ``read``: the parameters the exporter's fx records say some node read (None: no records)."""
     notes = []
     running = sorted(b for b in buffers if b.endswith("running_mean"))
     has_bn = any(n.op_type == "BatchNormalization" for n in nodes)
@@ -146,16 +233,20 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
                 f"{CANNOT_TRAIN}: the model was exported in train mode (its "
                 f"BatchNorm updates running statistics) but the exporter's optimizer folded "
                 f"BatchNorm {shown} with its running statistics into the convolutions, so it "
-                f"trains without batch statistics; re-export with optimize=False (or "
-                f"dynamo=False)")
+                f"trains without batch statistics; {REEXPORT}")
         else:
+            # Eval mode: W' = W·γ/σ and b' = β - μ·γ/σ. Training W' and b' is not training W,
+            # γ and β (another parametrisation: other gradients, other steps), and a zero b'
+            # (a fresh BatchNorm) is not even in the file. No folding is exact to undo.
             notes.append(
-                f"BatchNorm {shown} was folded into the convolutions by the exporter's "
-                f"optimizer: the folded weights train, not PyTorch's convolution and BatchNorm "
-                f"parameters; re-export with optimize=False (or dynamo=False) to train them "
-                f"apart")
+                f"{CANNOT_TRAIN}: the exporter's optimizer folded BatchNorm {shown} "
+                f"into the convolutions (weights scaled by γ/σ, biases β - μγ/σ folded or "
+                f"dropped), so the convolutions' weights and BatchNorm's weight and bias "
+                f"cannot train apart as in PyTorch; {REEXPORT}")
     sources = {s for names in folded.values() for s in names}
-    lost = sorted(p for p in signature if p not in initializers and p not in sources)
+    # (a parameter no node read, by the exporter's fx records, is a tied one's other name)
+    lost = sorted(p for p in signature if p not in initializers and p not in sources
+                  and (read is None or p in read))
     if lost and not notes:
         hint = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
         scopes = "" if has_scopes else " (the node metadata that would tell them apart is gone)"
@@ -165,7 +256,7 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
     if unmerged:
         notes.append(f"kept apart {len(unmerged)} parameters the exporter's optimizer had merged "
                      f"because they were equal at export ({', '.join(unmerged[:4])}"
-                     f"{', ...' if len(unmerged) > 4 else ''})")
+                     f"{', ...' if len(unmerged) > 4 else ''}): equal is not tied")
     return notes
 
 
@@ -343,20 +434,32 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
     annotated = [*g.value_info, *g.input]
     marks = {v.name: p.value for v in annotated for p in v.metadata_props
              if p.key == EXPORTER_KIND}
-    signature, buffers, mutated = _signature(g)
+    signature, buffers, mutated, placeholders = _signature(g)
     scopes = [next((_literal_list(p.value) for p in n.metadata_props if p.key == SCOPES), [])
               for n in g.node]
-    unmerged = _unmerge(nodes, scopes, initializers, marks, signature) if signature else []
+    folded = {v.name: _literal_list(p.value) for v in annotated for p in v.metadata_props
+              if p.key == FOLDED_FROM}
+    unmerged: list[str] = []
+    expanded: list[str] = []
+    reads: list[set[str] | None] = []
+    if signature:
+        reads = [_fx_reads(n, placeholders) for n in g.node]
+        unmerged = _unmerge(nodes, scopes, reads, initializers, marks, signature, folded)
+        fed = [t.shape[0] for t in inputs if t.name not in initializers and t.shape
+               and isinstance(t.shape[0], int)]
+        expanded = _restore_expands(nodes, initializers, marks, signature, folded,
+                                    fed[0] if fed else None)
     restored = _restore_biases(nodes, initializers, marks, signature)
     graph = Graph(nodes, inputs, outputs, initializers, opset, g.name or "graph", value_info,
                   outer_scope=outer)
     graph.exporter_marks = {k: v for k, v in marks.items() if k in initializers}
     graph.signature_parameters = signature
-    graph.folded_from = {v.name: _literal_list(p.value) for v in annotated
-                         for p in v.metadata_props if p.key == FOLDED_FROM}
+    graph.folded_from = {k: v for k, v in folded.items() if k in initializers}
     if signature:
         graph.notes += _notes(g, nodes, initializers, signature, buffers, mutated, unmerged,
-                              any(scopes), graph.folded_from)
+                              any(scopes), graph.folded_from,
+                              set().union(*(r for r in reads if r)) if any(reads) else None)
+    graph.notes += expanded
     if restored:
         graph.notes.append(f"restored {len(restored)} zero biases the exporter's optimizer had "
                            f"removed ({', '.join(restored[:4])}"
@@ -366,7 +469,8 @@ def _graph(g: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str] = fr
 
 def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
               check_operators: bool = True, trainable: Iterable[str] = (),
-              frozen: Iterable[str] = (), untie: bool = False) -> Graph:
+              frozen: Iterable[str] = (), untie: bool = False,
+              as_exported: bool = False) -> Graph:
     """Build a ``Graph`` from an ONNX ModelProto, serialized bytes or file path.
 
     Every node is resolved against the operator registry here, so an unknown op, an opset an
@@ -378,8 +482,14 @@ def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
     ``frozen`` (do not train these) override that, as ORT-training's ``requires_grad`` and
     ``frozen_params`` do; a pattern matching nothing is an error. Initializers an exporter
     wrote twice from one tied parameter train as one (``meta.lv1.ties``) unless ``untie=True``.
-    What keeps the file from training as its source model did (BatchNorm folded into the
-    convolutions, ties) is in ``graph.notes`` and given as a warning, one line each.
+    What the loader did to train the file as its source model trained (parameters merged or
+    broadcast by the exporter's optimizer made apart again, ties) is in ``graph.notes`` and
+    given as a warning, one line each.
+
+    A file that cannot train as its source did (BatchNorm folded into the convolutions by the
+    exporter's optimizer, from train or eval mode) is refused with one line naming the layers
+    and the remedy, unless ``as_exported=True``: then it trains as the file is (the folded
+    weights), with a warning. ``check_operators=False`` (inspection) refuses nothing.
 
     >>> from meta.lv1 import mlp
     >>> from_onnx(to_onnx(mlp(hidden=[4]))).nodes[0].op_type
@@ -414,6 +524,13 @@ def from_onnx(source: Source, base_dir: str | os.PathLike | None = None,
         found = tie(graph)
         if found:
             graph.notes.append(tie_note(found))
+    refused = [n for n in graph.notes if n.startswith(CANNOT_TRAIN)]
+    if refused and check_operators and not as_exported:
+        raise ONNXLoadError(f"{origin}: {refused[0]}; or load it with as_exported=True (recipe: "
+                            f"the onnx model's as_exported option) to train the file as it is")
+    if as_exported:
+        graph.notes = [AS_EXPORTED + n[len(CANNOT_TRAIN):] if n.startswith(CANNOT_TRAIN) else n
+                       for n in graph.notes]
     try:
         graph.select(trainable, frozen)
     except KeyError as err:

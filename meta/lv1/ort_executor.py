@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv1.executor import EXECUTORS, ExecutionError, Executor, Tensors
 from meta.lv1.graph import Graph, GraphError, canonical_domain, make_operator
 from meta.lv1.onnx_io import to_onnx

@@ -23,8 +23,9 @@ Rules, first match wins:
 4. where the file says where its initializers come from (PyTorch's dynamo exporter marks
    each one PARAMETER or BUFFER, lists its parameters in a graph signature, and its
    optimizer records what it folded a new initializer from): a PARAMETER, a signature
-   parameter, or one folded from one of them (unless it holds one repeated number: that was
-   made from a parameter's shape, not its values), is a parameter; anything else the exporter
+   parameter, or one folded from one of them (unless it holds one repeated number while its
+   source is still in the file: that was made from a parameter's shape, not its values), is a
+   parameter; anything else the exporter
    made (a zero bias for a bias-free convolution, a BUFFER) is a constant, whatever reads it;
 5. otherwise: reaching a learnable input (or a subgraph): a parameter; anything else (read
    only as a setting, or not read at all): a constant.
@@ -161,9 +162,11 @@ def analyse(graph: Graph, operator_of: Callable[[Node], Any]
                 reasons[name] = f"marked PARAMETER by the exporter{reaches}"
             elif name in signature and marks.get(name) is None:
                 reasons[name] = f"a parameter in the exporter's graph signature{reaches}"
-            elif sources and reach and not np.all(value == value.flat[0]):
+            elif sources and reach and (not np.all(value == value.flat[0]) or
+                                        any(s not in graph.initializers for s in sources)):
                 # (one repeated number was made from a parameter's shape, not its values: the
-                # zero bias of a bias-free convolution is Expand(0, Shape(W)), folded)
+                # zero bias of a bias-free convolution is Expand(0, Shape(W)), folded; unless
+                # the parameter itself is gone from the file, its values kept only here)
                 reasons[name] = (f"the exporter's optimizer made it from {', '.join(sources)}"
                                  f"{reaches}")
             else:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv1.builder import GraphBuilder
 from meta.lv1.graph import Graph
 from meta.lv1.models import MODELS

@@ -11,6 +11,7 @@ keeps them apart.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 
@@ -23,9 +24,18 @@ def find_ties(graph: Graph) -> dict[str, tuple[str, str]]:
     output head): derived name -> (kept name, "equal" or "transpose"). Two parameters are one
     when their values are equal, or one is the other's transpose; tensors holding one repeated
     number (every LayerNorm's ones) are never taken for a tie. The kept one is the one the
-    exporter marked PARAMETER, else the first in the file."""
+    exporter marked PARAMETER, else the first in the file.
+
+    Equal at export is not tied (the layers of an ``nn.TransformerEncoder`` are deep copies of
+    one layer): where the file says where its initializers come from (PyTorch's dynamo
+    exporter), only a tensor the exporter's optimizer made from a parameter still in the file
+    (``folded_from``: a tied head's W^T) is tied to it; two parameters the exporter marked
+    apart are two."""
     roles = graph.roles
     marks = getattr(graph, "exporter_marks", {})
+    folded = getattr(graph, "folded_from", {})
+    said = bool(getattr(graph, "signature_parameters", None)) or \
+        any(v == "PARAMETER" for v in marks.values())
     order = {k: i for i, k in enumerate(graph.initializers)}
     names = sorted((k for k in graph.initializers if roles[k] == PARAMETER),
                    key=lambda k: (marks.get(k) != "PARAMETER", order[k]))
@@ -44,17 +54,38 @@ def find_ties(graph: Graph) -> dict[str, tuple[str, str]]:
         value = graph.initializers[name]
         if value.size < 2 or np.all(value == value.flat[0]):
             continue
-        kept = match(value)
-        if kept is not None:
+        if said:  # only what the exporter says is one
+            for kept in folded.get(name, ()):
+                other = graph.initializers.get(kept)
+                if other is None or roles.get(kept) != PARAMETER or marks.get(name) is not None:
+                    continue
+                if other.shape == value.shape and np.array_equal(other, value):
+                    ties[name] = (kept, "equal")
+                elif other.ndim == 2 and other.T.shape == value.shape and \
+                        np.array_equal(other.T, value):
+                    ties[name] = (kept, "transpose")
+                if name in ties:
+                    break
+            continue
+        # Without the exporter's word: a parameter written under its own name is one of
+        # PyTorch's (two named ones are two); a copy an exporter made (a generated name,
+        # onnx::MatMul_12) is tied to a named one it equals, never to another copy.
+        kept = match(value) if _generated(name) else None
+        if kept is not None and not _generated(kept):
             ties[name] = (kept, "equal")
             continue
-        if value.ndim == 2:
+        if value.ndim == 2 and _generated(name):
             kept = match(value.T)
-            if kept is not None:
+            if kept is not None and not _generated(kept):
                 ties[name] = (kept, "transpose")
                 continue
         seen.setdefault(key(value), []).append(name)
     return ties
+
+
+def _generated(name: str) -> bool:
+    """A name an exporter made up (``onnx::MatMul_12``, ``val_8``, ``123``), not a parameter's."""
+    return re.match(r"(onnx::|val_\d|_v_\d|\d+$)", name) is not None
 
 
 def tie(graph: Graph) -> dict[str, tuple[str, str]]:

@@ -45,7 +45,7 @@ from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv0 import Context, InferenceContext, Operator, check_backward
 from meta.lv1.executor import (
     EXECUTORS,

@@ -7,8 +7,13 @@ Accepted layouts, checked and named in any error:
   ``test_fraction`` (a seeded shuffle), or with a second such file as ``test_path``;
 * an inputs ``.npy`` with its ``labels`` ``.npy`` (and the same pair for the test split).
 
-Pixels stored as integers (``uint8``) are scaled to [0, 1]; with ``normalize`` the inputs are
-then standardized with the training split's mean and deviation.
+Integer inputs are pixels or ids, as ``integers`` says: pixels are scaled to [0, 1] (and with
+``normalize`` standardized with the training split's mean and deviation); ids (token ids for an
+embedding, category ids) stay int64 and are never rescaled, so a token model trains on the ids
+it was given. ``auto`` takes ``uint8`` for pixels and any other integer type for ids. Labels are
+one class per example (N,) or, for a model that predicts at every position (a language model,
+a tagger), one per position (N, T, ...), where ``IGNORE_INDEX`` (-100) marks padding the loss
+skips.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.dataset_registry import register_dataset
-from meta.lv2.datasets import ArrayDataset, DatasetError
+from meta.lv2.datasets import IGNORE_INDEX, ArrayDataset, DatasetError
 
+INTEGERS = ("auto", "pixels", "ids")
 PAIRS = (("x", "y"), ("inputs", "labels"))
 
 
@@ -44,13 +50,15 @@ def _load(path: str, labels: str = "") -> dict[str, np.ndarray]:
 def _checked(x: np.ndarray, y: np.ndarray, path: str, names: tuple[str, str]
              ) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and labels that pair up: as many of each, labels whole class indices (a float
-    label such as 0.5 is refused, never truncated to 0), named by file and array."""
+    label such as 0.5 is refused, never truncated to 0), one per example or one per position
+    of each example, named by file and array."""
     x, y = np.asarray(x), np.asarray(y)
     where = f"dataset 'arrays': {path}"
-    if x.ndim == 0 or y.ndim != 1:
+    if x.ndim == 0 or y.ndim == 0 or (y.ndim > 1 and y.shape[1:] != x.shape[1:y.ndim]):
         raise DatasetError(f"{where}: {names[0]!r} must be examples along the first axis and "
-                           f"{names[1]!r} one label per example, got shapes {list(x.shape)} "
-                           f"and {list(y.shape)}")
+                           f"{names[1]!r} one label per example (N,) or one per position "
+                           f"(N, T, ...) of the examples' first axes, got shapes "
+                           f"{list(x.shape)} and {list(y.shape)}")
     if len(x) == 0:
         raise DatasetError(f"{where}: {names[0]!r} holds no examples")
     if len(x) != len(y):
@@ -65,9 +73,11 @@ def _checked(x: np.ndarray, y: np.ndarray, path: str, names: tuple[str, str]
             raise DatasetError(f"{where}: {names[1]!r} holds {float(y[bad[0]]):g} at index "
                                f"{bad[0]} ({len(bad)} label(s) not whole numbers); labels are "
                                f"class indices 0, 1, 2, ...")
-    if len(y) and y.min() < 0:
-        raise DatasetError(f"{where}: {names[1]!r} holds {y.min().item()!r}; labels are class "
-                           f"indices 0, 1, 2, ...")
+    real = y[y != IGNORE_INDEX] if y.ndim > 1 else y  # per position: -100 marks padding
+    if real.size and real.min() < 0:
+        raise DatasetError(f"{where}: {names[1]!r} holds {real.min().item()!r}; labels are class "
+                           f"indices 0, 1, 2, ..."
+                           f"{f' ({IGNORE_INDEX} for padding)' if y.ndim > 1 else ''}")
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
         raise DatasetError(f"{where}: {names[0]!r} holds {x.dtype}, not numbers")
     return x, y
@@ -89,10 +99,15 @@ def _pair(arrays: dict[str, np.ndarray], path: str) -> tuple[np.ndarray, np.ndar
     test_labels=Option("", "the test labels .npy, when 'test_path' is an .npy"),
     test_fraction=Option(0.2, "share held out for testing when no test split is given",
                          low=0.0, below=1.0),
-    normalize=Option(True, "standardize with the training split's mean and deviation"),
+    normalize=Option(True, "standardize inputs that are not ids with the training split's "
+                           "mean and deviation"),
+    integers=Option("auto", "integer inputs are pixels (scaled to [0, 1]) or ids (token ids: "
+                            "kept int64); auto: uint8 pixels, other integers ids",
+                    choices=INTEGERS),
 )
 def arrays(seed: int, path: str, labels: str, test_path: str, test_labels: str,
-           test_fraction: float, normalize: bool) -> tuple[ArrayDataset, ArrayDataset]:
+           test_fraction: float, normalize: bool,
+           integers: str = "auto") -> tuple[ArrayDataset, ArrayDataset]:
     """Your own arrays from .npz / .npy files."""
     data = _load(path, labels)
     if {"x_train", "y_train", "x_test", "y_test"} <= data.keys():
@@ -109,7 +124,13 @@ def arrays(seed: int, path: str, labels: str, test_path: str, test_labels: str,
                                f"out test_fraction={test_fraction}")
         train, test = (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
     inputs = [np.asarray(a) for a in (train[0], test[0])]
-    if np.issubdtype(inputs[0].dtype, np.integer):
+    integer = all(np.issubdtype(a.dtype, np.integer) for a in inputs)
+    if integer and (integers == "ids" or (integers == "auto" and inputs[0].dtype != np.uint8)):
+        # token ids index an embedding: as float32 they would be refused by its Gather, and
+        # scaling or standardizing them would change which rows they name
+        return (ArrayDataset(inputs[0].astype(np.int64), np.asarray(train[1]).astype(np.int64)),
+                ArrayDataset(inputs[1].astype(np.int64), np.asarray(test[1]).astype(np.int64)))
+    if integer:
         inputs = [a.astype(np.float32) / 255.0 for a in inputs]
     inputs = [a.astype(np.float32) for a in inputs]
     if normalize:

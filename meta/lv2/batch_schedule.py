@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv2.events import EVENTS, Event
 
 if TYPE_CHECKING:

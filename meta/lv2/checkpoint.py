@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.files import atomic_write
+from meta.common.files import atomic_write
 from meta.lv2.events import Event, Metrics
 
 FORMAT_VERSION = 2  # 2: the network's state apart from its parameters

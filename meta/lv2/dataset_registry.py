@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from meta.component import Component, Option, Registry
+from meta.common.component import Component, Option, Registry
 from meta.lv2.cifar import cifar10
 from meta.lv2.datasets import (
     IGNORE_INDEX,

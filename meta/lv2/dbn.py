@@ -14,7 +14,7 @@ softmax layer) that the usual executor, optimizer and ``Trainer`` fine-tune by b
 ['Flatten', 'Gemm', 'Sigmoid', 'Gemm', 'Sigmoid', 'Gemm', 'SoftmaxCrossEntropyLoss']
 
 Data-parallel pre-training: ``pretrain_dbn(..., replica=(rank, size), average=mean_over_ranks)``
-on every rank, with ``average`` a Level 3 allreduce passed in by the caller (``meta.runner``
+on every rank, with ``average`` a Level 3 allreduce passed in by the caller (``meta.run.runner``
 does), gives every rank the stack one process would train at batch ``size * batch_size``.
 
 Asynchronous data parallelism (the seed's Algorithm 4): ``pretrain_dbn(..., replica=(worker,
@@ -49,7 +49,7 @@ Progress = Callable[[dict[str, Any]], None]
 
 class ParameterExchange(Protocol):
     """A parameter server as asynchronous pre-training uses it: a Level 3 asynchronous strategy
-    whose wrapped optimizer adds the given step, e.g. in ``meta.runner``
+    whose wrapped optimizer adds the given step, e.g. in ``meta.run.runner``
     ``make_strategy("async_rma", Optimizer(scale(1.0), rbm.params), comm)``. Making one is
     collective; ``params`` are its arrays (the server's initial values); ``role`` is "worker"
     or "server"."""

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv1.graph import Graph
 from meta.lv1.models import MODELS
 from meta.lv2.datasets import Dataset, DatasetError

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meta.component import Option, Registry
-from meta.files import atomic_write
+from meta.common.component import Option, Registry
+from meta.common.files import atomic_write
 
 if TYPE_CHECKING:
     from meta.lv2.trainer import Trainer

@@ -20,7 +20,7 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv1.executor import Executor
 from meta.lv2.events import EVENTS, Event
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.dataset_registry import register_dataset
 from meta.lv2.datasets import ArrayDataset, DatasetError
 

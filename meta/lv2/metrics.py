@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from meta.component import Option, Registry
+from meta.common.component import Option, Registry
 
 METRICS = Registry("metric")
 

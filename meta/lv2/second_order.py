@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.optimizers import OPTIMIZERS, Params
 
 Closure = Callable[[], tuple[float, Params]]

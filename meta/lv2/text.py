@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.dataset_registry import register_dataset
 from meta.lv2.datasets import (
     IGNORE_INDEX,

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv2.optimizers import OPTIMIZERS, LearningRate, Params, lr_option
 
 INSTALL = "pip install 'meta[torch]'"

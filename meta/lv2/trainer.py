@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
-from meta.user_code import user_code
+from meta.common.user_code import user_code
 from meta.lv1.executor import Executor
 from meta.lv2.datasets import IGNORE_INDEX, Dataset
 from meta.lv2.events import Event, Metrics
@@ -135,7 +135,7 @@ class Trainer:
     def _emit(self, hook: str, *args: Any) -> None:
         """Call ``hook`` of every event in priority order. Events are components a recipe may
         bring: an exception one raises is marked with the event, the hook and the step
-        (``meta.errors.user_code``), which ``meta run`` reports in one line."""
+        (``meta.run.errors.user_code``), which ``meta run`` reports in one line."""
         for event in self.events:
             with user_code(f"event {_event_name(event)!r}", "events", self._where(hook)):
                 getattr(event, hook)(self, *args)

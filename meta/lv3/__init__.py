@@ -19,7 +19,7 @@ Modules that lived at this level before the split (``meta.lv3.allreduce`` is now
 
 from __future__ import annotations
 
-from meta._moved import alias_modules
+from meta.common.moved import alias_modules
 from meta.lv3.comm.communicator import (
     Communicator,
     MPICommunicator,

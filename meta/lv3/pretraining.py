@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from meta import _threads
-from meta.component import Component
+from meta.common import threads as _threads
+from meta.common.component import Component
 from meta.lv2.optimizers import Optimizer, scale
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.strategy import Strategy

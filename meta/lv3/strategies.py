@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meta.component import Option, Registry, first_sentence
+from meta.common.component import Option, Registry, first_sentence
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.data_parallel.allreduce import Allreduce

@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import numpy as np
 
-from meta import _threads
-from meta.component import ComponentError, Option
+from meta.common import threads as _threads
+from meta.common.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params, State
 from meta.lv2.updater import Updater
 from meta.lv3.comm.communicator import Communicator, world

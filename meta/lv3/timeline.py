@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meta.files import write_text
+from meta.common.files import write_text
 
 if TYPE_CHECKING:
     from meta.lv3.comm.communicator import Communicator

@@ -1,6 +1,6 @@
 """``meta plan``: predict, rank and plot the step time of parallel strategies for a recipe.
 
-Above Level 3: it reads recipes (``meta.recipe``), builds their networks (Level 1) and reuses
+Above Level 3: it reads recipes (``meta.run.recipe``), builds their networks (Level 1) and reuses
 Level 3's α-β formulas (``meta.lv3.comm.costmodel``) and pipeline simulator
 (``meta.lv3.pipeline.schedule``) without a communicator of P ranks, so a machine of 4,096
 ranks can be planned on a laptop. One component per file: ``machine`` (the described

@@ -36,7 +36,7 @@ from meta.lv3.flat import FlatBuffer
 from meta.planner.async_pattern import measure_async_pattern
 from meta.planner.machine import GIB, Machine, RecipeCosts
 from meta.planner.workload import build_network, feeds_for, graph_signature
-from meta.recipe import Recipe
+from meta.run.recipe import Recipe
 
 # two groups of ranks as two nodes on one host, for MPICH (with its UCX network module, the
 # wheel's): shared memory only within each group (even and odd ranks), and what crosses

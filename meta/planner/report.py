@@ -9,7 +9,7 @@ from pathlib import Path
 from meta.planner.machine import Machine, MachineError
 from meta.planner.models import Prediction, predict_all
 from meta.planner.workload import Workload
-from meta.recipe import Recipe, RecipeError
+from meta.run.recipe import Recipe, RecipeError
 
 MB = 1 << 20
 SCALES = tuple(2 ** k for k in range(13))  # 1 ... 4,096

@@ -10,7 +10,7 @@ Two halves, kept apart because a schedule does not depend on the numbers trained
   one outbound link (so at large N it is the bottleneck it was for DistBelief). The result is
   a ``Schedule``: the server's order of pushes and fetches with their simulated times, and
   for each worker the steps where its pending fetch had landed before its local step.
-* ``execute_downpour`` (and ``meta.replay_workers.apply_in_order`` for the asynchronous parameter
+* ``execute_downpour`` (and ``meta.run.replay_workers.apply_in_order`` for the asynchronous parameter
   server) apply a schedule with real gradients: each virtual worker computes on its own data
   shard at its own, stale copy of the parameters, with the arithmetic of
   ``DownpourClient`` / ``ShardServer`` step for step, so a schedule recorded by a real run
@@ -336,7 +336,7 @@ def execute_downpour(schedule: Schedule, team: Any,
                      on_push: Callable[[int, int, dict], None] | None = None,
                      on_event: Callable[[int, float, np.ndarray], None] | None = None,
                      where: Any = "the schedule") -> dict[str, np.ndarray]:
-    """Apply a Downpour ``schedule`` with real gradients (``team``: ``meta.replay_workers.Workers``)
+    """Apply a Downpour ``schedule`` with real gradients (``team``: ``meta.run.replay_workers.Workers``)
     and return the server's final parameters. Every worker runs ``DownpourClient.step``'s
     arithmetic; the server applies pushes and answers fetches in the schedule's order.
     ``on_push(i, worker, params)`` follows each applied push, ``on_event(j, time, flat)``
@@ -550,8 +550,8 @@ def _team(recipe: Any, workers: int, folder: str) -> tuple[Any, list[int]]:
     import io
 
     from meta.lv3 import SingleProcessCommunicator
-    from meta.replay_workers import Workers
-    from meta.runner import RecipeRun, make_sampler
+    from meta.run.replay_workers import Workers
+    from meta.run.runner import RecipeRun, make_sampler
 
     run = RecipeRun(recipe, SingleProcessCommunicator(), stream=io.StringIO(),
                     output_dir=Path(folder), progress=False, export_onnx=False)
@@ -616,7 +616,7 @@ def simulate(recipe: Any, workers: int, timing: Timing, points: int = 20,
         if strategy.name == "downpour":
             execute_downpour(schedule, team, on_event=on_event)
         else:
-            from meta.replay_workers import apply_in_order
+            from meta.run.replay_workers import apply_in_order
 
             def on_update(i: int, w: int, params: dict) -> None:
                 on_event(i, times[i], np.concatenate([v.ravel() for v in params.values()]))

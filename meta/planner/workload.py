@@ -22,7 +22,7 @@ from meta.lv2 import build_dataset
 from meta.lv2.dataset_registry import classes
 from meta.planner.async_pattern import AsyncPattern
 from meta.planner.machine import Machine, RecipeCosts
-from meta.recipe import Recipe
+from meta.run.recipe import Recipe
 
 # optimizer -> slots of state per parameter (momentum: 1, Adam: 2); unknown: 2, erring high
 STATE_SLOTS = {"sgd": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2,

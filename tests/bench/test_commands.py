@@ -11,7 +11,7 @@ import pytest
 from meta.cli import EXIT_ERROR, EXIT_PASS, main
 
 TINY = """
-    from meta.recipe import AtLeast, AtMost
+    from meta.run.recipe import AtLeast, AtMost
     FIXED = {{"dataset": "mnist", "hidden": [16]}}
     MUTABLE = {{"epochs": 1, "train_samples": 500, "batch_size": 64, "lr": {lr},
                "executor": "reference", "seed": 0}}

@@ -12,7 +12,7 @@ import pytest
 from meta.bench import plots
 from meta.bench.recipes import RecipeVariant, RunRecord, VariantRuns
 from meta.bench.report import reach_cell, reach_summary, recipe_table, time_to
-from meta.recipe import AtLeast, AtMost, make_recipe
+from meta.run.recipe import AtLeast, AtMost, make_recipe
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 
 from meta.lv3 import FlatBuffer, world
-from meta.recipe import load_recipe
-from meta.runner import run_recipe
+from meta.run.recipe import load_recipe
+from meta.run.runner import run_recipe
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ from tests.launch import clean_env, run_command
 
 META = str(Path(sys.executable).parent / "meta")
 SMALL = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": "mnist", "hidden": [32]}
     MUTABLE = {"epochs": 2, "train_samples": 1000, "batch_size": 50, "lr": 0.05, "seed": 3}
     METRICS = {"test_accuracy": AtLeast(0.5)}

@@ -19,7 +19,7 @@ from tests.launch import MPI_TIMEOUT_S, clean_env, find_mpiexec
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": {"name": "synthetic", "train_examples": 8192, "test_examples": 64,
                          "input_shape": [8]}, "model": {"name": "mlp", "hidden": [8]}}
     MUTABLE = {"epochs": 40, "batch_size": 16, "lr": 0.1}

@@ -33,7 +33,7 @@ DOWNPOUR_BOUND = 3.1
 def _short(module: str, train_samples: int, epochs: int, bound: float = BOUND) -> str:
     """``recipes/<module>.py`` on the first ``train_samples`` blocks for ``epochs``, validated
     on 2 % of the blocks, held to ``bound``."""
-    return (f"from meta.recipe import AtMost\n"
+    return (f"from meta.run.recipe import AtMost\n"
             f"from recipes.{module} import FIXED, MUTABLE\n\n"
             f"MUTABLE = {{**MUTABLE, 'dataset.train_samples': {train_samples}, "
             f"'epochs': {epochs}, 'dataset.validation': 0.02}}\n"

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 # 4000 synthetic examples, 2 ranks, 16 a step each: 125 steps an epoch, a few seconds in all.
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": "synthetic", "hidden": [64]}
     MUTABLE = {"epochs": 3, "train_samples": 4000, "batch_size": 16, "lr": 0.01, "seed": 3}
     METRICS = {"test_accuracy": AtLeast(0.0)}

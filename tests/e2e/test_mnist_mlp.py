@@ -43,7 +43,7 @@ def test_an_input_error_on_one_rank_stops_every_rank(tmp_path, mnist_dir, mpirun
     recipe = tmp_path / "rank1_only.py"
     recipe.write_text(
         "import os\n"
-        "from meta.recipe import AtLeast\n"
+        "from meta.run.recipe import AtLeast\n"
         "FIXED = {'lrr': 0.1} if os.environ.get('PMI_RANK') == '1' else {}\n"
         "MUTABLE = {'epochs': 1}\n"
         "METRICS = {'test_accuracy': AtLeast(0.5)}\n")

@@ -22,7 +22,7 @@ CUDA = torch.cuda.is_available()
 
 # A small MNIST recipe whose executor, optimizer and strategy are MUTABLE.
 SMALL = """
-from meta.recipe import AtLeast, AtMost
+from meta.run.recipe import AtLeast, AtMost
 FIXED = {"dataset": {"name": "mnist", "train_samples": 20000},
          "model": {"name": "mlp", "hidden": [256, 128]}}
 MUTABLE = {"epochs": 2, "batch_size": 64, "optimizer": {"name": "torch_sgd", "momentum": 0.9},

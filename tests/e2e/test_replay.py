@@ -19,7 +19,7 @@ from tests.launch import clean_env, find_mpiexec, run_command
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": {"name": "synthetic", "train_examples": 512, "test_examples": 64,
                          "input_shape": [16]},
              "hidden": [16], "distributed": "async_parameter_server"}

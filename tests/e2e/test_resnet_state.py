@@ -21,7 +21,7 @@ META = str(Path(sys.executable).parent / "meta")
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 RECIPE = """
-from meta.recipe import AtLeast
+from meta.run.recipe import AtLeast
 FIXED = {"dataset": "synthetic", "model": "resnet20", "optimizer": "sgd", "train_samples": 1536,
          "batch_size": 32, "eval_batch_size": 500, "weight_decay": 0.0005}
 MUTABLE = {"epochs": 2, "lr": 0.05, "seed": 0}

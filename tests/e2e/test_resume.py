@@ -20,7 +20,7 @@ from tests.launch import clean_env, run_command
 
 META = str(Path(sys.executable).parent / "meta")
 RECIPE = """
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
     FIXED = {"dataset": "mnist", "hidden": [256, 128], "optimizer": "adam"}
     MUTABLE = {"epochs": 3, "train_samples": 12000, "batch_size": 32, "lr": 0.001, "seed": 5}
     METRICS = {"test_accuracy": AtLeast(0.5)}

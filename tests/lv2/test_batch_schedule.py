@@ -8,11 +8,11 @@ from typing import Callable
 
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv2 import EVENTS, ShuffleSampler
 from meta.lv2.batch_schedule import BatchGrowth
 from meta.lv3 import DistributedSampler, SingleProcessCommunicator
-from meta.recipe import AtLeast, RecipeError, make_recipe
+from meta.run.recipe import AtLeast, RecipeError, make_recipe
 from tests.lv3 import quantize_batch_checks as checks
 
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'meta[torch]')")
 
-from meta.component import ComponentError  # noqa: E402
+from meta.common.component import ComponentError  # noqa: E402
 from meta.lv1 import ReferenceExecutor, mlp  # noqa: E402
 from meta.lv2 import OPTIMIZERS, TorchOptimizer, build_optimizer  # noqa: E402
 from meta.lv2.checkpoint import flatten_tree, unflatten_tree  # noqa: E402

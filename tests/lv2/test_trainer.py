@@ -183,7 +183,7 @@ class Failing(Event):
 
 
 def test_each_on_error_runs_even_when_one_raises_and_the_first_error_is_kept():
-    from meta.errors import user_error
+    from meta.run.errors import user_error
 
     log = []
     events = [Failing("breaks", log, "on_step_end", 30), Failing("bad-handler", log,

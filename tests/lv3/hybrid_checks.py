@@ -28,8 +28,8 @@ from meta.lv3.hybrid.grid import ReplicaGrid
 from meta.lv3.pipeline.partition import partition
 from meta.lv3.pipeline.schedule import SCHEDULES
 from meta.lv3.pipeline.stage import PipelineExecutor
-from meta.recipe import AtLeast, make_recipe
-from meta.runner import RecipeRun
+from meta.run.recipe import AtLeast, make_recipe
+from meta.run.runner import RecipeRun
 from tests import checks
 from tests.lv3.pipeline_checks import _batch, small_mlp
 

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import (
     STRATEGIES,
@@ -25,7 +25,7 @@ from meta.lv3 import (
 )
 from meta.lv3.comm.topology import SingleProcessTopology, exponential_offsets, topology
 from meta.lv3.data_parallel.hogwild import ranks_on_this_node, refusal
-from meta.recipe import AtLeast, RecipeError, make_recipe
+from meta.run.recipe import AtLeast, RecipeError, make_recipe
 
 from . import catalogue_checks
 

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv1.language_models import gpt
 from meta.lv3 import SingleProcessCommunicator
 from meta.lv3.pipeline.partition import PartitionError, partition

@@ -15,15 +15,15 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator, make_strategy
 from meta.lv3.hybrid.allreduce import HybridAllreduce
 from meta.lv3.hybrid.downpour import HybridDownpour
 from meta.lv3.hybrid.grid import ReplicaGrid
 from meta.lv3.hybrid.server import ShardLayout
-from meta.recipe import AtLeast, RecipeError, load_recipe, make_recipe
-from meta.runner import RecipeRun
+from meta.run.recipe import AtLeast, RecipeError, load_recipe, make_recipe
+from meta.run.runner import RecipeRun
 
 from . import hybrid_checks
 
@@ -166,7 +166,7 @@ def test_a_bad_combination_is_refused_before_training() -> None:
 
 def test_the_cli_exits_2_with_one_line(tmp_path: Path) -> None:
     recipe = tmp_path / "hybrid.py"
-    recipe.write_text(f"from meta.recipe import AtLeast\nFIXED = {SMALL!r}\nMUTABLE = "
+    recipe.write_text(f"from meta.run.recipe import AtLeast\nFIXED = {SMALL!r}\nMUTABLE = "
                       f"{{'distributed': {{'name': 'hybrid_allreduce', 'stages': 2}}}}\n"
                       f"METRICS = {{'test_accuracy': AtLeast(0.0)}}\n")
     done = subprocess.run([META, "run", str(recipe), "--output-dir", str(tmp_path / "out")],

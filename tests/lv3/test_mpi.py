@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from meta import _threads
+from meta.common import threads as _threads
 from meta.lv3 import SingleProcessCommunicator
 from tests.launch import clean_env, run_command
 

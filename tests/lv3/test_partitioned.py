@@ -11,13 +11,13 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv1 import mlp
 from meta.lv3 import STRATEGIES, Partitioned, SingleProcessCommunicator
 from meta.lv3.tensor_parallel.plan import plan, probe
 from meta.lv3.tensor_parallel.strategy import check_budget
-from meta.recipe import AtLeast, load_recipe, make_recipe
-from meta.runner import RecipeRun
+from meta.run.recipe import AtLeast, load_recipe, make_recipe
+from meta.run.runner import RecipeRun
 
 from . import partitioned_checks
 from .partitioned_checks import batch, small_cnn, small_mlp

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv0 import Context
 from meta.lv1 import ReferenceExecutor, mlp
 from meta.lv1.builder import GraphBuilder
@@ -37,8 +37,8 @@ from meta.lv3.pipeline.schedule import (
 )
 from meta.lv3.pipeline.stage import tape_bytes
 from meta.lv3.pipeline.strategy import Pipeline
-from meta.recipe import AtLeast, RecipeError, load_recipe, make_recipe
-from meta.runner import RecipeRun
+from meta.run.recipe import AtLeast, RecipeError, load_recipe, make_recipe
+from meta.run.runner import RecipeRun
 
 from . import pipeline_checks
 

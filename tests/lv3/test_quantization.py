@@ -11,10 +11,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv3 import SingleProcessCommunicator, StochasticQuantizer, Ternary, make_compressor
 from meta.lv3.data_parallel.quantization import pack_codes, unpack_codes
-from meta.recipe import AtLeast, RecipeError, make_recipe
+from meta.run.recipe import AtLeast, RecipeError, make_recipe
 
 from . import quantize_batch_checks as checks
 

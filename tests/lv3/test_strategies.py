@@ -143,7 +143,7 @@ def test_flat_chunks_cover_the_buffer() -> None:
 
 
 def test_recipe_keys_of_level_3_are_validated() -> None:
-    from meta.recipe import AtLeast, RecipeError, make_recipe
+    from meta.run.recipe import AtLeast, RecipeError, make_recipe
 
     metrics = {"test_accuracy": AtLeast(0.5)}
     ok = make_recipe("r", {"distributed": "model_averaging", "average_every": 4,

@@ -22,16 +22,27 @@
 
 ``compile_plan`` runs them in this order, one function each (``trace_phase``, ``fold_phase``,
 ``lower_phase``, ``backward_phase``, ``memory_phase``, ``bind_phase``).
+
+Two rules every phase keeps:
+
+* **An operator is its (domain, type).** The kernels, fusions and rewrites are ONNX's
+  operators; a node of another domain (a user's ``HardSwish`` registered in ``my.ops``) is
+  seen by them as ``my.ops::HardSwish`` (``planned_type``), which none of them matches, so it
+  runs its registered operator (a Python step, or a C++ operator's compiled step).
+* **A tensor asked for in ``wrt`` is never a constant.** An initializer the graph classes as a
+  constant (Div's operands, Clip's bounds, a 0-d tensor) is folded into its readers; named in
+  ``wrt`` it stays a variable of the plan, so its readers differentiate it (issue 39: these
+  gradients came back as zeros).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from meta.lv1.graph import Graph, GraphError, Node, make_operator
+from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
 from meta.lv1.plan.memory import (Value, aligned_empty, assign_offsets, lifetimes, root,
                                   view_of)
@@ -47,6 +58,21 @@ DATA_DEPENDENT = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"
                             "ConcatFromSequence", "SequenceAt", "SequenceEmpty",
                             "SequenceLength", "SequenceMap", "Optional", "OptionalGetElement",
                             "OptionalHasElement", "TfIdfVectorizer"})
+
+
+def planned_type(node: Node) -> str:
+    """The op type the planner keys kernels, fusions and rewrites on: ONNX's own for the
+    default domain ("" or "ai.onnx"), ``domain::OpType`` for any other, so a user's operator
+    whose type clashes with an ONNX one never gets ONNX's kernel."""
+    return node.op_type if canonical_domain(node.domain) == "" else \
+        f"{node.domain}::{node.op_type}"
+
+
+def as_planned(node: Node) -> Node:
+    """``node`` as the kernels see it: itself, or (another domain) a copy whose op type is
+    ``planned_type``; the operator itself is always made from the original node."""
+    kind = planned_type(node)
+    return node if kind == node.op_type else replace(node, op_type=kind)
 
 
 class NotPlannable(GraphError):
@@ -100,23 +126,27 @@ def foldable(node: Node, static: set[str]) -> bool:
     """Whether ``node`` computes the same outputs on every call of a plan: from constants only
     (Shape, Size and CastLike read only their input's shape or dtype, fixed in a plan)."""
     inputs = [x for x in node.inputs if x]
-    return node.op_type not in NOT_FOLDED and (
-        all(x in static for x in inputs) or node.op_type in ("Shape", "Size")
-        or node.op_type == "CastLike" and inputs[0] in static)
+    kind = planned_type(node)
+    return kind not in NOT_FOLDED and (
+        all(x in static for x in inputs) or kind in ("Shape", "Size")
+        or kind == "CastLike" and inputs[0] in static)
 
 
-def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backends
+def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backends,
+          variable: frozenset[str] = frozenset()
           ) -> tuple[dict[str, np.ndarray | Traced], set[str]]:
     """One forward as written (no state written): every tensor's shape and dtype, and the
     values of those computed from constants (``static`` grows by them; their nodes are
     returned), the rest dropped as soon as no node needs them, so the trace's memory is an
-    inference's, not a training step's."""
+    inference's, not a training step's. A name in ``variable`` (asked for in ``wrt``) keeps
+    its value if its node folds but is not a constant to its readers."""
     from meta.lv0 import InferenceContext
 
     values: dict = {**graph.initializers, **feeds}
     left = Counter(x for n in nodes for x in n.dependencies())
     info: dict[str, np.ndarray | Traced] = {}
     folded: set[str] = set()
+    kept: set[str] = set()  # the folded nodes' outputs: their values stay
     for node in nodes:
         op = make_operator(node, graph.opset, backends)
         args = [values[x] if x else None for x in node.inputs]
@@ -135,16 +165,18 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
                 value = np.asarray(value)
             values[name] = value
             if fold:
-                static.add(name)
+                kept.add(name)
+                if name not in variable:
+                    static.add(name)
         for name in [*node.dependencies(), *(o for o in node.outputs if o)]:
             if name in node.dependencies():
                 left[name] -= 1
             if left[name] <= 0 and name in values and name not in graph.initializers \
                     and name not in feeds:
                 value = values[name]
-                info[name] = value if name in static or not isinstance(value, np.ndarray) \
+                info[name] = value if name in kept or not isinstance(value, np.ndarray) \
                     else Traced(value.shape, value.dtype)
-                if left[name] <= 0 and name not in static:
+                if left[name] <= 0 and name not in kept:
                     del values[name]
     for name, value in values.items():
         if name not in info:
@@ -158,7 +190,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     """The plan computing ``outputs`` (and, with ``loss``, the gradients of the parameters and
     of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order."""
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
-    nodes, needed, static, traced, folded = trace_phase(graph, feeds, wanted, backends)
+    nodes, needed, static, traced, folded = trace_phase(graph, feeds, wanted, backends, wrt)
     values, live, placement = fold_phase(graph, feeds, nodes, needed, traced, folded)
     pb, context, fetch = lower_phase(graph, feeds, outputs, wanted, loss, wrt, training,
                                      backends, rt, live, values, needed, traced, static,
@@ -179,18 +211,21 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     return plan
 
 
-def trace_phase(graph: Graph, feeds: dict[str, np.ndarray], wanted: list[str], backends
-                ) -> tuple[list[Node], set[str], set[str], dict, set[str]]:
+def trace_phase(graph: Graph, feeds: dict[str, np.ndarray], wanted: list[str], backends,
+                wrt: list[str] = ()) -> tuple[list[Node], set[str], set[str], dict, set[str]]:
     """1. Trace (and find what folds): the nodes the request needs, the names they read, the
-    constants, every tensor's shape and dtype, the nodes computed from constants only."""
+    constants (never a name in ``wrt``), every tensor's shape and dtype, the nodes computed
+    from constants only."""
     nodes = graph.nodes_for(wanted, given=feeds)
     for node in nodes:
-        if node.op_type in DATA_DEPENDENT or any(True for _ in node.subgraphs()):
+        if planned_type(node) in DATA_DEPENDENT or any(True for _ in node.subgraphs()):
             raise NotPlannable(f"{node.describe()}: output shapes depend on the data")
     needed = {x for n in nodes for x in n.dependencies()} | set(wanted)
     roles = graph.roles
-    static = {n for n in graph.initializers if roles.get(n) == "constant" and n not in feeds}
-    traced, folded = trace(graph, feeds, nodes, static, backends)
+    variable = frozenset(wrt)
+    static = {n for n in graph.initializers
+              if roles.get(n) == "constant" and n not in feeds and n not in variable}
+    traced, folded = trace(graph, feeds, nodes, static, backends, variable)
     for name in needed:
         value = traced.get(name)
         if not isinstance(value, (np.ndarray, Traced)):
@@ -235,9 +270,12 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     from meta.lv1.plan import kernels, patterns
 
     backends = tuple(backends)
+    originals = {n.name: n for n in live}
+    live = [as_planned(n) for n in live]
     live, made, merged = patterns.gelu(live, {n: traced[n] for n in static if n in traced},
                                        set(wanted) | set(feeds), backends)
-    ops = {n.name: made.get(n.name) or make_operator(n, graph.opset, backends) for n in live}
+    ops = {n.name: made.get(n.name) or make_operator(originals.get(n.name, n), graph.opset,
+                                                     backends) for n in live}
     placement.update((old, f"fused into {new}") for old, new in merged.items())
     pb = PlanBuilder(values, training, rt)
     if loss is not None:

@@ -33,7 +33,7 @@ from typing import ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv0 import native
 from meta.lv1.executor import EXECUTORS, ReferenceExecutor, Tensors
 from meta.lv1.graph import Graph

@@ -69,7 +69,7 @@ def measure_shared_reads(comm: Communicator, nbytes: int, repeats: int = 40) -> 
     apart), the ping-pong's beta 0.3 in both, and the MLP's ZeRO-1 step followed it (4.8 ms
     or 6.1). Collective over ``comm``; the slowest node's figure, or None where no node has
     two ranks sharing memory."""
-    from meta import _threads
+    from meta.common import threads as _threads
     from meta.lv3.comm.shared_memory import SharedSegments, node_of
 
     node = node_of(comm)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv3.comm.communicator import (  # noqa: F401  (ulfm_on, ULFM_VARIABLE: their old home)
     ULFM_VARIABLE,
     Communicator,

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, allgather, ring_allreduce, shared_reduce

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from meta.component import ComponentError, Option, Registry
+from meta.common.component import ComponentError, Option, Registry
 
 Seed = int | Sequence[int] | None
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from meta import _threads
-from meta.component import ComponentError
+from meta.common import threads as _threads
+from meta.common.component import ComponentError
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, MPICommunicator
 from meta.lv3.comm.costmodel import Link

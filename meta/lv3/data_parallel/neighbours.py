@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv3.data_parallel.compression import COMPRESSIONS, Compressor, Seed
 
 _BUCKET = Option(512, "values sharing one scale", low=1)

@@ -2,7 +2,7 @@
 and stages (``grid``), allreduce over it (``allreduce``), and Downpour over it (``downpour``,
 its servers in ``server``)."""
 
-from meta._moved import forward_names
+from meta.common.moved import forward_names
 from meta.lv3.hybrid.allreduce import HybridAllreduce
 from meta.lv3.hybrid.downpour import HybridDownpour
 from meta.lv3.hybrid.grid import HybridPipeline, ReplicaGrid, refuse_without_trainer

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce

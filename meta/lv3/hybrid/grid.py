@@ -23,7 +23,7 @@ other replicas or the servers besides its activations, and reports that per stag
 >>> ReplicaGrid(6, stages=2, servers=1, strategy="hybrid_downpour")
 Traceback (most recent call last):
 ...
-meta.component.ComponentError: distributed 'hybrid_downpour': 5 workers (6 ranks - 1 server) \
+meta.common.component.ComponentError: distributed 'hybrid_downpour': 5 workers (6 ranks - 1 server) \
 cannot make replicas of 2 stages each; run with -n 5 or -n 7 (1 server + a multiple of 2 ranks)
 """
 
@@ -34,8 +34,8 @@ from typing import Mapping
 
 import numpy as np
 
-from meta import _threads
-from meta.component import ComponentError
+from meta.common import threads as _threads
+from meta.common.component import ComponentError
 from meta.lv2.optimizers import Optimizer
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import poll_all

@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv1.graph import Graph
 from meta.lv2.optimizers import GradientTransformation, Optimizer, scale
 from meta.lv3.comm.communicator import Communicator

@@ -5,7 +5,7 @@ one-sided windows), ``downpour`` (DistBelief's sharded servers, each shard a ``s
 and ``hierarchical`` (servers as a tree).
 """
 
-from meta._moved import forward_names
+from meta.common.moved import forward_names
 from meta.lv3.parameter_server.central import AsyncParameterServer, ParameterServer
 from meta.lv3.parameter_server.downpour import Downpour
 from meta.lv3.parameter_server.hierarchical import HierarchicalParameterServer

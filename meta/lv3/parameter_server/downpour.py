@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.component import Option
+from meta.common.component import Option
 from meta.lv2.optimizers import GradientTransformation, Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link

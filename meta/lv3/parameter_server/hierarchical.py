@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator, world

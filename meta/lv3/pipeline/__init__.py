@@ -2,7 +2,7 @@
 micro-batches (``schedule``), one rank's stage running them (``stage``) and the strategy that
 ties them to the trainer (``strategy``)."""
 
-from meta._moved import forward_names
+from meta.common.moved import forward_names
 from meta.lv3.pipeline.strategy import Pipeline, plan, trainer_plan
 
 __all__ = ["Pipeline", "plan", "trainer_plan"]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv1.graph import Graph, TensorInfo
 
 BALANCES = ("measured", "flops", "params")

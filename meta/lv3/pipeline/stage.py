@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from meta import _threads
+from meta.common import threads as _threads
 from meta.lv1.executor import Executor
 from meta.lv1.graph import Graph, GraphError
 from meta.lv1.roles import differentiable

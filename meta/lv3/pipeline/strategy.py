@@ -28,8 +28,8 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from meta import _threads
-from meta.component import ComponentError, Option
+from meta.common import threads as _threads
+from meta.common.component import ComponentError, Option
 from meta.lv1.executor import NativeExecutor, ReferenceExecutor
 from meta.lv1.graph import Graph
 from meta.lv2.optimizers import Optimizer, Params

@@ -2,7 +2,7 @@
 handed to workers (``portions``), what a worker evaluates (``rows``) and the parameters and
 history kept in shards (``shards``)."""
 
-from meta._moved import forward_names
+from meta.common.moved import forward_names
 from meta.lv3.sandblaster.rows import Evaluation
 from meta.lv3.sandblaster.strategy import Sandblaster
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from meta.component import ComponentError, Option
+from meta.common.component import ComponentError, Option
 from meta.lv2.optimizers import Params
 from meta.lv2.second_order import LBFGS, line_search, two_loop
 from meta.lv3.comm.communicator import Communicator, world

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from meta import _threads
+from meta.common import threads as _threads
 from meta.lv0 import Operator, register
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import poll_all

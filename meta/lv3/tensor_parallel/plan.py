@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from meta.component import ComponentError
+from meta.common.component import ComponentError
 from meta.lv1.executor import ReferenceExecutor
 from meta.lv1.graph import Graph, Node
 from meta.lv1.roles import differentiable

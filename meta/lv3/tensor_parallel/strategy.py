@@ -32,8 +32,8 @@ from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from meta import _threads
-from meta.component import ComponentError, Option
+from meta.common import threads as _threads
+from meta.common.component import ComponentError, Option
 from meta.lv1.executor import Executor, NativeExecutor, ReferenceExecutor
 from meta.lv1.graph import Graph, GraphError
 from meta.lv2.optimizers import Optimizer, Params

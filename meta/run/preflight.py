@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from meta.component import Component, ComponentError
+from meta.common.component import Component, ComponentError
 from meta.lv1.onnx_io import CANNOT_TRAIN
 
 
@@ -95,13 +95,7 @@ def check_model_and_data(recipe: str, model: str, dataset: str, graph: Any, trai
     classes = int(max(int(d.labels.max(initial=0)) for d in (train, test))) + 1
     logits = next((t for t in graph.outputs if t.name == names.get("logits")), None)
     if logits is not None and logits.shape is not None and len(logits.shape) >= 2:
-        # the class axis: the last of (N, C), the second of per-position (N, C, T, ...), as
-        # the loss reads them
-        width = logits.shape[1] if train.labels.ndim > 1 else logits.shape[-1]
-        if isinstance(width, int) and width < classes:
-            problems.append(f"model {model!r} logits {logits.name!r} give {width} classes "
-                            f"({_dims(logits.shape)}), dataset {dataset!r} has labels "
-                            f"0..{classes - 1} ({classes} classes)")
+        problems += _logits_problems(model, dataset, logits, train.labels, classes)
     labels = next((t for t in graph.inputs if t.name == "labels"), None)
     if labels is not None and labels.dtype is not None and \
             not np.issubdtype(labels.dtype, np.integer):
@@ -120,6 +114,42 @@ def check_model_and_data(recipe: str, model: str, dataset: str, graph: Any, trai
         raise ComponentError(f"model {model!r} and dataset {dataset!r} do not fit: "
                              f"{_join(problems)}" if len(problems) > 1 else problems[0])
     return notes
+
+
+def _logits_problems(model: str, dataset: str, logits: Any, labels: np.ndarray,
+                     classes: int) -> list[str]:
+    """The logits' shape against the labels the loss reads with them: the class axis the last
+    of (N, C) and the second of per-position (N, C, T, ...), as ONNX's SoftmaxCrossEntropyLoss
+    and PyTorch's cross_entropy read them; the positions' dims equal to the labels'. Logits
+    written (N, T, C), as a model's last Linear gives them, are named with the remedy."""
+    shape, name = tuple(logits.shape), f"model {model!r} logits {logits.name!r}"
+    positions = tuple(labels.shape[1:])
+    width = shape[1] if positions else shape[-1]
+    labelled = f"dataset {dataset!r} has labels 0..{classes - 1} ({classes} classes)"
+    if not positions:
+        if len(shape) > 2:
+            return [f"{name} are {_dims(shape)}, a prediction per position, dataset "
+                    f"{dataset!r} gives one label per example {_dims(labels.shape[:1])}"]
+        if isinstance(width, int) and width < classes:
+            return [f"{name} give {width} classes ({_dims(shape)}), {labelled}"]
+        return []
+    fits = len(shape) == len(positions) + 2 and all(
+        not isinstance(d, int) or d == t for d, t in zip(shape[2:], positions))
+    if fits and not (isinstance(width, int) and width < classes):
+        return []
+    per_position = f"per-position labels {_dims(('N', *positions))}"
+    if len(shape) == len(positions) + 2 and isinstance(shape[-1], int) and \
+            shape[-1] >= classes and all(not isinstance(d, int) or d == t
+                                         for d, t in zip(shape[1:-1], positions)):
+        return [f"{name} are {_dims(shape)}, (N, T, C) with the classes last; for {per_position} "
+                f"({dataset!r}) the loss reads the class axis second, (N, C, T), as PyTorch's "
+                f"cross_entropy does: return logits.transpose(1, 2) from the model and export "
+                f"it again"]
+    if not fits:
+        return [f"{name} are {_dims(shape)}, dataset {dataset!r} gives {per_position}: "
+                f"per-position logits are (N, C, {', '.join(map(str, positions))}), the class "
+                f"axis second"]
+    return [f"{name} give {width} classes ({_dims(shape)}), {labelled}"]
 
 
 def _free_batch(graph: Any, fed: Any, train: Any, names: Mapping[str, str]) -> str:

@@ -1,7 +1,7 @@
-"""The part of the error boundary (``meta.errors``) that runs inside training: ``user_code``
+"""The part of the error boundary (``meta.run.errors``) that runs inside training: ``user_code``
 marks an exception raised by code the user brought (an event, a metric, a dataset) with what
 raised it and when, and ``UserCodeError`` words it in one line. It imports nothing of meta, so
-the trainer (Level 2) can use it while ``meta.errors``, which knows every level's one-line
+the trainer (Level 2) can use it while ``meta.run.errors``, which knows every level's one-line
 errors, stays above the levels."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from meta.files import OutputError, atomic_write, write_text
+from meta.common.files import OutputError, atomic_write, write_text
 
 LOCK = "run.lock"
 METRICS_JSON = "metrics.json"
@@ -206,7 +206,7 @@ def write_outputs(run: Any, outcome: Any) -> None:
     metrics.json says ``"passed": false`` when another output could not be written; that
     failure is then raised (an OutputError naming the file), so the run ends with exit 2."""
     from meta.lv1 import to_onnx
-    from meta.replay_record import REPLAY_JSON, record
+    from meta.run.replay_record import REPLAY_JSON, record
 
     out, failed = run.output_dir, []
     if run.export_onnx:
@@ -228,7 +228,7 @@ def write_outputs(run: Any, outcome: Any) -> None:
                                              if failed else {})}
     unfinished = getattr(run, "unfinished", None)
     if unfinished is not None:  # a metric that raised: the run is not passed, and says why
-        from meta.errors import user_error
+        from meta.run.errors import user_error
 
         report["not_measured"] = str(user_error(unfinished) or unfinished)
     write_text(out / METRICS_JSON, json.dumps(report, indent=2, default=list) + "\n")
@@ -278,7 +278,7 @@ def training_error(run: Any, err: BaseException) -> str | None:
     """The one-line message for a mistake that shows up only while training (a loss that
     became NaN or infinite, an operator's bad backward, an output that cannot be written);
     None for other errors, which are bugs and keep their traceback."""
-    from meta.component import ComponentError
+    from meta.common.component import ComponentError
     from meta.lv0 import BackwardError
 
     if isinstance(err, FloatingPointError) and run is not None:

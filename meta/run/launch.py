@@ -32,7 +32,7 @@ from typing import Sequence, TextIO
 
 __all__ = ["FINAL_EXIT_CODES", "LaunchError", "Launch", "describe_exit", "find_mpiexec"]
 
-CHECKPOINT = "checkpoint.npz"  # meta.runner.CHECKPOINT, without importing the training stack
+CHECKPOINT = "checkpoint.npz"  # meta.run.runner.CHECKPOINT, without importing the training stack
 # meta run's own answers (PASS, a metric missed, a user error): restarting would not change them.
 FINAL_EXIT_CODES = (0, 1, 2)
 

@@ -1,7 +1,7 @@
 """Running a recipe: build the components it names, hand them to the trainer, measure, judge.
 
 Composition only: every model, dataset, optimizer, executor, strategy, event and metric is a
-component that builds itself from its options (``meta.component``); what differs between them
+component that builds itself from its options (``meta.common.component``); what differs between them
 (a DBN's pre-training, a parameter server's serving loop, Sandblaster's rows) is behind their
 own interfaces (``prepare``, ``Strategy.train``, ``Strategy.from_recipe``), not here.
 """
@@ -15,8 +15,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from meta.component import ComponentError
-from meta.errors import SIGNALS, Interrupted, keep_traceback, user_code, user_error
+from meta.common.component import ComponentError
+from meta.run.errors import SIGNALS, Interrupted, keep_traceback, user_code, user_error
 from meta.lv1 import Graph, build_model
 from meta.lv2 import (
     METRICS,
@@ -39,9 +39,9 @@ from meta.lv3 import Communicator, DistributedSampler, Strategy, world
 from meta.lv3.comm.survival import hand_over_outputs
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
-from meta.preflight import check_model_and_data, check_ranks
-from meta.recipe import Outcome, Recipe, RecipeError, judge
-from meta.run_dir import RunDirError, RunLock, output_folder, write_outputs
+from meta.run.preflight import check_model_and_data, check_ranks
+from meta.run.recipe import Outcome, Recipe, RecipeError, judge
+from meta.run.run_dir import RunDirError, RunLock, output_folder, write_outputs
 
 CHECKPOINT = "checkpoint.npz"
 
@@ -404,7 +404,7 @@ class NothingLearned(Event):
 
 class StopOnSignal(Event):
     """Where SIGINT/SIGTERM stops a training run: at the first step boundary after the signal
-    (``meta.errors.SIGNALS``), after a checkpoint of exactly that step (rank 0, which writes
+    (``meta.run.errors.SIGNALS``), after a checkpoint of exactly that step (rank 0, which writes
     the outputs), so ``--resume`` continues from it. Runs last of all events."""
 
     priority = -10_000

@@ -5,7 +5,7 @@ as it drives onnxruntime; it also serves users who write against the backend API
 
     >>> import numpy as np
     >>> from onnx import TensorProto, helper
-    >>> from meta.onnx_backend import MetaBackend
+    >>> from meta.lv1.onnx_backend import MetaBackend
     >>> node = helper.make_node("Relu", ["x"], ["y"])
     >>> MetaBackend.run_node(node, [np.array([-1.0, 2.0], np.float32)])[0].tolist()
     [0.0, 2.0]

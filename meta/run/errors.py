@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 # the part of the boundary that the trainer (Level 2) uses lives below the levels; re-exported
-from meta.user_code import MARK, UserCodeError, user_code
+from meta.common.user_code import MARK, UserCodeError, user_code
 
 ERROR_LOG = "error.log"
 
 
 def one_line_errors() -> tuple[type[BaseException], ...]:
     """Exceptions meta already reports in one line; the boundary lets them through."""
-    from meta.component import ComponentError
-    from meta.files import OutputError
+    from meta.common.component import ComponentError
+    from meta.common.files import OutputError
     from meta.lv0 import BackwardError
     from meta.lv1 import GraphError
     from meta.lv2 import CheckpointError, DatasetError
@@ -71,7 +71,7 @@ def raised_in_user_file(err: BaseException, user_dirs: list[Path]) -> UserCodeEr
     None when meta's own code raised last (a bug, which keeps its traceback)."""
     if _passes_through(err) or not user_dirs:
         return None
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # meta/, this file being meta/run/errors.py
     ours = (str(package), str(package.parent / "ops"))
     users = tuple(str(Path(d).resolve()) for d in user_dirs)
     # numpy's and Python's own frames are skipped, even in a virtual environment kept in the
@@ -136,7 +136,7 @@ class Interrupted(KeyboardInterrupt):
 class SignalGuard:
     """SIGINT and SIGTERM for the length of a ``with`` block. While a trainer runs
     (``deferring``), the first signal is only noted (``pending``): the trainer stops at the next
-    step boundary, where a checkpoint is consistent (``meta.runner.StopOnSignal``); a second
+    step boundary, where a checkpoint is consistent (``meta.run.runner.StopOnSignal``); a second
     signal, or one outside training, raises ``Interrupted`` at once. Outside the main thread
     (where Python allows no handler) nothing changes."""
 

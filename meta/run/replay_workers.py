@@ -2,7 +2,7 @@
 and its gradient at the parameters it holds (``Workers``), and the asynchronous parameter
 server's updates applied in a given order (``apply_in_order``).
 
-Both ``meta replay`` (``meta.replay``, which recomputes a run from its ``replay.json``) and the
+Both ``meta replay`` (``meta.run.replay``, which recomputes a run from its ``replay.json``) and the
 virtual-time simulator (``meta.planner.virtual_time``, which orders the updates by simulated
 clocks, and which ``meta replay`` uses for Downpour's schedule) need exactly this; holding it
 here, below both, keeps one piece of code for "worker w's next gradient" without an import
@@ -15,12 +15,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from meta.replay_record import ReplayError
+from meta.run.replay_record import ReplayError
 
 
 def _batches(run: Any, index: int, replicas: int) -> Iterator[dict[str, np.ndarray]]:
     """A worker's feeds in the order its trainer took them (the runner's own sampler)."""
-    from meta.runner import make_sampler
+    from meta.run.runner import make_sampler
 
     d, trainer, n = run.recipe.definitions, run.trainer, run.trainer.names
     train = trainer.train_data

@@ -27,14 +27,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from meta.replay_record import (  # noqa: F401  (record, REPLAY_JSON: importable from here too)
+from meta.run.replay_record import (  # noqa: F401  (record, REPLAY_JSON: importable from here too)
     FORMAT,
     REPLAY_JSON,
     ReplayError,
     digest,
     record,
 )
-from meta.replay_workers import Workers, apply_in_order  # noqa: F401  (importable from here)
+from meta.run.replay_workers import Workers, apply_in_order  # noqa: F401  (importable from here)
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Replayed:
 
 
 def _recipe(rec: dict[str, Any], where: Path) -> Any:
-    from meta.recipe import RecipeError, load_recipe, make_recipe
+    from meta.run.recipe import RecipeError, load_recipe, make_recipe
 
     if not rec.get("recipe_file"):
         raise ReplayError(f"{where}: the run's recipe was not read from a file")
@@ -111,9 +111,9 @@ def replay(run_dir: str | Path, on_update: Callable[[int, int, dict], None] | No
     called after every update. ``set_threads`` gives BLAS the run's thread count. A Downpour
     run is recomputed by the virtual-time simulator from its recorded schedule
     (``on_update`` then sees every push)."""
-    from meta._threads import set_threads as set_blas_threads
+    from meta.common.threads import set_threads as set_blas_threads
     from meta.lv3 import SingleProcessCommunicator
-    from meta.runner import RecipeRun
+    from meta.run.runner import RecipeRun
 
     where = Path(run_dir) / REPLAY_JSON
     try:

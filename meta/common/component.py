@@ -3,7 +3,7 @@
 A model builder, dataset, optimizer, executor, distributed strategy, event or metric is a
 *component*: a callable registered under a name, with the options it takes declared where it is
 defined, as operators declare their ``attributes``. Recipes name components and set their
-options; the recipe schema is derived from these declarations (``meta.recipe``), so a mistyped
+options; the recipe schema is derived from these declarations (``meta.run.recipe``), so a mistyped
 option, an option of another component or a value out of bounds is found before anything runs.
 
 >>> models = Registry("example")

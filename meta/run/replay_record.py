@@ -1,7 +1,7 @@
 """What a run records so that ``meta replay`` can recompute it: the ``replay.json`` format.
 
-Written by rank 0 with the run's other outputs (``meta.run_dir``, below the runner); read by
-the replay command (``meta.replay``, above it). Holding the format here, apart from the
+Written by rank 0 with the run's other outputs (``meta.run.run_dir``, below the runner); read by
+the replay command (``meta.run.replay``, above it). Holding the format here, apart from the
 command, keeps the runner from importing the command that imports the runner.
 """
 
