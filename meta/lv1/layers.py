@@ -48,6 +48,14 @@ def _tuple(value: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
     return value
 
 
+def _count(net: Net, name: str, what: str, value: Any) -> int:
+    """A layer's size argument (channels, features, groups): an int >= 1, else the error
+    names the layer and the argument (not the input size it would fail on later)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{net.name}: {name}: {what} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 class Net:
     """What layers build into: the graph builder, the activation shape (per sample), the
     generator every initialiser draws from, the dtype and the naming scopes."""
@@ -259,12 +267,17 @@ class Conv(Layer):
         if len(net.shape) < 2:
             raise ValueError(f"{net.name}: {name}: Conv needs (channels, *spatial) per sample, "
                              f"got {list(net.shape)}")
+        _count(net, name, "out_channels", self.out_channels)
+        _count(net, name, "groups", self.groups)
         c, spatial = net.shape[0], net.shape[1:]
         n = len(spatial)
         k = _tuple(self.kernel_size, n, f"{name} kernel_size")
         s = _tuple(self.stride, n, f"{name} stride")
         p = _tuple(self.padding, n, f"{name} padding")
         d = _tuple(self.dilation, n, f"{name} dilation")
+        for what, values in (("kernel_size", k), ("stride", s), ("dilation", d)):
+            for v in values:
+                _count(net, name, what, v)
         if c % self.groups or self.out_channels % self.groups:
             raise ValueError(f"{net.name}: {name}: {c} input and {self.out_channels} output "
                              f"channels are not divisible into {self.groups} groups")
@@ -300,6 +313,7 @@ class Linear(Layer):
         if len(net.shape) != 1:
             raise ValueError(f"{net.name}: {name}: Linear takes (features,) per sample, got "
                              f"{list(net.shape)}; put Flatten() before it")
+        _count(net, name, "out_features", self.out_features)
         width = net.shape[0]
         inputs = [x, *net.weight_and_bias(name, (self.out_features, width), width, self.bias,
                                           self.init)]
@@ -499,6 +513,9 @@ class _Pool(Layer):
         k = _tuple(self.kernel_size, n, f"{name} kernel_size")
         s = _tuple(self.stride if self.stride is not None else k, n, f"{name} stride")
         p = _tuple(self.padding, n, f"{name} padding")
+        for what, values in (("kernel_size", k), ("stride", s)):
+            for v in values:
+                _count(net, name, what, v)
         net.check(name, (c, *((size + 2 * pad - kk) // st + 1
                               for size, kk, st, pad in zip(spatial, k, s, p))))
         attrs: dict[str, Any] = {"kernel_shape": list(k), "strides": list(s)}

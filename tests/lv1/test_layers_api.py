@@ -202,6 +202,14 @@ def test_state_and_constants_are_not_parameters():
      r"model: input shape \[1, 8, 8\] is too small .*conv2 gives \[4, -2, -2\]"),
     (Sequential(Conv(4, 3), Linear(3)), (1, 8, 8), "fc1: Linear takes .*put Flatten"),
     (Sequential(Conv(4, 3, groups=3)), (2, 8, 8), "conv1: 2 input and 4 output channels"),
+    # a size argument of 0 is blamed on itself, not on the input size (issue 44)
+    (Sequential(Conv(0, 3)), (1, 8, 8), "model: conv1: out_channels must be an integer >= 1, "
+     "got 0"),
+    (Sequential(Conv(4, 0)), (1, 8, 8), "conv1: kernel_size must be an integer >= 1, got 0"),
+    (Sequential(Conv(4, 3, stride=(1, 0))), (1, 8, 8), "conv1: stride must be an integer"),
+    (Sequential(Conv(4, 3, groups=0)), (1, 8, 8), "conv1: groups must be an integer >= 1"),
+    (Sequential(Flatten(), Linear(0)), (3,), "fc1: out_features must be an integer >= 1, "
+     "got 0"),
     (Sequential(Residual(Conv(4, 3, padding=1), name="block")), (2, 8, 8),
      r"block: the block gives \[4, 8, 8\] and its shortcut \[2, 8, 8\]"),
     (Sequential(Flatten(), Linear(4)), (3,), "the last layer gives \\[4\\] .* not the 10"),
