@@ -1,4 +1,8 @@
-"""Each level imports only from the levels below it (and ops/ only from Level 0)."""
+"""Each level imports only from the levels below it (and ops/ only from Level 0).
+
+The floors of the package, from the ground up: ``meta.common`` (what every level imports: it
+imports no level), Levels 0-3, then the top (``meta.run``, where a recipe becomes a run, the
+tools ``meta.bench`` and ``meta.planner``, and the command line)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TOP = ("meta.run.recipe", "meta.run.runner", "meta.cli")
+TOP = ("meta.run", "meta.recipe", "meta.bench", "meta.planner", "meta.cli")
+COMMON = -1  # the ground floor, below Level 0
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -25,14 +30,55 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def level_of(module: str) -> int | None:
+    if module == "meta.common" or module.startswith("meta.common."):
+        return COMMON
     for level in range(4):
         if module == f"meta.lv{level}" or module.startswith(f"meta.lv{level}."):
             return level
-    return 4 if module.startswith(TOP) else None
+    return 4 if module in TOP or module.startswith(tuple(f"{t}." for t in TOP)) else None
+
+
+def test_common_imports_no_level():
+    """meta/common is what every level imports, so it imports none of them (nor the top)."""
+    offenders = [f"{p.relative_to(REPO)} imports {m}"
+                 for p in sorted((REPO / "meta" / "common").rglob("*.py"))
+                 for m in imported_modules(p) if (level_of(m) or COMMON) > COMMON]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_package_root_holds_few_rooms():
+    """The root of meta/ holds the levels, common/, run/, the tools and the command line: at
+    most 12 modules and folders (the ops/ and recipes/ links, which point outside the package
+    into the repository, and the package's own __init__/__main__ are not rooms)."""
+    root = REPO / "meta"
+    rooms = sorted(p.name for p in root.iterdir()
+                   if not p.is_symlink() and p.name not in ("__init__.py", "__main__.py")
+                   and (p.suffix == ".py" or (p / "__init__.py").is_file()))
+    assert len(rooms) <= 12, rooms
+
+
+def test_old_module_paths_import_the_moved_modules():
+    """The modules that left the root keep their old path for one release, as the same
+    module object, with a DeprecationWarning naming the new place; meta.recipe stays public."""
+    import importlib
+    import warnings
+
+    import meta
+
+    assert importlib.import_module("meta.recipe") is importlib.import_module("meta.run.recipe")
+    for old, new in meta.MOVED.items():
+        sys.modules.pop(f"meta.{old}", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"meta.{old}")
+        assert module is importlib.import_module(f"meta.{new}"), old
+        assert any(f"meta.{new}" in str(w.message) for w in caught
+                   if issubclass(w.category, DeprecationWarning)), old
 
 
 @pytest.mark.parametrize("level", range(4))
 def test_levels_import_only_from_below(level):
+    """Level N imports common/ and Levels < N, never a higher level nor the top."""
     offenders = []
     for path in sorted((REPO / "meta" / f"lv{level}").rglob("*.py")):
         for module in imported_modules(path):
