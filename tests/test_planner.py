@@ -20,14 +20,14 @@ from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES, AsyncPattern
 from meta.planner.calibrate import TWO_NODES_ENV
 from meta.planner.machine import Machine, MachineError, RecipeCosts, load_machine, save_machine
-from meta.planner.models import (
+from meta.planner.costs import (
     ACCUMULATE_PASSES,
-    allreduce_models,
+    allreduce_costs,
     allreduce_s,
-    averaging_models,
+    averaging_costs,
     closed_queue,
-    parameter_server_models,
-    pipeline_model,
+    parameter_server_costs,
+    pipeline_cost,
     rank_configurations,
     sharded_server_s,
     yielding_wait,
@@ -118,7 +118,7 @@ def test_allreduce_prediction_is_the_seeds_formula(cluster):
     tree = 2 * math.log2(p) * a + 2 * (p - 1) / p * n * b
     ring = 2 * (p - 1) * a + 2 * (p - 1) / p * n * b
     assert tree < ring
-    plain = allreduce_models(w, cluster.sized(p), p)[0]
+    plain = allreduce_costs(w, cluster.sized(p), p)[0]
     assert plain.label == "allreduce"
     packed = 2 * n * 1e-10  # into one buffer, and scaled by 1/P
     assert plain.comm_s == pytest.approx(tree + packed)
@@ -127,22 +127,22 @@ def test_allreduce_prediction_is_the_seeds_formula(cluster):
     # overlapped, where MPI progresses on its own: the backward (8 ms) hides the transfer
     # of every bucket but the last (1 MiB of 4), which goes after it; nothing is packed
     progressing = replace(cluster, progress=True).sized(p)
-    overlapped = allreduce_models(w, progressing, p)[1]
+    overlapped = allreduce_costs(w, progressing, p)[1]
     assert tree * 3 / 4 < 8e-3
     assert overlapped.step_s == pytest.approx(4e-3 + 8e-3 + tree / 4 + 0.5e-3)
     # without (MPICH, Open MPI by default): the buckets move only inside the calls that
     # test them, so the whole transfer is waited for, less the packing
-    unaided = allreduce_models(w, cluster.sized(p), p)[1]
+    unaided = allreduce_costs(w, cluster.sized(p), p)[1]
     assert unaided.step_s == pytest.approx(4e-3 + 8e-3 + tree + 0.5e-3)
     # within one node: ZeRO-1 through shared memory, 2 α + (P-1)/P n β and 1/P of the update
-    zero = allreduce_models(w, cluster, 8)[2]
+    zero = allreduce_costs(w, cluster, 8)[2]
     assert zero.comm_s == pytest.approx(2 * 1e-6 + 7 / 8 * n * 1e-10)
     assert zero.step_s == pytest.approx(12e-3 + zero.comm_s + 0.5e-3 / 8)
 
 
 def test_model_averaging_divides_the_exchange_by_its_interval(cluster):
     w, p, n = work(), 16, 4 * (1 << 20)
-    every_4 = next(pr for pr in averaging_models(w, cluster.sized(p), p)
+    every_4 = next(pr for pr in averaging_costs(w, cluster.sized(p), p)
                    if pr.sets["distributed.average_every"] == "4")
     exchange = allreduce_s(cluster.sized(p), p, n) + 2 * n * 1e-10
     assert every_4.comm_s == pytest.approx(exchange / 4)
@@ -167,11 +167,11 @@ def test_gpipe_bubble_is_s_minus_1_over_m_plus_s_minus_1(stages, m):
     one stage, its idle share (S-1)/(M+S-1)."""
     w = work(layers=stages)
     free = free_machine()
-    pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    pr = pipeline_cost(w, free, stages, stages, m, "gpipe", 1)
     assert pr.notes == (f"bubble {(stages - 1) / (m + stages - 1):.3f}",)
     micro = 3e-3 / m
     assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)
-    one_f = pipeline_model(w, free, stages, stages, m, "1f1b", 1)
+    one_f = pipeline_cost(w, free, stages, stages, m, "1f1b", 1)
     assert one_f.memory_bytes < pr.memory_bytes  # 1F1B keeps at most S micro-batches
 
 
@@ -182,9 +182,9 @@ def test_a_pipeline_waits_for_its_slowest_stage_s_share_of_the_network():
     stages, m = 2, 4
     w = work(layers=stages)
     free = free_machine()
-    steady = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    steady = pipeline_cost(w, free, stages, stages, m, "gpipe", 1)
     spread = replace(w, spread=(0.5, 1.5))
-    waiting = pipeline_model(spread, free, stages, stages, m, "gpipe", 1)
+    waiting = pipeline_cost(spread, free, stages, stages, m, "gpipe", 1)
     assert spread.sync_fraction(2) == pytest.approx(0.25)
     assert waiting.step_s - steady.step_s == pytest.approx(0.25 * 6e-3 / stages)
 
@@ -194,8 +194,8 @@ def test_a_pipeline_stage_sums_each_micro_batch_s_gradients():
     of 1.5 copies over the stage's parameters: GPipe's (M+S-1) micro-steps each longer."""
     stages, m, beta = 2, 4, 1e-10
     w = work(layers=stages)
-    free = pipeline_model(w, free_machine(), stages, stages, m, "gpipe", 1)
-    summed = pipeline_model(w, replace(free_machine(), copy_beta=beta), stages, stages, m,
+    free = pipeline_cost(w, free_machine(), stages, stages, m, "gpipe", 1)
+    summed = pipeline_cost(w, replace(free_machine(), copy_beta=beta), stages, stages, m,
                             "gpipe", 1)
     per_stage = w.param_bytes / stages
     assert summed.step_s - free.step_s == pytest.approx(
@@ -209,7 +209,7 @@ def test_stages_beyond_the_cores_are_predicted_between_sharing_and_taking_turns(
     ``simulate`` with 2 cores plays it); both bounds are noted."""
     stages, m = 4, 8
     w = replace(work(layers=stages), ranks_measured=4)
-    pr = pipeline_model(w, free_machine(cores=2), stages, stages, m, "1f1b", 1)
+    pr = pipeline_cost(w, free_machine(cores=2), stages, stages, m, "1f1b", 1)
     plans = [schedule("1f1b", s, stages, m) for s in range(stages)]
     late = [POLL_S / 2] * (stages - 1)
     turns = simulate(plans, [0.5e-3 / m] * stages, [1e-3 / m] * stages, late, late, cores=2)
@@ -217,7 +217,7 @@ def test_stages_beyond_the_cores_are_predicted_between_sharing_and_taking_turns(
     assert pr.step_s == pytest.approx((turns.step_s + shared.step_s) / 2 + 0.5e-3 / stages)
     assert pr.notes[1] == (f"stages take turns on 2 cores: {turns.step_s * 1e3:.2f}-"
                            f"{shared.step_s * 1e3:.2f} ms")
-    assert pipeline_model(w, free_machine(), stages, stages, m, "1f1b", 1).step_s == \
+    assert pipeline_cost(w, free_machine(), stages, stages, m, "1f1b", 1).step_s == \
         pytest.approx(shared.step_s + 0.5e-3 / stages)
 
 
@@ -233,7 +233,7 @@ def test_a_micro_batch_keeps_each_call_s_fixed_cost():
                  w.update_s, w.source)
     assert w.layers[0].at(1 / m).forward_s == pytest.approx(0.5e-3 + 0.5e-3 / m)
     free = free_machine()
-    pr = pipeline_model(w, free, stages, stages, m, "gpipe", 1)
+    pr = pipeline_cost(w, free, stages, stages, m, "gpipe", 1)
     micro = 1.5e-3 + 1.5e-3 / m  # a stage's forward and backward of one micro-batch
     assert pr.step_s == pytest.approx((m + stages - 1) * micro + 0.5e-3 / stages)
     assert w.at_batch(32).layers[0].forward_s == pytest.approx(0.5e-3 + 0.5e-3 / 2)
@@ -246,7 +246,7 @@ def test_ranking_is_sane(cluster):
     assert {"allreduce", "downpour", "hybrid_allreduce", "partitioned"} <= {
         pr.strategy for pr in ranked}
     # one rank: nothing to communicate
-    assert all(abs(pr.comm_s) < 1e-12 for pr in allreduce_models(work(), cluster, 1))
+    assert all(abs(pr.comm_s) < 1e-12 for pr in allreduce_costs(work(), cluster, 1))
     # a network bigger than a rank's memory: replicas do not fit, pipelines' stages do
     huge = rank_configurations(work(param_mb=600), cluster, 32)
     assert not next(pr for pr in huge if pr.label == "allreduce").fits
@@ -399,7 +399,7 @@ def test_calibrate_on_two_emulated_nodes_measures_the_link_between_them(
 
 
 def test_measured_errors_are_shown_and_marked_beyond_the_bound(cluster, tmp_path):
-    ranked = allreduce_models(work(), cluster, 2)
+    ranked = allreduce_costs(work(), cluster, 2)
     rows = [{"recipe": "synthetic", "ranks": 2, "configuration": "allreduce", "error": -0.31},
             {"recipe": "synthetic", "ranks": 2, "configuration": "allreduce overlapped",
              "error": 0.05},
@@ -426,7 +426,7 @@ def test_calibrate_into_a_described_cluster_keeps_its_shape(cluster, tmp_path, m
 
 
 def test_a_set_without_a_value_is_one_line_and_exit_2(capsys) -> None:
-    """The same KEY=VALUE parsing as meta run and compare (meta.bench.commands.parse_sets),
+    """The same KEY=VALUE parsing as meta run and compare (meta.run.recipe.parse_sets),
     worded as a user error: exit 2, not SystemExit's 1."""
     assert main(["plan", "recipes/mnist_mlp.py", "--ranks", "4", "--set", "lr"]) == 2
     err = capsys.readouterr().err
@@ -462,11 +462,11 @@ def test_closed_queue_beyond_the_recursion_is_the_same_model(ratio, monkeypatch)
     """Beyond ``EXACT_QUEUE`` clients the product form's sum gives what the recursion gives,
     also at the knee (clients = think/service), where an approximation (Schweitzer's) was off
     by 25 %; and a billion clients take a fraction of a second."""
-    from meta.planner import models
+    from meta.planner import costs
 
     clients, service = 20_001, 1e-3
     exact = closed_queue(clients, ratio * service, service)
-    monkeypatch.setattr(models, "EXACT_QUEUE", 100)
+    monkeypatch.setattr(costs, "EXACT_QUEUE", 100)
     assert closed_queue(clients, ratio * service, service) == pytest.approx(exact, rel=1e-9)
     start = time.perf_counter()
     for workers in (10**9, int(ratio) + 7):
@@ -517,7 +517,7 @@ def test_ranks_that_yield_their_cores_wait_only_for_the_slowest_core():
     assert yielding_wait(w, two_cores, 4) == pytest.approx(0.25 / math.sqrt(2) * 3e-3)
     assert yielding_wait(w, two_cores, 3) == w.sync_s(3)
     assert yielding_wait(w, two_cores, 2) == w.sync_s(2)
-    zero = {pr.label: pr for pr in allreduce_models(w, two_cores, 4)}
+    zero = {pr.label: pr for pr in allreduce_costs(w, two_cores, 4)}
     assert zero["allreduce ZeRO-1 (shared memory)"].comm_s < zero["allreduce"].comm_s
 
 
@@ -531,8 +531,8 @@ def test_the_shared_exchange_reads_at_its_measured_rate():
     assert shared_reduce(link, 1, 1e6, read_beta=4e-10) == 0.0
     assert shared_reduce(link, 4, 1e6) == pytest.approx(2 * 2e-6 + 0.75e6 * 1e-10)
     measured = replace(Machine(), shared_read_beta=4e-10)
-    slow = {pr.label: pr for pr in allreduce_models(work(), measured, 2)}
-    fast = {pr.label: pr for pr in allreduce_models(work(), Machine(), 2)}
+    slow = {pr.label: pr for pr in allreduce_costs(work(), measured, 2)}
+    fast = {pr.label: pr for pr in allreduce_costs(work(), Machine(), 2)}
     label = "allreduce ZeRO-1 (shared memory)"
     assert slow[label].step_s > fast[label].step_s
     assert slow["allreduce"].step_s == fast["allreduce"].step_s
@@ -548,15 +548,15 @@ def test_a_synchronous_step_waits_for_its_slowest_rank():
     assert w.sync_s(2) == pytest.approx(0.25 * 3e-3)
     assert w.sync_s(2) < w.sync_s(8) < 0.5 * 3e-3
     assert Workload("s", 64, w.layers, 4096, 1, 0.0, "given").sync_s(8) == 0.0
-    flat = allreduce_models(Workload("s", 64, w.layers, 4096, 1, 0.0, "given"),
+    flat = allreduce_costs(Workload("s", 64, w.layers, 4096, 1, 0.0, "given"),
                             Machine(), 2)[0]
-    assert allreduce_models(w, Machine(), 2)[0].step_s == pytest.approx(
+    assert allreduce_costs(w, Machine(), 2)[0].step_s == pytest.approx(
         flat.step_s + 0.25 * 3e-3)
     # averaging every k steps waits for the slowest rank's k steps, whose sums spread
     # sqrt(k) times one step's: per step, the wait over sqrt(k)
-    steady = {pr.label: pr.step_s for pr in averaging_models(
+    steady = {pr.label: pr.step_s for pr in averaging_costs(
         Workload("s", 64, w.layers, 4096, 1, 0.0, "given"), Machine(), 2)}
-    for pr in averaging_models(w, Machine(), 2):
+    for pr in averaging_costs(w, Machine(), 2):
         every = int(pr.sets["distributed.average_every"])
         assert pr.step_s == pytest.approx(steady[pr.label] + 0.25 * 3e-3 / math.sqrt(every))
 
@@ -578,7 +578,7 @@ def test_downpour_worker_pays_its_passes_and_transfers(cluster):
     and its step makes DOWNPOUR_PASSES passes over the gradients besides: pushing and fetching
     every 16 steps saves exactly those transfers and landings, when the servers keep up."""
     w = work(param_mb=4.0)
-    preds = {pr.label: pr for pr in parameter_server_models(w, cluster, 4)}
+    preds = {pr.label: pr for pr in parameter_server_costs(w, cluster, 4)}
     every = preds["Downpour, 1 server(s), push/1 fetch/1"]
     rarely = preds["Downpour, 1 server(s), push/16 fetch/16"]
     n, link = w.param_bytes, cluster.intra
@@ -594,8 +594,8 @@ def test_oversubscribed_keeps_every_rank_on_one_node_and_its_cores(cluster, tmp_
     assert two.link(4) == two.inter
     four = two.oversubscribed(4)
     assert four.nodes == 1 and four.link(4) == four.intra and four.cores_per_node == 2
-    assert any("ZeRO-1" in pr.label for pr in allreduce_models(work(), four, 4))
-    assert not any("ZeRO-1" in pr.label for pr in allreduce_models(work(), two, 4))
+    assert any("ZeRO-1" in pr.label for pr in allreduce_costs(work(), four, 4))
+    assert not any("ZeRO-1" in pr.label for pr in allreduce_costs(work(), two, 4))
     assert load_machine(save_machine(four, tmp_path / "m.toml")) == four
 
 
@@ -614,7 +614,7 @@ def test_asynchronous_workers_step_as_measured_in_their_pattern():
     w = Workload("s", 64, (Layer("fc", "Gemm", 1e-3, 2e-3, 4096, 64),), 4096, 1, 1.5e-3,
                  "given", ranks_measured=3, pattern=pattern, pattern_base_s=4.5e-3)
     m = Machine(ranks_per_node=3, cores=2, polled=pattern.link)
-    preds = {pr.label: pr for pr in parameter_server_models(w, m, 3)}
+    preds = {pr.label: pr for pr in parameter_server_costs(w, m, 3)}
     ps = preds["asynchronous parameter server (1)"]
     assert ps.compute_s == pytest.approx(3e-3 * 6 / 4.5 + 4096 * m.copy_beta)
     assert ps.comm_s > 2 * pattern.link.message(4096)

@@ -3,7 +3,7 @@ every rank but the last steps the recipe and then exchanges its gradient with th
 which serves one message at a time, as the asynchronous parameter server and Downpour run.
 
 Why the patterns and not their parts. On a node with more ranks than cores (3 and 4 ranks on
-the 2-core machine of ``docs/results/plan_validation.md``) no part behaves as it does alone:
+the 2-core machine of ``docs/results/planner_validation.md``) no part behaves as it does alone:
 
 - A worker's exchange waits on polled handoffs (``meta.lv3.comm.polling``: test, sleep, test)
   of a server and a worker that must be scheduled between computing ranks. A polled ping-pong

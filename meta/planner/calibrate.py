@@ -10,7 +10,7 @@ send both kinds of message. Without MPI (one process) the links stay the cost mo
 defaults and the written file says so. Ranks on several nodes (MPI's shared-memory groups)
 also measure the link between nodes: a ping-pong between two nodes' first ranks, and the
 allreduce over all ranks, which crosses it. On one host, groups of ranks with shared memory
-switched off between them emulate nodes (``benchmarks/plan_validation.py --two-nodes``);
+switched off between them emulate nodes (``benchmarks/planner_validation.py --two-nodes``);
 they share the host's cores. On one node ``inter`` stays the default or what the user typed.
 (3) With a recipe under MPI, the asynchronous strategies' patterns, the same training step as
 the workers' work (``meta.planner.async_pattern``): a worker's step in each, its waits, and
@@ -44,6 +44,11 @@ from meta.run.recipe import Recipe
 TWO_NODES_ENV = {"MPIR_CVAR_NUM_CLIQUES": "2", "UCX_TLS": "tcp,self"}
 CACHE_FLUSH_BYTES = 64 << 20  # more than a node's last-level cache
 ONE_OFF = 3.0  # a step this many times the median is a one-time cost, not the step's
+REPEATS = 3  # rounds of the step measured apart: their spread says how far to trust it
+SPREAD_LIMIT = 0.25  # rounds further apart than this share of the median: unreliable
+LOAD_LIMIT = 0.5  # other work beyond this share of the cores while measuring: unreliable
+CPU_LIMIT = 0.7  # a CPU for less than this share of its due while measuring: unreliable
+UNRELIABLE_NOTE = "calibration unreliable"  # in a machine's source: meta plan warns again
 
 
 @dataclass
@@ -101,30 +106,63 @@ class TrainingStep:
 
 
 def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
-                   comm: Any = None, built: TrainingStep | None = None) -> RecipeCosts:
-    """Per-node forward/backward seconds and step seconds of ``steps`` training steps at the
-    recipe's batch size, after ``warmup`` steps (plans compiled, caches warm). A node's figure
-    is its median over the steps; the step's is their mean, which is what a run of many steps
-    takes (the fastest step predicted a run 30 % too fast on this shared machine, the median
-    10-15 %: benchmarks/plan_validation.py), and the steps' spread around it is kept for the
-    wait of a synchronous step on its slowest rank (``step_spread``). The same at an eighth of
-    the batch fits each figure as a fixed time per call plus a part linear in the batch: a
-    pipeline's micro-batch of 16 samples costs more than an eighth of 128 (mnist_pipeline's
-    were predicted 45-69 % fast without it). Under ``comm`` (collective: every rank
-    measures at once, sharing the cores as in training) the step's mean and spread are
-    every rank's steps pooled. ``built``: the step to time (else built here)."""
+                   comm: Any = None, built: TrainingStep | None = None,
+                   repeats: int = REPEATS) -> RecipeCosts:
+    """``measure_step``'s costs, without the conditions it measured them under."""
+    return measure_step(recipe, steps, warmup, comm, built, repeats)[0]
+
+
+def measure_step(recipe: Recipe, steps: int = 5, warmup: int = 2, comm: Any = None,
+                 built: TrainingStep | None = None,
+                 repeats: int = REPEATS) -> tuple[RecipeCosts, Conditions]:
+    """Per-node forward/backward seconds and step seconds of ``repeats`` rounds of ``steps``
+    training steps at the recipe's batch size, after ``warmup`` steps (plans compiled, caches
+    warm), and the conditions they were measured under (``Conditions``: the rounds' steps,
+    the load, this process's share of a CPU). A node's figure is its median over the steps
+    (and the rounds); the step's is the median of the rounds' means: a round's mean is what a
+    run of many steps takes (the fastest step predicted a run 30 % too fast on this shared
+    machine, the median 10-15 %: benchmarks/planner_validation.py), and the median round leaves
+    out a round that other work on the machine slowed (one sample of a shared machine gave
+    81.5, 10.3 and 370 ms for the same step within 40 minutes: issue 45). The steps' spread
+    around it is kept for the wait of a synchronous step on its slowest rank
+    (``step_spread``). The same at an eighth of the batch fits each figure as a fixed time
+    per call plus a part linear in the batch: a pipeline's micro-batch of 16 samples costs
+    more than an eighth of 128 (mnist_pipeline's were predicted 45-69 % fast without it).
+    Under ``comm`` (collective: every rank measures at once, sharing the cores as in
+    training) the step's mean and spread are every rank's steps pooled. ``built``: the step
+    to time (else built here)."""
     built = built or TrainingStep.build(recipe)
     graph, executor, optimizer = built.graph, built.executor, built.optimizer
     choice = recipe.definitions.choices["executor"]
     big = built.batch
     small = max(1, big // 8)
-    fwd, bwd, steps_s, update, profiled = _timed(graph, executor, optimizer,
-                                                 built.feeds(big), steps, warmup)
     ranks = comm.size if comm is not None else 1
-    steps_s = _pooled(_without_one_offs(steps_s), comm)
-    step = float(np.mean(steps_s))
+    load_before = _load()
+    wall, cpu = time.perf_counter(), time.process_time()
+    rounds: list[float] = []
+    pooled: list[float] = []
+    fwds, bwds, updates = [], [], []
+    profiled = True
+    for r in range(max(1, repeats)):
+        f, b, steps_s, u, prof = _timed(graph, executor, optimizer, built.feeds(big), steps,
+                                        warmup if r == 0 else 0)
+        steps_s = _pooled(_without_one_offs(steps_s), comm)
+        rounds.append(float(np.mean(steps_s)))
+        pooled += steps_s
+        fwds.append(f)
+        bwds.append(b)
+        updates.append(u)
+        profiled = profiled and prof
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    conditions = Conditions(tuple(rounds), steps, (load_before, _load()),
+                            cpu / wall if wall > 0 else 1.0, os.cpu_count() or 1,
+                            _ranks_here(comm))
+    fwd = {k: float(np.median([f[k] for f in fwds])) for k in fwds[0]}
+    bwd = {k: float(np.median([b[k] for b in bwds])) for k in bwds[0]}
+    update = float(np.median(updates))
+    step = float(np.median(rounds))
     spread = (synchronized_spread(built.runner(), comm, steps, warmup) if ranks > 1 else
-              tuple(round(float(x) / step, 4) for x in steps_s))
+              tuple(round(float(x) / step, 4) for x in pooled))
     if not profiled:  # an executor without profiling: the whole step, on the nodes by size
         sizes = {n.name: sum(graph.parameters[x].size for x in n.inputs
                              if x in graph.parameters) for n in graph.nodes}
@@ -144,7 +182,90 @@ def measure_recipe(recipe: Recipe, steps: int = 5, warmup: int = 2,
         extra2 = max(step2 - update2 - sum(f2.values()) - sum(b2.values()), 0.0)
         extra_fixed = _intercept(extra2, extra, small, big)
     return RecipeCosts(graph_signature(graph), choice.name, big, fwd, bwd, step, update,
-                       fixed_f, fixed_b, extra_fixed, spread, ranks)
+                       fixed_f, fixed_b, extra_fixed, spread, ranks), conditions
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a calibration's step was measured under, and whether its figures can be trusted:
+    the repeated rounds' mean steps (their spread: what another calibration would likely
+    find), the 1-minute load average before and after (other work on the machine), and this
+    process's CPU seconds over the wall seconds it measured in (below its share of the
+    cores: it waited for a CPU that other work held). A plan is only as good as its step
+    time: an MLP's 64-rank advice flipped between three calibrations (issue 45)."""
+
+    rounds_s: tuple[float, ...]  # each round's mean step, seconds
+    steps: int  # steps in a round
+    load: tuple[float | None, float | None]  # load average before, after (None: unknown)
+    cpu_share: float  # process CPU seconds over wall seconds while measuring
+    cores: int
+    ranks_here: int = 1  # this calibration's ranks on this node (each a CPU's worth of load)
+
+    @property
+    def step_s(self) -> float:
+        """The median round's mean step, which the calibration keeps."""
+        return float(np.median(self.rounds_s))
+
+    @property
+    def spread(self) -> float:
+        """(slowest round - fastest round) / the median round: 0 for a steady machine."""
+        return (max(self.rounds_s) - min(self.rounds_s)) / self.step_s if self.step_s else 0.0
+
+    @property
+    def other_load(self) -> float | None:
+        """The load average beyond this calibration's own ranks (the larger of before and
+        after), or None where the platform has no load average."""
+        known = [x for x in self.load if x is not None]
+        return max(max(known) - self.ranks_here, 0.0) if known else None
+
+    @property
+    def expected_cpu_share(self) -> float:
+        """A rank's share of a CPU when only this calibration runs: 1, or less where its
+        ranks outnumber the cores."""
+        return min(1.0, self.cores / max(self.ranks_here, 1))
+
+    def warnings(self) -> list[str]:
+        """Why the fit is unreliable, one sentence each (empty: nothing seen)."""
+        out = []
+        ms = ", ".join(f"{x * 1e3:.3g}" for x in self.rounds_s)
+        if len(self.rounds_s) > 1 and self.spread > SPREAD_LIMIT:
+            out.append(f"the step's {len(self.rounds_s)} rounds of {self.steps} steps took "
+                       f"{ms} ms: a spread of {self.spread * 100:.0f} % of the median "
+                       f"{self.step_s * 1e3:.3g} ms (over {SPREAD_LIMIT * 100:.0f} %)")
+        other = self.other_load
+        if other is not None and other > LOAD_LIMIT * self.cores:
+            out.append(f"other work loaded the machine: load average {other:.1f} beyond this "
+                       f"calibration's {self.ranks_here} rank(s) on {self.cores} cores")
+        if self.cpu_share < CPU_LIMIT * self.expected_cpu_share:
+            out.append(f"this process had a CPU for {self.cpu_share * 100:.0f} % of the time "
+                       f"it measured (expected {self.expected_cpu_share * 100:.0f} %): other "
+                       f"work held the cores")
+        return out
+
+    def __str__(self) -> str:
+        load = "unknown" if self.other_load is None else \
+            " to ".join(f"{x:.2f}" for x in self.load if x is not None)
+        return (f"step over {len(self.rounds_s)} rounds of {self.steps} steps: "
+                + ", ".join(f"{x * 1e3:.3f}" for x in self.rounds_s)
+                + f" ms (spread {self.spread * 100:.0f} % of the median); load average "
+                f"{load} on {self.cores} cores; CPU {self.cpu_share * 100:.0f} % of the wall "
+                f"time")
+
+
+def _load() -> float | None:
+    """The 1-minute load average, or None where the platform has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def _ranks_here(comm: Any) -> int:
+    """This calibration's ranks on this node (1 without MPI)."""
+    if comm is None or comm.size < 2:
+        return 1
+    node = node_of(comm)
+    return node.size if node is not None else 1
 
 
 def synchronized_spread(run: Callable[[], None], comm: Any, steps: int,
@@ -290,12 +411,16 @@ def measure_links(comm: Any, grad_bytes: int, layout: Layout,
 
 
 def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = None,
-              steps: int = 5, stream: TextIO | None = None) -> Machine:
+              steps: int = 5, stream: TextIO | None = None,
+              repeats: int = REPEATS) -> Machine:
     """This machine measured: ranks per node (the CPUs), memory, the intra-node link, the
     compute and copy rates and the recipe's step costs. Given ``base`` (a described cluster
     whose nodes are like this one), only the compute figures and the recipe's costs are
     added to it; its shape, memory and links stay as described. Collective over ``comm``:
-    every rank calls it."""
+    every rank calls it. The step is measured in ``repeats`` rounds; where their spread, the
+    load or the CPU share say the figures cannot be trusted (``Conditions.warnings``), a
+    warning line each goes to ``stream`` and the machine's source says
+    ``UNRELIABLE_NOTE`` with the reasons, which ``meta plan`` repeats when it plans with it."""
     comm = comm if comm is not None else world()
     described = base is not None
     base = base or Machine(name=os.uname().nodename)
@@ -307,12 +432,18 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     costs = dict(base.costs)
     grad_bytes = 1 << 20
     notes = []
+    unreliable: list[str] = []
     pattern = None
     if recipe is not None:
         built = TrainingStep.build(recipe)
-        measured = measure_recipe(recipe, steps=steps, comm=comm, built=built)
+        measured, conditions = measure_step(recipe, steps=steps, comm=comm, built=built,
+                                            repeats=repeats)
         notes.append(f"{recipe.name} measured on {measured.executor}: step "
                      f"{measured.step_s * 1e3:.3f} ms at batch {measured.batch}")
+        notes.append(str(conditions))
+        unreliable = conditions.warnings()
+        if unreliable:
+            notes.append(f"{UNRELIABLE_NOTE}: " + "; ".join(unreliable))
         params = built.graph.parameters.values()
         grad_bytes = int(sum(v.nbytes for v in params))
         pattern = measure_async_pattern(comm, built.runner(), built.flat_update(),
@@ -372,5 +503,9 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
                           + unmeasured)
     if stream is not None and comm.rank == 0:
         for note in notes:
-            print(f"meta plan: {note}", file=stream)
+            if not note.startswith(UNRELIABLE_NOTE):
+                print(f"meta plan: {note}", file=stream)
+        for warning in unreliable:
+            print(f"meta plan: warning: {warning}: the fit is unreliable (calibrate again on "
+                  f"a quiet machine, or with more --steps or --repeats)", file=stream)
     return machine

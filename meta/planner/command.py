@@ -7,6 +7,7 @@ import argparse
 import math
 import sys
 import time
+from typing import Any
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -19,12 +20,15 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     plan.add_argument("--calibrate", metavar="OUT", nargs="?", const="machine.toml",
                       help="measure this machine (and RECIPE's step) into OUT "
                       "(default machine.toml); under mpiexec -n 2 the links too")
-    plan.add_argument("--steps", type=int, default=5, help="steps timed by --calibrate")
+    plan.add_argument("--steps", type=int, default=5, help="steps timed by --calibrate in "
+                      "each round")
+    plan.add_argument("--repeats", type=int, default=3, help="--calibrate's rounds of "
+                      "--steps steps: their spread says how far to trust the step (default 3)")
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override the recipe's MUTABLE values (as meta run)")
     plan.add_argument("--top", type=int, default=15, help="rows of the ranking shown")
     plan.add_argument("--validated", metavar="JSON", action="append", help="measured "
-                      "model errors (benchmarks/plan_validation.py's JSON; again for more "
+                      "model errors (benchmarks/planner_validation.py's JSON; again for more "
                       "files: the worst row counts): shown per configuration, marked beyond "
                       "--bound")
     plan.add_argument("--bound", type=float, default=0.20, help="the model error bound "
@@ -67,10 +71,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from meta.bench.commands import parse_sets
+    from meta.run.recipe import parse_sets
     from meta.lv3 import world
-    from meta.planner.calibrate import calibrate
-    from meta.planner.machine import Machine, load_machine, save_machine
+    from meta.planner.calibrate import UNRELIABLE_NOTE, calibrate
+    from meta.planner.machine import Machine, MachineError, load_machine, save_machine
     from meta.run.recipe import RecipeError, load_recipe
 
     start = time.perf_counter()
@@ -82,8 +86,11 @@ def _plan(args: argparse.Namespace) -> int:
     machine = load_machine(args.machine) if args.machine else Machine()
     if args.calibrate:
         comm = world()
+        if args.steps < 1 or args.repeats < 1:
+            raise MachineError(f"--steps {args.steps} --repeats {args.repeats}: both must "
+                               f"be >= 1")
         machine = calibrate(recipe, machine if args.machine else None, comm, args.steps,
-                            sys.stdout)
+                            sys.stdout, args.repeats)
         if comm.rank == 0:
             save_machine(machine, args.calibrate)
             print(f"meta plan: wrote {args.calibrate} ({machine.source})")
@@ -94,7 +101,7 @@ def _plan(args: argparse.Namespace) -> int:
     if recipe is None or args.ranks < 1:
         print("meta plan: give a RECIPE and --ranks P (or --calibrate [OUT])", file=sys.stderr)
         return 2
-    from meta.planner.models import rank_configurations
+    from meta.planner.costs import rank_configurations
     from meta.planner.report import best_sets, load_validation, plot_scaling, table
     from meta.planner.workload import make_workload
 
@@ -103,7 +110,11 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"meta plan: {recipe.name} at P = {args.ranks} on {machine.name} "
           f"({machine.ranks_per_node} ranks per node; {machine.source})")
     print(f"meta plan: compute {work.source}; one rank's step "
-          f"{(work.compute_s + work.update_s) * 1e3:.3f} ms at batch {work.batch}")
+          f"{(work.compute_s + work.update_s) * 1e3:.3f} ms at batch {work.batch}"
+          f"{_as_calibrated(machine, recipe.name, work)}")
+    if UNRELIABLE_NOTE in machine.source:
+        print(f"meta plan: warning: {machine.source[machine.source.index(UNRELIABLE_NOTE):]}"
+              f" (the plan below uses that calibration)", file=sys.stderr)
     validation = load_validation(args.validated, recipe.name) if args.validated else None
     print(table(predictions, args.top, validation, args.bound))
     print(best_sets(predictions, recipe))
@@ -114,9 +125,24 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _as_calibrated(machine: Any, name: str, work: Any) -> str:
+    """Where the plan's step is the calibration's, the calibration's own figure beside it:
+    the same number at the calibrated batch; at another batch, the calibrated one it was
+    scaled from (a calibration at ``--set batch_size=8`` planned at the recipe's 64 quotes a
+    step three times as long, which read as a contradiction: issue 45)."""
+    costs = machine.costs.get(name)
+    if costs is None or not work.source.startswith("measured"):
+        return ""
+    step = costs.step_s * 1e3
+    if costs.batch == work.batch:
+        return " (the calibration's step)"
+    return (f" (scaled from the calibration's {step:.3f} ms at batch {costs.batch}: a fixed "
+            f"part per call, the rest linear in the batch)")
+
+
 def _simulate(args: argparse.Namespace) -> int:
     """``meta plan RECIPE --simulate N[,N...]``: accuracy against simulated time per N."""
-    from meta.bench.commands import parse_sets
+    from meta.run.recipe import parse_sets
     from meta.planner.machine import Machine, load_machine
     from meta.planner.virtual_time import (
         SimulationError,

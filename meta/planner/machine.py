@@ -80,7 +80,7 @@ class Machine:
     # whether MPI moves a nonblocking collective while the rank computes (an asynchronous
     # progress thread, e.g. MPICH_ASYNC_PROGRESS=1, or a network that offloads it); without,
     # an overlapped bucket moves only inside the calls that test it, and an allreduce
-    # overlapped with the backward hides almost nothing (benchmarks/plan_validation.py)
+    # overlapped with the backward hides almost nothing (benchmarks/planner_validation.py)
     progress: bool = False
     # seconds per byte of reading what another rank of a node has just written (the
     # shared-memory exchange's reads: ``costmodel.measure_shared_reads``); None: not measured,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from meta.planner.machine import Machine, MachineError
-from meta.planner.models import Prediction, predict_all
+from meta.planner.costs import Prediction, predict_all
 from meta.planner.workload import Workload
 from meta.run.recipe import Recipe, RecipeError
 
@@ -16,7 +16,7 @@ SCALES = tuple(2 ** k for k in range(13))  # 1 ... 4,096
 
 
 def load_validation(paths: str | Path | list[str | Path], recipe: str) -> dict[str, dict]:
-    """Rows of ``benchmarks/plan_validation.py``'s JSON files for ``recipe``, by
+    """Rows of ``benchmarks/planner_validation.py``'s JSON files for ``recipe``, by
     configuration: of a configuration measured at several P (or on several machines), the
     row with the largest error (the one a user should know about)."""
     rows = []

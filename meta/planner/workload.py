@@ -230,12 +230,16 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     costs: RecipeCosts | None = machine.costs.get(recipe.name)
     if costs is not None and costs.signature == graph_signature(graph):
         f = batch / costs.batch
+        owned = sum(costs.forward_s.values()) + sum(costs.backward_s.values())
+        # the nodes' medians over more than the step's median round: trimmed to it, so the
+        # plan's step at the calibrated batch is the calibration's step (issue 45)
+        trim = min(1.0, max(costs.step_s - costs.update_s, 0.0) / owned) if owned else 1.0
         layers = tuple(Layer(n.name, n.op_type, costs.forward_s.get(n.name, 0.0),
                              costs.backward_s.get(n.name, 0.0), param_bytes[n.name],
                              act[n.name], costs.forward_fixed_s.get(n.name, 0.0),
-                             costs.backward_fixed_s.get(n.name, 0.0)).at(f)
+                             costs.backward_fixed_s.get(n.name, 0.0)).slowed(trim).at(f)
                        for n in graph.nodes)
-        owned = sum(costs.forward_s.values()) + sum(costs.backward_s.values())
+        owned *= trim
         extra = max(costs.step_s - owned - costs.update_s, 0.0)
         return Workload(recipe.name, batch, layers, total_params, slots, costs.update_s,
                         f"measured on {costs.executor} at batch {costs.batch}",

@@ -1,12 +1,12 @@
 """``meta plan`` against measurement: predicted and measured step times of the strategies
 at the ranks this machine runs (item 4 of issue 30, the part that runs here).
 
-    mpiexec -n 2 python benchmarks/plan_validation.py     # allreduce rows at P = 2 (also 3, 4)
-    python benchmarks/plan_validation.py --pipelines      # pipelines of 2 and 4 stages
-    python benchmarks/plan_validation.py --asynchronous   # Downpour, asynchronous PS
-    python benchmarks/plan_validation.py --two-nodes      # allreduce on two emulated nodes
+    mpiexec -n 2 python benchmarks/planner_validation.py     # allreduce rows at P = 2 (also 3, 4)
+    python benchmarks/planner_validation.py --pipelines      # pipelines of 2 and 4 stages
+    python benchmarks/planner_validation.py --asynchronous   # Downpour, asynchronous PS
+    python benchmarks/planner_validation.py --two-nodes      # allreduce on two emulated nodes
 
-Each writes its rows into docs/results/plan_validation.md (and .json), keeping the others'.
+Each writes its rows into docs/results/planner_validation.md (and .json), keeping the others'.
 
 Allreduce, per recipe (``mnist_mlp``: 784-512-512-10 at batch 128; ``mnist_lenet``: LeNet-5 at
 64; ``shakespeare_gpt``: the GPT at 32 x 64 tokens):
@@ -54,7 +54,7 @@ from meta.common.files import write_text
 from meta.lv3 import Allreduce, world
 from meta.planner.calibrate import TWO_NODES_ENV, TrainingStep, calibrate
 from meta.planner.machine import save_machine
-from meta.planner.models import allreduce_models
+from meta.planner.costs import allreduce_costs
 from meta.planner.workload import make_workload
 from meta.run.recipe import load_recipe
 
@@ -108,14 +108,14 @@ def measure(name: str, args, comm) -> list[dict]:
             save_machine(machine, Path(args.keep_calibrations)
                          / f"{name}_{comm.size}{suffix}_{trial}.toml")
         if args.two_nodes and machine.nodes != 2:
-            raise SystemExit(f"plan_validation: --two-nodes: MPI placed the {comm.size} ranks"
+            raise SystemExit(f"planner_validation: --two-nodes: MPI placed the {comm.size} ranks"
                              f" on {machine.nodes} node(s), not 2 (the emulation needs MPICH: "
                              f"{' '.join(f'{k}={v}' for k, v in TWO_NODES_ENV.items())})")
         if machine.nodes == 1:  # all P ranks on this node (P may be more than its cores)
             machine = machine.oversubscribed(comm.size)
         where = f"{machine.nodes} nodes: " if machine.nodes > 1 else ""
         work = make_workload(recipe, machine)
-        for pr in allreduce_models(work, machine, comm.size):
+        for pr in allreduce_costs(work, machine, comm.size):
             predictions.setdefault(where + pr.label, []).append(
                 (pr.step_s, pr.step_s - work.compute_s - work.update_s))
         if not steps:
@@ -198,7 +198,7 @@ def _run_metrics(recipe_name: str, ranks: int, sets: dict[str, str], out: Path) 
     done = subprocess.run(_meta(ranks, *words), capture_output=True, text=True)
     path = out / "metrics.json"
     if not path.exists():
-        raise SystemExit(f"plan_validation: {recipe_name} at -n {ranks} wrote no metrics "
+        raise SystemExit(f"planner_validation: {recipe_name} at -n {ranks} wrote no metrics "
                          f"(exit {done.returncode}): {done.stderr.strip()[-400:]}")
     return json.loads(path.read_text())["metrics"]
 
@@ -235,7 +235,7 @@ def pipelines(args) -> list[dict]:
     same ranks just before. The measured step is rank 0's phases per step summed."""
     import tempfile
 
-    from meta.planner.models import pipeline_model
+    from meta.planner.costs import pipeline_cost
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,7 +249,7 @@ def pipelines(args) -> list[dict]:
                         {"epochs": "1", "distributed.micro_batches": str(m),
                          "distributed.schedule": sched},
                         Path(tmp) / f"run_{stages}_{m}_{sched}_{trial}")
-                    pr = pipeline_model(work, machine, stages, stages, m, sched, 1)
+                    pr = pipeline_cost(work, machine, stages, stages, m, sched, 1)
                     trials.setdefault(pr.label, []).append(
                         (pr.step_s, _phases_per_step(metrics)))
             rows += [_row("mnist_pipeline", stages, label, pairs, machine, work, args)
@@ -293,7 +293,7 @@ def asynchronous(args) -> list[dict]:
     phases per step summed."""
     import tempfile
 
-    from meta.planner.models import parameter_server_models
+    from meta.planner.costs import parameter_server_costs
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -305,7 +305,7 @@ def asynchronous(args) -> list[dict]:
                     sets = {"epochs": "1", "train_samples": str(args.async_samples), **settings}
                     metrics = _run_metrics(name, ranks, sets,
                                            Path(tmp) / f"run_{name}_{ranks}_{trial}")
-                    pr = next(x for x in parameter_server_models(work, machine, ranks)
+                    pr = next(x for x in parameter_server_costs(work, machine, ranks)
                               if x.label == label)
                     trials.append((pr.step_s, _phases_per_step(metrics)))
                 rows.append(_row(name, ranks, label, trials, machine, work, args))
@@ -342,17 +342,17 @@ def commands(rows: list[dict], trials: int = 3) -> list[str]:
     more = f" --trials {trials}" if trials != 3 else ""
     out = []
     if ranks := _ranks_of(rows, allreduce):
-        out.append(f"`mpiexec -n P python benchmarks/plan_validation.py{more}` (allreduce, P = "
+        out.append(f"`mpiexec -n P python benchmarks/planner_validation.py{more}` (allreduce, P = "
                    f"{ranks})")
     if ranks := _ranks_of(rows, allreduce, two_nodes=True):
-        out.append("`python benchmarks/plan_validation.py --two-nodes --two-node-ranks "
+        out.append("`python benchmarks/planner_validation.py --two-nodes --two-node-ranks "
                    f"{ranks.replace(' ', '')}{more}` (allreduce on two emulated nodes: rows "
                    "`2 nodes: ...`)")
     if ranks := _ranks_of(rows, ("mnist_pipeline",)):
-        out.append("`python benchmarks/plan_validation.py --pipelines` (pipelines of "
+        out.append("`python benchmarks/planner_validation.py --pipelines` (pipelines of "
                    f"{ranks} stages)")
     if ranks := _ranks_of(rows, ("mnist_downpour", "mnist_parameter_server")):
-        out.append("`python benchmarks/plan_validation.py --asynchronous` (Downpour and "
+        out.append("`python benchmarks/planner_validation.py --asynchronous` (Downpour and "
                    f"the asynchronous parameter server at {ranks} ranks)")
     return out
 
@@ -367,7 +367,7 @@ def write_report(rows: list[dict], args) -> None:
     trials = sorted({len(r["trials"]) for r in rows if "trials" in r} | {args.trials})
     machines = sorted({r.get("machine", here()) for r in rows})
     write_text(out, "# `meta plan` against measured step times\n\n"
-               f"Produced by `benchmarks/plan_validation.py` on {' and '.join(machines)}, "
+               f"Produced by `benchmarks/planner_validation.py` on {' and '.join(machines)}, "
                f"last run {time.strftime('%Y-%m-%d')}:\n\n"
                + "\n".join(f"- {c}" for c in commands(rows, args.trials)) + "\n\n"
                f"Rows whose model error is beyond ±{args.bound:.0%} are marked: {within} of "
@@ -405,7 +405,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bound", type=float, default=0.20)
-    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "plan_validation.md"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "planner_validation.md"))
     parser.add_argument("--keep-calibrations", metavar="DIR", help="save each allreduce "
                         "calibration's machine there (TOML), to predict from again")
     args = parser.parse_args()

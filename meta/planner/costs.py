@@ -84,7 +84,7 @@ def _replica_memory(work: Workload, params: float, act_samples: float) -> float:
 BUCKET_BYTES = Allreduce.options["bucket_bytes"].default  # the overlapped buckets' size
 
 
-def allreduce_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def allreduce_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     n = work.param_bytes
     out = []
     wait = work.sync_s(p)  # the slowest rank's step, beyond the mean
@@ -141,7 +141,7 @@ def yielding_wait(work: Workload, machine: Machine, p: int) -> float:
     return work.sync_s(p)
 
 
-def averaging_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def averaging_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     """``model_averaging``: local steps, the parameters averaged every k steps (the
     strategy's own ``predict_comm_s``: an allreduce of them over k). The averaging waits for
     the slowest rank's k steps: independent steps' sums spread by sqrt(k) times one step's
@@ -208,7 +208,7 @@ def _finite_source(workers: int, think_s: float, service_s: float) -> float:
     return service_s * (1 + weighted / total)
 
 
-def parameter_server_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def parameter_server_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     """The consistent server, the asynchronous one and Downpour's configurations. A worker
     of the asynchronous ones with one server steps as measured in that pattern at these
     ranks, when it was (``Workload.as_worker``); otherwise its servers, which wait more than
@@ -297,7 +297,7 @@ def cut(layers: tuple[Layer, ...], stages: int) -> list[list[Layer]]:
     return groups
 
 
-def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int,
+def pipeline_cost(work: Workload, machine: Machine, p: int, stages: int, m: int,
                    sched: str, replicas: int, servers: int = 0) -> Prediction:
     link = machine.link(stages)
     groups = cut(work.layers, stages)
@@ -381,7 +381,7 @@ def pipeline_model(work: Workload, machine: Machine, p: int, stages: int, m: int
                       max(comm, 0.0), memory, sent, notes=tuple(notes))
 
 
-def pipeline_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def pipeline_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     weighted = sum(1 for x in work.layers if x.param_bytes)
     out = []
     for stages in STAGES:
@@ -392,16 +392,16 @@ def pipeline_models(work: Workload, machine: Machine, p: int) -> list[Prediction
             if m > work.batch:
                 continue
             for sched in ("gpipe", "1f1b"):
-                out.append(pipeline_model(work, machine, p, stages, m, sched, replicas))
+                out.append(pipeline_cost(work, machine, p, stages, m, sched, replicas))
             if replicas > 2:  # the servers take ranks of their own: a replica fewer
                 servers = max(1, replicas // 16)
                 trained = (p - servers) // stages
-                out.append(pipeline_model(work, machine, p, stages, m, "1f1b", trained,
+                out.append(pipeline_cost(work, machine, p, stages, m, "1f1b", trained,
                                           servers))
     return out
 
 
-def tensor_parallel_models(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     """``partitioned``: every rank holds 1/P of each fully connected layer and takes the
     whole batch; Megatron's pairing, one allreduce of a pair's output forward and one
     backward."""
@@ -423,9 +423,9 @@ def tensor_parallel_models(work: Workload, machine: Machine, p: int) -> list[Pre
 
 def predict_all(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     machine = machine.sized(p)
-    out = allreduce_models(work, machine, p) + averaging_models(work, machine, p)
-    out += parameter_server_models(work, machine, p)
-    out += pipeline_models(work, machine, p) + tensor_parallel_models(work, machine, p)
+    out = allreduce_costs(work, machine, p) + averaging_costs(work, machine, p)
+    out += parameter_server_costs(work, machine, p)
+    out += pipeline_costs(work, machine, p) + tensor_parallel_costs(work, machine, p)
     return [pr if pr.memory_bytes <= machine.memory_bytes else
             Prediction(**{**pr.__dict__, "fits": False}) for pr in out]
 
