@@ -70,6 +70,11 @@ class Vocabulary:
     def kind(self) -> str:
         return "byte" if self.symbols is None else "char"
 
+    def state(self) -> dict[str, Any]:
+        """What rebuilds it (``meta.lv2.tokenizers`` saves it with a run)."""
+        return {"kind": "byte"} if self.symbols is None else \
+            {"kind": "char", "symbols": list(self.symbols)}
+
     def __len__(self) -> int:
         return 256 if self.symbols is None else len(self.symbols)
 

@@ -201,16 +201,26 @@ class RunLock:
 
 
 def write_outputs(run: Any, outcome: Any) -> None:
-    """Rank 0's final outputs: model.onnx (unless ``--no-export``), replay.json (an
+    """Rank 0's final outputs: a language model's tokenizer.json (also in model.onnx's
+    metadata), model.onnx (unless ``--no-export``), replay.json (an
     asynchronous run's update order), then metrics.json, last.
     metrics.json says ``"passed": false`` when another output could not be written; that
     failure is then raised (an OutputError naming the file), so the run ends with exit 2."""
     from meta.lv1 import to_onnx
+    from meta.lv2.tokenizers import add_to_model, save_tokenizer
     from meta.run.replay_record import REPLAY_JSON, record
 
     out, failed = run.output_dir, []
+    tokenizer = getattr(run.trainer.train_data, "vocabulary", None)  # a language model's
+    if tokenizer is not None:  # saved so that sampling needs no corpus (meta sample)
+        try:
+            save_tokenizer(tokenizer, out)
+        except OutputError as err:
+            failed.append(err)
     if run.export_onnx:
         model = to_onnx(run.trainer.executor.graph, outputs=[run.trainer.names["logits"]])
+        if tokenizer is not None:
+            add_to_model(model, tokenizer)
         try:
             with atomic_write(out / "model.onnx", "wb") as f:
                 f.write(model.SerializeToString())
