@@ -12,7 +12,8 @@ import warnings
 from typing import Sequence
 
 from meta.bench.commands import add_commands as add_bench_commands
-from meta.bench.commands import add_run_options, attr_value, parse_sets
+from meta.bench.commands import add_run_options, attr_value
+from meta.run.recipe import parse_sets
 
 # What an exit status means (README, "Runs that survive"): one thing each.
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2  # PASS; a metric missed its bound; a user error
@@ -511,6 +512,9 @@ def make_parser() -> argparse.ArgumentParser:
     from meta.planner.command import add_plan_parser
 
     add_plan_parser(sub)  # meta plan: predict and rank strategies (meta/planner/)
+    from meta.run.sample import add_sample_parser
+
+    add_sample_parser(sub)  # meta sample: text from a trained language model
     return parser
 
 

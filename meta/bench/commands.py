@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from meta.run.recipe import parse_sets  # noqa: F401 - the recipe's KEY=VALUE parser, used here
 
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 REPORT, STEP_PLOT, LOSS_PLOT, OP_PLOT, ACCURACY_PLOT = (
@@ -26,18 +28,6 @@ def attr_value(text: str):
     if "," in text:
         return [attr_value(t) for t in text.split(",")]
     return text
-
-
-def parse_sets(pairs: Sequence[str], flag: str) -> dict[str, str]:
-    """``KEY=VALUE`` pairs of ``flag`` (``--set``, ``--variant``, ``--attr``) as a dict; a pair
-    without ``=`` or a key is a ValueError naming the flag (the commands word it in one line)."""
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
-        overrides[key.strip()] = value.strip()
-    return overrides
 
 
 def _shape(text: str) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from meta.common.component import Option, Registry
 from meta.lv0 import Context, InferenceContext, Operator, check_backward, native
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, TensorInfo
 
 Tensors = dict[str, np.ndarray]
@@ -169,13 +170,13 @@ class Executor:
 
     def inference_and_backprop(
         self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None,
-        micro_batches: int = 1, wrt: Sequence[str] = (), hook: Any = None,
+        micro_batches: int = 1, wrt: Sequence[str] = (), hook: GradientHook | None = None,
     ) -> tuple[Tensors, Tensors]:
         """(values of ``loss`` and ``outputs``, gradients of the loss with respect to the
         trainable parameters and to ``wrt``)."""
         raise NotImplementedError(f"{type(self).__name__}.inference_and_backprop")
 
-    def _refuse_hook(self, hook: Any) -> None:
+    def _refuse_hook(self, hook: GradientHook | None) -> None:
         if hook is not None:
             raise ValueError(f"{type(self).__name__} takes no gradient hook "
                              "(supports_gradient_hook is False)")
@@ -475,7 +476,7 @@ class ReferenceExecutor(Executor):
 
     def inference_and_backprop(
         self, feeds: Tensors, loss: str = "loss", outputs: Iterable[str] | None = None,
-        micro_batches: int = 1, wrt: Sequence[str] = (), hook: Any = None,
+        micro_batches: int = 1, wrt: Sequence[str] = (), hook: GradientHook | None = None,
     ) -> tuple[Tensors, Tensors]:
         """Forward to ``loss`` (plus ``outputs``), then backward; returns (values, gradients).
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from meta.common.component import ComponentError, Option
 from meta.lv1.executor import EXECUTORS, ExecutionError, Executor, Tensors
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, canonical_domain, make_operator
 from meta.lv1.onnx_io import to_onnx
 
@@ -168,7 +169,7 @@ class OnnxRuntimeExecutor(Executor):
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = (), hook: Any = None,
+                               wrt: Sequence[str] = (), hook: GradientHook | None = None,
                                ) -> tuple[Tensors, Tensors]:
         raise ExecutionError("executor 'onnxruntime' runs inference only (InferenceSession): "
                              "train with the reference, native or pytorch executor and "

@@ -27,7 +27,7 @@ import runpy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from meta.common.component import REGISTRIES, Component, ComponentError, Option, Registry, unknown
 
@@ -54,6 +54,20 @@ SECTIONS = ("FIXED", "MUTABLE", "METRICS")
 REPORTED = ("train_time_s",)
 RUN_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
                "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")
+
+
+def parse_sets(pairs: Sequence[str], flag: str = "--set") -> dict[str, str]:
+    """``KEY=VALUE`` pairs of ``flag`` (``--set``, ``--variant``, ``--attr``) as a dict: the
+    recipe's overrides as the command line gives them (``Recipe.with_overrides`` validates
+    them). A pair without ``=`` or a key is a ValueError naming the flag (the commands word it
+    in one line, exit status 2)."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
 
 
 def registry(kind: str) -> Registry:

@@ -36,6 +36,7 @@ import numpy as np
 from meta.common.component import Option
 from meta.lv0 import native
 from meta.lv1.executor import EXECUTORS, ReferenceExecutor, Tensors
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph
 from meta.lv1.plan import custom
 from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
@@ -202,7 +203,7 @@ class PlannedExecutor(ReferenceExecutor):
         return {n: plan.array(plan.fetch[n]).copy() for n in names}
 
     def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
-                  seed: float = 1.0, wrt: Sequence[str] = (), hook=None):
+                  seed: float = 1.0, wrt: Sequence[str] = (), hook: GradientHook | None = None):
         names = list(dict.fromkeys([loss, *(outputs or [])]))
         plan, feeds, wrt = self._plan(feeds, [n for n in names if n != loss] + [loss], loss,
                                       wrt, hook)
@@ -227,7 +228,8 @@ class PlannedExecutor(ReferenceExecutor):
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = (), hook=None) -> tuple[Tensors, Tensors]:
+                               wrt: Sequence[str] = (), hook: GradientHook | None = None,
+                               ) -> tuple[Tensors, Tensors]:
         """As the reference executor's, plus ``hook``: a strategy that communicates during the
         backward (``Allreduce`` with ``overlap``). The plan asks ``hook.layout(names)`` once
         for the arrays to write the parameters' gradients into, given in the order the

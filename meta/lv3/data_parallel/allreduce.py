@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from meta.common.component import Option
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, allgather, ring_allreduce, shared_reduce
@@ -185,7 +186,7 @@ class Allreduce(Strategy):
         return allgather(link, p, self.compressor.payload_bytes)
 
 
-class Buckets:
+class Buckets(GradientHook):
     """The allreduce strategy's side of a backward that hands over gradients as they finish
     (the planned executor's gradient hook). The executor gives the order in which its
     backward finishes the parameters' gradients (``layout``) and gets arrays laid out in that

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv2.optimizers import Params
 from meta.lv3.comm.communicator import MPICommunicator
 from meta.lv3.comm.shared_memory import SharedSegments
@@ -48,7 +49,7 @@ def slice_of(n: int, itemsize: int, ranks: int, rank: int) -> tuple[int, int]:
     return min(lo * per_line, n), min(hi * per_line, n)
 
 
-class NodeExchange:
+class NodeExchange(GradientHook):
     """Gradients of ``strategy``'s ranks, all on ``node``, summed and applied through shared
     memory (collective to build). Also the executor's gradient hook: ``layout`` gives the
     arrays the backward writes into, ``seed`` = 1/P makes their sum the mean."""

@@ -35,6 +35,7 @@ import numpy as np
 
 from meta.common import threads as _threads
 from meta.lv1.executor import Executor
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError
 from meta.lv1.roles import differentiable
 from meta.lv3.comm import tags
@@ -190,7 +191,7 @@ class PipelineExecutor(Executor):
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = (), hook: Any = None,
+                               wrt: Sequence[str] = (), hook: GradientHook | None = None,
                                ) -> tuple[Tensors, Tensors]:
         """One pipelined step: (values of ``loss`` and ``outputs``, the same on every rank;
         gradients of this stage's parameters). ``micro_batches`` is the pipeline's own."""

@@ -35,6 +35,7 @@ import numpy as np
 from meta.common import threads as _threads
 from meta.common.component import ComponentError, Option
 from meta.lv1.executor import Executor, NativeExecutor, ReferenceExecutor
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
@@ -85,7 +86,8 @@ class PartitionedExecutor(Executor):
 
     def inference_and_backprop(self, feeds: dict, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
-                               wrt: Sequence[str] = (), hook: Any = None) -> tuple[dict, dict]:
+                               wrt: Sequence[str] = (), hook: GradientHook | None = None,
+                               ) -> tuple[dict, dict]:
         """One partitioned step: (the loss and ``outputs``, alike on every rank; gradients of
         the parameters this rank holds)."""
         self._refuse_hook(hook)
