@@ -92,8 +92,6 @@ def test_twenty_sgd_steps_match_pytorch(net, export, executor):
     # (a merged folded one, W^T of a deep-copied layer, as ``val_1@<its parameter>``).
     copies = {k for k in graph.parameters if "@" in k}
     assert set(graph.parameters) - copies == expected - tied_away
-    assert sum(graph.initializers[k].size for k in graph.parameters) == \
-        sum(int(np.prod(s)) for s in info(net)["torch_parameters"].values())
     assert tied_away <= set(graph.ties)
     if export == "dynamo":  # the others pack some (LSTM's B holds two biases)
         assert len(graph.parameters) == len(info(net)["torch_parameters"])
