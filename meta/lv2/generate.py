@@ -52,11 +52,19 @@ def sample_next(logits: np.ndarray, temperature: float, top_k: int,
 
 def generate(executor: Executor, prompt: Sequence[int] | np.ndarray, length: int,
              temperature: float = 1.0, top_k: int = 0, rng: np.random.Generator | None = None,
-             names: dict[str, str] | None = None) -> np.ndarray:
-    """The prompt's ids followed by ``length`` sampled ids (int64)."""
+             names: dict[str, str] | None = None, cache: bool = False) -> np.ndarray:
+    """The prompt's ids followed by ``length`` sampled ids (int64). ``cache=True`` decodes
+    incrementally with a key/value cache (``meta.lv2.kv_cache``; the same tokens at
+    temperature 0, each in one position's work) from the graph's current weights; a graph
+    that is not meta's GPT is a ``CacheError`` naming why."""
     n = {"input": "input", "logits": "logits", **(names or {})}
-    context = context_of(executor, n["input"])
     rng = rng if rng is not None else np.random.default_rng()
+    if cache:
+        from meta.lv2.kv_cache import GPTCache, generate_cached
+
+        return generate_cached(GPTCache(executor.graph, n["logits"]), prompt, length,
+                               temperature, top_k, rng)
+    context = context_of(executor, n["input"])
     ids = [int(i) for i in np.asarray(prompt, np.int64).reshape(-1)] or [0]
     was_training = executor.training
     executor.train(False)
@@ -85,6 +93,20 @@ class SampleText(Event):
         self.prompt, self.length, self.temperature = prompt, length, temperature
         self.top_k, self.seed, self.stream = top_k, seed, stream
         self.samples: list[str] = []
+
+    def check(self, data: Any) -> str:
+        """What would fail at the first epoch's end, found before training (``meta.run.preflight``
+        asks): no vocabulary in ``data`` to decode with, or a prompt it cannot encode; "" if
+        none."""
+        vocabulary = getattr(data, "vocabulary", None)
+        if vocabulary is None:
+            return ("the training data has no vocabulary to encode the prompt and decode the "
+                    "samples with (use the 'text' dataset, or drop the event)")
+        try:
+            vocabulary.encode(self.prompt)
+        except ValueError as err:
+            return f"prompt {self.prompt!r}: {err} (choose a prompt of the corpus' characters)"
+        return ""
 
     def on_epoch_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
         vocabulary = getattr(trainer.train_data, "vocabulary", None)
