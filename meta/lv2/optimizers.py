@@ -14,9 +14,10 @@ States hold only arrays and integers, so a checkpoint can store them as they are
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -206,6 +207,56 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         return {k: g * (max_norm / norm) for k, g in grads.items()}
 
     return _stateless(clip)
+
+
+def zero_grad_rows(rows: dict[str, Sequence[int]]) -> GradientTransformation:
+    """The gradient of the named parameters' rows set to zero before any other transformation
+    sees it: what ``nn.Embedding(..., padding_idx=i)`` does in PyTorch's backward, which an
+    ONNX file cannot say (it has no padding index). As in PyTorch the rows' momentum and Adam
+    moments stay zero, so without weight decay the rows never move; weight decay after it
+    (L2 or AdamW's decoupled) still reaches them, as PyTorch's does.
+
+    >>> t = zero_grad_rows({"emb": [0]})
+    >>> t.update({"emb": np.ones((3, 2))}, (), {})[0]["emb"][:, 0].tolist()
+    [0.0, 1.0, 1.0]
+    """
+    index = {name: np.asarray(sorted(set(r)), np.intp) for name, r in rows.items()}
+
+    def zero(grads: Params, params: Params) -> Params:
+        out = dict(grads)
+        for name, r in index.items():
+            if name in out and len(r):
+                g = np.array(out[name])  # a copy: the executor may hand out its own buffer
+                g[r] = 0
+                out[name] = g
+        return out
+
+    return _stateless(zero)
+
+
+def padding_rows_problems(rows: Any, params: Params) -> list[str]:
+    """What is wrong with a ``padding_rows`` option over ``params`` (a dict of parameter name to
+    a row index or a list of them): each problem one line naming the parameter."""
+    if not isinstance(rows, dict):
+        return [f"padding_rows must be a dict of parameter name to row indices, e.g. "
+                f"{{'embeddings.word_embeddings.weight': [0]}}, got {rows!r}"]
+    problems = []
+    for name, indices in rows.items():
+        if name not in params:
+            near = difflib.get_close_matches(str(name), list(params), 1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            problems.append(f"padding_rows: {name!r} is not a trainable parameter{hint}")
+            continue
+        listed = [indices] if isinstance(indices, int) else indices
+        height = params[name].shape[0] if params[name].ndim else 0
+        if not isinstance(listed, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in listed):
+            problems.append(f"padding_rows: {name!r} takes row indices (an int or a list of "
+                            f"ints), got {indices!r}")
+        elif any(not 0 <= i < height for i in listed):
+            problems.append(f"padding_rows: {name!r} has {height} rows "
+                            f"{list(params[name].shape)}, rows {listed} asked")
+    return problems
 
 
 def masked(inner: GradientTransformation,
@@ -443,6 +494,9 @@ OPTIMIZERS = Registry("optimizer", context=("lr",), validate=_schedule_problems,
                               type=tuple[int, ...], low=1),
     "lr_decay_factor": Option(0.1, "... by this factor", above=0.0),
     "warmup_epochs": Option(0, "linear learning-rate warm-up", low=0),
+    "padding_rows": Option({}, "rows whose gradient is zero, as nn.Embedding(padding_idx=0) "
+                               "(ONNX has no padding index): {'word_embeddings.weight': [0]}",
+                           type=dict),
 })
 
 
@@ -539,6 +593,14 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
     if component.meta.get("line_search"):
         return component.factory(params, **values)
     common = {k: values.pop(k) for k in list(values) if k in OPTIMIZERS.common}
+    rows = common.get("padding_rows") or {}
+    problems = padding_rows_problems(rows, params) if rows else []
+    if problems:
+        raise ComponentError(f"{component.label}: {'; '.join(problems)}")
+    if rows and component.meta.get("framework"):
+        raise ComponentError(f"{component.label}: padding_rows is applied by meta's own "
+                             f"optimizers (sgd, adam, adamw, ...), not by another "
+                             f"framework's; choose one of them")
     if component.meta.get("framework"):  # another framework's optimizer: it steps the arrays
         return component.factory(params, learning_rate(common, steps_per_epoch, epochs),
                                  weight_decay=common["weight_decay"],
@@ -553,4 +615,7 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
         transform = chain(add_decayed_weights(decay), transform)
     if common["grad_clip"]:
         transform = chain(clip_by_global_norm(common["grad_clip"]), transform)
+    if rows:  # first: PyTorch's padding row has a zero gradient before clipping and decay
+        transform = chain(zero_grad_rows({k: [v] if isinstance(v, int) else list(v)
+                                          for k, v in rows.items()}), transform)
     return Optimizer(transform, params)
