@@ -53,6 +53,16 @@ def eltwise_of(ctx: Context, node: Node, op) -> Eltwise | None:
         return Eltwise("hardswish", 1 / 6, 0.5)
     if t == "Gelu":
         return Eltwise("gelu_tanh" if op.approximate == "tanh" else "gelu_erf")
+    if t == "Reciprocal":
+        return Eltwise("pow", 1.0, -1.0)
+    if t == "Pow":
+        # x ** c for a constant scalar c (GPT-2's tanh-GELU exports Pow(x, 3), RMSNorm
+        # Pow(x, 2)): oneDNN's pow, alpha * x^beta, forward and backward; a tensor exponent,
+        # or one asked a gradient for, stays the operator's
+        exponent = ctx.constant(node.inputs[1])
+        if exponent is None or exponent.size != 1 or not np.isfinite(exponent).all():
+            return None
+        return Eltwise("pow", 1.0, float(np.asarray(exponent, np.float64).reshape(())))
     if t == "Clip":
         if hasattr(op, "min") and "min" in op.attributes:  # opset 6: attributes
             lo, hi = float(op.min), float(op.max)
@@ -75,7 +85,7 @@ def eltwise_of(ctx: Context, node: Node, op) -> Eltwise | None:
 
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",
-               "HardSigmoid", "HardSwish", "Gelu", "Clip")
+               "HardSigmoid", "HardSwish", "Gelu", "Clip", "Reciprocal", "Pow")
 
 
 def fused_activation(ctx: Context, node: Node, output: str) -> tuple[Node, Eltwise] | None:
