@@ -419,8 +419,8 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
     added to it; its shape, memory and links stay as described. Collective over ``comm``:
     every rank calls it. The step is measured in ``repeats`` rounds; where their spread, the
     load or the CPU share say the figures cannot be trusted (``Conditions.warnings``), a
-    warning line each goes to ``stream`` and the machine's source says
-    ``UNRELIABLE_NOTE`` with the reasons, which ``meta plan`` repeats when it plans with it."""
+    warning line each goes to ``stream`` and the machine's source says ``UNRELIABLE_NOTE``
+    with the reasons in brackets, which ``meta plan`` repeats when it plans with it."""
     comm = comm if comm is not None else world()
     described = base is not None
     base = base or Machine(name=os.uname().nodename)
@@ -443,7 +443,7 @@ def calibrate(recipe: Recipe | None, base: Machine | None = None, comm: Any = No
         notes.append(str(conditions))
         unreliable = conditions.warnings()
         if unreliable:
-            notes.append(f"{UNRELIABLE_NOTE}: " + "; ".join(unreliable))
+            notes.append(f"{UNRELIABLE_NOTE} [" + " | ".join(unreliable) + "]")
         params = built.graph.parameters.values()
         grad_bytes = int(sum(v.nbytes for v in params))
         pattern = measure_async_pattern(comm, built.runner(), built.flat_update(),

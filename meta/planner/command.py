@@ -112,9 +112,10 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"meta plan: compute {work.source}; one rank's step "
           f"{(work.compute_s + work.update_s) * 1e3:.3f} ms at batch {work.batch}"
           f"{_as_calibrated(machine, recipe.name, work)}")
-    if UNRELIABLE_NOTE in machine.source:
-        print(f"meta plan: warning: {machine.source[machine.source.index(UNRELIABLE_NOTE):]}"
-              f" (the plan below uses that calibration)", file=sys.stderr)
+    if UNRELIABLE_NOTE + " [" in machine.source:
+        reasons = machine.source.split(UNRELIABLE_NOTE + " [", 1)[1].split("]", 1)[0]
+        print(f"meta plan: warning: {UNRELIABLE_NOTE}: {reasons} (this plan uses it)",
+              file=sys.stderr)
     validation = load_validation(args.validated, recipe.name) if args.validated else None
     print(table(predictions, args.top, validation, args.bound))
     print(best_sets(predictions, recipe))

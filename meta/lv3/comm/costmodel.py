@@ -33,9 +33,17 @@ class Link:
         return self.alpha + nbytes * self.beta
 
     def __str__(self) -> str:
-        bandwidth = 1 / self.beta / 1e9 if self.beta > 0 else math.inf
-        return f"alpha {self.alpha * 1e6:.2f} us, beta {self.beta * 1e9:.3f} ns/B " \
-               f"({bandwidth:.2f} GB/s)"
+        """Both figures as rates a reader knows; a fit of 0 (the measured times did not
+        grow above the timer's noise: ``measure_link`` keeps a fitted slope or intercept
+        of 0 or below as 0) said as not measurable, never as an infinite rate."""
+        alpha = f"alpha {self.alpha * 1e6:.2f} us" if self.alpha > 0 else \
+            "alpha not measurable (fitted 0: below the timer's noise)"
+        if self.beta > 0 and math.isfinite(self.beta):
+            beta = f"beta {self.beta * 1e9:.3f} ns/B ({1 / self.beta / 1e9:.2f} GB/s)"
+        else:
+            beta = ("beta not measurable (fitted 0: the times did not grow with the bytes "
+                    "above the noise; measure larger messages)")
+        return f"{alpha}, {beta}"
 
 
 def ring_allreduce(link: Link, p: int, nbytes: float) -> float:
