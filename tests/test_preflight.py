@@ -66,26 +66,26 @@ def test_servers_and_stages_against_the_ranks(name, options, size, shown) -> Non
 def test_a_file_that_cannot_train_as_its_source_is_refused_until_the_user_chooses() -> None:
     """A train-mode BatchNorm CNN exported with torch.onnx.export's defaults: its BatchNorm is
     folded with the running statistics into the convolutions, so it cannot train as PyTorch
-    did; meta run refuses it before training, naming the remedy, unless the recipe chose what
-    trains (then it is the user's call)."""
+    did; the loader refuses it in one line naming the remedy (the same line on every path:
+    from_onnx, a model function, the stock onnx model), unless the user opts in with
+    as_exported=True, after which preflight lets it train as the file is."""
     import warnings
     from pathlib import Path
 
     from meta.lv1 import from_onnx
+    from meta.lv1.onnx_io import ONNXLoadError
 
     path = Path(__file__).parent / "fixtures" / "pytorch" / "exports" / "bn_cnn_default.onnx"
-    with warnings.catch_warnings(record=True):
-        graph = from_onnx(path)
-    data = ArrayDataset(np.zeros((8, 3, 8, 8), np.float32), np.arange(8) % 5)
-    with pytest.raises(ComponentError) as info:
-        check_model_and_data("r", "cnn", "d", graph, data, data, 4,
-                             {"input": "input", "logits": "logits"})
+    with pytest.raises(ONNXLoadError) as info:
+        from_onnx(path)
     message = str(info.value)
-    assert "\n" not in message and message.startswith("model 'cnn' cannot train as its source "
-                                                      "did: the model was exported in train mode")
-    assert "re-export with optimize=False (or dynamo=False)" in message
-    assert "'trainable'/'frozen' patterns" in message
-    graph.select(trainable=["*"])  # the user chose what trains
+    assert "\n" not in message and "cannot train as its source did: the model was exported " \
+                                   "in train mode" in message
+    assert "optimize=False" in message and "dynamic_shapes" in message
+    assert "as_exported=True" in message
+    with warnings.catch_warnings(record=True):
+        graph = from_onnx(path, as_exported=True)  # the user's call
+    data = ArrayDataset(np.zeros((8, 3, 8, 8), np.float32), np.arange(8) % 5)
     assert check_model_and_data("r", "cnn", "d", graph, data, data, 4,
                                 {"input": "input", "logits": "logits"}) == []
 
