@@ -102,14 +102,18 @@ StepPtr backward(std::int64_t outer, std::int64_t rows, std::int64_t inner, std:
   });
 }
 
-// The ids' element type picks the loop: int64 (what exporters write) or int32.
+// The ids' element type picks the loop: int64 (what exporters write) or int32. Dtypes are
+// compared by value (numpy's ==), never by identity: an array that crossed a process boundary
+// (pickled, a multiprocessing loader's batch) has an equal but distinct dtype object.
 template <class F>
 StepPtr by_id_type(const py::array& ids, std::int64_t n, const char* what, F&& make) {
-  if (ids.dtype().is(py::dtype::of<std::int64_t>()))
+  if (ids.dtype().equal(py::dtype::of<std::int64_t>()))
     return make(static_cast<const std::int64_t*>(address(ids, n * 8, what)));
-  if (ids.dtype().is(py::dtype::of<std::int32_t>()))
+  if (ids.dtype().equal(py::dtype::of<std::int32_t>()))
     return make(static_cast<const std::int32_t*>(address(ids, n * 4, what)));
-  throw std::invalid_argument(std::string("meta._plan: ") + what + " must be int32 or int64");
+  throw std::invalid_argument(std::string("meta._plan: ") + what +
+                              " must be int32 or int64 in native byte order, got " +
+                              py::str(ids.dtype()).cast<std::string>());
 }
 
 StepPtr gather(std::int64_t outer, std::int64_t rows, std::int64_t inner, std::int64_t n,

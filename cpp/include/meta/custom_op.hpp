@@ -364,10 +364,12 @@ py::list run_backward(BackwardFn<T> kernel, const py::list& inputs, const py::li
   return grads;
 }
 
+// Whether the first array holds T. Compared by value (numpy's ==), never by identity: a pickled
+// array's dtype (one a worker process sent) is an equal but distinct object.
 template <typename T>
 bool is(const py::list& arrays) {
   return arrays.size() > 0 && py::isinstance<py::array>(arrays[0]) &&
-         py::cast<py::array>(arrays[0]).dtype().is(py::dtype::of<T>());
+         py::cast<py::array>(arrays[0]).dtype().equal(py::dtype::of<T>());
 }
 
 inline py::type_error dtype_error() {
