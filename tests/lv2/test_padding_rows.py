@@ -87,7 +87,7 @@ def test_without_the_option_the_padding_row_trains():
                                      "(did you mean 'word_embeddings.weight'?)"),
     ({WORDS: [30]}, "'word_embeddings.weight' has 30 rows [30, 16], rows [30] asked"),
     ({WORDS: "0"}, "takes row indices"),
-    ([0], "must be a dict"),
+    ([0], "must be dict"),
 ])
 def test_bad_padding_rows_are_one_line(rows, message):
     params = {WORDS: np.zeros((30, 16), np.float32)}
