@@ -176,8 +176,11 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
     from meta.lv3.comm.agreement import AgreementError, agree_on, run_payload
 
     try:  # the ranks run one recipe, with the same definitions and data, or none starts
+        trainer = run.trainer
         agree_on(comm, run_payload(run.recipe.name, run.recipe.definitions.as_dict(),
-                                   run.trainer, run.resumed))
+                                   trainer.executor.graph.parameters,
+                                   {"train": trainer.train_data, "test": trainer.test_data},
+                                   trainer.position() if run.resumed else None))
     except AgreementError as err:
         if comm.is_root:
             print(f"meta: error: {err}", file=sys.stderr)
@@ -323,12 +326,19 @@ def cmd_check_op(args: argparse.Namespace) -> int:
             return usage(problem)
         oracles = getattr(module, "ORACLES", {})
     try:
-        cls = lookup(args.op, args.opset or NEWEST_OPSET, args.domain)
+        cls = lookup(args.op, args.opset or NEWEST_OPSET, args.domain, (args.backend,))
     except UnknownOperatorError as err:
         known = sorted({e.op_type for e in entries() if e.domain == args.domain})
         close = difflib.get_close_matches(args.op, known, n=5, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         return usage(f"{err}{hint}")
+    if cls.backend != args.backend:  # lookup falls back to numpy: say so, check nothing
+        have = sorted({e.backend for e in entries() if e.op_type == args.op
+                       and e.domain == cls.domain and e.since == cls.since})
+        return usage(f"check-op {args.op} --backend {args.backend}: {args.op} (opset "
+                     f"{cls.since}) has no {args.backend!r} implementation; it has "
+                     f"{', '.join(have)} (bench-op --backend planned compares the planned "
+                     f"executor's outputs and gradients with numpy's)")
     try:
         shapes = [tuple(int(d) for d in s.split(",") if d.strip()) for s in args.shape] or [(2, 3)]
         low, high = (float(v) for v in args.range.split(","))
@@ -357,7 +367,11 @@ def cmd_check_op(args: argparse.Namespace) -> int:
         report.forward_problem = "--no-forward" if args.no_forward else (
             f"no oracle: give --module a file with ORACLES = {{{args.op!r}: oracle}}, "
             f"oracle(inputs, attrs) -> outputs, or pass --no-forward")
-    text = str(report)
+    head, _, rest = str(report).partition("\n")
+    domain = f"{cls.domain}::" if cls.domain else ""
+    text = (f"{head}\n  implementation checked: {domain}{cls.op_type}-{cls.since}"
+            f"[{cls.backend}] ({cls.__module__}.{cls.__qualname__})" + (f"\n{rest}" if rest
+                                                                        else ""))
     if unchecked and not args.no_forward and report.passed:
         # Half a check is not a PASS: the verdict says what is missing (exit 1).
         head, _, rest = text.partition("\n")
@@ -490,6 +504,9 @@ def make_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-forward", action="store_true", help="a custom op without an "
                        "oracle: check the backward only and call that a PASS")
     check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--backend", default="numpy", help="the registered implementation to "
+                       "check (default numpy; native: the C++ twin, where there is one); "
+                       "the check's second line names the class checked")
     check.set_defaults(func=cmd_check_op)
     launch = sub.add_parser("launch", help="meta run under mpiexec -n N; a job whose rank died "
                             "restarts from its checkpoint (torchrun's --max-restarts)")

@@ -63,11 +63,15 @@ def add_commands(sub: Any) -> None:
     from meta.bench.opbench import default_inputs_help
 
     op = sub.add_parser(
-        "bench-op", help="time an operator's numpy and C++ implementations, forward and "
-                         "backward, then its forward across meta's backends (reference, native, "
-                         "planned) and the frameworks installed (PyTorch, onnxruntime), with a "
-                         "check that they agree (a user's op: --module, --domain)",
-        description="Times the numpy and C++ implementations, forward and backward, then "
+        "bench-op", help="time any of an operator's implementations against any other "
+                         "(--backend: numpy, native, planned, a user's op against the built-in), "
+                         "forward and backward, then its forward across meta's backends "
+                         "(reference, native, planned) and the frameworks installed (PyTorch, "
+                         "onnxruntime), with a check that they agree (a user's op: --module, "
+                         "--domain)",
+        description="Times the implementations --backend names (default: numpy and its C++ "
+                    "twin, or numpy and the planned executor where there is no twin; a "
+                    "user's op against the built-in of its type), forward and backward, then "
                     "the forward across meta's backends (reference, native, planned) and the "
                     "frameworks installed (PyTorch, onnxruntime; one line 'not installed' "
                     "otherwise), on the same inputs, with the largest difference from the "
@@ -96,6 +100,13 @@ def add_commands(sub: Any) -> None:
     op.add_argument("--domain", default="", help="operator domain (custom ops)")
     op.add_argument("--module", metavar="FILE.py", help="import this file first (it "
                     "registers custom ops)")
+    op.add_argument("--backend", action="append", default=[], metavar="NAME[,NAME...]",
+                    help="the implementations to compare, the first the baseline (repeatable "
+                         "or comma-separated): a registered backend (numpy, native), planned "
+                         "(a one-node graph on the planned executor), and for a --domain op "
+                         "the built-in of its type (builtin numpy, builtin native, builtin "
+                         "planned). Default: numpy and native, or numpy and planned where "
+                         "there is no C++ twin; a user's op against builtin numpy")
     op.set_defaults(func=cmd_bench_op)
 
 
@@ -259,6 +270,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+ONE_INPUT_SHAPE = (64, 4096)  # bench-op's input for an op of one input without --shape
+
+
+def _one_input(op: str, domain: str) -> bool:
+    """Whether ``op`` (of ``domain``) is registered and its forward takes one input (an
+    activation, say): bench-op then needs no --shape."""
+    from meta.bench.opbench import OpBenchError, implementations, input_count
+
+    try:
+        first = next(iter(implementations(op, domain).values()))
+        return input_count(first.cls) == 1
+    except (OpBenchError, StopIteration):
+        return False
+
+
 def cmd_bench_op(args: argparse.Namespace) -> int:
     """``meta bench-op``: the numpy/C++ table of ``meta.bench.opbench`` and then the forward across
     backends and frameworks of ``meta.bench.crossbench``; writes report.json and op_times.png. Exit
@@ -289,12 +315,15 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
 
     shapes, attrs = args.shape, {}
     if not shapes:
-        if args.op not in DEFAULT_INPUTS or args.domain:
+        if args.op in DEFAULT_INPUTS and not args.domain:
+            shapes, attrs = DEFAULT_INPUTS[args.op]
+        elif _one_input(args.op, args.domain):
+            shapes = [ONE_INPUT_SHAPE]
+        else:
             print(f"meta: error: bench-op {args.op} needs --shape (one per input, or one for "
-                  f"all); ops with default shapes: {', '.join(DEFAULT_INPUTS)}",
-                  file=sys.stderr)
+                  f"all); ops with default shapes: {', '.join(DEFAULT_INPUTS)} and any op of "
+                  f"one input ({'x'.join(map(str, ONE_INPUT_SHAPE))})", file=sys.stderr)
             return EXIT_ERROR
-        shapes, attrs = DEFAULT_INPUTS[args.op]
     try:
         given = parse_sets(args.attr, "--attr")
         attrs = {**attrs, **{k: attr_value(v) for k, v in given.items()}}
@@ -303,8 +332,10 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     env = environment(seeds={"inputs": args.seed, "bootstrap": args.seed})  # load: not ours yet
     try:
+        backends = [b.strip() for given in args.backend for b in given.split(",")
+                    if b.strip()] or None
         result = bench_op(args.op, shapes, args.dtype, args.repeat, args.warmup, args.seed,
-                          domain=args.domain, attrs=attrs)
+                          domain=args.domain, attrs=attrs, backends=backends)
     except (OpBenchError, NativeUnavailableError, ValueError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
@@ -322,8 +353,9 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
                      "op": result.op_type, "shape": list(result.shape), "dtype": result.dtype,
                      "shapes": [list(s) for s in result.shapes], "attrs": attrs},
         "variants": result.to_variants(),
-        "comparisons": [reports.comparison(f"numpy {p}", f"native {p}", "time_s", r)
-                        for p, r in result.ratios.items()],
+        "implementations": result.implementations,
+        "comparisons": [reports.comparison(f"{result.baseline} {p}", f"{c} {p}", "time_s", r)
+                        for p, by in result.ratios.items() for c, r in by.items()],
         "max_abs_diff": result.max_abs_diff,
         **({"across": cross.to_dict()} if cross is not None else {})}
     written = [reports.write_json(report, out / REPORT)]

@@ -114,13 +114,18 @@ def test_bench_op_compares_numpy_and_native_relu(tmp_path, capsys):
     assert all(v["time_s"]["n"] == 8 for v in report["variants"])
     assert [c["candidate"] for c in report["comparisons"]] == ["native forward",
                                                                "native backward"]
-    assert report["max_abs_diff"] == {"forward": 0.0, "backward": 0.0}
+    assert report["max_abs_diff"] == {"forward": {"native": 0.0}, "backward": {"native": 0.0}}
+    assert report["implementations"][0].startswith("numpy = Relu-")
+    assert report["implementations"][1].startswith("native = Relu-")
     assert_png(out / "op_times.png")
     assert "forward time native / numpy" in printed and "backward time" in printed
 
 
 @pytest.mark.parametrize("args,message", [
-    (["Reshape", "--shape", "4,4"], "'Reshape' has no native (C++) implementation"),
+    (["Reshape", "--shape", "4,4", "--backend", "native"],
+     "--backend native: Reshape has no implementation 'native'; it has numpy, planned"),
+    (["Relu", "--shape", "4,4", "--backend", "numpy,numpy"], "names one twice"),
+    (["Concat"], "bench-op Concat needs --shape"),
     (["Relux", "--shape", "4,4"], "no operator 'Relux' is registered"),
     (["Relu", "--shape", "4,4", "--dtype", "int32"], "dtype int32 is not supported"),
     (["Relu", "--shape", "0,4"], "positive sizes"),
@@ -160,6 +165,83 @@ def test_bench_op_reaches_a_users_operator_through_module_and_domain(tmp_path, c
         report = json.loads((out / "report.json").read_text())
         assert [v["name"] for v in report["variants"]] == ["numpy forward", "numpy backward"]
         assert report["comparisons"] == [] and report["max_abs_diff"] == {}
-        assert "Silu has one implementation (numpy): timed, not compared" in printed
+        assert "Silu: one implementation (numpy): timed, not compared" in printed
     finally:
         _REGISTRY.pop(("test.bench", "Silu"), None)
+
+
+def test_bench_op_compares_a_builtin_without_a_cpp_twin_with_the_planned_executor(
+        tmp_path, capsys):
+    """HardSwish has numpy code and no C++ twin: bench-op compares it with the planned
+    executor running it (issue 45), on its one-input default shape; the outputs agree."""
+    out = tmp_path / "op"
+    code = main(["bench-op", "HardSwish", "--repeat", "3", "--warmup", "1", "--threads", "1",
+                 "--no-frameworks", "--output-dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["shape"] == [64, 4096]
+    assert [v["name"] for v in report["variants"]] == [
+        "numpy forward", "planned forward", "numpy backward", "planned backward"]
+    assert report["implementations"][0].startswith("numpy = HardSwish-14[numpy] (meta.ops.")
+    assert report["implementations"][1].startswith(
+        "planned = the planned executor on a one-node graph of HardSwish-14 (node runs as ")
+    assert report["max_abs_diff"]["forward"]["planned"] < 1e-6
+    assert report["max_abs_diff"]["backward"]["planned"] < 1e-5
+    # the planned backward includes its forward: no ratio claimed for it
+    assert [c["candidate"] for c in report["comparisons"]] == ["planned forward"]
+    assert "forward time planned / numpy" in printed
+    assert "planned backward: timed with its forward" in printed
+
+
+def test_bench_op_any_implementation_against_any_other(tmp_path, capsys):
+    """--backend picks them and the first is the baseline: planned against native."""
+    out = tmp_path / "op"
+    code = main(["bench-op", "Relu", "--shape", "8,16", "--repeat", "2", "--warmup", "0",
+                 "--backend", "native", "--backend", "planned,numpy", "--no-frameworks",
+                 "--output-dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    report = json.loads((out / "report.json").read_text())
+    assert [v["name"] for v in report["variants"]][:3] == [
+        "native forward", "planned forward", "numpy forward"]
+    assert set(report["max_abs_diff"]["forward"]) == {"planned", "numpy"}
+    assert "forward time numpy / native" in printed
+
+
+def test_bench_op_compares_a_users_op_with_the_builtin_of_its_type(tmp_path, capsys):
+    """A user's HardSwish in a domain of their own against meta's built-in HardSwish."""
+    from meta.lv0.registry import _REGISTRY
+
+    module = tmp_path / "my_ops.py"
+    module.write_text(textwrap.dedent("""
+        import numpy as np
+        from meta.lv0 import Operator, register
+
+        @register("HardSwish", domain="test.mine")
+        class MyHardSwish(Operator):
+            def forward(self, ctx, x):
+                ctx.save(x=x)
+                return x * np.clip(x / 6 + 0.5, 0, 1)
+
+            def backward(self, ctx, dy):
+                x = ctx.x
+                return (dy * np.where(x < -3, 0, np.where(x > 3, 1, x / 3 + 0.5)),)
+    """))
+    out = tmp_path / "op"
+    try:
+        code = main(["bench-op", "HardSwish", "--domain", "test.mine", "--module", str(module),
+                     "--shape", "16,16", "--repeat", "2", "--warmup", "0", "--no-frameworks",
+                     "--output-dir", str(out)])
+        printed = capsys.readouterr().out
+        assert code == EXIT_PASS, printed
+        report = json.loads((out / "report.json").read_text())
+        assert [v["name"] for v in report["variants"]][:2] == [
+            "numpy forward", "builtin numpy forward"]
+        assert report["implementations"][0].startswith(
+            "numpy = test.mine::HardSwish-1[numpy] (my_ops.MyHardSwish)")
+        assert report["implementations"][1].startswith("builtin numpy = HardSwish-14[numpy]")
+        assert report["max_abs_diff"]["forward"]["builtin numpy"] < 1e-6
+        assert "forward time builtin numpy / numpy" in printed
+    finally:
+        _REGISTRY.pop(("test.mine", "HardSwish"), None)

@@ -73,11 +73,13 @@ def test_disagreeing_implementations_show_their_difference(monkeypatch):
     assert result.rows[1].max_abs_diff == pytest.approx(0.5)
 
 
-def test_defaults_cover_the_documented_ops_and_unknown_ones_ask_for_shape(capsys):
+def test_defaults_cover_the_documented_ops_and_others_of_several_inputs_ask_for_shape(
+        capsys):
     for op in ("Conv", "Gemm", "MatMul", "Relu", "Softmax", "MaxPool", "BatchNormalization"):
         assert op in DEFAULT_INPUTS
-    assert main(["bench-op", "LeakyRelu"]) == EXIT_ERROR
-    assert "bench-op LeakyRelu needs --shape" in capsys.readouterr().err
+    assert main(["bench-op", "Concat"]) == EXIT_ERROR  # of several inputs: no default
+    err = capsys.readouterr().err
+    assert "bench-op Concat needs --shape" in err and "any op of one input (64x4096)" in err
 
 
 def test_help_documents_the_default_shapes(capsys):

@@ -188,3 +188,18 @@ def test_cli_check_op_module_errors_are_one_line(tmp_path, capsys):
     broken.write_text("import no_such_module_here\n")
     assert main(["check-op", "Relu", "--module", str(broken)]) == EXIT_ERROR
     assert "ModuleNotFoundError: No module named 'no_such_module_here'" in capsys.readouterr().err
+
+
+def test_cli_check_op_says_which_implementation_it_checked(capsys):
+    """The second line names the registered class; --backend picks the C++ twin, and an
+    implementation the op does not have is refused rather than numpy checked instead."""
+    assert main(["check-op", "Relu", "--shape", "3,4"]) == EXIT_PASS
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith("  implementation checked: Relu-") and "[numpy] (meta.ops." in line
+    assert main(["check-op", "Relu", "--shape", "3,4", "--backend", "native"]) == EXIT_PASS
+    out = capsys.readouterr().out
+    assert "[native] (meta.ops." in out.splitlines()[1] and "PASS" in out.splitlines()[0]
+    assert main(["check-op", "HardSwish", "--backend", "native"]) == EXIT_ERROR
+    assert capsys.readouterr().err.startswith(
+        "meta: error: check-op HardSwish --backend native: HardSwish (opset 14) has no "
+        "'native' implementation; it has numpy")
