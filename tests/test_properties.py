@@ -414,3 +414,45 @@ def test_machine_files(top: dict[str, Any], links: dict[str, dict[str, Any]],
                 (text, err)
         else:
             assert "samples/s" in out and "nan" not in out.split("samples/s", 1)[1], (text, out)
+
+
+# -- text corpora for language models (issue 44) -------------------------------------------
+CORPORA = ["to be or not to be ", "ab\n", "\u00e9\u20ac\U0001f600 "]
+
+
+@given(corpus=st.one_of(st.sampled_from(CORPORA), st.text(max_size=60), st.binary(max_size=40)),
+       repeat=st.sampled_from([20, 0, 1, 3]), context=st.sampled_from([4, 0, 1, 8, 64]),
+       vocabulary=st.sampled_from(["char", "byte", "words"]),
+       validation=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]),
+       prompt=st.one_of(st.none(), st.sampled_from(["to", "Z", "\U0001f600", ""]),
+                        st.text(max_size=4)), files=st.sampled_from([1, 2, 0]))
+@settings(max_examples=10)
+def test_text_corpora(corpus: str | bytes, repeat: int, context: int, vocabulary: str,
+                      validation: float, prompt: str | None, files: int) -> None:
+    """The ``text`` dataset on generated corpora (empty, one character, any Unicode, bytes
+    that are not UTF-8, a missing file) with a language model and ``sample_text`` prompts in
+    or out of its vocabulary: a run or one line and exit 2, before any epoch when the input
+    is wrong, never a traceback."""
+    with _folder() as tmp:
+        paths = []
+        for i in range(files):
+            path = Path(tmp) / f"corpus{i}.txt"
+            if isinstance(corpus, bytes):
+                path.write_bytes(corpus * repeat)
+            else:
+                path.write_text(corpus * repeat, encoding="utf-8")
+            paths.append(str(path))
+        fixed = {"dataset": {"name": "text", "files": paths or [f"{tmp}/missing.txt"],
+                             "context": context, "vocabulary": vocabulary,
+                             "validation": validation},
+                 "model": {"name": "lstm_lm", "hidden": 4, "embedding": 2}, "epochs": 1}
+        if prompt is not None:
+            fixed["events"] = [{"name": "sample_text", "prompt": prompt, "length": 2}]
+        recipe = _recipe(Path(tmp), fixed, {"batch_size": 8, "lr": 0.01, "seed": 0},
+                         '{"test_loss": AtMost(1e9)}')
+        code, out, err = _cli(["run", str(recipe), "--output-dir", f"{tmp}/out", "--quiet",
+                               "--no-export"])
+        _well_behaved(code, err)
+        if code == 2:  # found before any step: nothing trained, no checkpoint
+            assert " at epoch " not in err and "error.log" not in err, err
+            assert not Path(f"{tmp}/out/checkpoint.npz").exists(), err

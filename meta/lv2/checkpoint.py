@@ -13,6 +13,7 @@ Format: one ``.npz`` (no pickling) with the arrays and a JSON document describin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zipfile
@@ -121,6 +122,21 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     raise CheckpointError(f"{path}: the checkpoint has no {', '.join(missing)} (a damaged or "
                           f"edited file); resume from another checkpoint, or start again "
                           f"without --resume")
+
+
+def vocabulary_digest(vocabulary: Any) -> str:
+    """A short hash of what a language model's token ids mean (a vocabulary's ``state()``, or
+    its kind and symbols): two corpora with vocabularies of one size but other characters give
+    other digests, so a checkpoint that keeps it refuses to resume on the wrong corpus."""
+    state = getattr(vocabulary, "state", None)
+    if hasattr(vocabulary, "symbols") or not callable(state):  # meta.lv2.text's Vocabulary
+        symbols = getattr(vocabulary, "symbols", None)
+        document = {"kind": getattr(vocabulary, "kind", type(vocabulary).__name__),
+                    "symbols": None if symbols is None else list(symbols)}
+    else:  # another tokenizer: what rebuilds it
+        document = state()
+    text = json.dumps(document, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _random_ops(trainer: Any) -> dict[str, Any]:

@@ -9,7 +9,9 @@ sides (Keras' ``model.fit`` and Lightning's sanity checks do the same).
 
 ``check_ranks`` reads only a strategy's declared options (``servers``, ``stages``), so Level 3
 stays as it is; ``check_model_and_data`` reads the graph's declared inputs and outputs and
-frees a fixed batch dimension where the network runs with another batch size.
+frees a fixed batch dimension where the network runs with another batch size;
+``check_events`` asks the recipe's events that have a ``check(data)`` (``sample_text``: the
+prompt against the vocabulary).
 """
 
 from __future__ import annotations
@@ -49,6 +51,19 @@ def check_ranks(recipe: str, strategy: Component, values: Mapping[str, Any], siz
         problems.append(f"distributed {strategy.name!r}: stages={stages} needs {stages} ranks "
                         f"that train, the job has {workers} (mpiexec -n {size}"
                         f"{f' with {servers} server(s)' if workers != size else ''})")
+    if problems:
+        raise ComponentError(_join(problems))
+
+
+def check_events(recipe: str, dataset: str, events: list[tuple[str, Any]], train: Any) -> None:
+    """Each recipe event that can say so (a ``check(data)`` method answering a problem or "")
+    against the training data, before any step: ``sample_text`` with a prompt outside the
+    vocabulary, or on a dataset without one, failed only after a whole epoch."""
+    problems = []
+    for name, event in events:
+        problem = getattr(event, "check", lambda data: "")(train)
+        if problem:
+            problems.append(f"event {name!r} on dataset {dataset!r}: {problem}")
     if problems:
         raise ComponentError(_join(problems))
 

@@ -33,13 +33,13 @@ from meta.lv2 import (
     build_optimizer,
     load_checkpoint,
 )
-from meta.lv2.checkpoint import CheckpointError, restore
+from meta.lv2.checkpoint import CheckpointError, restore, vocabulary_digest
 from meta.lv2.dataset_registry import as_model_input, classes, model_dtype
 from meta.lv3 import Communicator, DistributedSampler, Strategy, world
 from meta.lv3.comm.survival import hand_over_outputs
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
-from meta.run.preflight import check_model_and_data, check_ranks
+from meta.run.preflight import check_events, check_model_and_data, check_ranks
 from meta.run.recipe import Outcome, Recipe, RecipeError, judge
 from meta.run.run_dir import RunDirError, RunLock, output_folder, write_outputs
 
@@ -124,8 +124,10 @@ class RecipeRun:
             built = build_optimizer(optimizer.component, optimizer.options, graph.parameters,
                                     len(sampler), d.epochs)
         self.progress_check = NothingLearned()
+        self.train_data = train  # the writer's events (built next) read its vocabulary
+        events = self._events(data.name, train)
         trainer = Trainer(executor, built, train, sampler, test,
-                          [*self._events(), self.progress_check, StopOnSignal()],
+                          [*events, self.progress_check, StopOnSignal()],
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                           eval_shard=(index, replicas), transform=augment,
@@ -135,14 +137,16 @@ class RecipeRun:
             self.strategy_cls.check(trainer, comm)
         return trainer
 
-    def _events(self) -> list[Any]:
-        """The recipe's events (on every rank: those that stop training decide alike), then
-        on rank 0 the writer's."""
+    def _events(self, dataset: str, train: Any) -> list[Any]:
+        """The recipe's events (on every rank: those that stop training decide alike), checked
+        against the training data before any step, then on rank 0 the writer's."""
         d = self.recipe.definitions
         events = []
         for e in d.events:
             with user_code(f"event {e.name!r}", "events", "while building it"):
                 events.append(e.component.build(**e.options))
+        check_events(self.recipe.name, dataset, [(e.name, ev) for e, ev in zip(d.events, events)],
+                     train)
         return events + (self._writer_events() if self.comm.is_root else [])
 
     def _writer_events(self) -> list[Any]:
@@ -155,8 +159,18 @@ class RecipeRun:
                        PlotMetrics(out / "curves.png", title=self.recipe.name),
                        CheckpointEvent(out / CHECKPOINT, self.checkpoint_every,
                                        info={"recipe": self.recipe.name,
-                                             "definitions": d.as_dict()})]
+                                             "definitions": d.as_dict(),
+                                             **self._vocabulary_info()})]
         return events
+
+    def _vocabulary_info(self) -> dict[str, Any]:
+        """A language model's vocabulary as a checkpoint keeps it (kind, size, digest of the
+        ids' meaning), so that ``--resume`` on another corpus is refused; {} without one."""
+        vocabulary = getattr(self.train_data, "vocabulary", None)
+        if vocabulary is None:
+            return {}
+        return {"vocabulary": {"kind": getattr(vocabulary, "kind", type(vocabulary).__name__),
+                               "size": len(vocabulary), "digest": vocabulary_digest(vocabulary)}}
 
     def take_over_outputs(self, dead: int) -> None:
         """Rank 0 (``dead``, a world rank) died and this rank, the first worker alive, writes
@@ -197,6 +211,14 @@ class RecipeRun:
             raise CheckpointError(f"{path} was written by a run with other definitions "
                                   f"({', '.join(f'{k}: {saved[k]!r}' for k in changed)}); "
                                   f"resume with the same recipe and --set values")
+        saved_vocabulary, vocabulary = ckpt.info.get("vocabulary"), self._vocabulary_info()
+        if "vocabulary" in ckpt.info and saved_vocabulary != vocabulary.get("vocabulary"):
+            raise CheckpointError(f"{path} was trained on another vocabulary "
+                                  f"({_vocabulary_text(saved_vocabulary)}) than this run's "
+                                  f"corpus gives ({_vocabulary_text(vocabulary.get('vocabulary'))}"
+                                  f"): its token ids would mean other characters; resume with "
+                                  f"the corpus it was trained on, or start again without "
+                                  f"--resume")
         done, epochs = int(ckpt.position["epoch"]), self.recipe.definitions.epochs
         if epochs < done:
             raise CheckpointError(f"{path} has {done} epoch(s) done and epochs is {epochs}; "
@@ -331,6 +353,14 @@ def _check_position(path: Path, position: Any) -> None:
         raise CheckpointError(f"{path}: {', '.join(wrong)} do(es) not hold what a checkpoint "
                               f"writes (a damaged or edited file); resume from another "
                               f"checkpoint, or start again without --resume")
+
+
+def _vocabulary_text(info: Any) -> str:
+    """A checkpoint's record of a vocabulary in words."""
+    if not isinstance(info, dict):
+        return "none"
+    return (f"{info.get('kind')}, {info.get('size')} tokens, digest "
+            f"{str(info.get('digest'))[:8]}")
 
 
 def _number(value: Any) -> float:
