@@ -126,3 +126,52 @@ def test_bad_counts_are_one_line_errors(capsys) -> None:
     assert capsys.readouterr().err == "meta: error: launch: -n must be at least 1, got 0\n"
     assert main(["launch", "-n", "2", "--max-restarts", "-1", "r.py"]) == EXIT_ERROR
     assert "--max-restarts must be >= 0" in capsys.readouterr().err
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _leftovers(folder: Path, pid: int, host: str | None = None) -> list[Path]:
+    """What rank 0 killed by SIGKILL leaves: its lock and atomic_write's temporary files."""
+    import socket
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / "run.lock"
+    lock.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(),
+                                "started": "now", "process_start": None}) + "\n")
+    tmps = [folder / f"curves.png.{pid}.a1b2c3.tmp", folder / f"checkpoint.npz.{pid}.d4e5f6.tmp"]
+    for tmp in tmps:
+        tmp.write_bytes(b"half")
+    return [lock, *tmps]
+
+
+def test_out_of_restarts_leaves_no_lock_or_temporary_file(tmp_path: Path) -> None:
+    """Issue 44: the killed ranks' run.lock and curves.png.*.tmp were left behind."""
+    script, _ = _fake(tmp_path, [9, 9])
+    left = _leftovers(tmp_path / "out", _dead_pid())
+    keep = tmp_path / "out" / "notes.tmp"  # not atomic_write's: not ours to remove
+    keep.write_text("mine")
+    stream = io.StringIO()
+    job = Launch("r.py", ranks=2, output_dir=tmp_path / "out", mpiexec=script, stream=stream,
+                 max_restarts=1)
+    assert job.run() == 9
+    assert not any(p.exists() for p in left) and keep.exists()
+    last = stream.getvalue().splitlines()[-1]
+    assert last.endswith("no restarts left (--max-restarts 1); removed what the killed ranks "
+                         "left: checkpoint.npz.*.tmp, curves.png.*.tmp, run.lock"), last
+
+
+def test_a_live_run_s_lock_and_files_are_not_touched(tmp_path: Path) -> None:
+    script, _ = _fake(tmp_path, [9, 9])
+    left = _leftovers(tmp_path / "out", os.getpid())  # a live holder: another run writing
+    other = _leftovers(tmp_path / "other", _dead_pid(), host="elsewhere")  # another host's
+    for folder in ("out", "other"):
+        job = Launch("r.py", ranks=2, output_dir=tmp_path / folder, mpiexec=script,
+                     stream=io.StringIO())
+        assert job.run() == 9
+    assert all(p.exists() for p in left + other)

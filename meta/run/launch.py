@@ -151,6 +151,7 @@ class Launch:
                 attempt.seconds = time.monotonic() - begin
                 code = attempt.returncode
                 if stop:
+                    self._clear(started)
                     return 128 + stop[0]
                 if code in FINAL_EXIT_CODES:
                     return code
@@ -158,8 +159,8 @@ class Launch:
                 why = describe_exit(code)
                 if number == total:
                     print(f"meta launch: attempt {number} of {total} failed: {why}; no restarts "
-                          f"left (--max-restarts {self.max_restarts})", file=self.stream,
-                          flush=True)
+                          f"left (--max-restarts {self.max_restarts}){self._clear(started)}",
+                          file=self.stream, flush=True)
                     return code
                 print(f"meta launch: attempt {number} of {total} failed after "
                       f"{attempt.seconds:.1f} s: {why}; restarting "
@@ -168,6 +169,19 @@ class Launch:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _clear(self, started: float) -> str:
+        """The lock and temporary files the killed ranks left in the output folder, removed
+        (a restart would take them over; a launch that ends must not leave them); words for
+        the last line."""
+        from meta.run.run_dir import clear_killed_run
+
+        removed = clear_killed_run(self.dir, started)
+        if not removed:
+            return ""
+        names = ", ".join(sorted({p.name if p.suffix != ".tmp" else
+                                  p.name.rsplit(".", 3)[0] + ".*.tmp" for p in removed}))
+        return f"; removed what the killed ranks left: {names}"
 
     def _written_since(self, started: float) -> bool:
         """Whether this launch has written a checkpoint (an older one belongs to another run,

@@ -200,6 +200,41 @@ class RunLock:
                     folder.rmdir()
 
 
+def clear_killed_run(folder: str | os.PathLike, since: float) -> list[Path]:
+    """What a run killed outright left in ``folder`` (every rank SIGKILLed: no ``finally``
+    ran): its lock, when the holder is a process of this host that is gone, and the temporary
+    files of ``atomic_write`` (``NAME.PID.HEX.tmp``) modified since ``since`` whose writer is
+    gone. Nothing is touched while a live process holds the lock. ``meta launch`` calls it
+    when it gives up, so a spent restart budget leaves no ``run.lock`` or ``curves.png.*.tmp``.
+    Returns what was removed."""
+    folder, removed = Path(folder), []
+    lock = folder / LOCK
+    try:
+        holder = json.loads(lock.read_text())
+    except FileNotFoundError:
+        holder = None
+    except (OSError, ValueError):
+        return []  # not a lock meta wrote: its message names it at the next run
+    if holder is not None:
+        if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int) or \
+                holder.get("host") != socket.gethostname() or \
+                _alive(holder["pid"], holder.get("process_start")):
+            return []
+        with suppress(OSError):
+            lock.unlink()
+            removed.append(lock)
+    for tmp in folder.glob("*.*.*.tmp"):
+        pid = tmp.name.rsplit(".", 3)[-3]
+        try:
+            if pid.isdigit() and not _alive(int(pid), None) and \
+                    tmp.stat().st_mtime >= since - 1.0:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            continue
+    return removed
+
+
 def write_outputs(run: Any, outcome: Any) -> None:
     """Rank 0's final outputs: a language model's tokenizer.json (also in model.onnx's
     metadata), model.onnx (unless ``--no-export``), replay.json (an
