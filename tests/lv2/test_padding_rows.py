@@ -111,3 +111,30 @@ def test_another_frameworks_optimizer_refuses_padding_rows():
     params = {WORDS: np.zeros((3, 2), np.float32)}
     with pytest.raises(ComponentError, match="padding_rows is applied by meta's own"):
         build_optimizer(OPTIMIZERS["torch_adamw"], {"padding_rows": {WORDS: [0]}}, params, 1, 1)
+
+
+def test_meta_run_keeps_the_padding_row(tmp_path, capsys):
+    """Through a recipe: ``padding_rows`` beside the optimizer's name, SGD with momentum and
+    no weight decay, the trained model file's row 0 equal to the fixture's."""
+    import onnx
+    from onnx import numpy_helper
+
+    from meta.cli import EXIT_PASS, main
+
+    ref = reference()
+    np.savez(tmp_path / "ids.npz", x=ref["ids"].reshape(-1, maker.CONTEXT),
+             y=ref["labels"].reshape(-1))
+    recipe = tmp_path / "padding.py"
+    recipe.write_text(
+        "from meta.run.recipe import AtLeast\n"
+        f"FIXED = {{'dataset': {{'name': 'arrays', 'path': {str(tmp_path / 'ids.npz')!r}}},\n"
+        f"         'model': {{'name': 'onnx', 'path': {str(FIXTURES / 'padding_bert.onnx')!r}}},\n"
+        f"         'optimizer': {{'name': 'sgd', 'lr': 0.1, 'padding_rows': {{{WORDS!r}: 0}}}}}}\n"
+        "MUTABLE = {'epochs': 2, 'batch_size': 8, 'seed': 0}\n"
+        "METRICS = {'test_accuracy': AtLeast(0.0)}\n")
+    out = tmp_path / "out"
+    assert main(["run", str(recipe), "--output-dir", str(out), "--quiet"]) == EXIT_PASS
+    saved = {t.name: numpy_helper.to_array(t)
+             for t in onnx.load(str(out / "model.onnx")).graph.initializer}
+    np.testing.assert_array_equal(saved[WORDS][0], ref["initial_word_embeddings"][0])
+    assert np.abs(saved[WORDS][1:] - ref["initial_word_embeddings"][1:]).max() > 1e-3
