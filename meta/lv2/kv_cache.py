@@ -89,7 +89,8 @@ class GPTCache:
         except Exception as err:  # noqa: BLE001 - any graph: say why, never crash
             raise CacheError(f"graph {graph.name!r} has no output {logits!r}") from err
         if found != wanted:
-            diff = next((f"{w[0]} {w[3]}" for w, f in zip(wanted, found) if w != f),
+            diff = next((f"the node writing {', '.join(f[3])} is {f[0]}, gpt's {w[0]}"
+                         for w, f in zip(wanted, found) if w != f),
                         f"{len(found)} nodes, expected {len(wanted)}")
             raise CacheError(f"graph {graph.name!r} is not a GPT meta built (first difference: "
                              f"{diff}): no key/value cache for it")
