@@ -106,13 +106,15 @@ WINGS = {
     "flat": set(),
     "sampler": set(),
     "timeline": {"comm"},
-    "strategy": {"comm", "flat", "timeline"},
-    "data_parallel": {"comm", "flat", "strategy"},
-    "parameter_server": {"comm", "flat", "strategy", "timeline"},
-    "pipeline": {"comm", "strategy", "timeline"},
-    "tensor_parallel": {"comm", "strategy", "pipeline"},
-    "sandblaster": {"comm", "flat", "strategy", "timeline", "data_parallel"},
-    "hybrid": {"comm", "flat", "strategy", "timeline", "pipeline", "parameter_server"},
+    "workload": set(),  # what a strategy is built from (never the trainer)
+    "strategy": {"comm", "flat", "timeline", "workload"},
+    "data_parallel": {"comm", "flat", "strategy", "workload"},
+    "parameter_server": {"comm", "flat", "strategy", "timeline", "workload"},
+    "pipeline": {"comm", "strategy", "timeline", "workload"},
+    "tensor_parallel": {"comm", "strategy", "pipeline", "workload"},
+    "sandblaster": {"comm", "flat", "strategy", "timeline", "data_parallel", "workload"},
+    "hybrid": {"comm", "flat", "strategy", "timeline", "pipeline", "parameter_server",
+               "workload"},
 }
 ROOT_OF_LV3 = {"strategies", "report", "pretraining", "__init__"}
 

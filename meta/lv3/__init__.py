@@ -54,6 +54,7 @@ from meta.lv3.strategies import (
 from meta.lv3.strategy import DEFAULT_CHUNK_BYTES, Strategy
 from meta.lv3.tensor_parallel.strategy import Partitioned
 from meta.lv3.timeline import Timeline, chrome_trace
+from meta.lv3.workload import Workload
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -88,6 +89,7 @@ __all__ = [
     "Ternary",
     "Timeline",
     "TopK",
+    "Workload",
     "allreduce_mean",
     "chrome_trace",
     "launched_size",

@@ -31,8 +31,9 @@ from meta.lv3.pipeline.strategy import Pipeline
 from meta.lv3.sandblaster.strategy import Sandblaster
 from meta.lv3.strategy import Strategy
 from meta.lv3.tensor_parallel.strategy import Partitioned
+from meta.lv3.workload import Workload
 
-STRATEGIES = Registry("strategy", context=("optimizer", "comm", "trainer"))
+STRATEGIES = Registry("strategy", context=("optimizer", "comm", "workload"))
 for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
              AsyncRMA, Downpour, Pipeline, HierarchicalParameterServer, NeighbourAveraging,
              Hogwild, HybridAllreduce, HybridDownpour, Partitioned):
@@ -67,8 +68,8 @@ def replica(name: str, rank: int, size: int, **options: Any) -> tuple[int, int]:
 
 
 def make_strategy(name: str, optimizer: Optimizer, comm: Communicator | None = None,
-                  trainer: Any = None, **options: Any) -> Strategy:
+                  workload: Workload | None = None, **options: Any) -> Strategy:
     """Wrap ``optimizer`` in the strategy called ``name`` with its recipe ``options``
     (a collective: every rank calls it)."""
     component = STRATEGIES[name]
-    return component.build(optimizer, world() if comm is None else comm, trainer, **options)
+    return component.build(optimizer, world() if comm is None else comm, workload, **options)

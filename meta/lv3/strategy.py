@@ -17,7 +17,7 @@ collective, not one per tensor. Each step records its phases in ``timeline`` and
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping
 
 import numpy as np
 
@@ -29,6 +29,10 @@ from meta.lv3.comm.communicator import Communicator, world
 from meta.lv3.comm.costmodel import Link
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.timeline import Timeline
+from meta.lv3.workload import Workload
+
+if TYPE_CHECKING:
+    from meta.lv2.trainer import Trainer
 
 # Chunk size of the fused allreduce, from benchmarks/chunk_sweep.py on the 2-core dev machine
 # (MPICH 4 shared memory, 2.7 MB of MLP gradients, best of 20): see the sweep's docstring.
@@ -60,20 +64,23 @@ class Strategy:
     trainer_executor: Any = None
     # The ranks that finished the run, where a worker died (survived under ULFM); None: all.
     end_comm: Communicator | None = None
-    # Built from the trainer's graph (cuts or partitions it), so it needs a trainer, not only
+    # Built from the run's graph (cuts or partitions it), so it needs a workload, not only
     # an optimizer: model-parallel strategies.
-    needs_trainer: ClassVar[bool] = False
+    needs_workload: ClassVar[bool] = False
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
-                    **options: Any) -> Strategy:
-        """The strategy a recipe names, around ``trainer``'s optimizer (a collective)."""
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator,
+                    workload: Workload | None, **options: Any) -> Strategy:
+        """The strategy a recipe names, around the run's optimizer (a collective), built from
+        what it uses: the optimizer, the communicator and (where it needs them) the
+        ``workload``'s graph, data and names; never the trainer."""
         return cls(optimizer, comm, **options)
 
     @classmethod
-    def check(cls, trainer: Any, comm: Communicator) -> None:
-        """Refuse, before any collective, what this strategy cannot run with ``trainer``."""
-        if trainer.optimizer.needs_closure and comm.size > 1 \
+    def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
+        """Refuse, before any collective, what this strategy cannot run: ``optimizer`` (the
+        trainer's stepper) on ``comm``'s ranks with ``workload``."""
+        if optimizer.needs_closure and comm.size > 1 \
                 and not cls.takes_line_search:
             raise ComponentError(f"distributed {cls.name!r} cannot run a line-search optimizer "
                                  f"on {comm.size} ranks: L-BFGS and CG need every evaluation "
@@ -89,7 +96,7 @@ class Strategy:
         """How the trainer updates under this strategy (``Trainer.use`` takes it)."""
         return StrategyUpdater(self)
 
-    def train(self, trainer: Any, epochs: int) -> list[dict[str, Any]]:
+    def train(self, trainer: Trainer, epochs: int) -> list[dict[str, Any]]:
         """This rank's part of training: workers fit (then agree on one model through
         ``finish``), servers serve. Returns the history this rank saw (servers: none)."""
         if self.role == "server":

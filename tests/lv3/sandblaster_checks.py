@@ -159,7 +159,7 @@ def check_straggler_takes_fewer_portions(comm: Communicator) -> None:
 
 
 class MeanRows(SoftmaxRows):
-    """As the trainer's ``TrainerRows``: a mean loss times the rows, NaN for no rows."""
+    """As the workload's ``TrainingRows``: a mean loss times the rows, NaN for no rows."""
 
     def __call__(self, rows: np.ndarray) -> Evaluation:
         count = len(rows)

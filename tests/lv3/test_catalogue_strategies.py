@@ -121,11 +121,10 @@ def test_hogwild_refuses_ranks_on_several_nodes_in_one_line() -> None:
 
 
 def test_hogwild_check_refuses_before_any_collective(monkeypatch: pytest.MonkeyPatch) -> None:
-    trainer = SimpleNamespace(optimizer=_opt())
     monkeypatch.setenv("MPI_LOCALNRANKS", "2")
     with pytest.raises(ComponentError, match="only 2 of the 4 ranks"):
-        Hogwild.check(trainer, SimpleNamespace(rank=0, size=4))
-    Hogwild.check(trainer, SimpleNamespace(rank=0, size=2))  # all on this node: fine
+        Hogwild.check(_opt(), SimpleNamespace(rank=0, size=4), None)
+    Hogwild.check(_opt(), SimpleNamespace(rank=0, size=2), None)  # all on this node: fine
 
 
 def test_hogwild_at_size_one_reports_no_shared_writes() -> None:

@@ -132,7 +132,7 @@ def test_the_hybrids_are_strategies_a_recipe_can_name() -> None:
     assert HybridAllreduce.replica(3, 4, stages=2) == (1, 2)
     recipe = load_recipe(REPO / "recipes" / "mnist_hybrid_downpour.py")
     assert recipe.definitions.choices["distributed"].component.name == "hybrid_downpour"
-    with pytest.raises(ComponentError, match="hybrid_allreduce' cuts the trainer's graph"):
+    with pytest.raises(ComponentError, match="hybrid_allreduce' cuts the run's graph"):
         make_strategy("hybrid_allreduce", Optimizer(sgd(0.1), {"w": np.zeros(2)}),
                       SingleProcessCommunicator())
 

@@ -267,12 +267,12 @@ def test_executors_that_compute_their_own_way_are_refused() -> None:
         pass
 
     graph = mlp(input_shape=(1, 4, 4), hidden=[8], classes=3)
-    trainer = SimpleNamespace(optimizer=Optimizer(sgd(0.1), graph.parameters),
-                              executor=Elsewhere(graph))
+    optimizer = Optimizer(sgd(0.1), graph.parameters)
+    workload = SimpleNamespace(executor=Elsewhere(graph))  # what check reads of a Workload
     with pytest.raises(ComponentError, match="reference or native executor, not Elsewhere"):
-        Pipeline.check(trainer, SingleProcessCommunicator())
-    trainer.executor = ReferenceExecutor(graph)
-    Pipeline.check(trainer, SingleProcessCommunicator())
+        Pipeline.check(optimizer, SingleProcessCommunicator(), workload)
+    workload.executor = ReferenceExecutor(graph)
+    Pipeline.check(optimizer, SingleProcessCommunicator(), workload)
 
 
 def test_a_line_search_optimizer_is_refused_before_training() -> None:

@@ -42,7 +42,7 @@ def grads(step: int) -> dict[str, np.ndarray]:
 # model-parallel strategies cut or partition the trainer's graph: their own checks compare
 # their steps with one process's (pipeline_checks.py, partitioned_checks.py, hybrid_checks.py).
 @pytest.mark.parametrize("name", [name for name in STRATEGIES if name != "sandblaster"
-                                  and not strategy_class(name).needs_trainer])
+                                  and not strategy_class(name).needs_workload])
 def test_every_strategy_equals_the_bare_optimizer_on_one_process(name: str) -> None:
     bare = Optimizer(sgd(0.1, momentum=0.9), params())
     strategy = make_strategy(name, Optimizer(sgd(0.1, momentum=0.9), params()),

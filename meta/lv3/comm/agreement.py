@@ -106,18 +106,19 @@ def agree_on(comm: Communicator, payload: Mapping[str, Any], what: str = "the ru
         raise AgreementError(message)
 
 
-def run_payload(recipe: str, definitions: Mapping[str, Any], trainer: Any,
-                resumed: bool) -> dict[str, Any]:
+def run_payload(recipe: str, definitions: Mapping[str, Any],
+                parameters: Mapping[str, np.ndarray], data: Mapping[str, Any],
+                position: Mapping[str, Any] | None) -> dict[str, Any]:
     """What every rank of a training run must have alike: the recipe's name and definitions,
-    the network's parameter shapes, the data (by fingerprint) and where a resumed run starts."""
-    payload: dict[str, Any] = {"recipe": recipe, **definitions, "resume": resumed}
-    payload["parameters"] = {k: [list(v.shape), str(v.dtype)]
-                             for k, v in trainer.executor.graph.parameters.items()}
-    for split, data in (("train", trainer.train_data), ("test", trainer.test_data)):
+    the network's ``parameters`` (shapes and dtypes), the ``data`` by split ("train",
+    "test": their arrays by fingerprint) and, for a resumed run, the ``position`` it starts
+    from (None: not resumed)."""
+    payload: dict[str, Any] = {"recipe": recipe, **definitions, "resume": position is not None}
+    payload["parameters"] = {k: [list(v.shape), str(v.dtype)] for k, v in parameters.items()}
+    for split, dataset in data.items():
         for field in ("inputs", "labels"):
-            if isinstance(getattr(data, field, None), np.ndarray):
-                payload[f"{split} {field}"] = getattr(data, field)
-    if resumed:
-        position = trainer.position()
+            if isinstance(getattr(dataset, field, None), np.ndarray):
+                payload[f"{split} {field}"] = getattr(dataset, field)
+    if position is not None:
         payload["resumed at"] = {k: position[k] for k in ("epoch", "step")}
     return payload

@@ -216,12 +216,13 @@ def surviving(comm: Communicator) -> Communicator:
     return comm if comm.size == 1 else SurvivingCommunicator(comm.comm)
 
 
-def follow_shrinks(group: Communicator, trainer: Any) -> None:
-    """Re-shard ``trainer``'s evaluation over the workers left when ``group`` shrinks (its
-    shard is then its rank among them), so no part of the test data goes unevaluated."""
-    if isinstance(group, SurvivingCommunicator) and trainer is not None:
-        group.on_shrink.append(
-            lambda g: setattr(trainer, "eval_shard", (g.rank, g.size)))
+def follow_shrinks(group: Communicator,
+                   reshard: Callable[[int, int], None] | None) -> None:
+    """Re-shard the evaluation over the workers left when ``group`` shrinks: ``reshard(rank,
+    size)`` with this rank's place among them, so no part of the test data goes
+    unevaluated."""
+    if isinstance(group, SurvivingCommunicator) and reshard is not None:
+        group.on_shrink.append(lambda g: reshard(g.rank, g.size))
 
 
 def hand_over_outputs(group: Communicator, take_over: Callable[[int], None]) -> None:

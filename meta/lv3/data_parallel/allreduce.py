@@ -22,6 +22,7 @@ from meta.lv3.data_parallel.compression import (
 from meta.lv3.data_parallel.node_exchange import NodeExchange
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.strategy import Strategy
+from meta.lv3.workload import Workload
 
 
 class Allreduce(Strategy):
@@ -60,13 +61,13 @@ class Allreduce(Strategy):
     pretraining = "average"
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     compression: str = "none", **options: Any) -> Allreduce:
         n = sum(int(np.prod(np.shape(p))) for p in optimizer.params.values())
         dtypes = {np.asarray(p).dtype for p in optimizer.params.values()} or {np.dtype(float)}
         offered = compression_options()
         chosen = {k: options.pop(k) for k in list(options) if k in offered}
-        seed = [getattr(getattr(trainer, "sampler", None), "seed", 0), comm.rank]
+        seed = [workload.seed if workload is not None else 0, comm.rank]
         compressor = make_compressor(compression, n, dtypes.pop(), seed, **chosen)
         return cls(optimizer, comm, compressor=compressor, **options)
 

@@ -12,6 +12,7 @@ from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
 from meta.lv3.strategy import Strategy
+from meta.lv3.workload import Workload
 
 RING_TAG = tags.RING
 
@@ -27,7 +28,7 @@ class ModelAveraging(Strategy):
                "average_every": Option(1, "steps between averages (H)", low=1)}
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     average_every: int = 1, **options: Any) -> ModelAveraging:
         return cls(optimizer, comm, every=average_every, **options)
 

@@ -34,6 +34,7 @@ from meta.lv3.comm.costmodel import Link
 from meta.lv3.comm.shared_memory import SharedSegments, node_of
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.strategy import Strategy
+from meta.lv3.workload import Workload
 
 
 def ranks_on_this_node(environ: os._Environ | dict = os.environ) -> int | None:
@@ -99,8 +100,8 @@ class Hogwild(Strategy):
     consistent = False  # a rank's last evaluation may race the others' last steps
 
     @classmethod
-    def check(cls, trainer: Any, comm: Communicator) -> None:
-        super().check(trainer, comm)
+    def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
+        super().check(optimizer, comm, workload)
         reason = refusal(comm.size, ranks_on_this_node())
         if reason:
             raise ComponentError(reason)

@@ -23,9 +23,10 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
 from meta.lv3.comm.polling import poll_all
-from meta.lv3.hybrid.grid import HybridPipeline, ReplicaGrid, refuse_without_trainer
+from meta.lv3.hybrid.grid import HybridPipeline, ReplicaGrid
 from meta.lv3.pipeline.stage import PipelineExecutor
-from meta.lv3.pipeline.strategy import Pipeline, trainer_plan
+from meta.lv3.pipeline.strategy import Pipeline, stage_plan
+from meta.lv3.workload import Workload, required
 
 
 class HybridAllreduce(HybridPipeline):
@@ -42,17 +43,17 @@ class HybridAllreduce(HybridPipeline):
         return ReplicaGrid(size, stages, 0, cls.name).replica(rank)
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     stages: int = 2, micro_batches: int = 4, schedule: str = "1f1b",
                     cuts: tuple[str, ...] = (), balance: str = "measured") -> HybridAllreduce:
-        """Split the world into replicas, cut the trainer's graph the same way on every rank
+        """Split the world into replicas, cut the workload's graph the same way on every rank
         and give this rank its stage (a collective)."""
-        refuse_without_trainer(cls, trainer)
+        workload = required(workload, cls.name)
         grid = ReplicaGrid(comm.size, stages, 0, cls.name)
-        cls.check(trainer, comm)
-        part, make, sample = trainer_plan(trainer, comm, stages, micro_batches, cuts, balance)
+        cls.check(optimizer, comm, workload)
+        part, make, sample = stage_plan(workload, comm, stages, micro_batches, cuts, balance)
         pipeline_comm, data_comm = grid.split(comm)
-        pipe = PipelineExecutor(trainer.executor.graph, part, pipeline_comm, make, sample,
+        pipe = PipelineExecutor(workload.graph, part, pipeline_comm, make, sample,
                                 micro_batches, schedule)
         return cls(Optimizer(optimizer.transform, pipe.stage_graph.parameters), pipe, grid,
                    comm, data_comm)

@@ -29,14 +29,15 @@ from meta.common.component import Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link
-from meta.lv3.hybrid.grid import HybridPipeline, ReplicaGrid, refuse_without_trainer
+from meta.lv3.hybrid.grid import HybridPipeline, ReplicaGrid
 from meta.lv3.hybrid.server import HybridServer, ShardLayout, share_final
 from meta.lv3.parameter_server.downpour import Downpour, DownpourClient
 from meta.lv3.parameter_server.shard_server import Roster, StalenessLog
 from meta.lv3.pipeline.stage import PipelineExecutor
-from meta.lv3.pipeline.strategy import Pipeline, trainer_plan
+from meta.lv3.pipeline.strategy import Pipeline, stage_plan
 from meta.lv3.strategy import Strategy
 from meta.lv3.timeline import Timeline
+from meta.lv3.workload import Workload, required
 
 
 class StepContinued:
@@ -97,17 +98,17 @@ class HybridDownpour(HybridPipeline):
         return ReplicaGrid(size, stages, servers, cls.name).replica(rank)
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     stages: int = 2, servers: int = 1, n_fetch: int = 1, n_push: int = 1,
                     micro_batches: int = 4, schedule: str = "1f1b", cuts: tuple[str, ...] = (),
                     balance: str = "measured") -> Strategy:
         """A stage of a replica on the workers, a ``HybridServer`` on the last ``servers``
         ranks (a collective: every rank cuts the graph alike and lays out the shards)."""
-        refuse_without_trainer(cls, trainer)
+        workload = required(workload, cls.name)
         grid = ReplicaGrid(comm.size, stages, servers, cls.name)
-        cls.check(trainer, comm)
-        part, make, sample = trainer_plan(trainer, comm, stages, micro_batches, cuts, balance)
-        graph = trainer.executor.graph
+        cls.check(optimizer, comm, workload)
+        part, make, sample = stage_plan(workload, comm, stages, micro_batches, cuts, balance)
+        graph = workload.graph
         layout = ShardLayout.of(graph, part, servers, cls.name)
         pipeline_comm, data_comm = grid.split(comm)
         if grid.is_server(comm.rank):

@@ -41,7 +41,6 @@ from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import poll_all
 from meta.lv3.pipeline.stage import PipelineExecutor
 from meta.lv3.pipeline.strategy import Pipeline
-from meta.lv3.strategy import Strategy
 
 
 @dataclass(frozen=True)
@@ -209,11 +208,3 @@ class HybridPipeline(Pipeline):
             lines.append(f"  stage {s}: {parts}")
         return "\n".join(line for line in lines if line)
 
-
-def refuse_without_trainer(strategy: type[Strategy], trainer: object) -> None:
-    """A hybrid cuts a trainer's graph: it is built from a recipe (or ``build``), not around a
-    bare optimizer."""
-    if trainer is None:
-        raise ComponentError(f"distributed {strategy.name!r} cuts the trainer's graph into "
-                             f"pipeline stages: build it from a recipe, not around a bare "
-                             f"optimizer")

@@ -16,6 +16,7 @@ from meta.lv3.comm.survival import follow_shrinks, is_failure, lost_peer, surviv
 from meta.lv3.flat import FlatBuffer
 from meta.lv3.parameter_server.shard_server import DIED, FINISHED, Roster
 from meta.lv3.strategy import Strategy
+from meta.lv3.workload import Workload
 
 GRADS, PARAMS, DONE, ORDER, ROSTER = tags.ASYNC_SERVER  # message tags of the async server
 
@@ -92,12 +93,13 @@ class AsyncParameterServer(Strategy):
         self.steps = self.steps_per_epoch = 0  # steps_per_epoch: a loss's epoch
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     **options: Any) -> AsyncParameterServer:
         """Also: the evaluation is re-sharded when a worker dies (under ULFM)."""
         strategy = cls(optimizer, comm, **options)
-        follow_shrinks(strategy.group, trainer)
-        strategy.steps_per_epoch = getattr(trainer, "steps_per_epoch", 0)  # trainer: or None
+        if workload is not None:  # built from a recipe (else around a bare optimizer)
+            follow_shrinks(strategy.group, workload.reshard_evaluation)
+            strategy.steps_per_epoch = workload.steps_per_epoch
         return strategy
 
     def _talk(self, requests: list, wait: bool = True) -> None:

@@ -75,6 +75,7 @@ from meta.lv3.parameter_server.shard_server import (
     StalenessLog,
 )
 from meta.lv3.strategy import Strategy
+from meta.lv3.workload import Workload
 
 
 class Downpour(Strategy):
@@ -132,12 +133,13 @@ class Downpour(Strategy):
                 self._talk(self.client.wait_for_go, why="the others wait for its warm start")
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     **options: Any) -> Downpour:
         """Also: the evaluation is re-sharded when a worker dies (under ULFM)."""
         strategy = cls(optimizer, comm, **options)
-        follow_shrinks(strategy.group, trainer)
-        strategy.steps_per_epoch = getattr(trainer, "steps_per_epoch", 0)  # trainer: or None
+        if workload is not None:  # built from a recipe (else around a bare optimizer)
+            follow_shrinks(strategy.group, workload.reshard_evaluation)
+            strategy.steps_per_epoch = workload.steps_per_epoch
         strategy._end_warm_start_with_the_first_epoch()
         return strategy
 

@@ -53,6 +53,7 @@ from meta.lv3.pipeline.schedule import (
 )
 from meta.lv3.pipeline.stage import MAX_MICRO_BATCHES, PipelineExecutor, StageStats
 from meta.lv3.strategy import Strategy
+from meta.lv3.workload import Workload, required
 
 
 def plan(graph: Graph, comm: Communicator, stages: int, cuts: tuple[str, ...] = (),
@@ -77,25 +78,17 @@ def plan(graph: Graph, comm: Communicator, stages: int, cuts: tuple[str, ...] = 
     return partition(graph, stages, cuts, costs, balance, tied)
 
 
-def trainer_plan(trainer: Any, comm: Communicator, stages: int, micro_batches: int,
-                 cuts: tuple[str, ...] = (), balance: str = "measured"
-                 ) -> tuple[Partition, Callable[[Graph], ReferenceExecutor], dict[str, np.ndarray]]:
-    """For ``trainer``'s graph: the partition into ``stages`` every rank of ``comm`` agrees on
-    (a collective: ``plan``), a maker of stage executors of the trainer's kind, and the sample
-    batch the stages agree on shapes with. ``comm`` may hold more ranks than one pipeline
-    (replicas of it, servers): all of them cut the graph alike."""
-    executor, names = trainer.executor, trainer.names
-    graph = executor.graph
-    kind = type(executor)
-
-    def make(g: Graph) -> ReferenceExecutor:
-        return kind(g, executor.backends, executor.profile, executor.free_intermediates)
-
-    micro = max(3, trainer.sampler.batch_size // micro_batches)
-    x, y = trainer.train_data.batch(np.arange(min(micro, len(trainer.train_data))))
-    declared = {t.name for t in graph.inputs}
-    sample = {k: v for k, v in ((names["input"], x), (names["labels"], y)) if k in declared}
-    part = plan(graph, comm, stages, tuple(cuts), balance, make, sample, names["loss"])
+def stage_plan(workload: Workload, comm: Communicator, stages: int, micro_batches: int,
+               cuts: tuple[str, ...] = (), balance: str = "measured"
+               ) -> tuple[Partition, Callable[[Graph], ReferenceExecutor], dict[str, np.ndarray]]:
+    """For the ``workload``'s graph: the partition into ``stages`` every rank of ``comm``
+    agrees on (a collective: ``plan``), a maker of stage executors of the run's kind, and the
+    sample batch the stages agree on shapes with. ``comm`` may hold more ranks than one
+    pipeline (replicas of it, servers): all of them cut the graph alike."""
+    make = workload.executor_maker()
+    sample = workload.sample(max(3, workload.batch_size // micro_batches))
+    part = plan(workload.graph, comm, stages, tuple(cuts), balance, make, sample,
+                workload.names["loss"])
     return part, make, sample
 
 
@@ -103,7 +96,7 @@ class Pipeline(Strategy):
     """Pipeline parallelism: the network cut into stages, one per rank, micro-batched."""
 
     name = "pipeline"
-    needs_trainer: ClassVar[bool] = True
+    needs_workload: ClassVar[bool] = True
     options: ClassVar[dict[str, Option]] = {
         "stages": Option(0, "pipeline stages, one per rank (0: as many as ranks)", low=0),
         "micro_batches": Option(4, "micro-batches each batch is split into", low=1,
@@ -129,28 +122,29 @@ class Pipeline(Strategy):
         return 0, 1
 
     @classmethod
-    def check(cls, trainer: Any, comm: Communicator) -> None:
-        optimizer = trainer.optimizer
+    def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
         if not isinstance(optimizer, Optimizer):
             raise ComponentError(f"distributed 'pipeline' updates each stage with a Level 2 "
                                  f"gradient transformation (sgd, adam, ...), not "
                                  f"{type(optimizer).__name__}")
         # exactly these: a subclass (pytorch) computes its own way, not through the tape the
         # pipeline drives
-        if type(trainer.executor) not in (ReferenceExecutor, NativeExecutor):
+        executor = workload.executor if workload is not None else None
+        if executor is not None and type(executor) not in (ReferenceExecutor, NativeExecutor):
             raise ComponentError(f"distributed 'pipeline' runs its stages with the reference "
-                                 f"or native executor, not {type(trainer.executor).__name__}")
+                                 f"or native executor, not {type(executor).__name__}")
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     stages: int = 0, micro_batches: int = 4, schedule: str = "1f1b",
                     cuts: tuple[str, ...] = (), balance: str = "measured") -> Pipeline:
-        """Cut the trainer's graph, give this rank its stage, and bring the pipeline as the
+        """Cut the workload's graph, give this rank its stage, and bring the pipeline as the
         executor the trainer runs (its updater's; a collective)."""
+        workload = required(workload, cls.name)
         cls.replica(comm.rank, comm.size, stages)
-        cls.check(trainer, comm)
-        part, make, sample = trainer_plan(trainer, comm, comm.size, micro_batches, cuts, balance)
-        pipe = PipelineExecutor(trainer.executor.graph, part, comm.split(0), make, sample,
+        cls.check(optimizer, comm, workload)
+        part, make, sample = stage_plan(workload, comm, comm.size, micro_batches, cuts, balance)
+        pipe = PipelineExecutor(workload.graph, part, comm.split(0), make, sample,
                                 micro_batches, schedule)
         return cls(Optimizer(optimizer.transform, pipe.stage_graph.parameters), pipe)
 

@@ -1,14 +1,16 @@
 """Sandblaster's rows: what a worker evaluates (a loss sum, gradient sums and a count correct
-over rows of the batch), from a function or from a Level 2 trainer's data and executor."""
+over rows of the batch), from a function or from a run's training data and executor (its
+``Workload``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from meta.lv2.optimizers import Params
+from meta.lv3.workload import Workload
 
 
 class Evaluation(NamedTuple):
@@ -37,17 +39,17 @@ class RowsFunction:
         return self.function(rows)
 
 
-class TrainerRows:
-    """Rows of a Level 2 trainer's training data through its executor (mean loss graph)."""
+class TrainingRows:
+    """Rows of a run's training data through its executor (a mean loss graph)."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        self.examples = len(trainer.train_data)
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.examples = len(workload.train_data)
 
     def __call__(self, rows: np.ndarray) -> Evaluation:
-        t, n = self.trainer, self.trainer.names
-        x, y = t.train_data.batch(rows)
-        values, grads = t.executor.inference_and_backprop(
+        w, n = self.workload, self.workload.names
+        x, y = w.train_data.batch(rows)
+        values, grads = w.executor.inference_and_backprop(
             {n["input"]: x, n["labels"]: y}, loss=n["loss"], outputs=[n["logits"]])
         count = len(rows)
         return Evaluation(float(values[n["loss"]]) * count,

@@ -50,7 +50,7 @@ from meta.lv3.comm.costmodel import Link
 from meta.lv3.comm.polling import poll, poll_all
 from meta.lv3.flat import shard_bounds
 from meta.lv3.sandblaster.portions import Dispatcher, PortionStats, PortionWorker
-from meta.lv3.sandblaster.rows import Evaluation, RowsEvaluator, RowsFunction, TrainerRows
+from meta.lv3.sandblaster.rows import Evaluation, RowsEvaluator, RowsFunction, TrainingRows
 from meta.lv3.sandblaster.shards import (
     BEGIN,
     CMD,
@@ -69,8 +69,9 @@ from meta.lv3.sandblaster.shards import (
 )
 from meta.lv3.strategy import Strategy
 from meta.lv3.timeline import Timeline
+from meta.lv3.workload import Workload
 
-__all__ = ["Evaluation", "RowsEvaluator", "RowsFunction", "Sandblaster", "TrainerRows"]
+__all__ = ["Evaluation", "RowsEvaluator", "RowsFunction", "Sandblaster", "TrainingRows"]
 
 
 class Sandblaster(Strategy):
@@ -89,21 +90,21 @@ class Sandblaster(Strategy):
                                   "workers", low=1)}
 
     @classmethod
-    def check(cls, trainer: Any, comm: Communicator) -> None:
-        if comm.size > 1 and trainer.transform is not None:
+    def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
+        if comm.size > 1 and workload is not None and workload.augmented:
             raise ComponentError("distributed 'sandblaster' cannot use 'augmentation': its "
                                  "workers evaluate the stored rows of the batch")
 
     @classmethod
-    def from_recipe(cls, optimizer: Any, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Any, comm: Communicator, workload: Workload | None,
                     **options: Any) -> Strategy:
-        """Sandblaster over the trainer's rows; a recipe on one process runs plain L-BFGS (its
-        line search evaluates the whole batch through the trainer's closure)."""
-        if comm.size == 1 and trainer is not None:
+        """Sandblaster over the workload's training rows; a recipe on one process runs plain
+        L-BFGS (its line search evaluates the whole batch through the trainer's closure)."""
+        if comm.size == 1 and workload is not None:
             from meta.lv3.data_parallel.allreduce import Allreduce
 
             return Allreduce(optimizer, comm, chunk_bytes=options["chunk_bytes"])
-        rows = TrainerRows(trainer) if trainer is not None else None
+        rows = TrainingRows(workload) if workload is not None else None
         return cls(optimizer, comm, evaluate=rows, **options)
 
     def __init__(self, optimizer: LBFGS, comm: Communicator | None = None, *,

@@ -45,6 +45,7 @@ from meta.lv3.pipeline.partition import node_costs
 from meta.lv3.strategy import Strategy
 from meta.lv3.tensor_parallel.ops import Group, bind, groups
 from meta.lv3.tensor_parallel.plan import Plan, PlanError, Shapes, plan, probe
+from meta.lv3.workload import Workload, required
 
 MAX_RANKS = 256  # the most ranks a budget refusal searches for a plan that fits
 MB = 1e6
@@ -108,13 +109,6 @@ class PartitionedExecutor(Executor):
         return values, grads
 
 
-def _sample(trainer: Any, rows: int) -> dict[str, np.ndarray]:
-    names, graph = trainer.names, trainer.executor.graph
-    x, y = trainer.train_data.batch(np.arange(min(rows, len(trainer.train_data))))
-    declared = {t.name for t in graph.inputs}
-    return {k: v for k, v in ((names["input"], x), (names["labels"], y)) if k in declared}
-
-
 def check_budget(graph: Graph, shapes: Shapes, ranks: int, budget_mb: float) -> None:
     """Refuse, in one line, a model whose largest shard on ``ranks`` ranks exceeds
     ``budget_mb`` of parameters (naming how many ranks it needs). Rank 0 holds the most: it
@@ -169,7 +163,7 @@ class Partitioned(Strategy):
     """Model parallelism by neurons: every layer's outputs split over the ranks."""
 
     name = "partitioned"
-    needs_trainer: ClassVar[bool] = True
+    needs_workload: ClassVar[bool] = True
     options: ClassVar[dict[str, Option]] = {
         "param_budget_mb": Option(0.0, "parameter memory one rank may hold, in MB (1e6 "
                                   "bytes); a model that needs more is refused (0: no limit)",
@@ -183,34 +177,32 @@ class Partitioned(Strategy):
         return 0, 1
 
     @classmethod
-    def check(cls, trainer: Any, comm: Communicator) -> None:
-        if not isinstance(trainer.optimizer, Optimizer):
+    def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
+        if not isinstance(optimizer, Optimizer):
             raise ComponentError(f"distributed 'partitioned' updates each rank's neurons with "
                                  f"a Level 2 gradient transformation (sgd, adam, ...), not "
-                                 f"{type(trainer.optimizer).__name__}")
-        if type(trainer.executor) not in (ReferenceExecutor, NativeExecutor):
+                                 f"{type(optimizer).__name__}")
+        if workload is None:
+            return
+        if type(workload.executor) not in (ReferenceExecutor, NativeExecutor):
             raise ComponentError(f"distributed 'partitioned' runs each rank's part with the "
                                  f"reference or native executor, not "
-                                 f"{type(trainer.executor).__name__}")
-        refuse_dropout(trainer.executor.graph)
+                                 f"{type(workload.executor).__name__}")
+        refuse_dropout(workload.graph)
 
     @classmethod
-    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, trainer: Any,
+    def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     param_budget_mb: float = 0.0) -> Partitioned:
-        """Split the trainer's graph over ``comm``, give this rank its part and bring the
+        """Split the workload's graph over ``comm``, give this rank its part and bring the
         partitioned executor for the trainer to run (a collective; the budget is checked
         first)."""
-        cls.check(trainer, comm)
-        executor = trainer.executor
-        graph, kind = executor.graph, type(executor)
-
-        def make(g: Graph) -> ReferenceExecutor:
-            return kind(g, executor.backends, executor.profile, executor.free_intermediates)
-
-        sample = _sample(trainer, trainer.sampler.batch_size)
+        workload = required(workload, cls.name)
+        cls.check(optimizer, comm, workload)
+        graph, make = workload.graph, workload.executor_maker()
+        sample = workload.sample(workload.batch_size)
         shapes = probe(graph, {k: v[:2] for k, v in sample.items()}, make)
         check_budget(graph, shapes, comm.size, param_budget_mb)
-        costs = measured_costs(graph, comm, make, sample, trainer.names["loss"])
+        costs = measured_costs(graph, comm, make, sample, workload.names["loss"])
         key = bind(comm.split(0))
         mine = plan(graph, shapes, comm.rank, comm.size, key)
         local = make(mine.local_graph(graph))
