@@ -32,7 +32,8 @@ def communication_report(strategy: Strategy, comm: Communicator, stream: TextIO,
               f"({report['bytes_sent_per_step']:.0f} bytes sent per step{synced})\n"
               f"{strategy.timeline.format_summary()}\n"
               f"meta: communication per step: measured "
-              f"{report['comm_measured_ms_per_step']:.3f} ms, predicted "
+              f"{report['comm_measured_ms_per_step']:.3f} ms (the wait in the step above; "
+              f"what moved overlapped with compute is not in it), predicted "
               f"{report['comm_predicted_ms_per_step']:.3f} ms ({link})", file=stream, flush=True)
     text = strategy.report_text()  # e.g. Downpour's staleness
     if comm.is_root and text:

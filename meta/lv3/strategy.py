@@ -103,6 +103,7 @@ class Strategy:
             self.serve()
             return []
         history = trainer.fit(epochs)
+        self.timeline.end_steps()  # finish's exchange is not a step's (Timeline.end_steps)
         self.finish()
         if not self.consistent and trainer.test_data is not None:  # replicas now agree
             history[-1].update(trainer.evaluate(trainer.test_data, prefix="test_"))

@@ -160,3 +160,59 @@ def test_recipe_keys_of_level_3_are_validated() -> None:
     with pytest.raises(RecipeError) as err:
         make_recipe("r", {"compression": "topk", "topk_ratio": 1.5}, {}, metrics)
     assert "option 'topk_ratio' must be at most 1" in str(err.value)
+
+
+def test_the_phase_report_keeps_communication_a_part_of_the_step() -> None:
+    """What finish lapped after training (a model-averaging run's final average) once took
+    the last evaluation for communication and spread it over the steps: 21.5 ms of
+    communication in an 11.1 ms step (issue 45). After end_steps it is reported apart, the
+    steps' phases add up to the step, and overlapped transfers are not added to it."""
+    import time
+
+    timeline = Timeline()
+    for _ in range(4):
+        timeline.begin()
+        timeline.lap("update")
+        began = timeline.now()
+        timeline.lap("communicate")
+        timeline.background("allreduce (overlapped)", began)
+    time.sleep(0.05)  # the last epoch's evaluation
+    timeline.end_steps()
+    timeline.lap("communicate")  # finish's average
+    summary = timeline.summary()
+    assert summary["communicate"]["total_s"] < 0.01, summary
+    text = timeline.format_summary()
+    step_row = next(line for line in text.splitlines() if line.startswith("step "))
+    step_ms = float(step_row.split()[2].removesuffix("ms"))
+    comm_ms = summary["communicate"]["per_step_s"] * 1e3
+    assert comm_ms <= step_ms and step_row.endswith("100.0%"), text
+    assert "overlapped with the phases above (not added to the step): allreduce" in text
+    assert "after the last step (finish; not per step): communicate" in text
+
+
+def test_strategy_train_ends_the_steps_before_finish() -> None:
+    """Strategy.train: the time between the last step and finish is no phase's."""
+    import time
+
+    from meta.lv3.data_parallel.allreduce import Allreduce
+
+    class Lapping(Allreduce):
+        def finish(self) -> None:
+            self.timeline.lap("communicate")
+
+    class Trainer:
+        test_data = None
+
+        def __init__(self, strategy) -> None:
+            self.strategy = strategy
+
+        def fit(self, epochs):
+            self.strategy.step({"w": np.array([1.0])})
+            time.sleep(0.05)  # evaluation after the last step
+            return [{}]
+
+    strategy = Lapping(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
+    strategy.train(Trainer(strategy), 1)
+    assert "communicate" not in strategy.timeline.summary()
+    assert strategy.timeline.after_events[0][0] == "communicate"
+    assert strategy.timeline.after_events[0][2] - strategy.timeline.after_events[0][1] < 2e7
