@@ -1,7 +1,8 @@
 """Text for language models: a vocabulary, contiguous blocks of tokens, Tiny Shakespeare.
 
 A corpus (the user's text files, or Tiny Shakespeare) is encoded with a character- or
-byte-level ``Vocabulary`` and cut into contiguous blocks of ``context + 1`` tokens, each giving
+byte-level ``Vocabulary``, or byte-level BPE subwords learnt from it (``tokenizer: "bpe"``,
+``meta.lv2.bpe``), and cut into contiguous blocks of ``context + 1`` tokens, each giving
 the inputs ``x[t]`` and the targets ``x[t + 1]`` (nanoGPT's and char-rnn's framing). The blocks
 do not overlap, so a seeded draw of 10 % of them for validation shares no target with training.
 The last, shorter block is padded: inputs with token 0, targets with ``IGNORE_INDEX``, which the
@@ -41,7 +42,7 @@ from meta.lv2.datasets import (
 TINYSHAKESPEARE_MD5 = "6fb458f1232090904fb40fe944165e91"  # ../shared/datasets/tinyshakespeare
 TINYSHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                        "tinyshakespeare/input.txt")
-VOCABULARIES = ("char", "byte")
+TOKENIZERS = ("char", "byte", "bpe")
 
 
 @dataclass(frozen=True)
@@ -167,14 +168,29 @@ def split(inputs: np.ndarray, targets: np.ndarray, validation: float,
             ArrayDataset(inputs[val], targets[val]))
 
 
+def make_tokenizer(kind: str, text: str, vocab_size: int = 1024) -> Any:
+    """The tokenizer ``kind`` names for ``text``: its characters, the 256 bytes, or a
+    byte-level BPE of ``vocab_size`` tokens trained on it (``meta.lv2.bpe``)."""
+    if kind not in TOKENIZERS:
+        raise ValueError(f"tokenizer {kind!r} is not one of {list(TOKENIZERS)}")
+    if kind == "bpe":
+        from meta.lv2.bpe import BPETokenizer, MissingLibraryError
+
+        try:
+            return BPETokenizer.train(text, vocab_size)
+        except MissingLibraryError as err:
+            raise DatasetError(f"dataset 'text': {err}") from None
+    return Vocabulary.from_text(text) if kind == "char" else Vocabulary()
+
+
 def text_dataset(seed: int = 0, files: Sequence[str] = (), context: int = 64,
-                 vocabulary: str = "char",
+                 tokenizer: str = "char", vocab_size: int = 1024,
                  validation: float = 0.1) -> tuple[ArrayDataset, ArrayDataset]:
-    """(train, validation) blocks of a text, both carrying the ``Vocabulary``."""
-    if vocabulary not in VOCABULARIES:
-        raise ValueError(f"vocabulary {vocabulary!r} is not one of {list(VOCABULARIES)}")
+    """(train, validation) blocks of a text, both carrying the tokenizer as ``vocabulary``."""
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer {tokenizer!r} is not one of {list(TOKENIZERS)}")
     text = read_corpus(files)
-    vocab = Vocabulary.from_text(text) if vocabulary == "char" else Vocabulary()
+    vocab = make_tokenizer(tokenizer, text, vocab_size)
     train, val = split(*blocks(vocab.encode(text), context), validation, seed)
     train.vocabulary = val.vocabulary = vocab
     return train, val
@@ -184,8 +200,11 @@ register_dataset(
     "text",
     files=Option((), "UTF-8 text files to model (none: Tiny Shakespeare)", type=tuple[str, ...]),
     context=Option(64, "tokens per block (the model's context)", low=1),
-    vocabulary=Option("char", "char: the corpus' characters; byte: the 256 UTF-8 bytes",
-                      choices=VOCABULARIES),
+    tokenizer=Option("char", "char: the corpus' characters; byte: the 256 UTF-8 bytes; bpe: "
+                     "byte-level BPE subwords trained on the corpus (the 'text' extra)",
+                     choices=TOKENIZERS),
+    vocab_size=Option(1024, "bpe: tokens in the vocabulary learnt from the corpus (at least "
+                      "the 256 bytes)", low=256),
     validation=Option(0.1, "share of the blocks held out for validation (the test split)",
                       low=0.0, high=0.9),
 )(text_dataset)

@@ -99,12 +99,13 @@ def _nonnegative(kind: type):
 
 def cmd_sample(args: argparse.Namespace) -> int:
     """``meta sample``: print the text; one line and exit 2 for a mistake."""
+    from meta.lv2.bpe import MissingLibraryError
     from meta.lv2.tokenizers import TokenizerError
 
     try:
         text = sample(args.source, args.prompt, args.tokens, args.temperature, args.top_k,
                       args.seed, cache=not args.no_cache)
-    except (SampleError, TokenizerError) as err:
+    except (SampleError, TokenizerError, MissingLibraryError) as err:
         print(f"meta: error: {err}", file=sys.stderr, flush=True)
         return EXIT_ERROR
     print(text, flush=True)
