@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -291,3 +292,55 @@ def test_a_users_ops_py_beside_the_recipe_is_the_module_it_imports(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          cwd=tmp_path.parent, timeout=120, check=True).stdout.split()
     assert out == [str(tmp_path / "ops.py"), "ops", "meta.ops.relu"]
+
+
+def test_a_set_value_is_parsed_and_validated_once_and_the_schema_built_once(
+        tmp_path, monkeypatch, capsys):
+    """``meta run R --set lr=0.1``, through training to metrics.json: the recipe schema is
+    built once (when R is read; ``--set`` reuses it) and 0.1 is converted and bounded once
+    (when ``--set`` parses it; the build, the checkpoint's definitions and the strategy read
+    the checked options as they are)."""
+    from meta.cli import EXIT_PASS, main
+    from meta.common.component import Option
+    from meta.run import recipe as recipe_module
+
+    path = tmp_path / "tiny.py"
+    path.write_text(
+        "from meta.run.recipe import AtLeast\n"
+        "FIXED = {'dataset': {'name': 'synthetic', 'train_examples': 64, 'test_examples': 32,"
+        " 'input_shape': [4]}, 'hidden': [8]}\n"
+        "MUTABLE = {'epochs': 1, 'batch_size': 16, 'lr': 0.05}\n"
+        "METRICS = {'test_accuracy': AtLeast(0.0)}\n")
+    schemas, lr_checks = [], []
+    schema_init, convert = recipe_module._Schema.__init__, Option.convert
+
+    def counting_init(self, *args, **kwargs):
+        schemas.append(1)
+        schema_init(self, *args, **kwargs)
+
+    def counting_convert(self, name, value):
+        if name in ("lr", "optimizer.lr") and value == 0.1:
+            lr_checks.append(name)
+        return convert(self, name, value)
+
+    monkeypatch.setattr(recipe_module._Schema, "__init__", counting_init)
+    monkeypatch.setattr(Option, "convert", counting_convert)
+    out = tmp_path / "out"
+    code = main(["run", str(path), "--set", "lr=0.1", "--output-dir", str(out), "--quiet",
+                 "--no-export"])
+    assert code == EXIT_PASS, capsys.readouterr()
+    assert json.loads((out / "metrics.json").read_text())["definitions"]["optimizer.lr"] == 0.1
+    assert len(schemas) == 1, f"the recipe schema was built {len(schemas)} times"
+    assert lr_checks == ["lr"], f"lr=0.1 was validated {len(lr_checks)} times"
+
+
+def test_the_set_parser_is_the_recipes():
+    """``--set KEY=VALUE`` is read by the recipe's own parser (meta.run.recipe.parse_sets);
+    meta compare's --a/--b/--variant and bench-op's --attr use the same one."""
+    from meta.bench import commands
+    from meta.run.recipe import parse_sets
+
+    assert commands.parse_sets is parse_sets
+    assert parse_sets(["lr = 0.1", "optimizer.b1=0.8"]) == {"lr": "0.1", "optimizer.b1": "0.8"}
+    with pytest.raises(ValueError, match="--variant expects KEY=VALUE, got 'lr'"):
+        parse_sets(["lr"], "--variant")

@@ -146,6 +146,29 @@ class Option:
         return self.convert(name, value)
 
 
+class CheckedOptions(Mapping[str, Any]):
+    """Options a component has checked and converted (``Component.checked``), read-only.
+
+    Resolving them again for the same component takes them as they are: a recipe's value is
+    validated once, when the recipe is read or ``--set``, however often the run then asks
+    for its options (the schema, the build, the checkpoint's definitions)."""
+
+    def __init__(self, component: Component, values: Mapping[str, Any]) -> None:
+        self.component, self._values = component, dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return repr(self._values)
+
+
 def _origin(obj: Any) -> tuple[str, str]:
     return getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
 
@@ -163,32 +186,46 @@ class Component:
 
     def check(self, given: Mapping[str, Any]) -> list[str]:
         """Every problem with ``given`` options, one line each (empty: fine)."""
-        problems = []
+        return self.checked(given)[1]
+
+    def checked(self, given: Mapping[str, Any]) -> tuple[CheckedOptions, list[str]]:
+        """(``given`` converted, every problem with it, one line each): each value converted
+        and bounded once, then the options together (``meta["validate"]``)."""
+        problems, converted = [], {}
         for key, value in given.items():
             if key not in self.options:
                 problems.append(f"{self.label}: {unknown(key, self.options, 'option')}")
                 continue
             try:
-                self.options[key].convert(key, value)
+                converted[key] = self.options[key].convert(key, value)
             except ComponentError as err:
                 problems.append(f"{self.label}: {err}")
         missing = [k for k, o in self.options.items() if o.default is REQUIRED and k not in given]
         problems += [f"{self.label}: option {k!r} is required ({self.options[k].doc})"
                      for k in missing]
+        if not problems:
+            problems += self.check_together(converted)
+        return CheckedOptions(self, converted), problems
+
+    def check_together(self, converted: Mapping[str, Any]) -> list[str]:
+        """Problems of converted options taken together (the component's ``validate``, e.g.
+        one option bounded by another); empty without one."""
         validate = self.meta.get("validate")
-        if validate is not None and not problems:
-            values = {k: o.default for k, o in self.options.items()}
-            values.update({k: self.options[k].convert(k, v) for k, v in given.items()})
-            problems += [f"{self.label}: {p}" for p in validate(values)]
-        return problems
+        if validate is None:
+            return []
+        values = {k: o.default for k, o in self.options.items()}
+        values.update(converted)
+        return [f"{self.label}: {p}" for p in validate(values)]
 
     def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """The full options: defaults, overridden by ``given`` (checked first)."""
-        problems = self.check(given)
-        if problems:
-            raise ComponentError("; ".join(problems))
+        """The full options: defaults, overridden by ``given`` (checked first, unless this
+        component checked them already: ``CheckedOptions``)."""
+        if not (isinstance(given, CheckedOptions) and given.component is self):
+            given, problems = self.checked(given)
+            if problems:
+                raise ComponentError("; ".join(problems))
         values = {k: o.default for k, o in self.options.items()}
-        values.update({k: self.options[k].convert(k, v) for k, v in given.items()})
+        values.update(given)
         return values
 
     def build(self, *context: Any, **given: Any) -> Any:

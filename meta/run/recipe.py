@@ -25,11 +25,19 @@ import difflib
 import os
 import runpy
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from meta.common.component import REGISTRIES, Component, ComponentError, Option, Registry, unknown
+from meta.common.component import (
+    REGISTRIES,
+    CheckedOptions,
+    Component,
+    ComponentError,
+    Option,
+    Registry,
+    unknown,
+)
 
 
 class RecipeError(ValueError):
@@ -134,8 +142,13 @@ class Choice:
         return self.component.name
 
     def values(self) -> dict[str, Any]:
-        """The component's options with the recipe's values filled in over the defaults."""
+        """The component's options with the recipe's values filled in over the defaults
+        (checked when the recipe was read: not again)."""
         return self.component.resolve(self.options)
+
+    def build(self, *context: Any) -> Any:
+        """The component built with ``context`` and the recipe's options."""
+        return self.component.factory(*context, **self.values())
 
 
 @dataclass(frozen=True)
@@ -170,12 +183,18 @@ class Recipe:
     mutable: Mapping[str, Any]
     metrics: Mapping[str, Threshold]
     definitions: Definitions
+    # Where each key belongs, read from the components the recipe chose: built once, when
+    # the recipe is read, and reused by ``with_overrides`` while the choices stay the same.
+    schema: _Schema | None = field(default=None, compare=False, repr=False)
 
     def with_overrides(self, overrides: Mapping[str, str]) -> Recipe:
         """A copy with MUTABLE definitions set from ``key=value`` strings (``lr=0.1``,
-        ``optimizer.lr=0.1``, ``distributed=downpour``); FIXED ones are refused."""
+        ``optimizer.lr=0.1``, ``distributed=downpour``); FIXED ones are refused. Each value is
+        parsed and validated once, here; the recipe's schema is reused unless a component
+        is chosen anew (its options are then other ones)."""
         errors, mutable = [], dict(self.mutable)
-        fixed = {_Schema(self.fixed, self.mutable).canonical(k)[0] for k in self.fixed}
+        schema = self.schema or _Schema(self.fixed, self.mutable)
+        fixed = {schema.canonical(k)[0] for k in self.fixed}
 
         def refuse(key: str, canonical: str) -> None:
             where = "FIXED" if canonical in fixed or canonical.partition(".")[0] in self.fixed \
@@ -191,8 +210,12 @@ class Recipe:
                     mutable[key] = text
                 else:
                     refuse(key, key)
-        schema = _Schema(self.fixed, mutable)
+        chosen_anew = any(mutable.get(k) is not self.mutable.get(k) for k in DEFAULTS)
+        if chosen_anew:
+            schema = _Schema(self.fixed, mutable)
+        read = dict(mutable)  # the sections as the schema read them
         written = {schema.canonical(k)[0]: k for k in mutable}
+        parsed: dict[str, Any] = {}  # canonical key -> its value, parsed and validated
         for key, text in overrides.items():
             if key in DEFAULTS:
                 continue
@@ -207,6 +230,7 @@ class Recipe:
             except ComponentError as err:
                 errors.append(str(err))
                 continue
+            parsed[canonical] = value
             if inside and kind in LISTS:  # ``events.<name>.<option>``: inside that event
                 event, _, name = name.partition(".")
                 mutable[kind] = [{**(e if isinstance(e, Mapping) else {"name": e}), name: value}
@@ -220,7 +244,41 @@ class Recipe:
                 mutable[written[canonical]] = value
         if errors:
             raise RecipeError(_report(self.name, errors, "--set"))
-        return make_recipe(self.name, self.fixed, mutable, self.metrics, self.path)
+        if any(k in LISTS for k in parsed):  # another list of events: read anew
+            chosen_anew, schema = True, _Schema(self.fixed, mutable)
+        if chosen_anew:  # other components: every definition read again, against them (with
+            # the schema just read, unless an option was then written inside a component's dict)
+            rewritten = any(mutable[k] is not read.get(k) for k in mutable
+                            if k in LISTS or k in DEFAULTS)
+            return make_recipe(self.name, self.fixed, mutable, self.metrics, self.path,
+                               None if rewritten else schema)
+        return replace(self, mutable=mutable,
+                       definitions=self._set(parsed))
+
+    def _set(self, parsed: Mapping[str, Any]) -> Definitions:
+        """The definitions with ``parsed`` values (canonical keys, already validated one by
+        one) set; the components they change checked together again (``validate``)."""
+        d = self.definitions
+        run, choices, events = dict(d.run), dict(d.choices), list(d.events)
+        for canonical, value in parsed.items():
+            kind, dot, rest = canonical.partition(".")
+            if not dot:
+                run[canonical] = value
+            elif kind in LISTS:
+                event, _, name = rest.partition(".")
+                events = [Choice(e.component, CheckedOptions(e.component,
+                                                             {**e.options, name: value}))
+                          if e.name == event else e for e in events]
+            else:
+                c = choices[kind]
+                choices[kind] = Choice(c.component, CheckedOptions(c.component,
+                                                                   {**c.options, rest: value}))
+        errors = [p for c in [*choices.values(), *events]
+                  if c not in d.choices.values() and c not in d.events
+                  for p in c.component.check_together(c.options)]
+        if errors:
+            raise RecipeError(_report(self.name, errors, "--set"))
+        return Definitions(run, choices, events)
 
 
 class _Schema:
@@ -322,8 +380,10 @@ def _report(name: str, errors: list[str], where: str = "") -> str:
 
 
 def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
-                metrics: Mapping[str, Any], path: Path | None = None) -> Recipe:
-    """Validate the three sections into a Recipe; every problem is reported at once."""
+                metrics: Mapping[str, Any], path: Path | None = None,
+                schema: _Schema | None = None) -> Recipe:
+    """Validate the three sections into a Recipe; every problem is reported at once.
+    ``schema``: the one ``with_overrides`` just read these sections with (else built here)."""
     errors: list[str] = []
     sections = {"FIXED": fixed, "MUTABLE": mutable}
     for section, items in sections.items():
@@ -331,7 +391,7 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
             errors.append(f"{section} must be a dict, got {type(items).__name__}")
     if errors:
         raise RecipeError(_report(name, errors))
-    schema = _Schema(fixed, mutable)
+    schema = schema or _Schema(fixed, mutable)
     errors += schema.errors
     run = {k: o.default for k, o in RUN_OPTIONS.items()}
     options: dict[str, dict[str, Any]] = {kind: dict(o) for kind, o in schema.nested.items()}
@@ -363,10 +423,14 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
                 next(e for e in schema.events if e.name == event).options[opt] = value
             else:
                 options.setdefault(kind, {})[rest] = value
-    choices = {kind: Choice(c.component, options.get(kind, {}))
-               for kind, c in schema.choices.items()}
-    for choice in [*choices.values(), *schema.events]:
-        errors += choice.component.check(choice.options)
+    choices, events = {}, []
+    for kind, c in schema.choices.items():  # converted and checked once, kept so
+        checked, problems = c.component.checked(options.get(kind, {}))
+        choices[kind], errors = Choice(c.component, checked), errors + problems
+    for e in schema.events:
+        checked, problems = e.component.checked(e.options)
+        events.append(Choice(e.component, checked))
+        errors += problems
     for kind, choice in choices.items():
         for other, allowed in choice.component.meta.get("requires", {}).items():
             if other in choices and choices[other].name not in allowed:
@@ -376,7 +440,7 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
     if errors:
         raise RecipeError(_report(name, errors))
     return Recipe(name, path, dict(fixed), dict(mutable), dict(metrics),
-                  Definitions(run, choices, schema.events))
+                  Definitions(run, choices, events), schema)
 
 
 def _metric_problems(metrics: Any) -> list[str]:

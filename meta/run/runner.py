@@ -117,7 +117,7 @@ class RecipeRun:
                 print(f"meta: {note}", file=self.stream, flush=True)
         executor = self.choice("executor")
         with user_code(f"executor {executor.name!r}", "executor", "while building it"):
-            executor = executor.component.build(graph, **executor.options)
+            executor = executor.build(graph)
         sampler = make_sampler(len(train), d, index, replicas)
         optimizer = self.choice("optimizer")
         with user_code(f"optimizer {optimizer.name!r}", "optimizer", "while building it"):
@@ -145,7 +145,7 @@ class RecipeRun:
         events = []
         for e in d.events:
             with user_code(f"event {e.name!r}", "events", "while building it"):
-                events.append(e.component.build(**e.options))
+                events.append(e.build())
         check_events(self.recipe.name, dataset, [(e.name, ev) for e, ev in zip(d.events, events)],
                      train)
         return events + (self._writer_events() if self.comm.is_root else [])
@@ -305,8 +305,7 @@ class RecipeRun:
         into its flat buffer); the trainer then updates through the strategy's updater, which
         sums metrics over the ranks that train."""
         strategy = self.choice("distributed")
-        wrapped = strategy.component.build(self.trainer.optimizer, self.comm, self.workload,
-                                           **strategy.options)
+        wrapped = strategy.build(self.trainer.optimizer, self.comm, self.workload)
         self.trainer.use(wrapped.updater())
         hand_over_outputs(wrapped.group, self.take_over_outputs)  # rank 0 dies (under ULFM)
         return wrapped
@@ -452,8 +451,7 @@ class StopOnSignal(Event):
     def on_eval_batch(self, trainer: Trainer) -> None:
         # between evaluation batches: the trainer's position is still the epoch's last step,
         # so the checkpoint resumes with this evaluation (it took 7.5-19.6 s to act on)
-        if trainer.epochs and len(trainer.history) < trainer.epochs:  # not the final metrics
-            self.stop_if_asked(trainer, " (evaluating)")
+        self.stop_if_asked(trainer, " (evaluating)")
 
     def stop_if_asked(self, trainer: Trainer, doing: str = "") -> None:
         """After a SIGINT/SIGTERM, checkpoint (if the run checkpoints) and stop at this step
