@@ -646,3 +646,18 @@ def test_a_pattern_of_one_message_size_fits_no_beta():
     assert pattern.link.alpha == pytest.approx(1e-4) and pattern.link.beta == 0.0
     assert pattern.step_s == 1e-3
     assert (pattern.pass_s, pattern.push_wait_s, pattern.fetch_wait_s) == (1e-5, 1e-4, 2e-4)
+
+
+def test_amsgrad_counts_a_third_slot_of_state():
+    """Adam keeps m and v per parameter; with amsgrad also the running maximum of v."""
+    from meta.planner.workload import make_workload
+    from meta.recipe import AtLeast, make_recipe
+
+    def slots(**optimizer):
+        recipe = make_recipe("r", {"dataset": "synthetic", "model": {"name": "mlp",
+                                                                     "hidden": [8]},
+                                   "optimizer": {"name": "adam", **optimizer}}, {},
+                             {"test_accuracy": AtLeast(0.0)})
+        return make_workload(recipe, Machine()).state_slots
+
+    assert (slots(), slots(amsgrad=True)) == (2, 3)

@@ -227,6 +227,8 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     slots = STATE_SLOTS.get(opt.name, 2)
     if opt.name == "sgd" and not opt.values().get("momentum", 0.0):
         slots = 0
+    if opt.name in ("adam", "adamw") and opt.values().get("amsgrad"):
+        slots = 3  # the running maximum of v, as PyTorch's amsgrad keeps it
     costs: RecipeCosts | None = machine.costs.get(recipe.name)
     if costs is not None and costs.signature == graph_signature(graph):
         f = batch / costs.batch
