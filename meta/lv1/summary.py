@@ -56,11 +56,25 @@ def _runs_on(node, opset: dict[str, int], backend: str) -> bool:
         return False
 
 
+def embedding_notes(graph: Graph) -> list[str]:
+    """What the file cannot say about its embeddings: ONNX has no padding index, so an
+    ``nn.Embedding(..., padding_idx=i)`` exported trains row i whenever token i occurs."""
+    tables = sorted({n.inputs[0] for n in graph.nodes
+                     if n.op_type == "Gather" and n.inputs and n.inputs[0] in graph.initializers
+                     and graph.roles.get(n.inputs[0]) == roles.PARAMETER})
+    if not tables:
+        return []
+    return [f"embedding {', '.join(tables)}: an ONNX file does not record a padding index "
+            "(nn.Embedding's padding_idx), so every row trains; keep PyTorch's behaviour with "
+            f"the optimizer option padding_rows, e.g. {{{tables[0]!r}: [0]}}"]
+
+
 def summarize(graph: Graph, limit: int = 40) -> str:
     """A plain-text report of the graph (``limit`` rows per role; 0: all)."""
     lines = [f"graph {graph.name!r}: {len(graph.nodes)} nodes, opsets "
              + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(graph.opset.items()))]
     lines += [f"note: {note}" for note in graph.notes]
+    lines += [f"note: {note}" for note in embedding_notes(graph)]
     feeds = [t for t in graph.inputs if t.name not in graph.initializers]
     for title, infos in (("inputs", feeds), ("outputs", graph.outputs)):
         lines.append(f"{title}:")

@@ -138,3 +138,14 @@ def test_meta_run_keeps_the_padding_row(tmp_path, capsys):
              for t in onnx.load(str(out / "model.onnx")).graph.initializer}
     np.testing.assert_array_equal(saved[WORDS][0], ref["initial_word_embeddings"][0])
     assert np.abs(saved[WORDS][1:] - ref["initial_word_embeddings"][1:]).max() > 1e-3
+
+
+def test_inspect_says_the_file_has_no_padding_index():
+    """meta inspect names each embedding table and the option that keeps a padding row."""
+    from meta.lv1 import from_onnx
+    from meta.lv1.summary import summarize
+
+    text = summarize(from_onnx(Path(__file__).parents[1] / "fixtures" / "padding"
+                               / "padding_bert.onnx"))
+    line = next(s for s in text.splitlines() if "padding index" in s)
+    assert "word_embeddings.weight" in line and "padding_rows" in line
