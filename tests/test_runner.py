@@ -84,3 +84,15 @@ def test_a_recipe_freezes_parameters_by_pattern():
 def test_the_trainer_names_follow_the_graph():
     trainer = build(recipe())
     assert trainer.names["input"] == "input" and trainer.names["logits"] == "logits"
+
+
+def test_the_runner_stays_composition():
+    """meta/run/runner.py composes (issue 40: at most 250 lines); what it builds, components
+    and the small modules of meta.run build (data_and_model, writer_events, resume,
+    recipe_metrics, nothing_learned, stop_on_signal)."""
+    from pathlib import Path
+
+    import meta.run.runner as runner
+
+    lines = Path(runner.__file__).read_text().count("\n")
+    assert lines <= 250, f"meta/run/runner.py has {lines} lines"

@@ -1,9 +1,13 @@
 """Running a recipe: build the components it names, hand them to the trainer, measure, judge.
 
 Composition only: every model, dataset, optimizer, executor, strategy, event and metric is a
-component that builds itself from its options (``meta.common.component``); what differs between them
-(a DBN's pre-training, a parameter server's serving loop, Sandblaster's rows) is behind their
-own interfaces (``prepare``, ``Strategy.train``, ``Strategy.from_recipe``), not here.
+component that builds itself from its options (``meta.common.component``, through the recipe's
+``Choice.build``); what differs between them (a DBN's pre-training, a parameter server's
+serving loop, Sandblaster's rows) is behind their own interfaces (``prepare``,
+``Strategy.train``, ``Strategy.from_recipe``), not here. The run's own parts are modules of
+``meta.run`` it composes: ``data_and_model`` (the data and the network, checked against each
+other), ``writer_events`` (rank 0's files), ``resume`` (the checkpoint), ``recipe_metrics``
+(the metric components), ``nothing_learned`` and ``stop_on_signal`` (its own events).
 """
 
 from __future__ import annotations
@@ -16,42 +20,24 @@ from typing import Any, TextIO
 import numpy as np
 
 from meta.common.component import ComponentError
-from meta.run.errors import SIGNALS, Interrupted, keep_traceback, user_code, user_error
-from meta.lv1 import Graph, build_model
-from meta.lv2 import (
-    METRICS,
-    CheckpointEvent,
-    CSVLog,
-    EpochLog,
-    Event,
-    JSONLinesLog,
-    PlotMetrics,
-    ProgressBar,
-    ShuffleSampler,
-    Trainer,
-    build_dataset,
-    build_optimizer,
-    load_checkpoint,
-)
-from meta.lv2.checkpoint import CheckpointError, restore, vocabulary_digest
-from meta.lv2.dataset_registry import as_model_input, classes, model_dtype
+from meta.lv2 import EpochLog, ShuffleSampler, Trainer, build_optimizer
 from meta.lv3 import Communicator, DistributedSampler, Strategy, Workload, world
 from meta.lv3.comm.survival import hand_over_outputs
 from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
-from meta.run.preflight import check_events, check_model_and_data, check_ranks
+from meta.run.data_and_model import build_data_and_model, io_names
+from meta.run.errors import keep_traceback, user_code
+from meta.run.nothing_learned import NothingLearned
+from meta.run.preflight import check_events, check_ranks
 from meta.run.recipe import Outcome, Recipe, RecipeError, judge
+from meta.run.recipe_metrics import measure
+from meta.run.resume import CHECKPOINT, resume as resume_checkpoint, vocabulary_info
 from meta.run.run_dir import RunDirError, RunLock, output_folder, write_outputs
+from meta.run.stop_on_signal import StopOnSignal
+from meta.run.writer_events import writer_events
 
-CHECKPOINT = "checkpoint.npz"
-
-
-def io_names(graph: Graph) -> dict[str, str]:
-    """The trainer's tensor names: the data input, the first output (logits) and ``loss``."""
-    feeds = [t.name for t in graph.inputs if t.name not in graph.initializers
-             and t.name != "labels"]
-    logits = [t.name for t in graph.outputs if t.name != "loss"]
-    return {"input": feeds[0] if feeds else "input", "logits": logits[0] if logits else "logits"}
+__all__ = ["CHECKPOINT", "NothingLearned", "RecipeRun", "StopOnSignal", "io_names",
+           "make_sampler", "run_recipe"]
 
 
 def make_sampler(num_examples: int, definitions: Any, index: int,
@@ -100,21 +86,8 @@ class RecipeRun:
         self.strategy_cls: type[Strategy] = strategy.component.meta["cls"]
         # before the data is loaded: a strategy that cannot run on these ranks says so first
         index, replicas = self.strategy_cls.replica(comm.rank, comm.size, **strategy.values())
-        data = self.choice("dataset")
-        with user_code(f"dataset {data.name!r}", "dataset", "while loading the data"):
-            train, test, augment = build_dataset(data.component, data.options, d.seed)
-        model = self.choice("model")
-        with user_code(f"model {model.name!r}", "model", "while building the model"):
-            self.model = build_model(model.component, model.options, train.inputs.shape[1:],
-                                     classes(train, test), d.seed, model_dtype(train))
-            getattr(self.model, "check", lambda data: None)(train)
-        graph = getattr(self.model, "graph", self.model)
-        fed = next((t for t in graph.inputs if t.name == io_names(graph)["input"]), None)
-        train, test = (as_model_input(s, getattr(fed, "dtype", None)) for s in (train, test))
-        for note in check_model_and_data(self.recipe.name, model.name, data.name, graph, train,
-                                         test, d.batch_size, io_names(graph)):
-            if comm.is_root:
-                print(f"meta: {note}", file=self.stream, flush=True)
+        train, test, augment, self.model, graph = build_data_and_model(
+            self.recipe, self.stream, comm.is_root)
         executor = self.choice("executor")
         with user_code(f"executor {executor.name!r}", "executor", "while building it"):
             executor = executor.build(graph)
@@ -125,7 +98,7 @@ class RecipeRun:
                                     len(sampler), d.epochs)
         self.progress_check = NothingLearned()
         self.train_data = train  # the writer's events (built next) read its vocabulary
-        events = self._events(data.name, train)
+        events = self._events(self.choice("dataset").name, train)
         trainer = Trainer(executor, built, train, sampler, test,
                           [*events, self.progress_check, StopOnSignal()],
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
@@ -151,27 +124,8 @@ class RecipeRun:
         return events + (self._writer_events() if self.comm.is_root else [])
 
     def _writer_events(self) -> list[Any]:
-        """What the rank that writes the outputs runs: the progress bar, the epoch lines,
-        logs, curves and checkpoints."""
-        d, out = self.recipe.definitions, self.output_dir
-        events = [ProgressBar(disable=None if self.progress else True), EpochLog(self.stream)]
-        if out is not None:
-            events += [CSVLog(out / "metrics.csv"), JSONLinesLog(out / "metrics.jsonl"),
-                       PlotMetrics(out / "curves.png", title=self.recipe.name),
-                       CheckpointEvent(out / CHECKPOINT, self.checkpoint_every,
-                                       info={"recipe": self.recipe.name,
-                                             "definitions": d.as_dict(),
-                                             **self._vocabulary_info()})]
-        return events
-
-    def _vocabulary_info(self) -> dict[str, Any]:
-        """A language model's vocabulary as a checkpoint keeps it (kind, size, digest of the
-        ids' meaning), so that ``--resume`` on another corpus is refused; {} without one."""
-        vocabulary = getattr(self.train_data, "vocabulary", None)
-        if vocabulary is None:
-            return {}
-        return {"vocabulary": {"kind": getattr(vocabulary, "kind", type(vocabulary).__name__),
-                               "size": len(vocabulary), "digest": vocabulary_digest(vocabulary)}}
+        return writer_events(self.recipe, self.output_dir, self.stream, self.progress,
+                             self.checkpoint_every, self.train_data)
 
     def take_over_outputs(self, dead: int) -> None:
         """Rank 0 (``dead``, a world rank) died and this rank, the first worker alive, writes
@@ -191,54 +145,9 @@ class RecipeRun:
         self.trainer.add_events(self._writer_events())
 
     def resume(self) -> None:
-        """Continue from ``output_dir/checkpoint.npz`` (every rank reads it: replicas agree).
-        How long to train may change; what is trained may not."""
-        path = self.output_dir / CHECKPOINT
-        try:
-            ckpt = load_checkpoint(path)
-        except CheckpointError:
-            raise
-        except Exception as err:  # zipfile's and zlib's other complaints about a damaged file
-            raise CheckpointError(f"{path}: not a readable meta checkpoint ({type(err).__name__}"
-                                  f": {err}); resume from another checkpoint, or start again "
-                                  f"without --resume") from err
-        _check_position(path, ckpt.position)
-        saved, now = ckpt.info.get("definitions", {}), self.recipe.definitions.as_dict()
-        run_length = {"events"} | ({"epochs"} if now.get("optimizer.lr_schedule") != "cosine"
-                                   else set())
-        changed = sorted(k for k, v in now.items()
-                         if k in saved and saved[k] != v and k not in run_length)
-        if changed:
-            raise CheckpointError(f"{path} was written by a run with other definitions "
-                                  f"({', '.join(f'{k}: {saved[k]!r}' for k in changed)}); "
-                                  f"resume with the same recipe and --set values")
-        saved_vocabulary, vocabulary = ckpt.info.get("vocabulary"), self._vocabulary_info()
-        if "vocabulary" in ckpt.info and saved_vocabulary != vocabulary.get("vocabulary"):
-            raise CheckpointError(f"{path} was trained on another vocabulary "
-                                  f"({_vocabulary_text(saved_vocabulary)}) than this run's "
-                                  f"corpus gives ({_vocabulary_text(vocabulary.get('vocabulary'))}"
-                                  f"): its token ids would mean other characters; resume with "
-                                  f"the corpus it was trained on, or start again without "
-                                  f"--resume")
-        done, epochs = int(ckpt.position["epoch"]), self.recipe.definitions.epochs
-        if epochs < done:
-            raise CheckpointError(f"{path} has {done} epoch(s) done and epochs is {epochs}; "
-                                  f"resume with --set epochs={done + 1} or more (epochs is "
-                                  f"the run's total), or start again without --resume")
-        graph = self.trainer.executor.graph
-        network = {**graph.parameters, **graph.frozen, **graph.state}
-        saved = {**ckpt.params, **ckpt.state}
-        changed = [f"{k!r} is {np.asarray(v).dtype} in the checkpoint, {network[k].dtype} in "
-                   f"the network" for k, v in saved.items()
-                   if k in network and np.asarray(v).dtype != network[k].dtype]
-        if changed:
-            more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
-            raise CheckpointError(f"{path}: {'; '.join(changed[:3])}{more}; resume with the "
-                                  f"dtype it was trained in, or start again without --resume")
-        restore(self.trainer, ckpt, source=str(path))
-        if self.comm.is_root:
-            print(f"meta: resuming from {path} at epoch {ckpt.position['epoch'] + 1}, step "
-                  f"{ckpt.position['step']}", file=self.stream, flush=True)
+        """Continue from the output folder's checkpoint (``meta.run.resume``)."""
+        resume_checkpoint(self.trainer, self.output_dir, self.recipe.definitions,
+                          vocabulary_info(self.train_data), self.stream, self.comm.is_root)
 
     def pretraining_plan(self) -> PretrainingPlan:
         """How a model that pre-trains (a DBN) spreads it over the ranks, as the strategy says."""
@@ -312,165 +221,9 @@ class RecipeRun:
 
     def measured(self, strategy: Strategy, history: list[dict[str, Any]]
                  ) -> tuple[dict[str, float], BaseException | None]:
-        """The recipe's metric components (top-k accuracy, a class's recall, ...), computed by
-        the ranks that train and shared with every rank; and the first metric that raised or
-        returned no number (its metric is then missing: the run is not passed), or None."""
-        wanted = {k: t for k, t in self.recipe.metrics.items() if k in METRICS}
-        values: dict[str, float] = {}
-        failed: BaseException | None = None
-        if strategy.role == "worker":
-            for key, threshold in wanted.items():
-                try:
-                    with user_code(f"metric {key!r}", f"METRICS[{key!r}]", "after training"):
-                        values[key] = _number(METRICS[key].build(**threshold.options)
-                                              .compute(self.trainer, history))
-                except Exception as err:  # noqa: BLE001 - reported once the outputs are out
-                    failed = failed or err
-        if not wanted:
-            return {}, None
-        values, failed = self.comm.bcast_obj((values, _portable(failed)), root=0)
-        return values, failed
-
-
-def _check_position(path: Path, position: Any) -> None:
-    """The checkpoint's loop position has the types the trainer reads (an edited file is a
-    CheckpointError naming the field, not a ValueError from deep inside)."""
-    counts = ("epoch", "step", "batch_in_epoch")
-    wrong = [f"position.{k}" for k in counts
-             if not isinstance(position.get(k), int) or isinstance(position.get(k), bool)
-             or position[k] < 0]
-    sums = position.get("epoch_sums")
-    if not (isinstance(sums, list) and len(sums) == 3 and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in sums)):
-        wrong.append("position.epoch_sums")
-    elapsed = position.get("epoch_elapsed")
-    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool):
-        wrong.append("position.epoch_elapsed")
-    history = position.get("history")
-    if not (isinstance(history, list) and all(isinstance(m, dict) for m in history)):
-        wrong.append("position.history")
-    if wrong:
-        raise CheckpointError(f"{path}: {', '.join(wrong)} do(es) not hold what a checkpoint "
-                              f"writes (a damaged or edited file); resume from another "
-                              f"checkpoint, or start again without --resume")
-
-
-def _vocabulary_text(info: Any) -> str:
-    """A checkpoint's record of a vocabulary in words."""
-    if not isinstance(info, dict):
-        return "none"
-    return (f"{info.get('kind')}, {info.get('size')} tokens, digest "
-            f"{str(info.get('digest'))[:8]}")
-
-
-def _number(value: Any) -> float:
-    """A metric's value as a float; anything else names what it was."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
-            and not (isinstance(value, np.ndarray) and value.size == 1):
-        raise TypeError(f"compute() returned {type(value).__name__} {value!r}, not a number")
-    return float(value)
-
-
-def _portable(err: BaseException | None) -> BaseException | None:
-    """``err`` as it can travel to other ranks (pickled): the marked original when it
-    pickles, else its one-line UserCodeError text."""
-    if err is None:
-        return None
-    user = user_error(err)
-    try:
-        import pickle
-
-        pickle.dumps(err)
-        return err
-    except Exception:  # noqa: BLE001 - unpicklable user exceptions
-        return RuntimeError(str(user or err))
-
-
-class NothingLearned(Event):
-    """Notes whether training changed anything: the parameters against a copy taken at the
-    start, and the step losses against the first. ``verdict()`` is one warning line per kind
-    of nothing (a strategy whose step updates nothing, a learning rate of 0), printed at the
-    end of the run; a model with no trainable parameter is refused before training."""
-
-    priority = -1_000
-
-    def __init__(self) -> None:
-        self.start: dict[str, np.ndarray] = {}
-        self.first: float | None = None
-        self.loss_changed = False
-        self.steps = 0
-        self.names: list[str] = []
-
-    def on_train_begin(self, trainer: Trainer) -> None:
-        params = trainer.executor.graph.parameters
-        self.start = {k: np.array(v, copy=True) for k, v in params.items()}
-
-    def on_step_end(self, trainer: Trainer, observation: dict[str, Any]) -> None:
-        loss = float(observation["loss"])
-        self.steps += 1
-        if self.first is None:
-            self.first = loss
-        elif loss != self.first:
-            self.loss_changed = True
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        params = trainer.executor.graph.parameters
-        self.names = [k for k, v in self.start.items() if k in params and
-                      np.array_equal(np.asarray(params[k]), v)]
-
-    def verdict(self) -> list[str]:
-        """Lines saying why the run learned nothing (no parameter moved, a constant loss); empty
-        when it learned."""
-        lines = []
-        if self.start and self.steps and len(self.names) == len(self.start):
-            lines.append(f"training did nothing: none of the {len(self.start)} parameter "
-                         f"tensors moved in {self.steps} step(s) (does the strategy's step "
-                         f"update them? is the learning rate 0?)")
-        if self.steps > 1 and not self.loss_changed:
-            lines.append(f"the training loss never changed in {self.steps} steps "
-                         f"({self.first:.6g} at every step)")
-        return lines
-
-
-class StopOnSignal(Event):
-    """Where SIGINT/SIGTERM stops a training run: at the first step boundary after the signal
-    (``meta.run.errors.SIGNALS``), after a checkpoint of exactly that step (rank 0, which writes
-    the outputs), so ``--resume`` continues from it. Runs last of all events."""
-
-    priority = -10_000
-
-    def on_train_begin(self, trainer: Trainer) -> None:
-        SIGNALS.deferring = True
-
-    def on_step_end(self, trainer: Trainer, observation: dict[str, Any]) -> None:
-        self.stop_if_asked(trainer)
-
-    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        self.stop_if_asked(trainer)
-
-    def on_eval_batch(self, trainer: Trainer) -> None:
-        # between evaluation batches: the trainer's position is still the epoch's last step,
-        # so the checkpoint resumes with this evaluation (it took 7.5-19.6 s to act on)
-        self.stop_if_asked(trainer, " (evaluating)")
-
-    def stop_if_asked(self, trainer: Trainer, doing: str = "") -> None:
-        """After a SIGINT/SIGTERM, checkpoint (if the run checkpoints) and stop at this step
-        boundary."""
-        if SIGNALS.pending is None or not SIGNALS.deferring:
-            return
-        SIGNALS.deferring = False
-        where = f"at epoch {len(trainer.history) + 1}, step {trainer.step}{doing}"
-        saver = next((e for e in trainer.events if isinstance(e, CheckpointEvent)), None)
-        if saver is not None:
-            try:
-                saver.write(trainer)
-                where += f"; checkpoint written to {saver.path} (continue with --resume)"
-            except Exception as err:  # noqa: BLE001 - the interrupt is what is reported
-                where += f"; no checkpoint written ({err})"
-        raise Interrupted(SIGNALS.pending, where)
-
-    def finalize(self, trainer: Trainer) -> None:
-        SIGNALS.deferring = False
+        """The recipe's metric components and the first that failed (``recipe_metrics``)."""
+        return measure(self.recipe.metrics, self.trainer, history, strategy.role == "worker",
+                       self.comm)
 
 
 def run_recipe(recipe: Recipe, comm: Communicator | None = None, **options: Any) -> Outcome:
