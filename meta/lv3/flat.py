@@ -29,9 +29,11 @@ class FlatBuffer:
         """``buffer``: memory to lay the arrays out in (a 1-D array of ``dtype`` and their
         total size, e.g. a window of memory that ranks share); a new zeroed one if None."""
         self.dtype = np.dtype(dtype)
+        """The float dtype of every array in it."""
         if not np.issubdtype(self.dtype, np.floating):
             raise TypeError(f"FlatBuffer: dtype must be a float type, got {self.dtype}")
         self.shapes = {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
+        """Each name's shape, in layout order (the same on every rank given the same shapes)."""
         sizes = [math.prod(shape) for shape in self.shapes.values()]
         if buffer is None:
             buffer = np.zeros(sum(sizes), dtype=self.dtype)
@@ -39,7 +41,9 @@ class FlatBuffer:
             raise ValueError(f"FlatBuffer: the given buffer is {buffer.dtype}{list(buffer.shape)}"
                              f", the arrays need {self.dtype}[{sum(sizes)}]")
         self.buffer = buffer
+        """The 1-D array holding every value, the names' in layout order: what one message sends."""
         self.views: dict[str, np.ndarray] = {}
+        """Each name's view of ``buffer`` with its shape: writing one writes the buffer."""
         offset = 0
         for (name, shape), size in zip(self.shapes.items(), sizes):
             self.views[name] = self.buffer[offset : offset + size].reshape(shape)

@@ -24,10 +24,15 @@ from meta.lv3.strategy import Strategy
 
 @dataclass
 class PretrainingPlan:
-    shard: tuple[int, int]  # (this rank's shard, shards)
+    shard: tuple[int, int]
+    """(this rank's shard, shards)"""
     average: Callable[[np.ndarray], np.ndarray] | None
+    """Averages a layer's statistics over the ranks (synchronous strategies), or None."""
     connect: Callable[[dict], Strategy] | None
-    description: str  # for the log; "" when nothing is distributed
+    """Builds the strategy that trains a layer through the run's servers (asynchronous ones), or
+    None."""
+    description: str
+    """for the log; "" when nothing is distributed"""
 
 
 def mean_over_ranks(comm: Communicator) -> Callable[[np.ndarray], np.ndarray]:

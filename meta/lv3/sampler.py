@@ -34,7 +34,9 @@ class DistributedSampler(ShuffleSampler):
                 "leaves every rank empty"
             )
         self.rank = rank
+        """This replica's index: which shard of the data it takes."""
         self.size = size
+        """Replicas sharing the data."""
 
     def epoch_size(self) -> int:
         if self.drop_last:

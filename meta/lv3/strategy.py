@@ -47,26 +47,39 @@ class Strategy:
     """
 
     name: ClassVar[str] = ""
+    """The name a recipe gives (``distributed: {"name": ...}``) and reports show."""
     consistent: bool = True
+    """Whether every replica holds the same parameters after every step (allreduce: yes;
+    local SGD between averages, Downpour, Hogwild: no). Where not, ``train`` evaluates the
+    test set again after ``finish`` made them agree."""
     role: str = "worker"
-    # What a recipe may set (``distributed: {"name": ..., option: value}``), declared here.
+    """This rank's part: "worker" (trains: ``step``) or "server" (``serve`` only, no
+    training); set per rank by strategies with servers."""
     options: ClassVar[dict[str, Option]] = {
         "chunk_bytes": Option(DEFAULT_CHUNK_BYTES, "bytes per allreduce chunk "
                               "(benchmarks/chunk_sweep.py)", low=1)}
-    # How a deep belief network pre-trains under this strategy (meta.lv3.pretraining):
-    # "average" (synchronous, statistics averaged), "exchange" (asynchronous, through the
-    # strategy's servers) or "replicate" (every rank the same stack from the same seed).
+    """What a recipe may set (``distributed: {"name": ..., option: value}``), declared here;
+    ``meta components`` lists them. A subclass extends it (``{**Strategy.options, ...}``)."""
     pretraining: ClassVar[str] = "replicate"
-    takes_line_search: ClassVar[bool] = False  # wraps L-BFGS/CG on several ranks
-    evaluates_rows: ClassVar[bool] = False  # trains by step_rows (Sandblaster), not step
-    # The executor the trainer runs under this strategy: a model-parallel one runs the
-    # trainer's graph its own way (a pipeline's stages, partitioned layers); None: the trainer's.
+    """How a deep belief network pre-trains under this strategy (meta.lv3.pretraining):
+    "average" (synchronous, statistics averaged), "exchange" (asynchronous, through the
+    strategy's servers) or "replicate" (every rank the same stack from the same seed)."""
+    takes_line_search: ClassVar[bool] = False
+    """Whether it can run a line-search optimizer (L-BFGS, CG) on several ranks (Sandblaster
+    does; ``check`` refuses the others)."""
+    evaluates_rows: ClassVar[bool] = False
+    """Whether it trains by ``step_rows`` (Sandblaster: batches evaluated by workers as it
+    hands them out), not by ``step`` on this rank's gradients."""
     trainer_executor: Any = None
-    # The ranks that finished the run, where a worker died (survived under ULFM); None: all.
+    """The executor the trainer runs under this strategy: a model-parallel one runs the
+    trainer's graph its own way (a pipeline's stages, partitioned layers); None: the
+    trainer's."""
     end_comm: Communicator | None = None
-    # Built from the run's graph (cuts or partitions it), so it needs a workload, not only
-    # an optimizer: model-parallel strategies.
+    """The ranks that finished the run, where a worker died (survived under ULFM); None:
+    all."""
     needs_workload: ClassVar[bool] = False
+    """Whether it is built from the run's graph (cuts or partitions it), so it needs a
+    workload, not only an optimizer: model-parallel strategies."""
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator,
@@ -112,20 +125,51 @@ class Strategy:
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeline: Timeline | None = None) -> None:
         self.optimizer = optimizer
+        """The wrapped Level 2 optimizer: ``self.optimizer.step(grads)`` applies an update to
+        this rank's parameters (a strategy decides which gradients, and when)."""
         self.comm = world() if comm is None else comm
-        self.group = self.comm  # the ranks that train (and evaluate)
+        """Every rank of the run (``meta.lv3.comm.Communicator``): servers and workers."""
+        self.group = self.comm
+        """The ranks that train (and evaluate): ``comm``, or the workers' part of it in a
+        strategy with servers. Metrics and ``sync_state`` are summed over it."""
         self.timeline = Timeline() if timeline is None else timeline
+        """This rank's step phases: ``step`` calls ``timeline.begin()`` first, then
+        ``timeline.lap(phase)`` after each phase ("pack", "communicate", "unpack", "update");
+        the run's phase report and Chrome trace read it (``meta.lv3.timeline``)."""
         self.flat_params = FlatBuffer.adopt(optimizer.params)
+        """The parameters in one contiguous buffer: ``flat_params.buffer`` is 1-D (every
+        parameter, in ``optimizer.params``' order) and ``optimizer.params[name]`` is a view
+        of it (``flat_params.views``), so an update through either is seen by both. Exchange
+        ``flat_params.buffer`` to exchange the whole model in one message."""
         self.flat_grads = FlatBuffer(self.flat_params.shapes, self.flat_params.dtype)
+        """A buffer laid out as ``flat_params`` for the gradients: ``flat_grads.pack(grads)``
+        copies a step's gradients into it and returns ``flat_grads.buffer``; the optimizer
+        can step on ``flat_grads.views``."""
         self.param_chunks = self.flat_params.chunks(chunk_bytes)
+        """``flat_params.buffer`` cut into consecutive views of at most ``chunk_bytes``
+        (views, not copies: they cover the buffer once). ``average(param_chunks,
+        flat_params.buffer)`` averages the parameters with one nonblocking allreduce per
+        chunk."""
         self.grad_chunks = self.flat_grads.chunks(chunk_bytes)
+        """``flat_grads.buffer`` cut as ``param_chunks`` cuts the parameters."""
         self.bytes_sent = 0
-        self.state_bytes_sent = 0  # by sync_state, apart from the per-step exchange
-        # One blocking Allreduce is the fastest exchange of one chunk on dedicated cores (200 KB
-        # at -n 2: 0.5 ms with packing, Iallreduce + Wait 3 ms; benchmarks/fusion.py), but with
-        # more ranks than cores MPICH's blocking call spins against descheduled peers: 1 MiB
-        # took 1.9 s at -n 4 on 2 cores, Iallreduce + Wait 24 ms (benchmarks/chunk_sweep.py).
+        """Bytes this rank handed to MPI as send buffers during training steps: add
+        ``buffer.nbytes`` once per call that sends it (an allreduce of it: once; an isend of
+        it to each of two neighbours: twice), whatever MPI then moves (an allreduce's internal
+        ring traffic is not counted, nor what this rank receives).
+        ``average`` and the built-in exchanges add their own: a strategy that calls
+        ``average`` must not add the same buffer again (double counting). The report divides
+        it by the steps begun (``bytes_sent_per_step``)."""
+        self.state_bytes_sent = 0
+        """Bytes ``sync_state`` averaged (BatchNorm statistics before each evaluation), apart
+        from the per-step exchange in ``bytes_sent``."""
         self.oversubscribed = _threads.local_ranks() > _threads.cores()
+        """Whether this node runs more ranks than it has cores. One blocking Allreduce is the
+        fastest exchange of one chunk on dedicated cores (200 KB at -n 2: 0.5 ms with packing,
+        Iallreduce + Wait 3 ms; benchmarks/fusion.py), but with more ranks than cores MPICH's
+        blocking call spins against descheduled peers: 1 MiB took 1.9 s at -n 4 on 2 cores,
+        Iallreduce + Wait 24 ms (benchmarks/chunk_sweep.py); ``average`` then uses the
+        nonblocking one."""
         self.comm.bcast(self.flat_params.buffer, root=self.source)
 
     @property
@@ -181,7 +225,10 @@ class Strategy:
         raise NotImplementedError(f"{type(self).__name__}.predict_comm_s")
 
     def average(self, chunks: list[np.ndarray], buffer: np.ndarray) -> None:
-        """Mean of ``buffer`` over ``comm``, one nonblocking allreduce per chunk of it."""
+        """Mean of ``buffer`` over ``comm``, one nonblocking allreduce per chunk of it
+        (``chunks``: views covering ``buffer``, e.g. ``param_chunks``). Counts
+        ``buffer.nbytes`` once in ``bytes_sent`` and laps "communicate" and "unpack" on the
+        timeline: the caller adds neither. Nothing on one process."""
         if self.comm.size == 1:
             return
         if len(chunks) == 1 and not self.oversubscribed:
@@ -245,7 +292,9 @@ class StrategyUpdater(Updater):
         super().__init__(strategy, lambda sums: group.allreduce(np.array(sums)),
                          strategy.trainer_executor, strategy.timeline)
         self.strategy = strategy
+        """The strategy the trainer steps through."""
         self.evaluates_rows = strategy.evaluates_rows
+        """The strategy's ``evaluates_rows``: the trainer hands it batches' rows."""
 
     def step(self, executor: Any, feeds: dict[str, np.ndarray], loss: str,
              outputs: Iterable[str]) -> dict[str, np.ndarray]:

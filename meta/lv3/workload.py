@@ -36,14 +36,22 @@ if TYPE_CHECKING:
 class Workload:
     """The facts of a training run a strategy may be built from (never the trainer)."""
 
-    executor: Executor  # the network as the trainer runs it
-    names: Mapping[str, str]  # "input", "labels", "logits", "loss" -> tensor names
-    train_data: Dataset  # rows the stages sample, Sandblaster's workers evaluate
+    executor: Executor
+    """the network as the trainer runs it"""
+    names: Mapping[str, str]
+    """"input", "labels", "logits", "loss" -> tensor names"""
+    train_data: Dataset
+    """rows the stages sample, Sandblaster's workers evaluate"""
     batch_size: int
-    seed: int  # the run's seed (a stochastic compressor's stream starts from it)
-    augmented: bool  # batches pass through a random transform before the executor
+    """Examples per step on this rank."""
+    seed: int
+    """the run's seed (a stochastic compressor's stream starts from it)"""
+    augmented: bool
+    """batches pass through a random transform before the executor"""
     steps_per_epoch: int
-    reshard_evaluation: Callable[[int, int], None] | None = None  # (rank, size) of evaluators
+    """Steps in an epoch on this rank."""
+    reshard_evaluation: Callable[[int, int], None] | None = None
+    """(rank, size) of evaluators"""
 
     @classmethod
     def of(cls, trainer: Trainer) -> Workload:

@@ -70,14 +70,17 @@ class Communicator(ABC):
 
     @property
     @abstractmethod
-    def rank(self) -> int: ...
+    def rank(self) -> int:
+        """This process's index among the ranks, 0 to ``size - 1``."""
 
     @property
     @abstractmethod
-    def size(self) -> int: ...
+    def size(self) -> int:
+        """How many ranks this communicator joins (1 without MPI)."""
 
     @property
     def is_root(self) -> bool:
+        """Whether this is rank 0: the rank that prints and writes a run's outputs."""
         return self.rank == 0
 
     def _check_root(self, root: int, what: str) -> None:
@@ -104,6 +107,26 @@ class Communicator(ABC):
     @abstractmethod
     def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Any:
         """Start reducing ``buf`` in place; returns a request (``buf`` is busy until it is done)."""
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
+                        op: str = "sum") -> Any:
+        """Start reducing ``send`` over all ranks and keeping this rank's part: rank r
+        receives the ``counts[r]`` values after those of the ranks before it into ``recv``
+        (``counts[rank]`` long; ``sum(counts) == send.size``); a request (ZeRO's gradients)."""
+        raise NotImplementedError(f"{type(self).__name__}.ireduce_scatter")
+
+    def iallgatherv(self, buf: np.ndarray, counts: list[int]) -> Any:
+        """Start gathering in place: rank r's ``counts[r]`` values, after those of the ranks
+        before it, are its own and reach every rank's ``buf``; a request (ZeRO's parameters
+        after each rank's update of its shard)."""
+        raise NotImplementedError(f"{type(self).__name__}.iallgatherv")
+
+    def _check_counts(self, counts: list[int], n: int, what: str) -> list[int]:
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) != n:
+            raise ValueError(f"{what}: counts {counts} must be {self.size} non-negative "
+                             f"numbers adding up to the buffer's {n} values")
+        return counts
 
     def _check_peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self.size or peer == self.rank:
@@ -205,7 +228,9 @@ class SingleProcessCommunicator(Communicator):
     """
 
     rank = 0
+    """The only rank."""
     size = 1
+    """One process."""
 
     def allreduce(self, buf: np.ndarray, op: str = "sum") -> np.ndarray:
         _check_op(op, "allreduce")
@@ -224,6 +249,21 @@ class SingleProcessCommunicator(Communicator):
 
     def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Any:
         self.allreduce(buf, op)
+        return COMPLETED
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
+                        op: str = "sum") -> Any:
+        _check_op(op, "ireduce_scatter")
+        counts = self._check_counts(counts, _check_buffer(send, "ireduce_scatter", False).size,
+                                    "ireduce_scatter")
+        if _check_buffer(recv, "ireduce_scatter").size != counts[0]:
+            raise ValueError(f"ireduce_scatter: recv has {recv.size} values, counts[0] is "
+                             f"{counts[0]}")
+        np.copyto(recv.reshape(-1), send.reshape(-1))
+        return COMPLETED
+
+    def iallgatherv(self, buf: np.ndarray, counts: list[int]) -> Any:
+        self._check_counts(counts, _check_buffer(buf, "iallgatherv").size, "iallgatherv")
         return COMPLETED
 
     def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
@@ -316,6 +356,9 @@ class MPICommunicator(Communicator):
     def __init__(self, comm: Any = None) -> None:
         self._MPI = _import_mpi()
         self.comm = self._MPI.COMM_WORLD if comm is None else comm
+        """The mpi4py communicator wrapped, for what this interface lacks (its uppercase
+        methods take numpy buffers); bytes sent through it directly are the caller's to count
+        in a strategy's ``bytes_sent``."""
         _LIVE.add(self)
         self._rank = self.comm.Get_rank()
         self._size = self.comm.Get_size()
@@ -324,10 +367,12 @@ class MPICommunicator(Communicator):
 
     @property
     def rank(self) -> int:
+        """This process's rank in the wrapped communicator."""
         return self._rank
 
     @property
     def size(self) -> int:
+        """The wrapped communicator's size."""
         return self._size
 
     def allreduce(self, buf: np.ndarray, op: str = "sum") -> np.ndarray:
@@ -356,6 +401,23 @@ class MPICommunicator(Communicator):
     def iallreduce(self, buf: np.ndarray, op: str = "sum") -> Any:
         mpi_op = self._ops[_check_op(op, "iallreduce")]
         return self.comm.Iallreduce(self._MPI.IN_PLACE, _check_buffer(buf, "iallreduce"), mpi_op)
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
+                        op: str = "sum") -> Any:
+        mpi_op = self._ops[_check_op(op, "ireduce_scatter")]
+        counts = self._check_counts(counts, _check_buffer(send, "ireduce_scatter", False).size,
+                                    "ireduce_scatter")
+        if _check_buffer(recv, "ireduce_scatter").size != counts[self._rank]:
+            raise ValueError(f"ireduce_scatter: recv has {recv.size} values, rank "
+                             f"{self._rank}'s count is {counts[self._rank]}")
+        return self.comm.Ireduce_scatter(send, recv, counts, mpi_op)
+
+    def iallgatherv(self, buf: np.ndarray, counts: list[int]) -> Any:
+        counts = self._check_counts(counts, _check_buffer(buf, "iallgatherv").size,
+                                    "iallgatherv")
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        return self.comm.Iallgatherv(self._MPI.IN_PLACE, [buf, counts, starts,
+                                                         self._MPI._typedict[buf.dtype.char]])
 
     def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
         self._check_peer(dest, "isend")

@@ -26,8 +26,10 @@ EVICT_BYTES = 8 << 20  # more than the caches a core has to itself
 
 @dataclass(frozen=True)
 class Link:
-    alpha: float  # seconds per message
-    beta: float  # seconds per byte
+    alpha: float
+    """seconds per message"""
+    beta: float
+    """seconds per byte"""
 
     def message(self, nbytes: float) -> float:
         return self.alpha + nbytes * self.beta

@@ -76,9 +76,13 @@ class Peer(NamedTuple):
     """What a rank tells the others about itself once: where to look for it."""
 
     rank: int
-    host: str  # hostname and pid namespace: pids compare only within both
+    """Its rank in the job's world communicator."""
+    host: str
+    """hostname and pid namespace: pids compare only within both"""
     pid: int
-    started: str  # /proc/PID/stat's start time ("" where there is no /proc)
+    """Its process id (in ``host``'s pid namespace)."""
+    started: str
+    """/proc/PID/stat's start time ("" where there is no /proc)"""
 
 
 def _namespace() -> str:
@@ -220,7 +224,11 @@ class Watchdog:
     def __init__(self, mine: Peer, peers: list[Peer], size: int, job: Path,
                  token: str) -> None:
         self.mine, self.peers, self.size, self.job, self.token = mine, peers, size, job, token
-        self.left = False  # this rank has written its marker
+        """``mine``: what this rank told the others. ``peers``: what they told. ``size``: ranks
+        in the job. ``job``: the job's private folder. ``token``: the job's secret, in every
+        marker."""
+        self.left = False
+        """this rank has written its marker"""
         self._stop = threading.Event()
         self._ending = threading.Lock()  # the watchdog and the main thread may both end it
         self._thread = threading.Thread(target=self._watch, name="meta-watchdog", daemon=True)

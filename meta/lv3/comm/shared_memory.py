@@ -41,9 +41,15 @@ class SharedSegments:
                  polling: bool = False) -> None:
         MPI = node._MPI  # noqa: N806
         self.node, self.dtype, self.polling = node, np.dtype(dtype), polling
+        """``node``: the node's ranks. ``dtype``: the values'. ``polling``: whether ``fence``
+        yields the core while it waits."""
         self.win = MPI.Win.Allocate_shared(int(count) * self.dtype.itemsize,
                                            self.dtype.itemsize, comm=node.comm)
+        """The MPI shared-memory window (``Win.Allocate_shared``) the segments live in; freed by
+        ``free``."""
         self.segments: list[np.ndarray] = []
+        """Rank q's segment as a numpy array in this process's memory (``segments[node rank]``):
+        writes by one rank are read by the others after a ``fence``."""
         for q in range(node.size):
             memory, _ = self.win.Shared_query(q)
             n = len(memory) // self.dtype.itemsize

@@ -129,8 +129,12 @@ class SurvivingCommunicator(MPICommunicator):
     def __init__(self, comm: Any) -> None:
         super().__init__(comm)
         self.members = world_ranks(self.comm)
+        """The world ranks still in it, in order: index i is the rank now numbered i."""
         self.lost: list[int] = []
+        """The world ranks found dead so far, in the order they were found."""
         self.on_shrink: list[Callable[[SurvivingCommunicator], None]] = []
+        """Callbacks run with this communicator after each shrink (re-shard the evaluation, hand
+        over writing the outputs)."""
 
     def _survive(self, call: Callable[[], Any], reset: Callable[[], None] = lambda: None) -> Any:
         MPI = self._MPI  # noqa: N806

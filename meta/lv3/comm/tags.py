@@ -6,7 +6,7 @@ protocol has its own block below and no number is in two blocks; the one deliber
 the pipeline's micro-batch range, which covers the small numbers and travels only on the
 pipeline's stage communicator (``pipeline.stage``), where no other protocol sends a message.
 The shard-server protocol is one protocol, spoken by ``downpour``, ``hierarchical_ps`` and
-``hybrid_downpour`` alike. ``tests/lv3/test_communicator.py`` checks the blocks are disjoint.
+``hybrid_downpour`` alike. ``tests/lv3/comm/test_communicator.py`` checks the blocks are disjoint.
 """
 
 from __future__ import annotations

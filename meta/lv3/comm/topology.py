@@ -53,7 +53,9 @@ class SingleProcessTopology(SingleProcessCommunicator):
     """Size 1: no neighbours; the neighbourhood collectives return zero rows."""
 
     sources: list[int] = []
+    """The ranks this one receives from: none on one process."""
     destinations: list[int] = []
+    """The ranks this one sends to: none on one process."""
 
     def neighbor_allgather(self, buf: np.ndarray) -> np.ndarray:
         _check_buffer(buf, "neighbor_allgather", writeable=False)
@@ -83,6 +85,8 @@ class TopologyCommunicator(MPICommunicator):
         super().__init__(comm)
         # A grid lists, per dimension, the -1 then the +1 side; a graph its adjacency lists.
         self.sources, self.destinations = list(comm.inedges), list(comm.outedges)
+        """``sources``: the ranks this one receives from (in-neighbours). ``destinations``: those
+        it sends to."""
 
     def neighbor_allgather(self, buf: np.ndarray) -> np.ndarray:
         """Each in-neighbour's ``buf``, one row per ``sources`` entry."""

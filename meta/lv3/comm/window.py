@@ -20,10 +20,14 @@ class Window:
             raise TypeError(f"Window: one-sided communication needs an MPICommunicator, "
                             f"got {comm!r}")
         self.MPI = _import_mpi()
+        """The mpi4py ``MPI`` module (its lock constants and types)."""
         self.owner, self.dtype = owner, np.dtype(dtype)
+        """``owner``: the rank whose memory it exposes. ``dtype``: the values'."""
         local = n * self.dtype.itemsize if comm.rank == owner else 0
         self.win = self.MPI.Win.Allocate(local, self.dtype.itemsize, comm=comm.comm)
+        """The MPI window over the owner's memory (``Win.Allocate``); freed by ``free``."""
         self.memory = np.frombuffer(self.win.tomemory(), self.dtype) if local else None
+        """The owner's window memory as a numpy array of ``dtype``; None on the other ranks."""
 
     def write_local(self, values: np.ndarray) -> None:
         """The owner stores ``values`` at the start of its own window memory, zeros after."""

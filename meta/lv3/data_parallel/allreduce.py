@@ -76,12 +76,21 @@ class Allreduce(Strategy):
                  bucket_bytes: int = 1 << 20, shared_memory: bool = True, **options) -> None:
         super().__init__(optimizer, comm, **options)
         self.overlap = overlap
+        """Whether a backward on an executor that takes the gradient hook starts each bucket's
+        allreduce as soon as its gradients are final (``step_with``), overlapping the exchange
+        with the rest of the backward."""
         self.buckets = Buckets(self, bucket_bytes)
+        """The gradient hook of an overlapped step (``Buckets``): the buffer the backward writes
+        into and the allreduces under way."""
         if compressor is not None and compressor.n != len(self.flat_grads):
             raise ValueError(f"Allreduce: the compressor is for {compressor.n} values, the "
                              f"gradients have {len(self.flat_grads)}")
         self.compressor = compressor
+        """The gradient compressor (``meta.lv3.data_parallel.compression``) whose payloads are
+        allgathered instead of an allreduce; None: the exact mean."""
         self.node: NodeExchange | None = None
+        """The shared-memory exchange where every rank is on one machine (``NodeExchange``);
+        None: MPI's allreduce, or after ``finish`` released it."""
         if shared_memory and compressor is None and self.comm.size > 1:
             node = node_of(self.comm)
             if node is not None and node.size == self.comm.size:
@@ -199,12 +208,23 @@ class Buckets(GradientHook):
 
     def __init__(self, strategy: Allreduce, bucket_bytes: int) -> None:
         self.strategy = strategy
+        """The Allreduce this hook belongs to (its communicator, timeline and parameters)."""
         self.bucket_bytes = int(bucket_bytes)
+        """At least this many bytes of finished gradients make a bucket whose allreduce starts."""
         self.seed = 1.0 / strategy.comm.size
+        """1/P: the loss's gradient is scaled by it, so the sum of the ranks' gradients is their
+        mean."""
         self.flat: FlatBuffer | None = None
+        """The gradients' buffer of the plan running now, laid out in the order its backward
+        finishes them; None before the first ``layout``."""
         self.layouts: dict[tuple[str, ...], tuple[FlatBuffer, dict, dict]] = {}
+        """Per order of the parameters (a plan), its buffer and each parameter's start and end
+        offsets in it."""
         self.requests: list[tuple[Any, int]] = []
+        """The allreduces under way: (request, start time in ns) each, traced as overlapped when
+        done."""
         self.used = False
+        """Whether the last backward handed over any bucket (an unplanned executor hands none)."""
 
     def _order(self, names: list[str]) -> tuple[str, ...]:
         """The parameters in the order the backward finishes them, those it never reaches

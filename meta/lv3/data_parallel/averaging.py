@@ -39,6 +39,7 @@ class ModelAveraging(Strategy):
                              f"got {every!r}")
         super().__init__(optimizer, comm, **options)
         self.every = every
+        """H: steps between averages of the parameters (the recipe's ``every``)."""
         self.consistent = every == 1
         self._since_average = 0
 
@@ -74,8 +75,11 @@ class RingAveraging(Strategy):
         super().__init__(optimizer, comm, **options)
         r, p = self.comm.rank, self.comm.size
         self.neighbours = sorted({(r - 1) % p, (r + 1) % p} - {r})
+        """The ring neighbours this rank averages with: rank - 1 and rank + 1 mod P (one at P =
+        2, none at P = 1)."""
         self.inbox = np.empty((len(self.neighbours), len(self.flat_params)),
                               self.flat_params.dtype)
+        """One row per neighbour: its parameters, received each step."""
 
     def step(self, grads: Params) -> None:
         t, comm, params = self.timeline, self.comm, self.flat_params.buffer

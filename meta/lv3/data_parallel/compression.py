@@ -33,14 +33,22 @@ class Compressor:
     """
 
     error_feedback = True
+    """Whether what compression lost (``residual``) is added to the next step's gradient before
+    compressing it."""
     options: ClassVar[dict[str, Option]] = {}
+    """What a recipe may set for this compressor (``compression_options``), declared here."""
 
     def __init__(self, n: int, dtype: np.dtype | type, seed: Seed = None) -> None:
         self.n = int(n)
+        """Values in the flat gradient."""
         self.dtype = np.dtype(dtype)
+        """The flat gradient's dtype."""
         self.residual = np.zeros(self.n, self.dtype)
+        """What the last compression lost, fed back into the next gradient (zeros without error
+        feedback)."""
         self._decoded = np.zeros(self.n, self.dtype)
         self.rng = np.random.default_rng(seed)
+        """The generator stochastic compressors draw from (seeded per rank)."""
 
     @property
     def payload_bytes(self) -> int:
@@ -77,6 +85,7 @@ class Float16(Compressor):
     """Cast to IEEE half precision: half the bytes of float32; rounding is not fed back."""
 
     error_feedback = False
+    """No: half precision's rounding is not fed back."""
 
     @property
     def payload_bytes(self) -> int:
@@ -93,6 +102,7 @@ class TopK(Compressor):
     """The ``ratio * n`` largest magnitudes, as (values, int32 indices); the rest is fed back."""
 
     options = {"ratio": Option(0.01, "the share of values sent", above=0.0, high=1.0)}
+    """``ratio``: the share of the values sent."""
 
     def __init__(self, n: int, dtype: np.dtype | type, ratio: float = 0.01,
                  seed: Seed = None) -> None:
@@ -100,6 +110,7 @@ class TopK(Compressor):
         if not 0 < ratio <= 1:
             raise ValueError(f"TopK: ratio must be in (0, 1], got {ratio}")
         self.k = max(1, min(self.n, round(ratio * self.n)))
+        """Values sent per step: ``ratio * n``, at least 1."""
 
     @property
     def payload_bytes(self) -> int:

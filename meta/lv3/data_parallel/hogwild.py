@@ -67,9 +67,14 @@ class SharedParameters:
             if node is not None:
                 node.free()
             raise ComponentError(refusal(comm.size, on_node))
-        self.window = SharedSegments.on_first(node, flat.buffer)  # nobody reads before it
+        self.window = SharedSegments.on_first(node, flat.buffer)
+        """The node's shared window holding the parameters, filled with ``flat``'s values
+        on its first rank (nobody reads before it)."""
         self.flat = FlatBuffer(flat.shapes, flat.dtype, buffer=self.window.segments[0])
+        """The parameters laid out in the node's shared window (buffer and views are that
+        memory); None after ``release``."""
         self.node = node
+        """The communicator of this node's ranks that share the window."""
 
     def fence(self) -> None:
         """Make this rank's writes visible to the others (a memory barrier, not a lock)."""
@@ -97,7 +102,8 @@ class Hogwild(Strategy):
     """
 
     name = "hogwild"
-    consistent = False  # a rank's last evaluation may race the others' last steps
+    consistent = False
+    """a rank's last evaluation may race the others' last steps"""
 
     @classmethod
     def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
@@ -110,7 +116,11 @@ class Hogwild(Strategy):
                  **options: Any) -> None:
         super().__init__(optimizer, comm, **options)
         self.shared: SharedParameters | None = None
+        """The parameters in shared memory that every rank trains (None on one process or after
+        ``finish``)."""
         self.private = self.flat_params
+        """This rank's own parameter buffer, which ``finish`` copies the final shared values
+        into."""
         if self.comm.size > 1:
             if not isinstance(self.comm, MPICommunicator):
                 raise TypeError(f"Hogwild: shared memory needs an MPICommunicator, got "

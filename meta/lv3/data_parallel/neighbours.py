@@ -51,11 +51,18 @@ class NeighbourAveraging(Strategy):
                              f"{average_every!r}")
         super().__init__(optimizer, comm, **options)
         self.kind, self.every = topology, average_every
+        """``kind``: the topology, "cart" or "graph". ``every``: steps between averages with the
+        neighbours."""
         self.neighbourhood = _topology(self.comm, topology, cart_dims)
+        """The MPI topology communicator whose in-neighbours (``sources``) this rank averages
+        with."""
         self.inbox = np.empty((len(self.neighbourhood.sources), len(self.flat_params)),
                               self.flat_params.dtype)
+        """One row per in-neighbour: its parameters, gathered at each average."""
         self._since_average = 0
         self.replica_spread = 0.0
+        """After ``finish``: the replicas' root-mean-square distance from their mean, relative to
+        the mean's norm (0 until then)."""
 
     def step(self, grads: Params) -> None:
         t = self.timeline

@@ -54,34 +54,51 @@ class NodeExchange(GradientHook):
     memory (collective to build). Also the executor's gradient hook: ``layout`` gives the
     arrays the backward writes into, ``seed`` = 1/P makes their sum the mean."""
 
-    bucket_bytes = sys.maxsize  # one hand-over, at the end of the backward
+    bucket_bytes = sys.maxsize
+    """one hand-over, at the end of the backward"""
     seed: float
+    """1/P: the loss's gradient is scaled by it when the backward writes through the hook, so the
+    sum over the node's ranks is the mean."""
 
     def __init__(self, strategy: Any, node: MPICommunicator) -> None:
         self.strategy, self.node = strategy, node
+        """``strategy``: the Allreduce this exchange serves. ``node``: the communicator of the
+        machine's ranks."""
         flat = strategy.flat_params
         polling = strategy.oversubscribed
         self.seed = 1.0 / node.size
         self.lo, self.hi = slice_of(len(flat), flat.dtype.itemsize, node.size, node.rank)
+        """This rank's slice of the flat gradient, ``[lo, hi)``: the part it sums (and, sharded,
+        steps)."""
         self.grads = SharedSegments(node, len(flat), flat.dtype, polling)
+        """Every rank's gradient in shared memory, one segment per rank."""
         self.mine = FlatBuffer(flat.shapes, flat.dtype, buffer=self.grads.segments[node.rank])
+        """This rank's gradient segment, laid out as the parameters (what the backward writes
+        into)."""
         self.peers = [segment[self.lo:self.hi] for segment in self.grads.segments]
+        """This rank's slice of every rank's gradient, which it sums."""
         self.sharded: ShardedOptimizer | None = None
+        """The optimizer stepping this rank's slice of shared parameters (ZeRO-1), where the
+        optimizer is elementwise; None: each rank steps the whole mean."""
         # ``shared``: the one array the node shares, the parameters (sharded) or the mean
         if ShardedOptimizer.takes(strategy.optimizer):
             self.shared = SharedSegments.on_first(node, flat.buffer, polling)
+            """The one array the node shares: the parameters (sharded) or the mean gradient."""
             strategy.flat_params = FlatBuffer.adopt(strategy.optimizer.params,
                                                     into=self.shared.segments[0])
             self.sharded = ShardedOptimizer(strategy.optimizer, strategy.flat_params,
                                             self.lo, self.hi, node)
             self.shared.fence()  # every slice of the state in
             self.sum = np.empty(self.hi - self.lo, flat.dtype)
+            """This rank's slice of the summed gradient."""
         else:
             self.shared = SharedSegments.on_first(node, np.zeros(len(flat), flat.dtype),
                                                   polling)
             self.mean = FlatBuffer(flat.shapes, flat.dtype, buffer=self.shared.segments[0])
+            """The mean gradient in shared memory, laid out as the parameters (not sharded only)."""
             self.sum = self.mean.buffer[self.lo:self.hi]
         self.used = False
+        """Whether the last backward wrote its gradients through the hook."""
 
     # -- the executor's gradient hook ---------------------------------------------------
     def layout(self, names: list[str]) -> dict[str, np.ndarray]:

@@ -70,8 +70,11 @@ class BucketedQuantizer(Compressor):
             raise ValueError(f"{type(self).__name__}: bucket_size must be at least 1, "
                              f"got {bucket_size}")
         self.bucket_size = int(bucket_size)
+        """Values per bucket, each with its own scale."""
         self.buckets = -(-self.n // self.bucket_size)
+        """Buckets in the gradient (the last one padded with zeros)."""
         self.error_feedback = bool(error_feedback)
+        """Whether the quantization error is fed back into the next gradient."""
         self._padded = np.zeros(self.buckets * self.bucket_size, self.dtype)
         self._levels = np.zeros_like(self._padded)  # decoding's, zeros past n
 
@@ -122,6 +125,7 @@ class StochasticQuantizer(BucketedQuantizer):
                "norm": Option("max", "the bucket's scale: max (largest magnitude) or l2",
                               choices=("max", "l2")),
                "error_feedback": _FEEDBACK}
+    """``bits``, ``bucket_size``, ``norm`` and ``error_feedback``, as a recipe sets them."""
 
     def __init__(self, n: int, dtype: np.dtype | type, bits: int = 4, bucket_size: int = 512,
                  norm: str = "max", error_feedback: bool = False, seed: Seed = None) -> None:
@@ -131,7 +135,10 @@ class StochasticQuantizer(BucketedQuantizer):
         if norm not in ("max", "l2"):
             raise ValueError(f"StochasticQuantizer: norm must be max or l2, got {norm!r}")
         self.bits, self.norm = int(bits), norm
-        self.levels = 2 ** (self.bits - 1) - 1  # codes 0 .. 2 * levels: -levels .. +levels
+        """``bits``: bits per value (sign and magnitude level). ``norm``: the bucket's scale,
+        "max" or "l2"."""
+        self.levels = 2 ** (self.bits - 1) - 1
+        """codes 0 .. 2 * levels: -levels .. +levels"""
 
     @property
     def code_bytes(self) -> int:
@@ -159,6 +166,7 @@ class Ternary(BucketedQuantizer):
     fewer bytes than float32)."""
 
     options = {"bucket_size": _BUCKET, "error_feedback": _FEEDBACK}
+    """``bucket_size`` and ``error_feedback``, as a recipe sets them."""
 
     @property
     def code_bytes(self) -> int:

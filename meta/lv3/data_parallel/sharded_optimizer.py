@@ -70,7 +70,10 @@ class ShardedOptimizer:
     def __init__(self, optimizer: Optimizer, flat: FlatBuffer, lo: int, hi: int,
                  node: MPICommunicator) -> None:
         self.transform, self.flat, self.lo, self.hi = optimizer.transform, flat, lo, hi
+        """``transform``: the optimizer's transformation. ``flat``: the whole parameter buffer.
+        ``lo``, ``hi``: this rank's slice of it."""
         self.windows: list[SharedSegments] = []
+        """The shared windows holding the optimizer state (freed by ``release``)."""
 
         def share(values: dict) -> dict:  # the same order on every rank: collective
             window = SharedSegments.on_first(node, np.asarray(values[FLAT]))
@@ -78,7 +81,9 @@ class ShardedOptimizer:
             return {FLAT: window.segments[0]}
 
         self.whole = _map(self.transform.init({FLAT: flat.buffer}), lambda v: v, share)
+        """The whole optimizer state, its arrays in the node's shared memory."""
         self.part = Optimizer(self.transform, {FLAT: flat.buffer[lo:hi]})
+        """An optimizer over this rank's slice of the parameters and state."""
         self.load_state_dict(optimizer.state_dict())  # a resumed run's state goes on
         optimizer.state = None  # the wrapped optimizer's own copy: this one replaces it
 

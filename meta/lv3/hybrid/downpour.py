@@ -46,6 +46,7 @@ class StepContinued:
 
     def __init__(self, timeline: Timeline) -> None:
         self.timeline = timeline
+        """The strategy's timeline this one continues."""
 
     def begin(self) -> None:
         self.timeline.lap("compute")
@@ -59,18 +60,27 @@ class StageRoute:
     communicator, the stage's flat buffers and local rule, the servers that hold its pieces
     (``bounds``: each piece's range of the stage's buffer), every worker and their roster."""
 
-    warm_start_steps = 0  # none over replicas (see the module's docstring)
+    warm_start_steps = 0
+    """none over replicas (see the module's docstring)"""
 
     def __init__(self, strategy: HybridDownpour, world: Communicator, servers: list[int],
                  bounds: list[tuple[int, int]], workers: list[int], n_fetch: int,
                  n_push: int) -> None:
         self.comm, self.servers, self.bounds, self.workers = world, servers, bounds, workers
+        """``comm``: every rank. ``servers``: the servers of this stage's pieces. ``bounds``: the
+        pieces' offsets in the stage's flat buffers. ``workers``: the ranks that push to them."""
         self.flat_params, self.flat_grads = strategy.flat_params, strategy.flat_grads
+        """``flat_params``, ``flat_grads``: the stage's buffers, the strategy's."""
         self.optimizer = strategy.optimizer
+        """The stage's optimizer, the strategy's."""
         self.timeline = StepContinued(strategy.timeline)
+        """The strategy's timeline, without starting a step of its own."""
         self.roster = Roster(workers)
+        """Per worker: status, steps and pushes, as the servers report them."""
         self.n_fetch, self.n_push = n_fetch, n_push
+        """``n_fetch``, ``n_push``: steps between fetches and between pushes."""
         self.strategy = strategy
+        """The HybridDownpour this route serves."""
 
     @property
     def bytes_sent(self) -> int:
@@ -86,7 +96,8 @@ class HybridDownpour(HybridPipeline):
     """Downpour over pipelined replicas: each stage fetches and pushes its own parameters."""
 
     name = "hybrid_downpour"
-    consistent = False  # replicas differ until the end, when all take the servers' model
+    consistent = False
+    """replicas differ until the end, when all take the servers' model"""
     options: ClassVar[dict[str, Option]] = {
         "stages": Option(2, "pipeline stages of every replica (consecutive ranks)", low=1),
         **{k: Downpour.options[k] for k in ("servers", "n_fetch", "n_push")},
@@ -123,12 +134,17 @@ class HybridDownpour(HybridPipeline):
                  n_fetch: int = 1, n_push: int = 1) -> None:
         super().__init__(optimizer, pipe, grid, world, data_comm)
         self.layout, self.n_fetch, self.n_push = layout, n_fetch, n_push
+        """``layout``: the stages' pieces on the servers. ``n_fetch``, ``n_push``: steps between
+        fetches and between pushes."""
         route = layout.route(grid.position(world.rank)[1])
         self.route = StageRoute(self, world, [grid.server_ranks[j] for j, _, _ in route],
                                 [(lo, hi) for _, lo, hi in route], grid.worker_ranks,
                                 n_fetch, n_push)
+        """This stage's servers, pieces and workers, as a Downpour client sees them."""
         self.client = DownpourClient(self.route)
-        self.staleness = StalenessLog(grid.workers)  # the servers' counts, summed at the end
+        """The Downpour client pushing this stage's gradients and fetching its parameters."""
+        self.staleness = StalenessLog(grid.workers)
+        """the servers' counts, summed at the end"""
 
     def step(self, grads: Params) -> None:
         """Accrue, step locally, push and fetch this stage's parameters (Algorithm 1.1)."""

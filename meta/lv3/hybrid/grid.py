@@ -52,9 +52,13 @@ class ReplicaGrid:
     """
 
     size: int
+    """Ranks in all."""
     stages: int
+    """Pipeline stages per replica."""
     servers: int = 0
+    """Ranks after the replicas that serve the parameters (HybridDownpour's); 0: none."""
     strategy: str = "hybrid"
+    """The strategy whose grid this is, for messages."""
 
     def __post_init__(self) -> None:
         if self.stages < 1 or self.servers < 0:
@@ -144,8 +148,11 @@ class HybridPipeline(Pipeline):
                  world: Communicator, data_comm: Communicator) -> None:
         super().__init__(optimizer, pipe)
         self.grid, self.world = grid, world
-        self.group = data_comm  # this stage in every replica: metrics are summed over them
-        self.exchange_bytes = 0  # sent to other replicas or to the servers, by training steps
+        """``grid``: the replicas' and stages' ranks. ``world``: every rank."""
+        self.group = data_comm
+        """this stage in every replica: metrics are summed over them"""
+        self.exchange_bytes = 0
+        """sent to other replicas or to the servers, by training steps"""
 
     @property
     def cores(self) -> int | None:

@@ -60,11 +60,15 @@ class ShardLayout:
     def __init__(self, stage_shapes: list[dict[str, tuple[int, ...]]], servers: int,
                  dtype: np.dtype | type) -> None:
         self.stage_shapes, self.dtype = stage_shapes, np.dtype(dtype)
+        """``stage_shapes``: each stage's parameters' shapes. ``dtype``: their dtype."""
         sizes = [sum(math.prod(shape) for shape in shapes.values()) for shapes in stage_shapes]
         edges = np.cumsum([0, *sizes]).tolist()
         self.stage_bounds = list(zip(edges[:-1], edges[1:]))
+        """Each stage's (start, end) in the concatenation of every stage's parameters."""
         self.total = edges[-1]
+        """Values in all stages."""
         self.shards = shard_bounds(self.total, servers)
+        """Each server's (start, end) in that concatenation."""
 
     @classmethod
     def of(cls, graph: Graph, part: Partition, servers: int, strategy: str) -> ShardLayout:
@@ -117,7 +121,10 @@ class Piece:
 
     def __init__(self, stage: int, values: np.ndarray, rule: GradientTransformation) -> None:
         self.stage, self.values, self.updates = stage, values, 0
+        """``stage``: the stage it belongs to. ``values``: a view of its values in the shard.
+        ``updates``: pushes applied (its version)."""
         self.optimizer = Optimizer(rule, {"piece": values})
+        """The update rule's optimizer over ``values``, with its own state."""
 
 
 class PieceServer:
@@ -129,6 +136,8 @@ class PieceServer:
                  log: StalenessLog, roster: Roster, timeline: Timeline) -> None:
         self.comm, self.served, self.log, self.roster, self.timeline = (
             comm, served, log, roster, timeline)
+        """``comm``: every rank. ``served``: the pieces this server holds. ``log``: the staleness
+        log. ``roster``: per worker status. ``timeline``: this rank's timeline."""
 
     def run(self) -> None:
         comm, t = self.comm, self.timeline
@@ -197,8 +206,12 @@ class HybridServer(Strategy):
         super().__init__(Optimizer(scale(1.0), params), servers_comm)
         graph.initializers.update(params)
         self.comm, self.grid, self.layout = world, grid, layout
+        """``grid``: the replicas' and stages' ranks. ``layout``: the stages' pieces on the
+        servers."""
         self.staleness = StalenessLog(grid.workers)
+        """The staleness of the pushes applied, and pushes per worker."""
         self.roster = Roster(grid.worker_ranks)
+        """Per worker: status, steps, pushes and silence."""
         index = grid.server_ranks.index(world.rank)
         lo = layout.shards[index][0]
         served = []
@@ -207,6 +220,7 @@ class HybridServer(Strategy):
             served += [(w, w, piece) for w in (grid.rank_of(r, stage)
                                                for r in range(grid.replicas))]
         self.server = PieceServer(world, served, self.staleness, self.roster, self.timeline)
+        """This server rank's pieces and their serving loop."""
 
     def step(self, grads: dict) -> None:
         raise RuntimeError(f"hybrid_downpour: rank {self.comm.rank} is a server; it does not "

@@ -83,14 +83,20 @@ class AsyncParameterServer(Strategy):
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, **options) -> None:
         comm = world() if comm is None else comm
         self.server = comm.size - 1 if comm.size > 1 else None
+        """The server's rank (the last one), or None on one process."""
         super().__init__(optimizer, comm, **options)
         self.role = "server" if comm.rank == self.server else "worker"
         self.group = surviving(comm.split(int(self.role == "server")))
         self.workers = [r for r in range(comm.size) if r != self.server]
-        self.update_order: list[int] | None = None  # on the server and rank 0, once finished
-        self.roster = Roster(self.workers)  # the server's, sent to the workers at the end
-        self.end_comm = comm  # the ranks that finished the run (all, unless a worker died)
-        self.steps = self.steps_per_epoch = 0  # steps_per_epoch: a loss's epoch
+        """The workers' ranks: every rank but the server."""
+        self.update_order: list[int] | None = None
+        """on the server and rank 0, once finished"""
+        self.roster = Roster(self.workers)
+        """the server's, sent to the workers at the end"""
+        self.end_comm = comm
+        """the ranks that finished the run (all, unless a worker died)"""
+        self.steps = self.steps_per_epoch = 0
+        """``steps``: local steps done. ``steps_per_epoch``: the steps of a loss's epoch."""
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,

@@ -108,27 +108,43 @@ class Downpour(Strategy):
             raise ValueError(f"Downpour: servers={servers} leaves no worker among "
                              f"{comm.size} ranks; run with more ranks or fewer servers")
         self.n_servers = servers if comm.size > 1 else 0
+        """Servers, each holding one shard of the parameters (0 on one process)."""
         super().__init__(optimizer, comm, **options)
         self.n_fetch, self.n_push, self.warm_start_steps = n_fetch, n_push, warm_start_steps
+        """``n_fetch``: steps between fetches of the parameters. ``n_push``: steps between pushes
+        of the accrued gradients. ``warm_start_steps``: steps rank 0 trains alone before the
+        other workers start."""
         self.servers = list(range(comm.size - self.n_servers, comm.size))
+        """The servers' ranks: the last ``n_servers``."""
         self.workers = list(range(comm.size - self.n_servers))
+        """The workers' ranks: all but the servers."""
         self.role = "server" if comm.rank in self.servers else "worker"
         self.group = surviving(comm.split(int(self.role == "server"))) if self.servers else comm
-        self.steps_per_epoch = 0  # known to the workers (from_recipe): a loss's epoch
+        self.steps_per_epoch = 0
+        """known to the workers (from_recipe): a loss's epoch"""
         self.bounds = shard_bounds(len(self.flat_params), max(self.n_servers, 1))
+        """Each server's shard of the flat parameters, as (start, end) offsets."""
         self.staleness = StalenessLog(len(self.workers))
+        """The staleness of the pushes a server applied, and pushes per worker (merged over the
+        servers for the report)."""
         self.roster = Roster(self.workers, worker_timeout_s)
-        self.left = self.lost = False  # this worker left / was declared lost
-        self.end_comm = comm  # the survivors, once the run has ended
-        self.schedule: dict[str, Any] | None = None  # rank 0's, once finished (_final)
+        """Per worker: status, steps, pushes, silence (``Roster``): who finished, left or died."""
+        self.left = self.lost = False
+        """this worker left / was declared lost"""
+        self.end_comm = comm
+        """the survivors, once the run has ended"""
+        self.schedule: dict[str, Any] | None = None
+        """rank 0's, once finished (_final)"""
         if self.role == "server":
             lo, hi = self.bounds[self.servers.index(comm.rank)]
             shard = Optimizer(server_rule or optimizer.transform,
                               {"shard": self.flat_params.buffer[lo:hi]})
             self.server = ShardServer(comm, shard, self.workers, self.staleness, self.timeline,
                                       self.roster, steps_per_push=n_push)
+            """This server rank's shard server (servers only)."""
         elif self.servers:
             self.client = DownpourClient(self)
+            """This worker rank's push and fetch side (workers only)."""
             if comm.rank != 0 and warm_start_steps:
                 self._talk(self.client.wait_for_go, why="the others wait for its warm start")
 
@@ -292,21 +308,37 @@ class DownpourClient:
 
     def __init__(self, owner: Downpour) -> None:
         self.owner, self.comm, self.steps = owner, owner.comm, 0
+        """``owner``: the Downpour strategy (its servers, shards, buffers). ``comm``: its
+        communicator. ``steps``: local steps done."""
         self.accrued = np.zeros_like(owner.flat_grads.buffer)
+        """Gradients summed since the last push."""
         self.outbox = np.zeros_like(self.accrued)
+        """The push in flight: ``accrued`` copied out, left alone until its sends complete."""
         self.fetched = np.zeros_like(self.accrued)
-        # Local moves the servers have not seen: since the last push, and since the last push
-        # before the pending fetch was asked for (what its answer lacks).
+        """Where the pending fetch's parameters land."""
         self.unpushed = np.zeros_like(self.accrued)
+        """Local moves the servers have not seen: since the last push, and since the last push
+        before the pending fetch was asked for (what its answer lacks)."""
         self.unfetched = np.zeros_like(self.accrued)
+        """The local moves since the last push before the pending fetch was asked for: what its
+        answer lacks, added to it when it lands."""
         self.moved = np.zeros_like(self.accrued)
+        """Scratch: the parameters' move in this local step."""
         self.empty = np.empty(0, self.accrued.dtype)
+        """A zero-length array: the payload of control messages (FETCH, GO)."""
         self.pushes: list = []
+        """The pending push's send requests, one per server."""
         self.fetches: list = []
-        self.started = False  # the step-0 fetch has landed
-        self.verdict = None  # the receive of the servers' verdict, once posted
-        self.judged = False  # the verdict came while this worker was still training: lost
-        self.early: list[int] = []  # steps whose pending fetch landed before the local step
+        """The pending fetch's requests (receives of the shards and the FETCH sends); empty: none
+        pending."""
+        self.started = False
+        """the step-0 fetch has landed"""
+        self.verdict = None
+        """the receive of the servers' verdict, once posted"""
+        self.judged = False
+        """the verdict came while this worker was still training: lost"""
+        self.early: list[int] = []
+        """steps whose pending fetch landed before the local step"""
 
     def shards(self, buffer: np.ndarray) -> list[tuple[int, np.ndarray]]:
         return [(s, buffer[lo:hi]) for s, (lo, hi) in zip(self.owner.servers, self.owner.bounds)]

@@ -69,9 +69,14 @@ class HierarchicalParameterServer(Strategy):
         super().__init__(optimizer, comm, **options)
         n_servers = servers if comm.size > 1 else 0
         self.servers = list(range(comm.size - n_servers, comm.size))
+        """The servers' ranks: the last ``n_servers``."""
         self.workers = list(range(comm.size - n_servers))
+        """The workers' ranks: all but the servers."""
         self.fan_in = min(fan_in, len(self.workers))
+        """Workers per team: each team's first worker (its aggregator) sums the team's gradients
+        and pushes them."""
         self.aggregators = self.workers[::self.fan_in]
+        """The aggregators' ranks: every ``fan_in``-th worker."""
         self.role = "server" if comm.rank in self.servers else "worker"
         self.consistent = len(self.aggregators) == 1
         self.group = comm.split(int(self.role == "server")) if self.servers else comm
@@ -79,17 +84,24 @@ class HierarchicalParameterServer(Strategy):
         first = comm.rank - comm.rank % self.fan_in
         self.team = [] if self.role == "server" else \
             list(range(first, min(first + self.fan_in, len(self.workers))))
+        """The worker indices of this rank's team (empty on a server)."""
         self.bounds = shard_bounds(len(self.flat_params), max(n_servers, 1))
+        """Each server's shard of the flat parameters, as (start, end) offsets."""
         self.staleness = StalenessLog(len(self.aggregators))
-        self.global_bytes_received = 0.0  # by the servers, summed at the end (every rank)
-        self.worker_steps = 0  # a worker's steps (the most of any), known at the end
+        """The staleness of the pushes a server applied, and pushes per aggregator."""
+        self.global_bytes_received = 0.0
+        """by the servers, summed at the end (every rank)"""
+        self.worker_steps = 0
+        """a worker's steps (the most of any), known at the end"""
         self.inbox = np.empty((max(len(self.team) - 1, 0), len(self.flat_grads)),
                               self.flat_grads.dtype) if self.is_aggregator else None
+        """An aggregator's rows for its team mates' gradients; None elsewhere."""
         if self.role == "server":
             lo, hi = self.bounds[self.servers.index(comm.rank)]
             shard = Optimizer(optimizer.transform, {"shard": self.flat_params.buffer[lo:hi]})
             self.server = ShardServer(comm, shard, self.aggregators, self.staleness,
                                       self.timeline)
+            """This server rank's shard server (servers only)."""
 
     @property
     def is_aggregator(self) -> bool:

@@ -47,11 +47,14 @@ class AsyncRMA(AsyncParameterServer):
     """
 
     name = "async_rma"
-    stall_s = 5.0  # after a death, seconds without an update before the run is given up
+    stall_s = 5.0
+    """after a death, seconds without an update before the run is given up"""
 
     def __init__(self, optimizer, comm: Communicator | None = None, **options) -> None:
         super().__init__(optimizer, comm, **options)
         self.window: Window | None = None
+        """The server's window: the flat parameters, then one update counter per worker; None on
+        one process."""
         if self.server is not None:
             buffer, n = self.flat_params.buffer, self.flat_params.buffer.size
             self.window = Window(self.comm, self.server, n + len(self.workers), buffer.dtype)
@@ -59,10 +62,12 @@ class AsyncRMA(AsyncParameterServer):
                 self.window.write_local(buffer)
             self.comm.barrier()  # no Get before the server has filled the window
             self.before = np.zeros(n + len(self.workers), buffer.dtype)
+            """What a worker accumulates into the window with each update: its negated step, and
+            1 on its own counter."""
             if self.role == "worker":  # this worker's counter goes up by one with each update
                 self.before[n + self.workers.index(self.comm.rank)] = 1
-                # Answered at the end; until then, testing it notices a dead server.
                 self.verdict = self.comm.irecv(self.roster.info, self.server, ROSTER)
+                """Answered at the end; until then, testing it notices a dead server."""
 
     def step(self, grads: Params) -> None:
         t = self.timeline

@@ -39,8 +39,12 @@ class StalenessLog:
 
     def __init__(self, workers: int) -> None:
         self.counts = np.zeros(MAX_STALENESS + 1, dtype=np.int64)
+        """How many pushes were applied at each staleness (updates since the pusher's last
+        fetch), the last bin for ``MAX_STALENESS`` and more."""
         self.pushes = np.zeros(max(workers, 1), dtype=np.int64)
-        self.order: list[int] = []  # the worker of each applied push, on this server
+        """Pushes applied per worker."""
+        self.order: list[int] = []
+        """the worker of each applied push, on this server"""
 
     def record(self, worker: int, staleness: int) -> None:
         if staleness < 0:
@@ -91,10 +95,16 @@ class Roster:
     """
 
     STATUS, STEPS, PLANNED, PUSHES, SILENT, AT = range(6)
+    """The columns of a worker's row in ``info``: status, steps done, steps planned, pushes
+    applied, seconds silent, and when its death was seen."""
 
     def __init__(self, workers: list[int], timeout_s: float | None = None) -> None:
         self.workers, self.timeout_s = workers, timeout_s
+        """``workers``: the workers' ranks. ``timeout_s``: seconds of silence after which a
+        worker is declared lost; None: never."""
         self.info = np.zeros((max(len(workers), 1), 6))
+        """One float64 row per worker, columns ``STATUS`` to ``AT``: what ``allreduce(max)``
+        merges over the servers."""
         self.info[:, self.PLANNED] = -1
 
     def status(self, worker: int) -> int:
@@ -200,16 +210,24 @@ class ShardServer:
                  steps_per_push: int = 1) -> None:
         self.comm, self.shard, self.workers, self.log, self.timeline = (
             comm, shard, workers, log, timeline)
-        self.steps_per_push = steps_per_push  # a dead worker's steps: its pushes times this
+        """``comm``: every rank. ``shard``: the optimizer over this server's shard. ``workers``:
+        the ranks that push. ``log``: the staleness log. ``timeline``: this rank's timeline."""
+        self.steps_per_push = steps_per_push
+        """a dead worker's steps: its pushes times this"""
         self.roster = Roster(workers) if roster is None else roster
+        """Per worker: status, steps, pushes and silence."""
         self.values = shard.params["shard"]
-        self.updates = 0  # pushes applied so far: the shard's version
-        self.answered = [0] * len(workers)  # version sent with each worker's last fetch
+        """The shard's current values (what a fetch gets)."""
+        self.updates = 0
+        """pushes applied so far: the shard's version"""
+        self.answered = [0] * len(workers)
+        """version sent with each worker's last fetch"""
         self.arrivals: list[tuple[int, float]] = []
-        # (worker index, 0 for a push or 1 for a fetch, seconds into serving) of every
-        # message handled, in order: with the workers' landing steps, what a virtual-time
-        # replay needs to end with this run's weights bit for bit (meta.planner.virtual_time)
+        """(worker, monotonic time) per push applied."""
         self.events: list[tuple[int, int, float]] = []
+        """(worker index, 0 for a push or 1 for a fetch, seconds into serving) of every message
+        handled, in order: with the workers' landing steps, what a virtual-time replay needs
+        to end with this run's weights bit for bit (meta.planner.virtual_time)"""
 
     def _deadline(self, active: set[int], last: list[float]) -> float:
         timeout = self.roster.timeout_s

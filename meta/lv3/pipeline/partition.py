@@ -51,12 +51,19 @@ class Stage:
     the batch, the initializers it reads and its cost under the partition's cost model."""
 
     index: int
+    """Its position in the pipeline (the rank that runs it)."""
     nodes: list[str]
+    """Its graph nodes' names, in order."""
     receives: list[str] = field(default_factory=list)
+    """Tensors it receives from the previous stage (activations), in the order both sides use."""
     sends: list[str] = field(default_factory=list)
+    """Tensors it sends to the next stage, in the order both sides use."""
     feeds: list[str] = field(default_factory=list)
+    """Graph inputs it reads from the batch."""
     initializers: list[str] = field(default_factory=list)
+    """Initializers (parameters, constants) its nodes read."""
     cost: float = 0.0
+    """Its cost under the partition's cost model (seconds, or a size where not measured)."""
 
 
 @dataclass
@@ -64,9 +71,13 @@ class Partition:
     """Stages of ``graph``, and the graph outputs the last stage computes."""
 
     stages: list[Stage]
+    """The stages, first to last."""
     outputs: list[str]
-    balance: str = "cuts"  # how the cuts were chosen: "cuts" (the user's) or a cost model
-    tied: dict[str, list[int]] = field(default_factory=dict)  # parameter -> stages reading it
+    """The whole graph's outputs the last stage produces."""
+    balance: str = "cuts"
+    """how the cuts were chosen: "cuts" (the user's) or a cost model"""
+    tied: dict[str, list[int]] = field(default_factory=dict)
+    """parameter -> stages reading it"""
 
     @property
     def cuts(self) -> list[str]:

@@ -77,8 +77,11 @@ class Simulated:
     share of the step (``bubble`` is their mean)."""
 
     step_s: float
+    """The modelled step's time, seconds."""
     busy_s: list[float]
+    """Per stage: seconds it computed during the step."""
     finish_s: list[float]
+    """Per stage: when it finished its last operation."""
 
     @property
     def idle(self) -> list[float]:

@@ -107,17 +107,29 @@ class StageStats:
     """What one rank measured over the training steps (the first step is a warm-up, left out)."""
 
     steps: int = 0
-    span_s: float = 0.0  # from entering the step to the end of its last operation
+    """Training steps measured (the warm-up left out)."""
+    span_s: float = 0.0
+    """from entering the step to the end of its last operation"""
     forward_s: float = 0.0
+    """Seconds in this stage's forward operations."""
     backward_s: float = 0.0
-    wait_s: float = 0.0  # blocked in receives: the bubble and the transfers
+    """Seconds in this stage's backward operations."""
+    wait_s: float = 0.0
+    """blocked in receives: the bubble and the transfers"""
     forwards: int = 0
+    """Forward operations run (one per micro-batch)."""
     backwards: int = 0
-    peak_stored_bytes: int = 0  # the most bytes the live tapes held at once
-    peak_in_flight: int = 0  # the most micro-batches with a live tape
+    """Backward operations run (one per micro-batch)."""
+    peak_stored_bytes: int = 0
+    """the most bytes the live tapes held at once"""
+    peak_in_flight: int = 0
+    """the most micro-batches with a live tape"""
     bytes_sent: int = 0
-    rows: int = 0  # examples through those steps
-    span_median_s: float = 0.0  # the typical step, without a loaded machine's stalls (summary)
+    """Bytes of activations and gradients this stage handed to MPI."""
+    rows: int = 0
+    """examples through those steps"""
+    span_median_s: float = 0.0
+    """the typical step, without a loaded machine's stalls (summary)"""
 
     def as_array(self) -> np.ndarray:
         """The fields in order, as floats (to gather them over ranks)."""
@@ -149,26 +161,43 @@ class PipelineExecutor(Executor):
             raise PartitionError(f"micro_batches must be between 1 and {MAX_MICRO_BATCHES}, "
                                  f"got {micro_batches}")
         self.graph, self.partition, self.comm = graph, partition, comm
+        """``graph``: the whole graph. ``partition``: its stages. ``comm``: one rank per stage."""
         self.rank, self.stages = comm.rank, comm.size
+        """``rank``: this stage's index. ``stages``: how many there are."""
         self.stage = partition.stages[self.rank]
+        """This rank's stage of the partition."""
         self.stage_graph = partition.stage_graph(graph, self.rank)
+        """The graph of this stage's nodes alone."""
         self.executor = make_executor(self.stage_graph)
+        """The executor running this stage's graph."""
         self.micro_batches, self.schedule_name = micro_batches, schedule_name
+        """``micro_batches``: the slices a batch is cut into. ``schedule_name``: the order stages
+        run them in (GPipe or 1F1B)."""
         self.timeline = Timeline() if timeline is None else timeline
+        """This rank's step phases."""
         self.oversubscribed = _threads.local_ranks() > _threads.cores()
+        """Whether this node runs more ranks than it has cores (waits then yield the core)."""
         self.training: bool | None = None
+        """Whether the executor is in training mode; None until set."""
         self.last = self.rank == self.stages - 1
+        """Whether this is the last stage (it computes the loss)."""
         self.outputs = list(partition.outputs) if self.last else list(self.stage.sends)
+        """What this stage produces: the graph's outputs (last stage) or what it sends on."""
         self.stats = StageStats()
-        self.shapes = self._agree_shapes(sample)  # name -> (per-example shape, dtype)
+        """What this rank measured over the training steps."""
+        self.shapes = self._agree_shapes(sample)
+        """name -> (per-example shape, dtype)"""
         diff = differentiable(graph)
         floats = {k for k, (_, dt) in self.shapes.items() if np.issubdtype(dt, np.floating)}
-        # gradients this stage sends back (of what it received) and receives (of what it sent)
         self.grad_sends = [t for t in self.stage.receives if t in diff and t in floats]
+        """gradients this stage sends back (of what it received) and receives (of what it sent)"""
         self.grad_receives = [t for t in self.stage.sends if t in diff and t in floats]
+        """The sent tensors whose gradients come back from the next stage."""
         self._train_steps = 0
-        self.bytes_sent = 0  # by training steps, the warm-up included
-        self.spans: list[float] = []  # of every measured step
+        self.bytes_sent = 0
+        """by training steps, the warm-up included"""
+        self.spans: list[float] = []
+        """of every measured step"""
 
     # -- the executor interface the trainer uses ----------------------------------------------
     @property

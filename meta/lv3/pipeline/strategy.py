@@ -110,7 +110,8 @@ class Pipeline(Strategy):
                           "(profiled forward + backward time), flops or params",
                           choices=BALANCES),
     }
-    consistent = True  # after finish(): every rank holds every stage's trained values
+    consistent = True
+    """after finish(): every rank holds every stage's trained values"""
 
     @classmethod
     def replica(cls, rank: int, size: int, stages: int = 0, **options: Any) -> tuple[int, int]:
@@ -154,13 +155,19 @@ class Pipeline(Strategy):
         # identity. The base class gets a size-1 communicator (its ``group``) for both.
         super().__init__(optimizer, SingleProcessCommunicator(), timeline=pipe.timeline)
         self.pipe, self.comm = pipe, pipe.comm
-        self.trainer_executor = pipe  # the trainer runs the pipeline
+        """``pipe``: the pipeline executor the trainer runs. ``comm``: its ranks, one per stage."""
+        self.trainer_executor = pipe
+        """the trainer runs the pipeline"""
         for name, view in self.flat_params.views.items():  # the whole graph reads them too
             pipe.graph.initializers[name] = view
-        self.model_bytes_sent = 0  # by gather_model
+        self.model_bytes_sent = 0
+        """by gather_model"""
         self.figures: dict[str, float] = {}
-        self.gathered: np.ndarray | None = None  # every stage's StageStats, by rank
+        """The step's measured and modelled figures for the report (filled by ``finish``)."""
+        self.gathered: np.ndarray | None = None
+        """every stage's StageStats, by rank"""
         self.link = Link(0.0, 0.0)
+        """The link measured at ``finish`` for the report's prediction (zeros before)."""
 
     @property
     def partition(self) -> Partition:

@@ -32,10 +32,15 @@ class PortionStats:
     evaluation (batch) times."""
 
     def __init__(self, workers: int) -> None:
-        self.completed = np.zeros(workers, dtype=np.int64)  # results counted
-        self.discarded = np.zeros(workers, dtype=np.int64)  # duplicates, stale, skipped
+        self.completed = np.zeros(workers, dtype=np.int64)
+        """results counted"""
+        self.discarded = np.zeros(workers, dtype=np.int64)
+        """duplicates, stale, skipped"""
         self.backups_issued = self.backups_won = 0
-        self.batch_times: list[float] = []  # seconds per evaluation
+        """``backups_issued``: portions handed to a second worker near the end of an evaluation.
+        ``backups_won``: of those, how many the backup finished first."""
+        self.batch_times: list[float] = []
+        """seconds per evaluation"""
 
     def metrics(self) -> dict[str, float]:
         out = {f"portions_worker_{w}": float(c) for w, c in enumerate(self.completed)}
@@ -62,17 +67,28 @@ class Dispatcher:
 
     def __init__(self, owner: Sandblaster) -> None:
         self.owner, self.comm = owner, owner.comm
+        """``owner``: the Sandblaster strategy. ``comm``: its communicator."""
         self.workers = owner.workers
+        """The workers' ranks."""
         self.results = [np.empty(RESULT_FIELDS) for _ in self.workers]
+        """Per worker: the box its next result (loss, rows, correct, ...) lands in."""
         self.receives = [self.comm.irecv(box, w, RESULT)
                          for box, w in zip(self.results, self.workers)]
+        """Per worker: the receive of its next result."""
         self.tasks = [np.empty(4, dtype=np.int64) for _ in self.workers]
+        """Per worker: the task message (evaluation, portion, rows) last sent to it."""
         self.task_sends: list[Any] = [None] * len(self.workers)
+        """Per worker: the send of its task, or None."""
         self.busy: list[tuple[int, int] | None] = [None] * len(self.workers)
+        """Per worker: the (evaluation, portion) it is working on, or None when idle."""
         self.rows = np.empty(0, dtype=np.int64)
+        """The batch's rows, after their count, as sent to the workers."""
         self.rows_sends: list[Any] = []
+        """The sends of the batch's rows."""
         self.evaluation = 0
+        """The current evaluation's number."""
         self.stats = PortionStats(len(self.workers))
+        """What the coordinator saw: portions counted and discarded, backups, evaluation times."""
 
     def send_rows(self, rows: np.ndarray) -> None:
         poll_all(self.comm, self.rows_sends)
@@ -150,19 +166,30 @@ class PortionWorker:
 
     def __init__(self, owner: Sandblaster) -> None:
         self.owner, self.comm = owner, owner.comm
+        """``owner``: the Sandblaster strategy. ``comm``: its communicator."""
         if owner.evaluate is None:
             raise ValueError(f"Sandblaster: worker rank {owner.comm.rank} has no rows "
                              "evaluator (pass evaluate=...)")
         self.evaluate = owner.evaluate
+        """The rows evaluator: loss, gradient and correct count of given rows at a point."""
         self.inbox = np.empty(owner.evaluate.examples + 1, dtype=np.int64)
+        """Where the batch's rows (after their count) land."""
         self.rows = np.empty(0, dtype=np.int64)
-        self.fetched = -1  # the evaluation whose point is in the parameters
+        """The current batch's rows."""
+        self.fetched = -1
+        """the evaluation whose point is in the parameters"""
         n = len(owner.flat_params)
         self.point = np.empty(n)
+        """The evaluation's point (the parameters), assembled from the shards."""
         self.param_boxes = [np.empty(1 + hi - lo) for lo, hi in owner.bounds]
+        """Per shard: the box its slice of the point lands in (after the evaluation's number)."""
         self.push_boxes = [np.empty(2 + hi - lo) for lo, hi in owner.bounds]
+        """Per shard: the box a portion's gradient slice is pushed from."""
         self.result = np.empty(RESULT_FIELDS)
+        """The result reported to the coordinator."""
         self.slow = owner.slowdown if owner.comm.rank == owner.slow_rank else 1.0
+        """How many times slower this worker pretends to be (the ``slow_worker`` test option); 1:
+        as it is."""
 
     def run(self) -> None:
         coordinator = self.owner.coordinator

@@ -17,14 +17,18 @@ class Evaluation(NamedTuple):
     """A portion's sums: loss summed over its rows, gradients of that sum, count correct."""
 
     loss_sum: float
+    """The rows' summed loss."""
     grads: Params
+    """The gradient of the summed loss, per parameter."""
     correct: int
+    """Rows classified correctly."""
 
 
 class RowsEvaluator(Protocol):
     """Evaluates rows (indices below ``examples``) of a dataset at the current parameters."""
 
     examples: int
+    """Rows in the training data (the indices it takes are below this)."""
 
     def __call__(self, rows: np.ndarray) -> Evaluation: ...
 
@@ -34,6 +38,8 @@ class RowsFunction:
 
     def __init__(self, function: Callable[[np.ndarray], Evaluation], examples: int) -> None:
         self.function, self.examples = function, examples
+        """``function``: rows, parameters -> (summed loss, gradients). ``examples``: rows in the
+        data."""
 
     def __call__(self, rows: np.ndarray) -> Evaluation:
         return self.function(rows)
@@ -44,7 +50,9 @@ class TrainingRows:
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
+        """The run's graph, data and names the rows are evaluated on."""
         self.examples = len(workload.train_data)
+        """Rows in the training data."""
 
     def __call__(self, rows: np.ndarray) -> Evaluation:
         w, n = self.workload, self.workload.names

@@ -44,19 +44,32 @@ class VectorShard:
     def __init__(self, comm: Communicator, bounds: tuple[int, int], x0: np.ndarray,
                  workers: list[int]) -> None:
         self.comm, self.workers = comm, workers
+        """``comm``: every rank. ``workers``: the workers' ranks that push and fetch."""
         self.lo, self.hi = bounds
+        """This shard's slice of the flat parameters, ``[lo, hi)``."""
         self.vectors: dict[int, np.ndarray] = {X_SLOT: np.array(x0[self.lo : self.hi],
                                                                 dtype=np.float64)}
+        """This shard's slice of each vector, by slot (``X_SLOT``: the parameters)."""
         self.evaluation, self.point, self.grad, self.rows = -1, X_SLOT, X_SLOT, 1
+        """The current evaluation's number, its point's and gradient's slots and its row count
+        (``evaluation``, ``point``, ``grad``, ``rows``)."""
         self.got = np.ones(0, dtype=bool)
-        self.deferred: list[tuple[int, int]] = []  # (worker index, evaluation) of early fetches
+        """Per portion of the current evaluation: whether its gradient slice was added."""
+        self.deferred: list[tuple[int, int]] = []
+        """(worker index, evaluation) of early fetches"""
         self.added = self.discarded = 0
+        """Portions' gradient slices added and discarded (duplicates, stale)."""
         n = self.hi - self.lo
         self.push_boxes = [np.empty(2 + n) for _ in workers]
+        """Per worker: the box its next push lands in."""
         self.fetch_boxes = [np.empty(1) for _ in workers]
+        """Per worker: the box its next fetch request lands in."""
         self.outboxes = [np.empty(1 + n) for _ in workers]
+        """Per worker: the point's slice sent in answer to a fetch."""
         self.sends: list[Any] = [None] * len(workers)
+        """Per worker: the send of its last answer, or None."""
         self.receives = [comm.irecv(box, w, PUSH) for box, w in zip(self.push_boxes, workers)]
+        """The receives of every worker's next push and fetch."""
         self.receives += [comm.irecv(box, w, FETCH) for box, w in zip(self.fetch_boxes, workers)]
 
     def slot(self, k: int) -> np.ndarray:
@@ -150,13 +163,23 @@ class ShardVectors:
                  bounds: list[tuple[int, int]], poll: Callable[[], bool]) -> None:
         self.comm, self.local, self.remote, self.bounds, self.poll = (
             comm, local, remote, bounds, poll)
+        """``comm``: every rank. ``local``: the coordinator's own shard. ``remote``: the other
+        shards' ranks. ``bounds``: each shard's slice. ``poll``: serves the workers while
+        waiting."""
         self.queue: list[list[float]] = []
+        """Command rows not yet sent."""
         self.free: list[int] = []
+        """Slots freed for reuse."""
         self.next_slot = X_SLOT + 1
+        """The next slot never used."""
         self.sends: list[Any] = []
+        """The sends of the last command messages."""
         self.outbox = np.empty(1 + MAX_COMMANDS * WIDTH)
+        """The command message being sent."""
         self.replies = [np.empty(2 * MAX_COMMANDS) for _ in remote]
+        """Per remote shard: the box its answers land in."""
         self.round_trips = 0
+        """Command messages that waited for answers."""
 
     def alloc(self) -> int:
         if self.free:

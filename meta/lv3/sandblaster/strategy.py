@@ -133,42 +133,66 @@ class Sandblaster(Strategy):
             options["chunk_bytes"] = chunk_bytes
         super().__init__(optimizer, comm, **options)
         self.lbfgs, self.evaluate = optimizer, evaluate
+        """``lbfgs``: the wrapped Level 2 L-BFGS (its history and line search). ``evaluate``: the
+        rows evaluator (workers)."""
         self.portions, self.backups, self.track_params = portions, backups, track_params
+        """``portions``: pieces each batch's evaluation is cut into. ``backups``: whether idle
+        workers get copies of unfinished portions. ``track_params``: whether every rank keeps
+        the parameters up to date."""
         self.coordinator = 0
+        """The coordinator's rank (0): it runs L-BFGS and holds shard 0."""
         n_servers = servers if comm.size > 1 else 1
         self.shard_ranks = [0] + list(range(comm.size - n_servers + 1, comm.size))
+        """The shards' ranks, the coordinator's first."""
         self.workers = list(range(1, comm.size - n_servers + 1))
+        """The workers' ranks."""
         if slow_worker is not None and not 0 <= slow_worker < max(len(self.workers), 1):
             raise ValueError(f"Sandblaster: slow_worker={slow_worker} is not a worker index "
                              f"(0..{len(self.workers) - 1})")
         self.slowdown = slowdown
+        """How many times slower ``slow_rank`` pretends to be (a test of backups)."""
         self.slow_rank = self.workers[slow_worker] if slow_worker is not None and \
             self.workers else None
+        """The worker that pretends to be slow, or None."""
         self.bounds = shard_bounds(len(self.flat_params), n_servers)
+        """Each shard's slice of the flat parameters."""
         self.part = ("coordinator" if comm.rank == 0 else
                      "shard" if comm.rank in self.shard_ranks else "worker")
+        """This rank's part: "coordinator", "shard" or "worker"."""
         self.role = "worker" if self.part == "coordinator" else "server"
         self.group = comm.split(int(self.role == "server")) if comm.size > 1 else comm
         self.iterations = 0
+        """L-BFGS iterations done."""
         self.stats = PortionStats(len(self.workers))
-        self.shard_stats = np.zeros(2)  # gradient slices added / discarded, over the shards
+        """What the coordinator saw of the portions (counted, discarded, backups)."""
+        self.shard_stats = np.zeros(2)
+        """gradient slices added / discarded, over the shards"""
         x0 = self.flat_params.buffer.astype(np.float64)
         if self.part != "worker":
             index = self.shard_ranks.index(comm.rank)
             self.local = VectorShard(comm, self.bounds[index], x0,
                                      self.workers if comm.size > 1 else [])
+            """This rank's shard of the vectors (coordinator and shards)."""
         if self.part == "coordinator" and comm.size > 1:
             self.vectors = ShardVectors(comm, self.local, self.shard_ranks[1:], self.bounds,
                                         self.local.poll)
+            """The coordinator's handle on the sharded vectors."""
             self.dispatcher = Dispatcher(self)
+            """The coordinator's hand-out of portions to workers."""
             self.stats = self.dispatcher.stats
             self.x, self.g = X_SLOT, self.vectors.alloc()
+            """The slots of the parameters (``x``) and their gradient (``g``)."""
             self.pairs: deque[tuple[int, int]] = deque()
-            self.last_rows: np.ndarray | None = None  # the batch the point's f and g are of
+            """The L-BFGS history: (s, y) slot pairs, oldest first."""
+            self.last_rows: np.ndarray | None = None
+            """the batch the point's f and g are of"""
             self.f, self.correct = 0.0, 0
+            """``f``: the loss at ``x``. ``correct``: rows classified correctly there."""
             self.evaluation = 0
+            """Evaluations run."""
         elif self.part == "worker":
             self.worker = PortionWorker(self)
+            """This worker rank's evaluation loop."""
 
     @classmethod
     def replica(cls, rank: int, size: int, **options: Any) -> tuple[int, int]:

@@ -50,9 +50,13 @@ class Group:
     """A communicator the operators use, with what they did on it."""
 
     comm: Communicator
-    bytes_sent: int = 0  # send buffers handed to MPI
-    seconds: float = 0.0  # inside the collectives (transfer and waiting for the peers)
+    """The communicator of the ranks that split the layers."""
+    bytes_sent: int = 0
+    """send buffers handed to MPI"""
+    seconds: float = 0.0
+    """inside the collectives (transfer and waiting for the peers)"""
     calls: int = 0
+    """Collectives run."""
 
     def __post_init__(self) -> None:
         # MPICH's blocking collectives spin: with more ranks than cores they steal the core a
@@ -101,6 +105,7 @@ class CopyToParallel(Operator):
     """y = x; the gradient of x is the sum of every rank's gradient of y."""
 
     attributes = {"group": 0}
+    """``group``: which registered Group it communicates on."""
 
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         return x
@@ -113,6 +118,7 @@ class AllReduceSum(Operator):
     """y = the sum of x over the ranks; the gradient of x is the gradient of y."""
 
     attributes = {"group": 0}
+    """``group``: which registered Group it communicates on."""
 
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         return groups(self.group).allreduce(np.array(x, copy=True))

@@ -88,8 +88,11 @@ class Shard:
     ``indices`` along ``axis``, or, when ``owner`` is set, all of it on that rank alone."""
 
     axis: int | None = None
+    """The axis it is split along; None: whole (on every rank, or on ``owner``)."""
     indices: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The indices along ``axis`` this rank holds."""
     owner: int | None = None
+    """The one rank that holds it whole, where set."""
 
     def held_by(self, rank: int) -> bool:
         return self.owner is None or self.owner == rank
@@ -126,7 +129,9 @@ class Layer:
     replicated; ``share`` is the fraction of the node's work this rank does."""
 
     kind: str
+    """column, row, grouped, split or replicated."""
     share: float = 1.0
+    """The fraction of the node's work this rank does."""
 
 
 @dataclass
@@ -135,9 +140,13 @@ class Collective:
     backward, and the elements per example of the buffer each rank sends."""
 
     tensor: str
+    """The tensor reduced (its gradient, in the backward)."""
     phase: str
+    """"forward" or "backward"."""
     elements: int
+    """Elements per example of the buffer each rank sends."""
     itemsize: int
+    """Bytes per element."""
 
     def nbytes(self, batch: int) -> int:
         return batch * self.elements * self.itemsize
@@ -149,12 +158,19 @@ class Plan:
     the whole graph became here, and the collectives of a training step."""
 
     rank: int
+    """This rank."""
     ranks: int
+    """Ranks the graph is split over."""
     nodes: list[Node]
-    shards: dict[str, list[Shard]]  # initializer -> one Shard per rank
+    """This rank's nodes, in order."""
+    shards: dict[str, list[Shard]]
+    """initializer -> one Shard per rank"""
     layers: dict[str, Layer]
+    """What each node of the whole graph became here, by name."""
     collectives: list[Collective]
-    constants: dict[str, np.ndarray] = field(default_factory=dict)  # this rank's own (shapes)
+    """The allreduces of a training step."""
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    """this rank's own (shapes)"""
 
     def bytes_of(self, graph: Graph, role: str = "parameter") -> int:
         """Bytes of ``role`` initializers this rank holds."""

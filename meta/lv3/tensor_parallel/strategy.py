@@ -59,12 +59,21 @@ class PartitionedExecutor(Executor):
     def __init__(self, graph: Graph, plan_: Plan, executor: ReferenceExecutor,
                  group: Group, shapes: Shapes) -> None:
         self.graph, self.plan, self.executor, self.group = graph, plan_, executor, group
-        self.shapes = shapes  # what the plans were made from (every rank's, for the model)
-        self.spans: list[float] = []  # training steps, the first (warm-up) left out
+        """``graph``: the whole graph. ``plan``: this rank's part of it. ``executor``: the
+        executor running that part. ``group``: the ranks it is split over."""
+        self.shapes = shapes
+        """what the plans were made from (every rank's, for the model)"""
+        self.spans: list[float] = []
+        """training steps, the first (warm-up) left out"""
         self.comm_s: list[float] = []
+        """Per training step: seconds inside the collectives beyond what was waited for before
+        them."""
         self.steps = 0
-        self.bytes_sent = 0  # by training steps
+        """Training steps run."""
+        self.bytes_sent = 0
+        """by training steps"""
         self.rows = 0
+        """Examples trained on."""
 
     @property
     def local_graph(self) -> Graph:
@@ -169,7 +178,8 @@ class Partitioned(Strategy):
                                   "bytes); a model that needs more is refused (0: no limit)",
                                   low=0.0),
     }
-    consistent = True  # after finish(): every rank holds the whole trained network
+    consistent = True
+    """after finish(): every rank holds the whole trained network"""
 
     @classmethod
     def replica(cls, rank: int, size: int, **options: Any) -> tuple[int, int]:
@@ -219,15 +229,23 @@ class Partitioned(Strategy):
         # same loss and logits, so the base class gets a size-1 communicator (``group``).
         super().__init__(optimizer, SingleProcessCommunicator())
         self.part, self.comm = part, part.group.comm
-        self.trainer_executor = part  # the trainer runs the partitioned graph
+        """``part``: the partitioned executor the trainer runs. ``comm``: the ranks the layers
+        are split over."""
+        self.trainer_executor = part
+        """the trainer runs the partitioned graph"""
         whole = part.graph.initializers
         for name, view in self.flat_params.views.items():  # replicated: the graph reads them
             if not part.plan.shards[name][part.plan.rank].split:
                 whole[name] = view
         self.costs, self.cost_rows, self.budget_mb = costs or {}, cost_rows, budget_mb
-        self.model_bytes_sent = 0  # by gather_model
+        """``costs``: the whole graph's node times on one process for ``cost_rows`` examples, for
+        the model of a step. ``budget_mb``: the parameter memory a rank may hold."""
+        self.model_bytes_sent = 0
+        """by gather_model"""
         self.figures: dict[str, float] = {}
+        """The step's measured and modelled figures for the report."""
         self.link = Link(0.0, 0.0)
+        """The link measured for the report's prediction (zeros before)."""
 
     @property
     def plan(self) -> Plan:
