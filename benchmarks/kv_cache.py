@@ -8,7 +8,7 @@ stay within it), its weights as initialised (the time does not depend on their v
 trained ``--model``. It generates ``--tokens`` tokens at temperature 0 three ways, once each
 (one run, as the acceptance asks): recomputing with the reference executor (``generate``'s
 default, what ``meta sample --no-cache`` does), recomputing with the planned executor, and with
-the cache (``generate(cache=True)``); prints each time, the ratios, whether the tokens are
+the cache (``generate(cache=True)``, on one BLAS thread); prints each time, the ratios, whether the tokens are
 equal, and the CPU. Past the context the window slides and the cache recomputes too
 (``meta.lv2.kv_cache``): ``--context 64`` shows what is left of the gain then.
 """
@@ -47,12 +47,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--model", help="a trained GPT's model.onnx (default: initialised)")
+    parser.add_argument("--threads", type=int, default=0, help="BLAS threads for all three "
+                        "(default 0: as the process starts; the cache always uses one)")
     args = parser.parse_args()
+    if args.threads:
+        from meta.common.threads import set_threads
+
+        set_threads(args.threads)
     graph = from_onnx(args.model) if args.model else \
         gpt((args.context,), classes=65, layers=2, heads=4, width=128, seed=0)
     from meta.lv1.plan import PlannedExecutor
 
-    print(f"CPU: {cpu()}")
+    print(f"CPU: {cpu()}; BLAS threads for recomputing: {args.threads or 'default'}")
     print(f"model: {graph.initializers['wpe'].shape[0]} positions, "
           f"{sum(v.size for v in graph.parameters.values()):,} parameters; "
           f"{args.tokens} tokens at temperature 0 after a 1-token prompt")

@@ -54,27 +54,34 @@ def generate(executor: Executor, prompt: Sequence[int] | np.ndarray, length: int
              temperature: float = 1.0, top_k: int = 0, rng: np.random.Generator | None = None,
              names: dict[str, str] | None = None, cache: bool = False) -> np.ndarray:
     """The prompt's ids followed by ``length`` sampled ids (int64). ``cache=True`` decodes
-    incrementally with a key/value cache (``meta.lv2.kv_cache``; the same tokens at
-    temperature 0, each in one position's work) from the graph's current weights; a graph
-    that is not meta's GPT is a ``CacheError`` naming why."""
+    incrementally with a key/value cache (``meta.lv2.kv_cache``: the same tokens at
+    temperature 0, each in one position's work) from the graph's current weights while the
+    text fits the context, and with the executor once the window slides; a graph that is not
+    meta's GPT is a ``CacheError`` naming why."""
     n = {"input": "input", "logits": "logits", **(names or {})}
+    context = context_of(executor, n["input"])
     rng = rng if rng is not None else np.random.default_rng()
+    kv = None
     if cache:
         from meta.lv2.kv_cache import GPTCache, generate_cached
 
-        return generate_cached(GPTCache(executor.graph, n["logits"]), prompt, length,
-                               temperature, top_k, rng)
-    context = context_of(executor, n["input"])
+        kv = GPTCache(executor.graph, n["logits"])
+
+    def recompute(window: list[int]) -> np.ndarray:
+        """The next-token scores after ``window`` (at most ``context`` ids), padded."""
+        feed = np.zeros((1, context), np.int64)
+        feed[0, :len(window)] = window
+        logits = executor.inference({n["input"]: feed}, [n["logits"]])[n["logits"]]
+        return logits[0, :, len(window) - 1]
+
     ids = [int(i) for i in np.asarray(prompt, np.int64).reshape(-1)] or [0]
     was_training = executor.training
     executor.train(False)
     try:
+        if kv is not None:
+            return generate_cached(kv, ids, length, temperature, top_k, rng, recompute)
         for _ in range(length):
-            window = ids[-context:]
-            feed = np.zeros((1, context), np.int64)
-            feed[0, :len(window)] = window
-            logits = executor.inference({n["input"]: feed}, [n["logits"]])[n["logits"]]
-            ids.append(sample_next(logits[0, :, len(window) - 1], temperature, top_k, rng))
+            ids.append(sample_next(recompute(ids[-context:]), temperature, top_k, rng))
     finally:
         if was_training is None:  # each node as written: nothing to switch back to
             executor.training = None

@@ -6,13 +6,14 @@ per token; a causal model's keys and values at earlier positions never change, s
 attention per token. ``GPTCache`` reads the weights of a graph that ``meta.lv1.gpt`` built (a
 run's model.onnx included) and refuses any other graph: it rebuilds ``gpt`` with the same
 sizes and requires the same nodes, so a graph it accepts computes what it computes. It runs
-in the graph's float type with numpy, the operators' own helpers for LayerNormalization and
-Gelu, and the same masking (-1e9 added above the diagonal), so at temperature 0 it picks the
+in the graph's float type with numpy, the LayerNormalization operator's own helper, Gelu
+with erf, and the same masking (-1e9 added above the diagonal), so at temperature 0 it picks the
 tokens recomputing picks (``tests/lv2/test_kv_cache.py``; ``benchmarks/kv_cache.py`` times it).
 
 Positions are learned embeddings for ``context`` positions only: once the text is longer than
 the context, the window slides and every position changes, so each further token recomputes
-the window (as ``generate`` without the cache does) -- the cache pays within the context.
+the window with the executor (as ``generate`` without the cache does): the cache pays within
+the context.
 
 >>> from meta.lv1 import gpt
 >>> c = GPTCache(gpt((8,), classes=5, layers=1, heads=1, width=4))
@@ -22,7 +23,8 @@ the window (as ``generate`` without the cache does) -- the cache pays within the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -30,6 +32,16 @@ from meta.lv1.graph import Graph, Node
 from meta.lv1.language_models import gpt
 from meta.ops._normalize import standardize
 from meta.ops._special import erfc
+
+
+def _erfc(x: np.ndarray) -> np.ndarray:
+    """erfc in x's dtype: per element with ``math.erfc`` for one step's few hundred values
+    (the vectorised series of ``meta.ops._special`` costs more than the rest of a step there),
+    vectorised for a window."""
+    if x.size > 4096:
+        return erfc(x)
+    flat = [math.erfc(v) for v in x.reshape(-1).tolist()]
+    return np.array(flat, np.float64).astype(x.dtype).reshape(x.shape)
 
 
 class CacheError(ValueError):
@@ -100,8 +112,13 @@ class GPTCache:
                                  f"another shape: no key/value cache for it")
         self.layers = layers
         self.dtype = init["wte"].dtype
-        self.w = {k: np.asarray(v) for k, v in init.items()}
-        self.scale = self.w["attn.scale"]
+        self.w = w = {k: np.asarray(v) for k, v in init.items()}
+        for i in range(layers):  # q, k and v in one product: a step is overhead-bound
+            p = f"h{i}.attn"
+            w[f"{p}.qkv.weight"] = np.concatenate([w[f"{p}.{n}.weight"] for n in "qkv"], 1)
+            w[f"{p}.qkv.bias"] = np.concatenate([w[f"{p}.{n}.bias"] for n in "qkv"])
+        self.head = np.ascontiguousarray(w["wte"].T)
+        self.scale = w["attn.scale"]
         self.eps = np.float32(1e-5)
         shape = (layers, self.heads, self.context, self.width // self.heads)
         self.keys = np.zeros(shape, self.dtype)
@@ -126,24 +143,26 @@ class GPTCache:
         heads, d, w = self.heads, self.width // self.heads, self.w
         x = w["wte"][ids] + w["wpe"][start:end]  # (t, width)
         # The causal mask of these rows over every cached column, added as the graph adds it
-        mask = np.triu(np.full((t, end), -1e9, self.dtype), start + 1)
+        # (a single new row sees every column: nothing to add)
+        mask = np.triu(np.full((t, end), -1e9, self.dtype), start + 1) if t > 1 else None
         for i in range(self.layers):
             p = f"h{i}"
-            h = self._ln(f"{p}.ln1", x)
-            q, k, v = (self._linear(f"{p}.attn.{n}", h).reshape(t, heads, d).transpose(1, 0, 2)
-                       for n in "qkv")
+            qkv = self._linear(f"{p}.attn.qkv", self._ln(f"{p}.ln1", x))
+            q, k, v = qkv.reshape(t, 3, heads, d).transpose(1, 2, 0, 3)  # 3 x (heads, t, d)
             self.keys[i, :, start:end] = k
             self.values[i, :, start:end] = v
-            s = (q @ self.keys[i, :, :end].transpose(0, 2, 1)) * self.scale + mask
+            s = (q @ self.keys[i, :, :end].transpose(0, 2, 1)) * self.scale
+            if mask is not None:
+                s = s + mask
             s = np.exp(s - s.max(-1, keepdims=True))
             a = s / s.sum(-1, keepdims=True)
             y = (a @ self.values[i, :, :end]).transpose(1, 0, 2).reshape(t, self.width)
             x = x + self._linear(f"{p}.attn.proj", y)
             h = self._linear(f"{p}.mlp.fc", self._ln(f"{p}.ln2", x))
-            h = (0.5 * h * erfc(-h / np.sqrt(2))).astype(self.dtype)  # Gelu, as the op
+            h = (0.5 * h * _erfc(-h / np.sqrt(2))).astype(self.dtype)  # Gelu, as the op
             x = x + self._linear(f"{p}.mlp.proj", h)
         self.filled = end
-        return (self._ln("ln_f", x[-1:]) @ w["wte"].T)[0]
+        return (self._ln("ln_f", x[-1:]) @ self.head)[0]
 
     def prefill(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Start a sequence with ``ids`` (at most ``context``): the logits after the last."""
@@ -159,17 +178,28 @@ class GPTCache:
 
 
 def generate_cached(cache: GPTCache, prompt: Sequence[int] | np.ndarray, length: int,
-                    temperature: float, top_k: int, rng: np.random.Generator) -> np.ndarray:
+                    temperature: float, top_k: int, rng: np.random.Generator,
+                    recompute: Callable[[list[int]], np.ndarray] | None = None) -> np.ndarray:
     """``generate``'s tokens (its window, its draws from ``rng``) with the cache: the prompt's
-    ids followed by ``length`` sampled ids."""
+    ids followed by ``length`` sampled ids. Once the window slides, ``recompute(window)`` (the
+    executor's scores after a window; default: the cache's own ``prefill``) scores it."""
+    from threadpoolctl import threadpool_limits
+
     from meta.lv2.generate import sample_next
 
+    recompute = recompute or cache.prefill
     ids = [int(i) for i in np.asarray(prompt, np.int64).reshape(-1)] or [0]
-    logits = cache.prefill(ids[-cache.context:])
-    for n in range(length):
-        ids.append(sample_next(logits, temperature, top_k, rng))
-        if n == length - 1:
-            break
-        logits = cache.step(ids[-1]) if cache.filled < cache.context else \
-            cache.prefill(ids[-cache.context:])  # the window slid: every position moved
+    # One BLAS thread: a position's products are far too small to share, and a BLAS pool
+    # waiting for cores that other processes hold made them 100x slower (2 loaded cores)
+    with threadpool_limits(limits=1, user_api="blas"):
+        logits = cache.prefill(ids) if len(ids) <= cache.context else \
+            recompute(ids[-cache.context:])
+        for n in range(length):
+            ids.append(sample_next(logits, temperature, top_k, rng))
+            if n == length - 1:
+                break
+            if len(ids) <= cache.context:
+                logits = cache.step(ids[-1])
+            else:  # the window slid: every position moved
+                logits = recompute(ids[-cache.context:])
     return np.array(ids, np.int64)

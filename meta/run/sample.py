@@ -1,9 +1,10 @@
 """``meta sample RUN_DIR|MODEL.onnx --prompt TEXT``: text from a trained language model.
 
 What a finished run left is enough: model.onnx and the tokenizer saved beside it (or in the
-model's metadata, ``meta.lv2.tokenizers``); the corpus is not read. GPTs meta built decode with
-a key/value cache (``meta.lv2.kv_cache``), other language models recompute the window per token
-(a note says so). Mistakes are one line and exit status 2: a folder without a model, a model
+model's metadata, ``meta.lv2.tokenizers``); the corpus is not read. The model runs on the
+planned executor. GPTs meta built decode with a key/value cache (``meta.lv2.kv_cache``) while
+the text fits their context; other language models recompute the window per token (a note says
+so). Mistakes are one line and exit status 2: a folder without a model, a model
 without a tokenizer, a prompt character outside the vocabulary.
 """
 
@@ -42,11 +43,25 @@ def _model_vocab(graph: Any) -> int | None:
     return shape[1] if shape and len(shape) == 3 and isinstance(shape[1], int) else None
 
 
+def _executor(graph: Any, notes: TextIO | None) -> Any:
+    """The planned executor (compiled kernels: a window past the context costs milliseconds);
+    the reference executor, with a note, for a graph it cannot plan."""
+    from meta.lv1 import GraphError, ReferenceExecutor
+    from meta.lv1.plan import PlannedExecutor
+
+    try:
+        return PlannedExecutor(graph)
+    except (GraphError, NotImplementedError, ValueError) as err:
+        print(f"meta: note: the planned executor cannot run this model ({err}); using the "
+              "reference executor", file=notes or sys.stderr, flush=True)
+        return ReferenceExecutor(graph)
+
+
 def sample(source: str, prompt: str, tokens: int, temperature: float = 0.8, top_k: int = 0,
            seed: int = 0, cache: bool = True, notes: TextIO | None = None) -> str:
     """The prompt and ``tokens`` sampled tokens, decoded: ``source`` is a run folder or an
     ONNX model holding a tokenizer."""
-    from meta.lv1 import GraphError, ReferenceExecutor, from_onnx
+    from meta.lv1 import GraphError, from_onnx
     from meta.lv2.generate import generate
     from meta.lv2.kv_cache import CacheError
     from meta.lv2.tokenizers import load_tokenizer
@@ -72,7 +87,7 @@ def sample(source: str, prompt: str, tokens: int, temperature: float = 0.8, top_
             next(c for c in prompt if int(tokenizer.encode(c)[0]) >= vocab)
         raise SampleError(f"--prompt: {bad!r} is never a next token in the training text, so "
                           f"the model (vocabulary {vocab}) has no embedding for it")
-    executor = ReferenceExecutor(graph)
+    executor = _executor(graph, notes)
     rng = np.random.default_rng(seed)
     try:
         out = generate(executor, ids, tokens, temperature, top_k, rng, cache=cache)

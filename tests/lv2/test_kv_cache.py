@@ -62,3 +62,12 @@ def test_other_graphs_are_refused_naming_why():
         GPTCache(g)
     with pytest.raises(CacheError, match="prefill takes 1 to 8 ids, got 9"):
         GPTCache(gpt((8,), classes=5, layers=1, heads=1, width=4)).prefill(range(9))
+
+
+def test_past_the_context_the_cache_alone_recomputes_the_same_tokens():
+    from meta.lv2.kv_cache import generate_cached
+
+    g = _model()
+    expected = generate(ReferenceExecutor(g), [5], 40, temperature=0.0)
+    rng = np.random.default_rng(0)
+    np.testing.assert_array_equal(generate_cached(GPTCache(g), [5], 40, 0.0, 0, rng), expected)
