@@ -1,0 +1,47 @@
+"""ZeRO-2 (and the communicator's reduce-scatter and allgatherv): the checks of
+``zero_checks.py`` at size 1 in-process and under ``mpiexec -n 2`` and ``-n 4``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from meta.common.component import ComponentError
+from meta.lv2.optimizers import Optimizer, chain, clip_by_global_norm, sgd
+from meta.lv3 import SingleProcessCommunicator
+from meta.lv3.strategies import STRATEGIES, strategy_class
+
+from . import zero_checks
+
+SCRIPT = str(Path(zero_checks.__file__))
+
+
+@pytest.mark.parametrize("name", list(zero_checks.CHECKS))
+def test_check_at_size_one(name: str) -> None:
+    zero_checks.CHECKS[name](SingleProcessCommunicator())
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_checks_under_mpiexec(mpirun: Callable[..., str], n: int) -> None:
+    out = mpirun(n, [sys.executable, SCRIPT], timeout=300)
+    for rank in range(n):
+        assert f"rank {rank}/{n}: {len(zero_checks.CHECKS)} checks passed" in out, out
+
+
+def test_registered_with_its_options() -> None:
+    options = STRATEGIES["zero2"].options
+    assert {"overlap", "bucket_bytes", "chunk_bytes"} <= set(options)
+
+
+def test_an_optimizer_that_is_not_elementwise_is_refused_in_one_line() -> None:
+    clipped = Optimizer(chain(clip_by_global_norm(1.0), sgd(0.1)), {"w": np.zeros(3)})
+    with pytest.raises(ComponentError) as err:
+        strategy_class("zero2").check(clipped, SingleProcessCommunicator(), None)
+    message = str(err.value)
+    assert "\n" not in message and "'zero2'" in message and "elementwise" in message

@@ -1,0 +1,154 @@
+"""MPI checks of the ZeRO strategies (``meta.lv3.data_parallel.zero``), written once.
+
+pytest runs them in-process at size 1; under MPI every rank runs them as a script:
+
+    mpiexec -n 4 python tests/lv3/data_parallel/zero_checks.py [check_name ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import numpy as np
+
+from meta.lv2.optimizers import Optimizer, adam, sgd
+from meta.lv3 import Communicator, make_strategy
+from meta.lv3.flat import shard_bounds
+from tests import checks
+
+STEPS = 20
+RULES = {"momentum": lambda: sgd(0.05, momentum=0.9),
+         "adam": lambda: adam(0.01, weight_decay=1e-3)}
+
+
+def check_reduce_scatter_and_allgatherv(comm: Communicator) -> None:
+    """Uneven counts (one rank's may be empty): each rank gets the sum of its part; the
+    in-place allgather leaves every rank every rank's part."""
+    r, p = comm.rank, comm.size
+    n = 2 * p + 1
+    counts = [hi - lo for lo, hi in shard_bounds(n, p)]
+    if p > 1:  # the last rank receives nothing
+        counts[-1], counts[0] = 0, counts[0] + counts[-1]
+    send = np.arange(n, dtype=np.float32) * (r + 1)
+    lo = sum(counts[:r])
+    recv = np.full(counts[r], -1, np.float32)
+    comm.waitall([comm.ireduce_scatter(send, recv, counts)])
+    np.testing.assert_array_equal(recv, np.arange(lo, lo + counts[r]) * p * (p + 1) / 2)
+    buf = np.full(n, -1.0)
+    buf[lo:lo + counts[r]] = np.arange(lo, lo + counts[r])
+    comm.waitall([comm.iallgatherv(buf, counts)])
+    np.testing.assert_array_equal(buf, np.arange(n))
+
+
+def _batches(comm: Communicator) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(100 + comm.rank)  # each rank its own shard of the data
+    return [{"input": rng.standard_normal((6, 1, 4, 4)).astype(np.float32),
+             "labels": rng.integers(0, 3, 6)} for _ in range(STEPS)]
+
+
+def _train(comm: Communicator, name: str, rule: str, planned: bool, **options
+           ) -> tuple[list[float], dict[str, np.ndarray], object]:
+    """20 steps of a small MLP under strategy ``name``: the losses (mean over ranks), the
+    final parameters and the strategy."""
+    from meta.lv1 import PlannedExecutor, ReferenceExecutor, mlp
+
+    graph = mlp((1, 4, 4), hidden=(13, 7), classes=3, seed=1)
+    strategy = make_strategy(name, Optimizer(RULES[rule](), graph.parameters), comm, **options)
+    executor = (PlannedExecutor if planned else ReferenceExecutor)(graph).train()
+    losses = []
+    for feeds in _batches(comm):
+        values = strategy.step_with(executor, feeds)
+        loss = np.array([float(values["loss"])])
+        comm.allreduce(loss)
+        losses.append(float(loss[0]) / comm.size)
+    strategy.timeline.end_steps()
+    strategy.finish()
+    return losses, {k: v.copy() for k, v in graph.parameters.items()}, strategy
+
+
+def check_zero2_equals_allreduce(comm: Communicator) -> None:
+    """20 steps under ZeRO-2 equal allreduce's (losses and parameters within 1e-6, float32),
+    with SGD-momentum and Adam, overlapped with the planned executor's backward (buckets
+    smaller than a shard: several reduce-scatters a step, some across two ranks' shards) and
+    after the reference executor's; every rank the same parameters; the gathered state equals
+    allreduce's."""
+    from meta.lv1.plan import runtime
+
+    for rule in RULES:
+        for planned in ((False, True) if runtime.available() else (False,)):
+            ref_losses, ref_params, ref = _train(comm, "allreduce", rule, planned,
+                                                 shared_memory=False)
+            losses, params, zero = _train(comm, "zero2", rule, planned, bucket_bytes=1024)
+            np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-6,
+                                       err_msg=f"{rule} planned={planned}")
+            for k in ref_params:
+                np.testing.assert_allclose(params[k], ref_params[k], rtol=0, atol=1e-6,
+                                           err_msg=f"{rule} planned={planned} {k}")
+                gathered = comm.allgather(np.ascontiguousarray(params[k]))
+                assert all(np.array_equal(g, gathered[0]) for g in gathered), k
+            if planned and comm.size > 1:
+                assert zero.hook.used
+                calls = [e for e in zero.timeline.background_events
+                         if e[0] == "reduce-scatter (overlapped)"]
+                assert len(calls) >= 2 * STEPS, len(calls)
+            if not comm.is_root:  # rank 0 writes checkpoints: it alone keeps the whole state
+                assert zero.state is None
+                continue
+            ours, theirs = _arrays(zero.state_dict()["state"]), _arrays(ref.state_dict()["state"])
+            assert len(ours) == len(theirs) > 0, rule
+            for a, b in zip(ours, theirs):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=rule)
+
+
+def check_zero2_state_resumes_at_another_rank_count(comm: Communicator) -> None:
+    """A state saved by ZeRO-2 (whole, per parameter name) loads into one process's plain
+    optimizer and back into ZeRO-2, which then steps as the plain optimizer does."""
+    shapes = {"w": (7, 5), "b": (5,), "v": (3,)}
+    start = {k: np.random.default_rng(3).standard_normal(s) for k, s in shapes.items()}
+    grads = [{k: np.random.default_rng(10 + i).standard_normal(s) for k, s in shapes.items()}
+             for i in range(6)]
+    zero = make_strategy("zero2", Optimizer(adam(0.01), {k: v.copy() for k, v in start.items()}),
+                         comm)
+    plain = Optimizer(adam(0.01), {k: v.copy() for k, v in start.items()})
+    for g in grads[:3]:  # every rank the same gradients: the mean is each one
+        zero.step(g)
+        plain.step(g)
+    if comm.is_root and comm.size > 1:
+        try:
+            zero.state_dict()
+        except RuntimeError as err:  # stale until gathered: refused, not saved wrong
+            assert "last gathered at step -1, not at step 3" in str(err), err
+        else:
+            raise AssertionError("a stale sharded state was handed out")
+    zero.finish()
+    saved = comm.bcast_obj(zero.state_dict() if comm.is_root else None)  # as read from a file
+    resumed = Optimizer(adam(0.01), {k: v.copy() for k, v in zero.params.items()})
+    resumed.load_state_dict(saved)  # one process, from a run at comm.size ranks
+    again = make_strategy("zero2", resumed, comm)  # and sharded again, from the loaded state
+    for g in grads[3:]:
+        again.step(g)
+        plain.step(g)
+    for k in shapes:
+        np.testing.assert_allclose(again.params[k], plain.params[k], rtol=1e-12, atol=1e-14)
+
+
+def _arrays(tree: object) -> list[np.ndarray]:
+    """The arrays of an optimizer state, in a fixed order (dicts by key)."""
+    if isinstance(tree, dict):
+        return [a for k in sorted(tree) for a in _arrays(tree[k])]
+    if isinstance(tree, (tuple, list)):
+        return [a for v in tree for a in _arrays(v)]
+    return [tree] if isinstance(tree, np.ndarray) else []
+
+
+CHECKS: dict[str, Callable[[Communicator], None]] = {
+    f.__name__.removeprefix("check_"): f for f in (
+        check_reduce_scatter_and_allgatherv,
+        check_zero2_equals_allreduce,
+        check_zero2_state_resumes_at_another_rank_count,
+    )
+}
+
+if __name__ == "__main__":
+    sys.exit(checks.main(CHECKS, sys.argv[1:]))
