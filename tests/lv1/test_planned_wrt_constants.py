@@ -104,3 +104,28 @@ def test_a_0d_scale():
     y = b.node("Mul", [x, s], name="scale")
     b.output(weighted_loss(b, y, X.shape), np.float32, ())
     compare(b.build(), {"x": X}, ["s"], ["s"])
+
+
+def test_a_gradient_the_kernels_do_not_give_is_never_zeros(monkeypatch):
+    """Where the lowered kernels would leave a gradient asked for (that the loss depends on)
+    without a value, no plan is made: the reference path computes it, ``unplanned`` says why.
+    Simulated with a Relu kernel that has no backward."""
+    from meta.lv1.plan import kernels
+    from meta.lv1.plan.builder import Lowered
+
+    def forward_only(ctx, node, op):
+        lowered = kernels.python_node(ctx, node)
+        return Lowered(node, None, lowered.kind)
+
+    monkeypatch.setitem(kernels.KERNELS, "Relu", forward_only)
+    b = GraphBuilder("relu", 17)
+    x = b.input("x", np.float32, X.shape)
+    y = b.node("Relu", [x], name="relu")
+    b.output(weighted_loss(b, y, X.shape), np.float32, ())
+    graph = b.build()
+    _, want = ReferenceExecutor(graph).inference_and_backprop({"x": X}, "loss", wrt=["x"])
+    planned = PlannedExecutor(graph)
+    _, got = planned.inference_and_backprop({"x": X}, "loss", wrt=["x"])
+    assert planned.unplanned is not None and "wrt 'x'" in planned.unplanned, planned.unplanned
+    assert np.any(want["x"] != 0)
+    np.testing.assert_allclose(got["x"], want["x"], rtol=1e-6)

@@ -54,6 +54,7 @@ class PlanBuilder:
         self._grads: dict[str, str] = {}  # value -> its gradient value, once contributed to
         self._pending: list[tuple[str, str]] = []  # (temporary, gradient) to add up
         self.consumers: dict[str, int] = {}  # how many backward contributions a value gets
+        self.reaches_loss: set[str] = set()  # what the loss depends on through gradients
         self.current: object = None  # the node being lowered (names its steps)
         self._count = 0
 

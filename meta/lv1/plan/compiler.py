@@ -23,7 +23,7 @@
 ``compile_plan`` runs them in this order, one function each (``trace_phase``, ``fold_phase``,
 ``lower_phase``, ``backward_phase``, ``memory_phase``, ``bind_phase``).
 
-Two rules every phase keeps:
+Rules every phase keeps:
 
 * **An operator is its (domain, type).** The kernels, fusions and rewrites are ONNX's
   operators; a node of another domain (a user's ``HardSwish`` registered in ``my.ops``) is
@@ -32,7 +32,9 @@ Two rules every phase keeps:
 * **A tensor asked for in ``wrt`` is never a constant.** An initializer the graph classes as a
   constant (Div's operands, Clip's bounds, a 0-d tensor) is folded into its readers; named in
   ``wrt`` it stays a variable of the plan, so its readers differentiate it (issue 39: these
-  gradients came back as zeros).
+  gradients came back as zeros), and no fusion absorbs it. A plan whose kernels would still
+  leave a gradient asked for without a value, though the loss depends on it, is not made
+  (``NotPlannable``: the executor runs the reference path and says why in ``unplanned``).
 """
 
 from __future__ import annotations
@@ -273,7 +275,7 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     originals = {n.name: n for n in live}
     live = [as_planned(n) for n in live]
     live, made, merged = patterns.gelu(live, {n: traced[n] for n in static if n in traced},
-                                       set(wanted) | set(feeds), backends)
+                                       set(wanted) | set(feeds) | set(wrt), backends)
     ops = {n.name: made.get(n.name) or make_operator(originals.get(n.name, n), graph.opset,
                                                      backends) for n in live}
     placement.update((old, f"fused into {new}") for old, new in merged.items())
@@ -297,8 +299,10 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
         for x in n.inputs:
             if x:
                 consumers.setdefault(x, []).append(n)
-    context = kernels.Context(pb, ops, consumers, keep | set(feeds), absorbed, training,
-                              loss is not None, traced)
+    # fetched, fed and wrt names exist as themselves: no fusion absorbs them (a gradient
+    # asked for of a tensor fused away would have nowhere to be)
+    context = kernels.Context(pb, ops, consumers, keep | set(feeds) | set(wrt), absorbed,
+                              training, loss is not None, traced)
     context.static = static
     context.order = {n.name: i for i, n in enumerate(live)}
     if training:  # the state a training forward updates (not when fed)
@@ -317,7 +321,20 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     pb.current = None
     for name in outputs:
         fetch[name] = pb.require_layout(name, "plain")
+    pb.reaches_loss = _reaching(live, ops, loss) if loss is not None else set()
     return pb, context, fetch
+
+
+def _reaching(live: list[Node], ops: dict, loss: str) -> set[str]:
+    """The tensors the loss depends on through inputs that take a gradient: those whose
+    gradient can be nonzero (the plan must have one for each asked for)."""
+    reach = {loss}
+    for node in reversed(live):
+        if any(o in reach for o in node.outputs if o):
+            op = ops[node.name]
+            reach.update(x for i, x in enumerate(node.inputs)
+                         if x and i not in op.no_grad_inputs)
+    return reach
 
 
 def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanBuilder,
@@ -350,6 +367,12 @@ def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanB
     for name in [*graph.parameters, *wrt]:
         if name in values and pb.grad(name) is not None and name not in gradients:
             gradients[name] = pb.grad(name)
+    # Never zeros for a gradient asked for that the loss depends on: a plan without it is
+    # not made (the executor runs the reference path instead, and says why in ``unplanned``).
+    missing = [w for w in wrt if w not in gradients and w in pb.reaches_loss]
+    if missing:
+        raise NotPlannable(f"wrt {missing[0]!r}: the plan's kernels give it no gradient "
+                           f"though {loss!r} depends on it")
     return seed, gradients
 
 
