@@ -23,7 +23,7 @@ import numpy as np
 
 from meta.lv2.second_order import LBFGS
 from meta.lv3 import Sandblaster, world
-from tests.lv3.sandblaster_checks import SoftmaxRows, init, problem
+from tests.lv3.sandblaster.sandblaster_checks import SoftmaxRows, init, problem
 
 
 def run(comm, x, y, args, slow: bool) -> Sandblaster:

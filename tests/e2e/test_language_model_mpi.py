@@ -10,8 +10,8 @@ character (the bigram entropy) 2.45. A run at or under 2.9 has learned from cont
 that does not train, or trains on wrong gradients, stays near 3.3 or above. Downpour is held
 to 3.1: its asynchronous workers learn more slowly and less evenly (2.73 and 2.96 in two runs
 of this test's configuration; the train loss of the second epoch, the two workers', rose above
-the first's, mostly worker 0's warm start). Exactness is checked apart: tests/lv3/test_gpt_parallel.py
-compares the pipelined and the partitioned GPT's gradients with one process's.
+the first's, mostly worker 0's warm start). Exactness is checked apart:
+tests/lv3/tensor_parallel/test_gpt_parallel.py compares the pipelined and the partitioned GPT's gradients with one process's.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from meta.lv2 import EVENTS, ShuffleSampler
 from meta.lv2.batch_schedule import BatchGrowth
 from meta.lv3 import DistributedSampler, SingleProcessCommunicator
 from meta.run.recipe import AtLeast, RecipeError, make_recipe
-from tests.lv3 import quantize_batch_checks as checks
+from tests.lv3.data_parallel import quantize_batch_checks as checks
 
 
 class Run:

@@ -38,7 +38,7 @@ def grads(step: int) -> dict[str, np.ndarray]:
     return {"w": rng.normal(size=(3, 2)), "b": rng.normal(size=2)}
 
 
-# Sandblaster wraps L-BFGS and steps on rows, not gradients: tests/lv3/test_sandblaster.py;
+# Sandblaster wraps L-BFGS and steps on rows, not gradients: tests/lv3/sandblaster/;
 # model-parallel strategies cut or partition the trainer's graph: their own checks compare
 # their steps with one process's (pipeline_checks.py, partitioned_checks.py, hybrid_checks.py).
 @pytest.mark.parametrize("name", [name for name in STRATEGIES if name != "sandblaster"

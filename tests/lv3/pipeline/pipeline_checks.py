@@ -1,7 +1,7 @@
 """Pipeline checks written once: in-process at size 1 (one stage), under MPI on every rank
 (one stage per rank):
 
-    mpiexec -n 4 python tests/lv3/pipeline_checks.py [check_name ...]
+    mpiexec -n 4 python tests/lv3/pipeline/pipeline_checks.py [check_name ...]
 
 Each rank compares its stage's gradients, and everyone's loss and logits, with the whole graph
 run on one process (every rank can: the graphs are small), in float64.

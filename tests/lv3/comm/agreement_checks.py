@@ -2,9 +2,9 @@
 
 pytest runs the checks in-process at size 1; under MPI every rank runs them as a script:
 
-    mpiexec -n 2 python tests/lv3/agreement_checks.py [check_name ...]
+    mpiexec -n 2 python tests/lv3/comm/agreement_checks.py [check_name ...]
 
-``python tests/lv3/agreement_checks.py --raise-on-rank R`` instead raises on rank R before
+``python tests/lv3/comm/agreement_checks.py --raise-on-rank R`` instead raises on rank R before
 a collective the others wait in: the job must end at once (exit 2), not hang.
 """
 

@@ -3,7 +3,7 @@
 pytest runs them in-process at size 1 (where Sandblaster runs the Level 2 L-BFGS); under MPI
 every rank runs them as a script:
 
-    mpiexec -n 3 python tests/lv3/sandblaster_checks.py [check_name ...]
+    mpiexec -n 3 python tests/lv3/sandblaster/sandblaster_checks.py [check_name ...]
 
 At -n 3 there are 2 workers (the shard lives on the coordinator's rank); at -n 4 the agreement
 check uses 2 shards (one on its own rank) and 2 workers, the straggler check 1 shard and 3

@@ -3,7 +3,7 @@
 Written once (mpi4py's test style, as ``mpi_checks.py``): pytest runs them in-process at size 1;
 under MPI every rank runs them as a script:
 
-    mpiexec -n 3 python tests/lv3/distbelief_checks.py [check_name ...]
+    mpiexec -n 3 python tests/lv3/parameter_server/distbelief_checks.py [check_name ...]
 
 ``DROPOUT_CHECKS`` (a worker leaves or goes silent) run one per launch: the worker that left
 must take part in no collective afterwards, so no barrier follows them.

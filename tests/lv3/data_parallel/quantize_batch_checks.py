@@ -2,7 +2,7 @@
 
 pytest runs them in-process at size 1 and as a script under ``mpiexec -n 2``:
 
-    mpiexec -n 2 python tests/lv3/quantize_batch_checks.py [check_name ...]
+    mpiexec -n 2 python tests/lv3/data_parallel/quantize_batch_checks.py [check_name ...]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The GPT under tensor and pipeline parallelism, checks written once: in-process at size 1
 (one partition, one stage), under MPI on every rank:
 
-    mpiexec -n 2 python tests/lv3/gpt_parallel_checks.py [check_name ...]
+    mpiexec -n 2 python tests/lv3/tensor_parallel/gpt_parallel_checks.py [check_name ...]
 
 Each rank compares the loss, the logits and the gradients of the parameters it holds with
 the whole GPT run on one process (float64, the same weights and batch), and the weights after

@@ -1,7 +1,7 @@
 """Partitioned-layer checks written once: in-process at size 1 (one partition), under MPI on
 every rank (one partition per rank):
 
-    mpiexec -n 2 python tests/lv3/partitioned_checks.py [check_name ...]
+    mpiexec -n 2 python tests/lv3/tensor_parallel/partitioned_checks.py [check_name ...]
 
 Each rank compares the gradients of the parameters it holds (its shard of each split weight)
 and everyone's loss and logits with the whole graph run on one process, in float64.

@@ -1,7 +1,7 @@
 """Hybrid checks written once, run in-process at size 1 and under MPI on every rank:
 
-    mpiexec -n 4 python tests/lv3/hybrid_checks.py check_allreduce_...   (2 replicas x 2 stages)
-    mpiexec -n 5 python tests/lv3/hybrid_checks.py check_downpour_...    (1 server + 2 x 2)
+    mpiexec -n 4 python tests/lv3/hybrid/hybrid_checks.py check_allreduce_...  (2 replicas x 2)
+    mpiexec -n 5 python tests/lv3/hybrid/hybrid_checks.py check_downpour_...   (1 server + 2 x 2)
 
 Allreduce: each replica runs its shard of a global batch through its pipeline and stage ``s``
 of every replica averages its gradients; the averaged gradients, and the weights after several
@@ -31,7 +31,7 @@ from meta.lv3.pipeline.stage import PipelineExecutor
 from meta.run.recipe import AtLeast, make_recipe
 from meta.run.runner import RecipeRun
 from tests import checks
-from tests.lv3.pipeline_checks import _batch, small_mlp
+from tests.lv3.pipeline.pipeline_checks import _batch, small_mlp
 
 TOLERANCE = 1e-6  # the acceptance bound; float64 lands near 1e-16
 ROWS = 6  # per replica

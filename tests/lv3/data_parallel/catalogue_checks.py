@@ -3,7 +3,7 @@
 Written once (mpi4py's test style): pytest runs them in-process at size 1; under MPI every rank
 runs them as a script:
 
-    mpiexec -n 5 python tests/lv3/catalogue_checks.py [check_name ...]
+    mpiexec -n 5 python tests/lv3/data_parallel/catalogue_checks.py [check_name ...]
 
 Each check needs only what its size offers (the hierarchy's bytes need two workers or more, the
 ring comparison three ranks); below that it checks the size-1 behaviour.

@@ -43,7 +43,7 @@ from meta.run.runner import RecipeRun
 from . import pipeline_checks
 
 SCRIPT = str(Path(pipeline_checks.__file__))
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # -- the MPI checks ---------------------------------------------------------------------------

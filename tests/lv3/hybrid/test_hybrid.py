@@ -28,7 +28,7 @@ from meta.run.runner import RecipeRun
 from . import hybrid_checks
 
 SCRIPT = str(Path(hybrid_checks.__file__))
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 META = str(Path(sys.executable).parent / "meta")
 ALLREDUCE_CHECKS = [n for n in hybrid_checks.CHECKS if "allreduce" in n]
 

@@ -23,7 +23,7 @@ from . import partitioned_checks
 from .partitioned_checks import batch, small_cnn, small_mlp
 
 SCRIPT = str(Path(partitioned_checks.__file__))
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # -- the MPI checks ---------------------------------------------------------------------------
