@@ -81,3 +81,13 @@ def test_a_folder_without_a_model_is_one_line(tmp_path, capsys):
     assert main(["sample", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "has no model.onnx" in err and err.count("\n") == 1
+
+
+def test_a_model_without_a_tokenizer_is_one_line(tmp_path, capsys):
+    from meta.lv1 import gpt, to_onnx
+
+    onnx.save(to_onnx(gpt((4,), classes=3, layers=1, heads=1, width=4)),
+              str(tmp_path / "model.onnx"))
+    assert main(["sample", str(tmp_path / "model.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no tokenizer (metadata meta.tokenizer)" in err and err.count("\n") == 1
