@@ -24,7 +24,6 @@ MUTABLE = {
     "momentum": 0.5,  # stale gradients and high momentum: 96.5% after 3 epochs at 0.9
     "seed": 0,
     "train_samples": 0,  # 0: all 60000; CI trains on fewer
-    "chunk_bytes": 4194304,
     "timeline": False,
 }
 

@@ -102,4 +102,4 @@ def test_per_token_targets_are_checked_along_the_class_axis() -> None:
     with pytest.raises(ComponentError, match=r"logits 'logits' give 3 classes \(\[N, 3, 8\]\), "
                                              r"dataset 'd' has labels 0..4 \(5 classes\)"):
         check_model_and_data("r", "gpt", "d", gpt((8,), 5, layers=1, heads=1, width=4,
-                                                  vocab=3), data, data, 4, names)
+                                                  vocab_size=3), data, data, 4, names)

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
+import textwrap
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -50,6 +53,10 @@ class Option:
     above: float | None = None
     below: float | None = None
     choices: tuple[Any, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    """Former names of the option, still read with a DeprecationWarning naming this one (one
+    name per concept across components: ``average_every``, not ``every`` in one strategy
+    and ``average_every`` in another)."""
 
     @property
     def kind(self) -> Any:
@@ -192,6 +199,7 @@ class Component:
         """(``given`` converted, every problem with it, one line each): each value converted
         and bounded once, then the options together (``meta["validate"]``)."""
         problems, converted = [], {}
+        given = self._renamed(given, problems)
         for key, value in given.items():
             if key not in self.options:
                 problems.append(f"{self.label}: {unknown(key, self.options, 'option')}")
@@ -206,6 +214,25 @@ class Component:
         if not problems:
             problems += self.check_together(converted)
         return CheckedOptions(self, converted), problems
+
+    def _renamed(self, given: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+        """``given`` with each option's former name (``Option.aliases``) read as its current
+        one, with a DeprecationWarning; both names given is a problem."""
+        former = {alias: key for key, o in self.options.items() for alias in o.aliases}
+        out: dict[str, Any] = {}
+        for key, value in given.items():
+            if key in former and key not in self.options:
+                current = former[key]
+                if current in given:
+                    problems.append(f"{self.label}: options {key!r} and {current!r} are one "
+                                    f"option ({key!r} is its former name): give {current!r} "
+                                    f"only")
+                    continue
+                warnings.warn(f"{self.label}: option {key!r} is now {current!r}; the old name "
+                              f"will be removed", DeprecationWarning, stacklevel=4)
+                key = current
+            out[key] = value
+        return out
 
     def check_together(self, converted: Mapping[str, Any]) -> list[str]:
         """Problems of converted options taken together (the component's ``validate``, e.g.
@@ -240,13 +267,47 @@ class Component:
         """The component as messages name it, e.g. ``optimizer 'adam'``."""
         return f"{self.kind} {self.name!r}"
 
-    def describe(self) -> str:
-        """The options as a table, for ``meta components``."""
-        lines = [f"{self.kind} {self.name}: {self.doc}".rstrip(": ")]
-        for key, option in self.options.items():
-            default = "required" if option.default is REQUIRED else f"default {option.default!r}"
-            lines.append(f"  {key:<22} {option.type_name():<16} {default:<24} {option.doc}")
+    def describe(self, width: int = 100) -> str:
+        """The component for ``meta components``, in plain text a terminal shows as it is:
+        its whole summary (the docstring's first paragraph where ``doc`` is its first
+        sentence), then one entry per option (type, default, what it does), wrapped to
+        ``width`` columns; reStructuredText markup (````x````, ``:class:`X```) removed."""
+        summary = plain(self.doc)
+        source = getattr(self.meta.get("cls"), "__doc__", None) or \
+            getattr(self.factory, "__doc__", None) or ""
+        paragraph = plain(first_paragraph(inspect.cleandoc(source)))
+        if summary and paragraph.startswith(summary.rstrip(".")):
+            summary = paragraph
+        head = f"{self.kind} {self.name}" + (f": {summary}" if summary else "")
+        lines = textwrap.wrap(head, width, subsequent_indent="    ", break_on_hyphens=False)
+        if self.options:
+            column = min(max(len(k) for k in self.options) + 2, 26)
+            for key, option in self.options.items():
+                default = "required" if option.default is REQUIRED else \
+                    f"default {option.default!r}"
+                former = f"; formerly {', '.join(option.aliases)}" if option.aliases else ""
+                lines.append(f"  {key:<{column}}{option.type_name()}, {default}{former}")
+                lines += textwrap.wrap(plain(option.doc), width, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6, break_on_hyphens=False)
         return "\n".join(lines)
+
+
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup, for a terminal: ````x```` and ```x``` as
+    x, ``:class:`~a.B``` as B (``:role:`text <target>``` as text), ```text`_`` as text."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if m.group(0).find("~") > 0
+                     else m.group(1), text)
+    text = re.sub(r"``(.+?)``", r"\1", text)
+    text = re.sub(r"`([^`]+)`_?", r"\1", text)
+    return text
+
+
+def first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph on one line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def declared_options(factory: Callable[..., Any], context: Iterable[str] = ()) -> dict[str, Option]:
@@ -299,6 +360,8 @@ class Registry:
         common = self.common if inherit else {}
         declared = {**common, **found} if explicit else {**found, **common}
         declared.update(options or {})
+        for former in {a for o in declared.values() for a in o.aliases}:
+            declared.pop(former, None)  # a parameter kept for an option's former name
         text = doc if doc is not None else first_sentence(inspect.getdoc(factory) or "")
         if inherit and self.validate is not None:
             meta.setdefault("validate", self.validate)
@@ -345,10 +408,15 @@ class Registry:
 
 
 def first_sentence(doc: str) -> str:
-    """A docstring's first sentence, on one line (its first paragraph up to a full stop)."""
-    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
-    end = paragraph.find(". ")
-    return paragraph if end < 0 else paragraph[:end + 1]
+    """A docstring's first sentence, on one line (its first paragraph up to a full stop that
+    ends a sentence: not the one of "et al.", "e.g.", "i.e." or "cf.", where "ResNet-20 (He
+    et al." was cut)."""
+    paragraph = first_paragraph(doc)
+    match = _SENTENCE.match(paragraph)
+    return match.group(1) if match else paragraph
+
+
+_SENTENCE = re.compile(r"(.+?(?<! al)(?<!e\.g)(?<!i\.e)(?<! cf)(?<! vs)\.)(\s|$)")
 
 
 def unknown(key: str, known: Iterable[str], what: str) -> str:

@@ -23,6 +23,7 @@ Weights are normal(0, 0.02), the residual projections scaled by 1/sqrt(2 * layer
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -55,10 +56,11 @@ def _head(b: GraphBuilder, h: str, vocab: int, context: int, labels: str,
 
 def gpt(input_shape: Sequence[int] = (64,), classes: int = 65, seed: int = 0,
         dtype: Any = np.float32, layers: int = 2, heads: int = 4, width: int = 128,
-        dropout: float = 0.0, vocab: int = 0) -> Graph:
+        dropout: float = 0.0, vocab_size: int = 0, vocab: int | None = None) -> Graph:
     """A GPT-style decoder over blocks of ``input_shape[0]`` tokens (the context) and a
-    vocabulary of ``vocab`` tokens (0: ``classes``, one more than the largest target)."""
-    context, vocab = _context(input_shape, "gpt"), vocab or classes
+    vocabulary of ``vocab_size`` tokens (0: ``classes``, one more than the largest target;
+    ``vocab``: its former name, as the text dataset's ``vocab_size`` now names it too)."""
+    context, vocab = _context(input_shape, "gpt"), _vocab(vocab_size, vocab, "gpt") or classes
     if width % heads:
         raise ValueError(f"gpt: width {width} is not a multiple of heads {heads}")
     fdtype = np.float32 if np.issubdtype(np.dtype(dtype), np.integer) else np.dtype(dtype)
@@ -132,11 +134,12 @@ def gpt(input_shape: Sequence[int] = (64,), classes: int = 65, seed: int = 0,
 
 def lstm_lm(input_shape: Sequence[int] = (64,), classes: int = 65, seed: int = 0,
             dtype: Any = np.float32, hidden: int = 256, embedding: int = 64,
-            vocab: int = 0) -> Graph:
+            vocab_size: int = 0, vocab: int | None = None) -> Graph:
     """An LSTM language model: token embedding, one ONNX LSTM over the block, and a linear
     head at every step. Weights uniform in +-1/sqrt(hidden) (PyTorch's nn.LSTM), the forget
-    gate's bias 1, the embedding normal(0, 1) as nn.Embedding."""
-    context, vocab = _context(input_shape, "lstm_lm"), vocab or classes
+    gate's bias 1, the embedding normal(0, 1) as nn.Embedding. ``vocab_size`` as ``gpt``'s."""
+    context = _context(input_shape, "lstm_lm")
+    vocab = _vocab(vocab_size, vocab, "lstm_lm") or classes
     fdtype = np.float32 if np.issubdtype(np.dtype(dtype), np.integer) else np.dtype(dtype)
     rng = np.random.default_rng(seed)
     bound = 1 / math.sqrt(hidden)
@@ -165,17 +168,27 @@ def lstm_lm(input_shape: Sequence[int] = (64,), classes: int = 65, seed: int = 0
     return b.build()
 
 
-_VOCAB = Option(0, "vocabulary size (0: one more than the largest target token)", low=0)
+def _vocab(vocab_size: int, vocab: int | None, model: str) -> int:
+    """``vocab_size``, or ``vocab`` (its former name) with a DeprecationWarning."""
+    if vocab is None:
+        return vocab_size
+    warnings.warn(f"{model}: 'vocab' is now 'vocab_size' (the text dataset's name for it); "
+                  f"the old name will be removed", DeprecationWarning, stacklevel=3)
+    return vocab
+
+
+_VOCAB = Option(0, "vocabulary size (0: one more than the largest target token)", low=0,
+                aliases=("vocab",))
 MODELS.add("gpt", gpt, {
     "layers": Option(2, "transformer blocks", low=1),
     "heads": Option(4, "attention heads per block (width must be a multiple)", low=1),
     "width": Option(128, "embedding width", low=1),
     "dropout": Option(0.0, "dropout after the embeddings, attention and MLP", low=0.0,
                       high=0.99),
-    "vocab": _VOCAB,
+    "vocab_size": _VOCAB,
 }, doc="GPT-style decoder: token ids (N, context) -> next-token logits (N, vocab, context)")
 MODELS.add("lstm_lm", lstm_lm, {
     "hidden": Option(256, "LSTM hidden units", low=1),
     "embedding": Option(64, "token embedding width", low=1),
-    "vocab": _VOCAB,
+    "vocab_size": _VOCAB,
 }, doc="LSTM language model: token ids (N, context) -> next-token logits (N, vocab, context)")

@@ -59,7 +59,9 @@ class Strategy:
         "chunk_bytes": Option(DEFAULT_CHUNK_BYTES, "bytes per allreduce chunk "
                               "(benchmarks/chunk_sweep.py)", low=1)}
     """What a recipe may set (``distributed: {"name": ..., option: value}``), declared here;
-    ``meta components`` lists them. A subclass extends it (``{**Strategy.options, ...}``)."""
+    ``meta components`` lists them. A subclass that calls ``average`` extends it
+    (``{**Strategy.options, ...}``); one that never does declares its own without
+    ``chunk_bytes``, so a recipe cannot set what would do nothing."""
     pretraining: ClassVar[str] = "replicate"
     """How a deep belief network pre-trains under this strategy (meta.lv3.pretraining):
     "average" (synchronous, statistics averaged), "exchange" (asynchronous, through the

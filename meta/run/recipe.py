@@ -25,6 +25,7 @@ import difflib
 import os
 import runpy
 import sys
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -334,6 +335,9 @@ class _Schema:
             component = self.choices[kind].component
             if option in component.options:
                 return key, component.options[option], ""
+            renamed = self._renamed(option, [kind])
+            if renamed is not None:
+                return renamed
             return key, None, f"{key!r}: {component.label} has no such option " \
                 f"({unknown(option, component.options, 'option')})"
         if dot and kind in LISTS:
@@ -351,7 +355,22 @@ class _Schema:
         if len(owners) > 1:
             spelled = " or ".join(f"'{k}.{key}'" for k in owners)
             return key, None, f"{key!r} is an option of several chosen components: write {spelled}"
+        renamed = self._renamed(key, list(self.choices))
+        if renamed is not None:
+            return renamed
         return key, None, self._misplaced(key)
+
+    def _renamed(self, key: str, kinds: list[str]) -> tuple[str, Option, str] | None:
+        """Where ``key`` is the former name of one chosen component's option
+        (``Option.aliases``): its canonical key and Option, with a DeprecationWarning."""
+        found = [(kind, name, o) for kind in kinds
+                 for name, o in self.choices[kind].component.options.items() if key in o.aliases]
+        if len(found) != 1:
+            return None
+        kind, name, option = found[0]
+        warnings.warn(f"{self.choices[kind].component.label}: option {key!r} is now {name!r}; "
+                      f"the old name will be removed", DeprecationWarning, stacklevel=4)
+        return f"{kind}.{name}", option, ""
 
     def _misplaced(self, key: str) -> str:
         """The message for a key no chosen component takes: another component's option, or

@@ -31,8 +31,8 @@ def _small(build):
 
 
 def test_gpt_options_are_declared_and_the_head_is_tied():
-    assert set(MODELS["gpt"].options) >= {"layers", "heads", "width", "dropout", "vocab"}
-    assert set(MODELS["lstm_lm"].options) >= {"hidden", "embedding", "vocab"}
+    assert set(MODELS["gpt"].options) >= {"layers", "heads", "width", "dropout", "vocab_size"}
+    assert set(MODELS["lstm_lm"].options) >= {"hidden", "embedding", "vocab_size"}
     g = gpt((T,), V, layers=1, heads=2, width=8)
     vocab_sized = [k for k, v in g.parameters.items() if V in v.shape]
     assert vocab_sized == ["wte"]  # the head reads wte through a Transpose: one parameter

@@ -204,7 +204,8 @@ def check_parameter_server_matches_allreduce(comm: Communicator) -> None:
 
 def check_model_averaging_h1_matches_gradient_averaging(comm: Communicator) -> None:
     allreduce = Allreduce(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm)
-    averaging = ModelAveraging(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm, every=1)
+    averaging = ModelAveraging(Optimizer(sgd(0.1), _init(seed=100 + comm.rank)), comm,
+                               average_every=1)
     _train_side_by_side(comm, allreduce, averaging)
     for name, value in allreduce.params.items():  # mean(p - lr g_i) = p - lr mean(g_i)
         np.testing.assert_allclose(averaging.params[name], value, rtol=1e-12, atol=1e-14)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -18,37 +19,51 @@ RING_TAG = tags.RING
 
 
 class ModelAveraging(Strategy):
-    """Local SGD: each rank steps on its own gradients; every ``every`` steps (H) the ranks
-    replace their parameters by the mean over ranks. With H = 1 and plain SGD this is gradient
-    averaging (up to rounding). Optimizer state (momentum) stays local.
+    """Local SGD: each rank steps on its own gradients; every ``average_every`` steps (H) the
+    ranks replace their parameters by the mean over ranks. With H = 1 and plain SGD this is
+    gradient averaging (up to rounding). Optimizer state (momentum) stays local.
     """
 
     name = "model_averaging"
     options = {**Strategy.options,
-               "average_every": Option(1, "steps between averages (H)", low=1)}
+               "average_every": Option(1, "steps between averages (H)", low=1,
+                                       aliases=("every",))}
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     average_every: int = 1, **options: Any) -> ModelAveraging:
-        return cls(optimizer, comm, every=average_every, **options)
+        return cls(optimizer, comm, average_every=average_every, **options)
 
-    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None, every: int = 1,
-                 **options) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"ModelAveraging: 'every' (average_every) must be an int >= 1, "
-                             f"got {every!r}")
+    def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
+                 average_every: int = 1, *, every: int | None = None, **options) -> None:
+        """``every``: ``average_every``'s former name (as ``neighbours`` names it), read with a
+        DeprecationWarning."""
+        if every is not None:
+            warnings.warn("ModelAveraging: 'every' is now 'average_every' (as the neighbours "
+                          "strategy names it); the old name will be removed",
+                          DeprecationWarning, stacklevel=2)
+            average_every = every
+        if isinstance(average_every, bool) or not isinstance(average_every, int) \
+                or average_every < 1:
+            raise ValueError(f"ModelAveraging: average_every must be an int >= 1, got "
+                             f"{average_every!r}")
         super().__init__(optimizer, comm, **options)
-        self.every = every
-        """H: steps between averages of the parameters (the recipe's ``every``)."""
-        self.consistent = every == 1
+        self.average_every = average_every
+        """H: steps between averages of the parameters."""
+        self.consistent = average_every == 1
         self._since_average = 0
+
+    @property
+    def every(self) -> int:
+        """``average_every``'s former name."""
+        return self.average_every
 
     def step(self, grads: Params) -> None:
         self.timeline.begin()
         self.optimizer.step(grads)
         self.timeline.lap("update")
         self._since_average += 1
-        if self._since_average == self.every:
+        if self._since_average == self.average_every:
             self._since_average = 0
             self.average(self.param_chunks, self.flat_params.buffer)
 
@@ -58,7 +73,8 @@ class ModelAveraging(Strategy):
             self.average(self.param_chunks, self.flat_params.buffer)
 
     def predict_comm_s(self, link: Link) -> float:
-        return ring_allreduce(link, self.comm.size, self.flat_params.nbytes) / self.every
+        return ring_allreduce(link, self.comm.size, self.flat_params.nbytes) / \
+            self.average_every
 
 
 class RingAveraging(Strategy):

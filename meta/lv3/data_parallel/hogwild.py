@@ -22,12 +22,12 @@ one node; elsewhere it refuses in one line (``check``).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from meta.common import threads as _threads
-from meta.common.component import ComponentError
+from meta.common.component import ComponentError, Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, MPICommunicator
 from meta.lv3.comm.costmodel import Link
@@ -102,6 +102,9 @@ class Hogwild(Strategy):
     """
 
     name = "hogwild"
+    options: ClassVar[dict[str, Option]] = {}
+    """None of ``Strategy``'s: it never averages in chunks, so ``chunk_bytes`` would do
+    nothing (``meta components`` lists only the options that apply)."""
     consistent = False
     """a rank's last evaluation may race the others' last steps"""
 

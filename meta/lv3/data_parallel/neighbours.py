@@ -50,9 +50,9 @@ class NeighbourAveraging(Strategy):
             raise ValueError(f"NeighbourAveraging: average_every must be an int >= 1, got "
                              f"{average_every!r}")
         super().__init__(optimizer, comm, **options)
-        self.kind, self.every = topology, average_every
-        """``kind``: the topology, "cart" or "graph". ``every``: steps between averages with the
-        neighbours."""
+        self.kind, self.average_every = topology, average_every
+        """``kind``: the topology, "cart" or "graph". ``average_every``: steps between
+        averages with the neighbours."""
         self.neighbourhood = _topology(self.comm, topology, cart_dims)
         """The MPI topology communicator whose in-neighbours (``sources``) this rank averages
         with."""
@@ -70,7 +70,7 @@ class NeighbourAveraging(Strategy):
         self.optimizer.step(grads)
         t.lap("update")
         self._since_average += 1
-        if self._since_average == self.every:
+        if self._since_average == self.average_every:
             self._since_average = 0
             self.mix()
 
@@ -111,7 +111,8 @@ class NeighbourAveraging(Strategy):
     def predict_comm_s(self, link: Link) -> float:
         """``degree`` messages of the whole parameter vector every ``average_every`` steps."""
         messages = len(self.neighbourhood.destinations)
-        return messages * link.message(self.flat_params.nbytes) / self.every if messages else 0.0
+        return messages * link.message(self.flat_params.nbytes) / self.average_every \
+            if messages else 0.0
 
 
 def _topology(comm: Communicator, kind: str, dims: int) -> Communicator:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from meta.common.component import Option
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator, world
@@ -30,6 +31,9 @@ class ParameterServer(Strategy):
     """
 
     name = "parameter_server"
+    options: ClassVar[dict[str, Option]] = {}
+    """None of ``Strategy``'s: it never averages in chunks, so ``chunk_bytes`` would do
+    nothing (``meta components`` lists only the options that apply)."""
 
     def step(self, grads: Params) -> None:
         t, comm = self.timeline, self.comm
@@ -77,6 +81,9 @@ class AsyncParameterServer(Strategy):
     """
 
     name = "async_parameter_server"
+    options: ClassVar[dict[str, Option]] = {}
+    """None of ``Strategy``'s: it never averages in chunks, so ``chunk_bytes`` would do
+    nothing (``meta components`` lists only the options that apply)."""
     pretraining = "exchange"
     consistent = False
 

@@ -84,8 +84,7 @@ class Downpour(Strategy):
     name = "downpour"
     consistent = False
     pretraining = "exchange"
-    options = {**Strategy.options,
-               "servers": Option(1, "parameter-server shards (the last ranks; they do not "
+    options = {"servers": Option(1, "parameter-server shards (the last ranks; they do not "
                                  "train)", low=1),
                "n_fetch": Option(1, "steps between parameter fetches", low=1),
                "n_push": Option(1, "steps between pushes of the accrued gradients", low=1),

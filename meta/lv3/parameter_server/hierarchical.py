@@ -50,8 +50,7 @@ class HierarchicalParameterServer(Strategy):
 
     name = "hierarchical_ps"
     consistent = False
-    options = {**Strategy.options,
-               "servers": Option(1, "global server shards (the last ranks; they do not train)",
+    options = {"servers": Option(1, "global server shards (the last ranks; they do not train)",
                                  low=1),
                "fan_in": Option(2, "workers per aggregator (the first of each group)", low=1)}
 
