@@ -1,6 +1,7 @@
 """meta components reads as plain text (issue 45 item 7): whole summaries, no
-reStructuredText markup, lines a terminal shows whole; one name per concept (a former name
-read with a DeprecationWarning); only the options that apply."""
+reStructuredText markup, lines a terminal shows whole; one name per concept (a former name in
+a recipe read with a FutureWarning, which a command-line user sees; in Python's API with a
+DeprecationWarning); only the options that apply."""
 
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ def test_plain_text_and_first_sentence() -> None:
 
 
 def test_a_former_option_name_is_read_with_a_warning_naming_the_new_one() -> None:
-    with pytest.warns(DeprecationWarning, match="option 'every' is now 'average_every'"):
+    with pytest.warns(FutureWarning, match="option 'every' is now 'average_every'"):
         recipe = make_recipe("r", {"distributed": "model_averaging", "every": 4}, {}, METRICS)
     assert recipe.definitions.choices["distributed"].values()["average_every"] == 4
-    with pytest.warns(DeprecationWarning, match="option 'every' is now 'average_every'"):
+    with pytest.warns(FutureWarning, match="option 'every' is now 'average_every'"):
         nested = make_recipe("r", {"distributed": {"name": "model_averaging", "every": 3}}, {},
                              METRICS)
     assert nested.definitions.choices["distributed"].values()["average_every"] == 3
-    with pytest.warns(DeprecationWarning, match="option 'vocab' is now 'vocab_size'"):
+    with pytest.warns(FutureWarning, match="option 'vocab' is now 'vocab_size'"):
         lm = make_recipe("r", {"model": {"name": "gpt", "vocab": 7}}, {}, METRICS)
     assert lm.definitions.choices["model"].values()["vocab_size"] == 7
     assert "vocab" not in registry("model")["gpt"].options  # one name offered

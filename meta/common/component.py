@@ -54,9 +54,10 @@ class Option:
     below: float | None = None
     choices: tuple[Any, ...] | None = None
     aliases: tuple[str, ...] = ()
-    """Former names of the option, still read with a DeprecationWarning naming this one (one
-    name per concept across components: ``average_every``, not ``every`` in one strategy
-    and ``average_every`` in another)."""
+    """Former names of the option, still read with a FutureWarning naming this one (shown to
+    a recipe's user, where a DeprecationWarning is hidden outside ``__main__``): one name
+    per concept across components, ``average_every``, not ``every`` in one strategy and
+    ``average_every`` in another."""
 
     @property
     def kind(self) -> Any:
@@ -217,7 +218,7 @@ class Component:
 
     def _renamed(self, given: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
         """``given`` with each option's former name (``Option.aliases``) read as its current
-        one, with a DeprecationWarning; both names given is a problem."""
+        one, with a FutureWarning; both names given is a problem."""
         former = {alias: key for key, o in self.options.items() for alias in o.aliases}
         out: dict[str, Any] = {}
         for key, value in given.items():
@@ -229,7 +230,7 @@ class Component:
                                     f"only")
                     continue
                 warnings.warn(f"{self.label}: option {key!r} is now {current!r}; the old name "
-                              f"will be removed", DeprecationWarning, stacklevel=4)
+                              f"will be removed", FutureWarning, stacklevel=4)
                 key = current
             out[key] = value
         return out

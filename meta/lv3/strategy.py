@@ -155,7 +155,8 @@ class Strategy:
         self.grad_chunks = self.flat_grads.chunks(chunk_bytes)
         """``flat_grads.buffer`` cut as ``param_chunks`` cuts the parameters."""
         self.bytes_sent = 0
-        """Bytes this rank handed to MPI as send buffers during training steps: add
+        """Bytes this rank handed to MPI as send buffers in training (``finish``'s final
+        exchange included; ``sync_state``'s apart, in ``state_bytes_sent``): add
         ``buffer.nbytes`` once per call that sends it (an allreduce of it: once; an isend of
         it to each of two neighbours: twice), whatever MPI then moves (an allreduce's internal
         ring traffic is not counted, nor what this rank receives).

@@ -362,14 +362,14 @@ class _Schema:
 
     def _renamed(self, key: str, kinds: list[str]) -> tuple[str, Option, str] | None:
         """Where ``key`` is the former name of one chosen component's option
-        (``Option.aliases``): its canonical key and Option, with a DeprecationWarning."""
+        (``Option.aliases``): its canonical key and Option, with a FutureWarning."""
         found = [(kind, name, o) for kind in kinds
                  for name, o in self.choices[kind].component.options.items() if key in o.aliases]
         if len(found) != 1:
             return None
         kind, name, option = found[0]
         warnings.warn(f"{self.choices[kind].component.label}: option {key!r} is now {name!r}; "
-                      f"the old name will be removed", DeprecationWarning, stacklevel=4)
+                      f"the old name will be removed", FutureWarning, stacklevel=4)
         return f"{kind}.{name}", option, ""
 
     def _misplaced(self, key: str) -> str:
