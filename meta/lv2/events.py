@@ -49,6 +49,10 @@ class Event:
         """Called after each epoch with its metrics (training and test loss and accuracy, ...);
         events may add their own."""
 
+    def on_eval_batch(self, trainer: Trainer) -> None:
+        """Called after each evaluation batch (an end-of-epoch evaluation can take seconds: a
+        stop asked for meanwhile, such as SIGTERM's, acts here rather than after it)."""
+
     def on_train_end(self, trainer: Trainer) -> None:
         """Called once after the last epoch when training ended normally."""
 

@@ -140,6 +140,15 @@ class Trainer:
             with user_code(f"event {_event_name(event)!r}", "events", self._where(hook)):
                 getattr(event, hook)(self, *args)
 
+    def _emit_defined(self, hook: str) -> None:
+        """``_emit`` to the events that have ``hook`` (one added after events were written
+        without it, such as ``on_eval_batch``)."""
+        for event in self.events:
+            method = getattr(event, hook, None)
+            if method is not None:
+                with user_code(f"event {_event_name(event)!r}", "events", self._where(hook)):
+                    method(self)
+
     def _emit_isolated(self, hook: str, *args: Any) -> list[str]:
         """Call ``hook`` of every event even when some raise (after an error, and when
         finalizing, one failing event must not keep the others from cleaning up); returns
@@ -170,6 +179,9 @@ class Trainer:
                 if self.test_data is not None:
                     metrics.update(self.evaluate(self.test_data, prefix="test_"))
                 self.history.append(metrics)
+                # The epoch's position is cleared once its metrics are in the history: a
+                # checkpoint taken during its evaluation resumes after its last step.
+                self.batch_in_epoch, self.epoch_sums, self.epoch_elapsed = 0, np.zeros(3), 0.0
                 self._emit("on_epoch_end", metrics)
             self._emit("on_train_end")
         except BaseException as err:
@@ -228,7 +240,6 @@ class Trainer:
                 break
         elapsed = time.perf_counter() - start
         loss_sum, correct, count = self.sum_across(self.epoch_sums.copy())
-        self.batch_in_epoch, self.epoch_sums, self.epoch_elapsed = 0, np.zeros(3), 0.0
         return {"epoch": epoch + 1, "train_loss": loss_sum / count,
                 "train_accuracy": correct / count, "epoch_time_s": elapsed,
                 "samples_per_s": count / elapsed}
@@ -268,6 +279,7 @@ class Trainer:
             extra = (float(out[n["loss"]]),) if with_loss else ()
             part = np.asarray(sums(out[n["logits"]], y, *extra), dtype=np.float64)
             total = part if total is None else total + part
+            self._emit_defined("on_eval_batch")
         if total is None:  # an empty shard still joins the sum across replicas: zeros
             x, y = data.batch(np.arange(1))
             logits = self.executor.inference({n["input"]: x, n["labels"]: y}, wanted)[

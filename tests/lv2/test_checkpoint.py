@@ -75,6 +75,44 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, make_optimizer):
     assert [m["train_loss"] for m in resumed.history] == losses
 
 
+class StopWhileEvaluating(Event):
+    """What StopOnSignal does after a SIGTERM during the end-of-epoch evaluation: a checkpoint
+    between evaluation batches, then stop."""
+
+    def __init__(self, path, epoch):
+        self.path, self.epoch, self.batches = path, epoch, 0
+
+    def on_eval_batch(self, trainer):
+        self.batches += 1
+        if len(trainer.history) + 1 == self.epoch:
+            save_checkpoint(self.path, capture(trainer))
+            raise KeyboardInterrupt("SIGTERM while evaluating")
+
+
+def test_a_checkpoint_taken_while_evaluating_resumes_bit_identical(tmp_path):
+    """Issue 44: the evaluation checks the stop flag between its batches (a SIGTERM during it
+    took 7.5-19.6 s); the checkpoint it takes resumes after the epoch's last step, with that
+    epoch's evaluation, not the whole epoch again."""
+    reference, stop = make_trainer(), StopWhileEvaluating(tmp_path / "ckpt.npz", epoch=2)
+    stopped, resumed = make_trainer([stop]), make_trainer()
+    for trainer in (reference, stopped, resumed):
+        trainer.eval_batch_size = 16  # 4 evaluation batches an epoch
+    reference.fit(3)
+    with pytest.raises(KeyboardInterrupt):
+        stopped.fit(3)
+    assert stop.batches == 4 + 1  # epoch 1's evaluation, then the first batch of epoch 2's
+    ckpt = load_checkpoint(stop.path)
+    assert ckpt.position["step"] == 26 and ckpt.position["batch_in_epoch"] == 13
+    assert len(ckpt.position["history"]) == 1
+    restore(resumed, ckpt)
+    resumed.fit(3)
+    for name, value in reference.executor.graph.parameters.items():
+        np.testing.assert_array_equal(resumed.executor.graph.parameters[name], value, name)
+    for key in ("train_loss", "train_accuracy", "test_loss", "test_accuracy"):
+        assert [m[key] for m in resumed.history] == [m[key] for m in reference.history], key
+    assert resumed.step == reference.step == 39
+
+
 def test_writes_are_atomic_and_errors_are_clear(tmp_path):
     trainer = make_trainer()
     path = save_checkpoint(tmp_path / "c.npz", capture(trainer))
