@@ -22,6 +22,7 @@ from meta.lv3.data_parallel.averaging import ModelAveraging, RingAveraging
 from meta.lv3.data_parallel.hogwild import Hogwild
 from meta.lv3.data_parallel.neighbours import NeighbourAveraging
 from meta.lv3.data_parallel.zero import Zero2
+from meta.lv3.data_parallel.zero3 import Zero3
 from meta.lv3.hybrid.allreduce import HybridAllreduce
 from meta.lv3.hybrid.downpour import HybridDownpour
 from meta.lv3.parameter_server.central import AsyncParameterServer, ParameterServer
@@ -37,7 +38,7 @@ from meta.lv3.workload import Workload
 STRATEGIES = Registry("strategy", context=("optimizer", "comm", "workload"))
 for _cls in (Allreduce, ParameterServer, AsyncParameterServer, ModelAveraging, RingAveraging,
              AsyncRMA, Downpour, Pipeline, HierarchicalParameterServer, NeighbourAveraging,
-             Hogwild, HybridAllreduce, HybridDownpour, Partitioned, Zero2):
+             Hogwild, HybridAllreduce, HybridDownpour, Partitioned, Zero2, Zero3):
     STRATEGIES.add(_cls.name, _cls.from_recipe, _cls.options,
                    doc=first_sentence(_cls.__doc__ or ""), cls=_cls)
 STRATEGIES.add("sandblaster", Sandblaster.from_recipe, Sandblaster.options,
