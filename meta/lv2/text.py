@@ -62,6 +62,11 @@ class Vocabulary:
     def __init__(self, symbols: Sequence[str] | None = None) -> None:
         self.symbols = list(symbols) if symbols is not None else None  # None: bytes
         self._index = {c: i for i, c in enumerate(self.symbols or ())}
+        self._order = None  # (ids by code point, sorted code points) of one-character symbols
+        if self.symbols and all(len(c) == 1 for c in self.symbols):
+            points = np.array([ord(c) for c in self.symbols], np.uint32)
+            order = np.argsort(points, kind="stable")
+            self._order = (order.astype(np.int64), points[order])
 
     @classmethod
     def from_text(cls, text: str) -> Vocabulary:
@@ -83,11 +88,21 @@ class Vocabulary:
         """``text`` as int64 ids; a character outside a char vocabulary is an error naming it."""
         if self.symbols is None:
             return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int64)
-        try:
-            return np.array([self._index[c] for c in text], np.int64)
-        except KeyError as err:
-            raise ValueError(f"character {err.args[0]!r} is not in the vocabulary of "
-                             f"{len(self)} characters") from None
+        if self._order is None:  # symbols longer than a character: one at a time
+            try:
+                return np.array([self._index[c] for c in text], np.int64)
+            except KeyError as err:
+                raise ValueError(f"character {err.args[0]!r} is not in the vocabulary of "
+                                 f"{len(self)} characters") from None
+        # Code points looked up in bulk: no Python object per character of a large corpus
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+        order, keys = self._order
+        at = np.minimum(np.searchsorted(keys, codes), len(keys) - 1)
+        unknown = keys[at] != codes
+        if unknown.any():
+            raise ValueError(f"character {chr(codes[unknown.argmax()])!r} is not in the "
+                             f"vocabulary of {len(self)} characters")
+        return order[at]
 
     def decode(self, ids: Any) -> str:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
@@ -198,7 +213,8 @@ def text_dataset(seed: int = 0, files: Sequence[str] = (), context: int = 64,
 
 register_dataset(
     "text",
-    files=Option((), "UTF-8 text files to model (none: Tiny Shakespeare)", type=tuple[str, ...]),
+    files=Option((), "UTF-8 text files to model (none: Tiny Shakespeare)", type=tuple[str, ...],
+                 path=True),
     context=Option(64, "tokens per block (the model's context)", low=1),
     tokenizer=Option("char", "char: the corpus' characters; byte: the 256 UTF-8 bytes; bpe: "
                      "byte-level BPE subwords trained on the corpus (the 'text' extra)",
