@@ -4,7 +4,8 @@ splits cast to what the network's input takes, and the notes ``check_model_and_d
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, TextIO
+from dataclasses import dataclass
+from typing import Any, Callable, TextIO
 
 from meta.lv1 import Graph, build_model
 from meta.lv2 import build_dataset
@@ -22,7 +23,10 @@ def io_names(graph: Graph) -> dict[str, str]:
     return {"input": feeds[0] if feeds else "input", "logits": logits[0] if logits else "logits"}
 
 
-class DataAndModel(NamedTuple):
+@dataclass(frozen=True)
+class DataAndModel:
+    """What ``build_data_and_model`` built: the splits, the augmentation and the network."""
+
     train: Any  # the training split, as the network's input takes it
     test: Any
     augment: Callable[..., Any] | None  # the dataset's training transform, or None

@@ -86,8 +86,9 @@ class RecipeRun:
         self.strategy_cls: type[Strategy] = strategy.component.meta["cls"]
         # before the data is loaded: a strategy that cannot run on these ranks says so first
         index, replicas = self.strategy_cls.replica(comm.rank, comm.size, **strategy.values())
-        train, test, augment, self.model, graph = build_data_and_model(
-            self.recipe, self.stream, comm.is_root)
+        made = build_data_and_model(self.recipe, self.stream, comm.is_root)
+        train, test, augment, self.model, graph = (made.train, made.test, made.augment,
+                                                   made.model, made.graph)
         executor = self.choice("executor")
         with user_code(f"executor {executor.name!r}", "executor", "while building it"):
             executor = executor.build(graph)
