@@ -58,6 +58,10 @@ class Option:
     a recipe's user, where a DeprecationWarning is hidden outside ``__main__``): one name
     per concept across components, ``average_every``, not ``every`` in one strategy and
     ``average_every`` in another."""
+    path: bool = False
+    """Whether the value names input files or folders (a str, or a list of them): a recipe
+    reads a relative one beside the recipe file first, then in the working directory
+    (``meta.common.files.find_input``), and names every place it looked when it is in none."""
 
     @property
     def kind(self) -> Any:

@@ -5,6 +5,9 @@ benchmark reports) goes through ``atomic_write``: a reader, a crash or a full di
 the previous file or the new one, never half of one, and a failed write leaves no temporary
 file behind. A failure is an ``OutputError`` naming the file.
 
+The files a run reads are found in one place too: ``find_input`` resolves a recipe's relative
+paths beside the recipe first, then in the working directory.
+
 >>> from pathlib import Path; import tempfile
 >>> folder = Path(tempfile.mkdtemp())
 >>> with atomic_write(folder / "a.txt") as f:
@@ -19,7 +22,7 @@ import os
 import secrets
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Sequence
 
 
 class OutputError(OSError):
@@ -94,3 +97,42 @@ def write_bytes(path: str | os.PathLike, data: bytes, fsync: bool = True) -> Pat
     with atomic_write(path, "wb", fsync=fsync) as f:
         f.write(data)
     return Path(path)
+
+
+class MissingInput(FileNotFoundError):
+    """An input file or folder found in none of the places it was looked for; the message
+    names the path as given and each place (``find_input``)."""
+
+    def __init__(self, path: str | os.PathLike, looked: Sequence[tuple[Path, str]]) -> None:
+        places = " and ".join(f"{p}{f' ({why})' if why else ''}" for p, why in looked)
+        super().__init__(2, f"{str(path)!r} not found: looked for {places}")
+        self.path, self.looked = str(path), [p for p, _ in looked]
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def find_input(path: str | os.PathLike, folders: Sequence[tuple[Path, str]]) -> Path:
+    """The file or folder ``path`` names: itself when absolute (``~`` expanded), else the
+    first of ``folders`` ((folder, why) pairs, e.g. the recipe's folder, then the working
+    directory) that holds it. A recipe's relative ``files`` or ``path`` thus means the file
+    beside the recipe wherever ``meta run`` is started, as a script's import does. Raises
+    ``MissingInput`` naming every place looked at.
+
+    >>> import tempfile; folder = Path(tempfile.mkdtemp()); _ = (folder / "a.txt").write_text("")
+    >>> find_input("a.txt", [(folder, "beside the recipe")]) == folder / "a.txt"
+    True
+    """
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        if given.exists():
+            return given
+        raise MissingInput(path, [(given, "")])
+    looked: list[tuple[Path, str]] = []
+    for folder, why in folders:
+        candidate = Path(folder).absolute() / given
+        if candidate.exists():
+            return candidate
+        if all(candidate != seen for seen, _ in looked):
+            looked.append((candidate, why))
+    raise MissingInput(path, looked)

@@ -65,7 +65,7 @@ def _labels_shape(logits: TensorInfo) -> tuple[Any, ...] | None:
 
 
 MODELS.add("onnx", onnx_model, {
-    "path": Option(doc="the .onnx file", type=str),
+    "path": Option(doc="the .onnx file", type=str, path=True),
     "logits": Option("", "the output holding the logits (default: the first output)"),
     "untie": Option(False, "train apart the initializers an exporter wrote twice from one tied "
                            "parameter (a GPT's embedding and head), as from_onnx(untie=True)"),

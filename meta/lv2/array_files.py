@@ -93,10 +93,12 @@ def _pair(arrays: dict[str, np.ndarray], path: str) -> tuple[np.ndarray, np.ndar
 
 @register_dataset(
     "arrays",
-    path=Option(doc="an .npz file (or an .npy of inputs, with 'labels')", type=str),
-    labels=Option("", "the labels .npy, when 'path' is an .npy of inputs"),
-    test_path=Option("", "the test split's file (default: split 'path')"),
-    test_labels=Option("", "the test labels .npy, when 'test_path' is an .npy"),
+    path=Option(doc="an .npz file (or an .npy of inputs, with 'labels')", type=str,
+                path=True),
+    labels=Option("", "the labels .npy, when 'path' is an .npy of inputs", path=True),
+    test_path=Option("", "the test split's file (default: split 'path')", path=True),
+    test_labels=Option("", "the test labels .npy, when 'test_path' is an .npy",
+                       path=True),
     test_fraction=Option(0.2, "share held out for testing when no test split is given",
                          low=0.0, below=1.0),
     normalize=Option(True, "standardize inputs that are not ids with the training split's "

@@ -67,8 +67,9 @@ def read_folder(root: Path, mode: str, size: tuple[int, ...],
 
 @register_dataset(
     "image_folder",
-    path=Option(doc="a folder with one subfolder of images per class", type=str),
-    test_path=Option("", "the test split's folder (default: hold out test_fraction)"),
+    path=Option(doc="a folder with one subfolder of images per class", type=str, path=True),
+    test_path=Option("", "the test split's folder (default: hold out test_fraction)",
+                     path=True),
     test_fraction=Option(0.2, "share held out for testing without test_path", low=0.0,
                          below=1.0),
     mode=Option("L", "L: grayscale, RGB: colour", choices=("L", "RGB")),

@@ -39,6 +39,7 @@ from meta.common.component import (
     Registry,
     unknown,
 )
+from meta.common.files import MissingInput, find_input
 
 
 class RecipeError(ValueError):
@@ -277,6 +278,7 @@ class Recipe:
         errors = [p for c in [*choices.values(), *events]
                   if c not in d.choices.values() and c not in d.events
                   for p in c.component.check_together(c.options)]
+        choices, events, errors = _found(self.path, choices, events, errors)
         if errors:
             raise RecipeError(_report(self.name, errors, "--set"))
         return Definitions(run, choices, events)
@@ -450,6 +452,7 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
         checked, problems = e.component.checked(e.options)
         events.append(Choice(e.component, checked))
         errors += problems
+    choices, events, errors = _found(path, choices, events, errors)
     for kind, choice in choices.items():
         for other, allowed in choice.component.meta.get("requires", {}).items():
             if other in choices and choices[other].name not in allowed:
@@ -460,6 +463,36 @@ def make_recipe(name: str, fixed: Mapping[str, Any], mutable: Mapping[str, Any],
         raise RecipeError(_report(name, errors))
     return Recipe(name, path, dict(fixed), dict(mutable), dict(metrics),
                   Definitions(run, choices, events), schema)
+
+
+def _found(recipe: Path | None, choices: dict[str, Choice], events: list[Choice],
+           errors: list[str]) -> tuple[dict[str, Choice], list[Choice], list[str]]:
+    """The choices with their input paths (options declared ``path=True``) found beside the
+    ``recipe`` file first, then in the working directory (``find_input``); a path in neither
+    adds an error naming each place looked at."""
+    folders = ([(recipe.resolve().parent, "beside the recipe")] if recipe else []) + \
+        [(Path.cwd(), "in the working directory")]
+    errors = list(errors)
+
+    def found(c: Choice) -> Choice:
+        values = dict(c.options)
+        for key, option in c.component.options.items():
+            if not option.path or not values.get(key):
+                continue
+            given = values[key]
+            paths = []
+            for item in given if isinstance(given, tuple) else (given,):
+                try:
+                    paths.append(str(find_input(item, folders)))
+                except MissingInput as err:
+                    errors.append(f"{c.component.label}: option {key!r}: {err}")
+                    paths.append(item)
+            values[key] = tuple(paths) if isinstance(given, tuple) else paths[0]
+        if values == dict(c.options):
+            return c
+        return Choice(c.component, CheckedOptions(c.component, values))
+
+    return ({k: found(c) for k, c in choices.items()}, [found(e) for e in events], errors)
 
 
 def _metric_problems(metrics: Any) -> list[str]:
