@@ -6,10 +6,13 @@ gradient compression), ``ParameterServer``, ``AsyncParameterServer``, ``ModelAve
 ``RingAveraging``, ``AsyncRMA`` (one-sided windows), ``Downpour`` and ``Sandblaster``
 (DistBelief's two); ``Pipeline`` cuts the network into stages, one per rank;
 ``HybridAllreduce`` and ``HybridDownpour`` run data parallelism over pipelined replicas;
-``Partitioned`` splits the layers' neurons over the ranks.
+``Partitioned`` splits the layers' neurons over the ranks. A strategy is built from what it
+uses: the optimizer, the communicator and, where it cuts the graph or reads the data, a
+``Workload`` (never the trainer).
 
 The tree: the strategy interface and its small helpers at this level (``strategy``,
-``strategies``, ``flat``, ``timeline``, ``sampler``, ``report``, ``pretraining``), MPI only in
+``strategies``, ``workload``, ``flat``, ``timeline``, ``sampler``, ``report``,
+``pretraining``), MPI only in
 ``comm/``, and one sub-package per kind of parallelism: ``data_parallel/``,
 ``parameter_server/``, ``sandblaster/``, ``pipeline/``, ``tensor_parallel/``, ``hybrid/``.
 Modules that lived at this level before the split (``meta.lv3.allreduce`` is now
