@@ -12,9 +12,9 @@ uses: the optimizer, the communicator and, where it cuts the graph or reads the 
 
 The tree: the strategy interface and its small helpers at this level (``strategy``,
 ``strategies``, ``workload``, ``flat``, ``timeline``, ``sampler``, ``report``,
-``pretraining``), MPI only in
-``comm/``, and one sub-package per kind of parallelism: ``data_parallel/``,
-``parameter_server/``, ``sandblaster/``, ``pipeline/``, ``tensor_parallel/``, ``hybrid/``.
+``pretraining``), MPI only in ``comm/``, and one sub-package per kind of parallelism:
+``data_parallel/``, ``parameter_server/``, ``sandblaster/``, ``pipeline/``,
+``tensor_parallel/``, ``hybrid/``.
 Modules that lived at this level before the split (``meta.lv3.allreduce`` is now
 ``meta.lv3.data_parallel.allreduce``) still import under their old names, with a
 ``DeprecationWarning``, for one release: see ``MOVED``.
