@@ -201,7 +201,8 @@ def make_tokenizer(kind: str, text: str, vocab_size: int = 1024) -> Any:
 def text_dataset(seed: int = 0, files: Sequence[str] = (), context: int = 64,
                  tokenizer: str = "char", vocab_size: int = 1024,
                  validation: float = 0.1) -> tuple[ArrayDataset, ArrayDataset]:
-    """(train, validation) blocks of a text, both carrying the tokenizer as ``vocabulary``."""
+    """(train, validation) blocks of a text in tokens of ``tokenizer`` (each split keeps it as
+    ``vocabulary``: the run saves it, ``meta sample`` reads it back)."""
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"tokenizer {tokenizer!r} is not one of {list(TOKENIZERS)}")
     text = read_corpus(files)
