@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
 from meta.lv1.plan.memory import (Value, aligned_empty, assign_offsets, lifetimes, root,
@@ -105,7 +106,7 @@ class Plan:
     hook_names: list = field(default_factory=list)  # the order the backward finishes them
     # The gradient hook whose arrays the gradients are, held so that its id, part of the
     # plan's key, cannot be reused by another hook while this plan exists.
-    hook: object = None
+    hook: GradientHook | None = None
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -188,7 +189,7 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
 
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
-                 rt, hook=None) -> Plan:
+                 rt, hook: GradientHook | None = None) -> Plan:
     """The plan computing ``outputs`` (and, with ``loss``, the gradients of the parameters and
     of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order."""
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
@@ -378,7 +379,8 @@ def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanB
 
 def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
                  values: dict[str, Value], gradients: dict[str, str], fetch: dict[str, str],
-                 hook) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int]:
+                 hook: GradientHook | None
+                 ) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int]:
     """5. Memory: the steps in program order, every value's array (arena offsets from the
     lifetimes, owned arrays, graph arrays, views of their bases), the gradient hook's cuts;
     returns (order, cuts, hook names, arena bytes, owned bytes)."""
@@ -456,7 +458,8 @@ def bind_phase(rt, order: list[PlannedStep], values: dict[str, Value],
 
 
 def bucket_cuts(order: list[PlannedStep], values: dict[str, Value], gradients: dict[str, str],
-                parameters: set[str], hook) -> tuple[dict[int, list[str]], list[str]]:
+                parameters: set[str], hook: GradientHook | None
+                ) -> tuple[dict[int, list[str]], list[str]]:
     """With a gradient hook (a strategy that communicates during the backward): the
     parameters' gradients in the order the backward finishes them, handed to ``hook.layout``
     which returns the arrays to write them into (its buckets, laid out in that order), and the
