@@ -175,3 +175,46 @@ def test_a_live_run_s_lock_and_files_are_not_touched(tmp_path: Path) -> None:
                      stream=io.StringIO())
         assert job.run() == 9
     assert all(p.exists() for p in left + other)
+
+
+DYING = """#!{python}
+import os, signal, subprocess, sys, time
+rank = subprocess.Popen([{python!r}, "-c", "import time; time.sleep(60)"],
+                        env={{**os.environ, "PMI_RANK": "1"}})
+time.sleep(1.5)  # the launcher reads the ranks' pids meanwhile
+rank.kill()
+rank.wait()
+print("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES")
+print(f"=   PID {{rank.pid}} RUNNING AT vm")
+print("=   EXIT CODE: 9", flush=True)
+print("rank 1", rank.pid, file=sys.stderr)
+sys.exit(9)
+"""
+
+
+def test_the_dead_rank_is_named_from_mpich_s_pid(tmp_path: Path, capfd) -> None:
+    """MPICH kills the other ranks at once and names the dead one by pid only: the launcher
+    names its rank in its one line (issue 44), and passes mpiexec's lines on."""
+    script = tmp_path / "mpiexec"
+    script.write_text(DYING.format(python=sys.executable))
+    script.chmod(0o755)
+    stream = io.StringIO()
+    job = Launch("r.py", ranks=2, output_dir=tmp_path / "out", mpiexec=script, stream=stream)
+    assert job.run() == 9
+    pid = int(capfd.readouterr().err.split("rank 1 ")[1].split()[0])
+    assert f"attempt 1 of 1 failed: rank 1 (pid {pid}) died first; a rank was killed by " \
+           f"SIGKILL (mpiexec exit 9)" in stream.getvalue()
+
+
+def test_the_dead_rank_is_named_from_open_mpi_s_report(tmp_path: Path, capfd) -> None:
+    script = tmp_path / "mpiexec"
+    script.write_text(f"#!{sys.executable}\nimport sys\n"
+                      "print('prterun noticed that process rank 2 with PID 4722 on node vm "
+                      "exited on')\nprint('signal 9 (Killed).')\nsys.exit(137)\n")
+    script.chmod(0o755)
+    stream = io.StringIO()
+    job = Launch("r.py", ranks=3, output_dir=tmp_path / "out", mpiexec=script, stream=stream)
+    assert job.run() == 137
+    assert "failed: rank 2 (pid 4722) died first; a rank was killed by SIGKILL (mpiexec exit " \
+           "137)" in stream.getvalue()
+    assert "prterun noticed that process rank 2" in capfd.readouterr().out  # passed on

@@ -20,6 +20,7 @@ Each restart is one line on stderr, saying which attempt failed, why, and where 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 __all__ = ["FINAL_EXIT_CODES", "LaunchError", "Launch", "describe_exit", "find_mpiexec"]
 
@@ -105,6 +106,7 @@ class Launch:
     mpiexec: str | os.PathLike | None = None
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     attempts: list[Attempt] = field(default_factory=list)
+    stream_out: Any = None  # where the job's stdout goes (this process's stdout by default)
 
     def __post_init__(self) -> None:
         if self.ranks < 1:
@@ -146,17 +148,22 @@ class Launch:
                 attempt = Attempt(number, resume)
                 self.attempts.append(attempt)
                 begin = time.monotonic()
-                child[:] = [subprocess.Popen(self.command(resume))]
-                attempt.returncode = _wait(child[0])
+                # stdout through a pipe: MPICH names a dead rank's pid only there (the ranks'
+                # lines are passed on as they come; stderr, the progress bar's, is left alone)
+                child[:] = [subprocess.Popen(self.command(resume), stdout=subprocess.PIPE)]
+                watch = RankWatch(child[0], self.ranks, self.stream_out)
+                attempt.returncode = watch.wait()
                 attempt.seconds = time.monotonic() - begin
                 code = attempt.returncode
                 if stop:
                     self._clear(started)
+                    print(f"meta launch: stopped by {_signal_name(stop[0])}"
+                          f"{self._checkpoint_words(started)}", file=self.stream, flush=True)
                     return 128 + stop[0]
                 if code in FINAL_EXIT_CODES:
                     return code
                 total = self.max_restarts + 1
-                why = describe_exit(code)
+                why = watch.dead_rank_words() + describe_exit(code)
                 if number == total:
                     print(f"meta launch: attempt {number} of {total} failed: {why}; no restarts "
                           f"left (--max-restarts {self.max_restarts}){self._clear(started)}",
@@ -183,6 +190,13 @@ class Launch:
                                   p.name.rsplit(".", 3)[0] + ".*.tmp" for p in removed}))
         return f"; removed what the killed ranks left: {names}"
 
+    def _checkpoint_words(self, started: float) -> str:
+        """Where the stopped job's checkpoint is (Open MPI's mpirun drops the ranks' own line
+        and exits 1), for the launcher's last line."""
+        if not self._written_since(started):
+            return "; no checkpoint written"
+        return f"; checkpoint {self._from_where(started)[5:]} (continue with --resume)"
+
     def _written_since(self, started: float) -> bool:
         """Whether this launch has written a checkpoint (an older one belongs to another run,
         unless the user asked to resume it)."""
@@ -204,10 +218,89 @@ class Launch:
         return f"from {self.checkpoint}{at}"
 
 
-def _wait(proc: subprocess.Popen) -> int:
-    """``proc.wait()``, resumed when a forwarded signal interrupts it."""
-    while True:
+class RankWatch:
+    """The job's ranks as ``mpiexec`` runs them: their pids by rank (read from ``/proc``: the
+    descendants whose environment holds MPICH's ``PMI_RANK`` or Open MPI's
+    ``OMPI_COMM_WORLD_RANK``), and ``mpiexec``'s stdout passed on line by line, where MPICH's
+    report of a bad termination names the dead process by pid and Open MPI's by rank. MPICH
+    kills the other ranks at once (SIGKILL), so no rank can say which one died: the launcher
+    does, in its one line."""
+
+    PID = re.compile(rb"PID (\d+) RUNNING AT")  # MPICH's Hydra
+    RANK = re.compile(rb"process rank (\d+) with PID (\d+)")  # Open MPI's prterun
+
+    def __init__(self, proc: subprocess.Popen, ranks: int, out: Any = None) -> None:
+        self.proc, self.ranks, self.pids = proc, ranks, {}
+        self.dead_pid: int | None = None
+        self.dead_rank: int | None = None
+        self.out = out if out is not None else sys.stdout
+        self.copier = threading.Thread(target=self._copy, daemon=True)
+        self.copier.start()
+
+    def _copy(self) -> None:
+        out = getattr(self.out, "buffer", None)
+        for line in iter(self.proc.stdout.readline, b""):
+            if self.dead_pid is None:
+                found = self.PID.search(line)
+                self.dead_pid = int(found.group(1)) if found else None
+            found = self.RANK.search(line)  # (prterun writes it to stderr, named there)
+            if found and self.dead_rank is None:
+                self.dead_rank, self.dead_pid = int(found.group(1)), int(found.group(2))
+            if out is not None:
+                out.write(line)
+                out.flush()
+            else:
+                self.out.write(line.decode(errors="replace"))
+                self.out.flush()
+
+    def wait(self) -> int:
+        """``mpiexec``'s exit status, the ranks' pids read meanwhile."""
+        while True:
+            try:
+                code = self.proc.wait(timeout=0.5 if len(self.pids) < self.ranks else None)
+                break
+            except subprocess.TimeoutExpired:
+                self.pids.update(_rank_pids(self.proc.pid))
+            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                continue
+        self.copier.join(timeout=5)
+        return code
+
+    def dead_rank_words(self) -> str:
+        """"rank R (pid P) died: " when mpiexec named it, else ""."""
+        rank = self.dead_rank
+        if rank is None and self.dead_pid is not None:
+            rank = next((r for r, pid in self.pids.items() if pid == self.dead_pid), None)
+        if rank is None:
+            return ""
+        pid = self.dead_pid if self.dead_pid is not None else self.pids.get(rank)
+        return f"rank {rank}{f' (pid {pid})' if pid else ''} died first; "
+
+
+def _rank_pids(root: int) -> dict[int, int]:
+    """Rank -> pid of the MPI ranks among the descendants of ``root`` (Linux ``/proc``; {}
+    elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return {}
+    for entry in entries:
         try:
-            return proc.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
             continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = {}, [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                for name in (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="):
+                    if item.startswith(name) and item[len(name):].isdigit():
+                        found.setdefault(int(item[len(name):]), pid)  # not its children
+    return found
