@@ -218,3 +218,31 @@ def test_the_dead_rank_is_named_from_open_mpi_s_report(tmp_path: Path, capfd) ->
     assert "failed: rank 2 (pid 4722) died first; a rank was killed by SIGKILL (mpiexec exit " \
            "137)" in stream.getvalue()
     assert "prterun noticed that process rank 2" in capfd.readouterr().out  # passed on
+
+
+def test_a_signal_to_the_launcher_exits_128_plus_it_and_says_where_the_checkpoint_is(
+        tmp_path: Path) -> None:
+    """Forwarded to mpiexec; the launcher's status is 128 + the signal under any MPI (Open
+    MPI's mpirun exits 1 and drops the ranks' line), and its line names the checkpoint."""
+    import signal
+    import threading
+
+    script = tmp_path / "mpiexec"
+    out = tmp_path / "out"
+    script.write_text(f"#!{sys.executable}\nimport pathlib, time\n"
+                      f"p = pathlib.Path({str(out)!r}); p.mkdir(parents=True, exist_ok=True)\n"
+                      "(p / 'checkpoint.npz').write_bytes(b'x')\nprint('ready', flush=True)\n"
+                      "time.sleep(30)\n")
+    script.chmod(0o755)
+    stream = io.StringIO()
+    job = Launch("r.py", ranks=2, output_dir=out, mpiexec=script, stream=stream)
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    begin = time.monotonic()
+    try:
+        assert job.run() == 143
+    finally:
+        timer.cancel()
+    assert time.monotonic() - begin < 10
+    assert stream.getvalue() == (f"meta launch: stopped by SIGTERM; checkpoint "
+                                 f"{out / 'checkpoint.npz'} (continue with --resume)\n")
