@@ -19,6 +19,7 @@ MUTABLE = {
     "momentum": 0.9,
     "seed": 0,
     "executor": "planned",  # the graph compiled into oneDNN steps; reference: numpy, the oracle
+    "distributed": "allreduce",  # under mpiexec: --set distributed=zero2|zero3 shards the model
 }
 
 METRICS = {

@@ -28,6 +28,7 @@ MUTABLE = {
     "model.dropout": 0.0,
     "eval_batch_size": 256,
     "seed": 0,
+    "distributed": "allreduce",  # under mpiexec: --set distributed=zero2|zero3 shards the model
 }
 
 METRICS = {

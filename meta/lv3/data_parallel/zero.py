@@ -76,8 +76,8 @@ class Zero2(Strategy):
             raise ComponentError(
                 f"distributed {cls.name!r} steps each rank's shard of the flat parameters, "
                 f"which needs an elementwise optimizer (SGD, momentum, Adam, RMSProp, Adagrad, "
-                f"weight decay); this one is not (a global-norm grad_clip, padding_rows or a "
-                f"rule by parameter name): use distributed 'allreduce'")
+                f"weight decay); this one is not (a global-norm grad_clip: --set grad_clip=0; "
+                f"padding_rows; a rule by parameter name): or use distributed 'allreduce'")
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
