@@ -220,10 +220,13 @@ class PlannedExecutor(ReferenceExecutor):
         for name in plan.parameters:
             g = plan.gradients.get(name)
             grads[name] = g if g is not None else np.zeros_like(self.graph.initializers[name])
-        for name in wrt:
+        for name in wrt:  # no gradient: the loss does not depend on it (compile_plan checks)
             g = plan.gradients.get(name)
-            grads[name] = g.copy() if g is not None else np.zeros_like(
-                feeds.get(name, plan.array(name) if name in plan.values else 0.0))
+            if g is None:  # zeros of its shape: fed, in the plan, or a graph array not read
+                g = feeds[name] if name in feeds else plan.array(name) \
+                    if name in plan.values else self.graph.initializers.get(name, 0.0)
+                g = np.zeros_like(g)
+            grads[name] = g.copy()
         return values, grads
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
