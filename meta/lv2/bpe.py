@@ -61,6 +61,7 @@ class BPETokenizer:
 
     @classmethod
     def from_json(cls, text: str, where: str = "tokenizer") -> BPETokenizer:
+        """The tokenizer ``state()`` saved (the library's JSON); ``where`` names it in errors."""
         lib = _library(f"{where}: its BPE tokenizer")
         try:
             return cls(lib.Tokenizer.from_str(text))
@@ -70,14 +71,17 @@ class BPETokenizer:
             raise TokenizerError(f"{where}: not a tokenizers BPE ({err})") from None
 
     def state(self) -> dict[str, Any]:
+        """What rebuilds it (``meta.lv2.tokenizers`` saves it with a run)."""
         return {"kind": "bpe", "tokenizer": self.tokenizer.to_str()}
 
     def __len__(self) -> int:
         return int(self.tokenizer.get_vocab_size())
 
     def encode(self, text: str) -> np.ndarray:
+        """``text`` as int64 ids (any text: its bytes are the alphabet)."""
         return np.array(self.tokenizer.encode(text).ids, np.int64)
 
     def decode(self, ids: Any) -> str:
+        """The text of ``ids`` (ids outside the vocabulary skipped, as ``Vocabulary`` does)."""
         ids = [int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < len(self)]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
