@@ -482,6 +482,8 @@ def _schedule_problems(values: dict[str, Any]) -> list[str]:
     if values["lr_schedule"] == "step" and not values["lr_decay_epochs"]:
         return ["lr_schedule 'step' needs 'lr_decay_epochs' (the epochs where the learning "
                 "rate drops)"]
+    if values.get("warmup_epochs") and values.get("lr_warmup_steps"):
+        return ["give warmup_epochs or lr_warmup_steps, not both (one warm-up)"]
     return []
 
 
@@ -494,6 +496,11 @@ OPTIMIZERS = Registry("optimizer", context=("lr",), validate=_schedule_problems,
                               type=tuple[int, ...], low=1),
     "lr_decay_factor": Option(0.1, "... by this factor", above=0.0),
     "warmup_epochs": Option(0, "linear learning-rate warm-up", low=0),
+    "lr_warmup_steps": Option(0, "linear learning-rate warm-up over this many optimizer steps "
+                              "(instead of warmup_epochs)", low=0),
+    "accumulate": Option(1, "micro-batches per optimizer step: it steps on their mean gradient, "
+                            "as on one batch this many times larger (gradient accumulation)",
+                         low=1),
     "padding_rows": Option({}, "rows whose gradient is zero, as nn.Embedding(padding_idx=0) "
                                "(ONNX has no padding index): {'word_embeddings.weight': [0]}",
                            type=dict),
@@ -577,8 +584,8 @@ def learning_rate(values: dict[str, Any], steps_per_epoch: int, epochs: int) -> 
                         steps_per_epoch)
     elif values["lr_schedule"] == "cosine":
         lr = cosine_decay(values["lr"], epochs * steps_per_epoch)
-    if values["warmup_epochs"]:
-        lr = warmup(lr, values["warmup_epochs"] * steps_per_epoch)
+    if values["warmup_epochs"] or values.get("lr_warmup_steps"):
+        lr = warmup(lr, values.get("lr_warmup_steps") or values["warmup_epochs"] * steps_per_epoch)
     return lr
 
 
@@ -593,6 +600,8 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
     if component.meta.get("line_search"):
         return component.factory(params, **values)
     common = {k: values.pop(k) for k in list(values) if k in OPTIMIZERS.common}
+    every = common.get("accumulate", 1)
+    steps_per_epoch = steps_per_epoch / every  # a schedule counts optimizer steps
     rows = common.get("padding_rows") or {}
     problems = padding_rows_problems(rows, params) if rows else []
     if problems:
@@ -601,6 +610,10 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
         raise ComponentError(f"{component.label}: padding_rows is applied by meta's own "
                              f"optimizers (sgd, adam, adamw, ...), not by another "
                              f"framework's; choose one of them")
+    if every > 1 and component.meta.get("framework"):
+        raise ComponentError(f"{component.label}: accumulate is applied by meta's own "
+                             f"optimizers (sgd, adam, adamw, ...), not by another framework's; "
+                             f"choose one of them")
     if component.meta.get("framework"):  # another framework's optimizer: it steps the arrays
         return component.factory(params, learning_rate(common, steps_per_epoch, epochs),
                                  weight_decay=common["weight_decay"],
@@ -618,4 +631,8 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
     if rows:  # first: PyTorch's padding row has a zero gradient before clipping and decay
         transform = chain(zero_grad_rows({k: [v] if isinstance(v, int) else list(v)
                                           for k, v in rows.items()}), transform)
+    if every > 1:  # last: the mean gradient is clipped and decayed, as a larger batch's is
+        from meta.lv2.accumulate import accumulate_gradients  # it builds on this module
+
+        transform = accumulate_gradients(transform, every)
     return Optimizer(transform, params)
