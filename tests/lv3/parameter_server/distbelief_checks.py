@@ -113,6 +113,35 @@ def check_downpour_warm_start(comm: Communicator) -> None:
         assert set(order[k:]) == set(range(comm.size - 1)), order
 
 
+def check_downpour_blocking_fetch(comm: Communicator) -> None:
+    """``blocking_fetch``: after every step a worker holds exactly the servers' answer to the
+    fetch it asked right after that step's push (no fetch left pending, none landing early),
+    and the run still converges (issue 39: the GPT's gradients one fetch fresher)."""
+    x, y = _problem()
+    start = _loss(_init(seed=7), x, y)
+    servers = 2 if comm.size >= 4 else 1
+    dp = Downpour(Optimizer(sgd(0.05), _init(seed=7)), comm, server_rule=sgd(0.05),
+                  servers=servers, n_fetch=1, n_push=1, blocking_fetch=True)
+    if dp.role == "server":
+        dp.serve()
+    else:
+        rank, size = Downpour.replica(comm.rank, comm.size, servers)
+        sampler = DistributedSampler(len(x), 4, rank=rank, size=size, seed=3)
+        for epoch in range(12):
+            sampler.set_epoch(epoch)
+            for idx in sampler:
+                dp.step(_grads(dp.params, x[idx], y[idx]))
+                if dp.servers:  # the answer as is: its own push is in it, nothing unpushed
+                    assert not dp.client.fetches, dp.client.steps
+                    np.testing.assert_array_equal(dp.flat_params.buffer, dp.client.fetched)
+        if dp.servers:
+            assert dp.client.early == [], dp.client.early
+        dp.finish()
+    assert _loss(dp.params, x, y) < 1e-3 * start, (start, _loss(dp.params, x, y))
+    _assert_replicas_identical(comm, dp.params)
+    assert dp.schedule is None  # no schedule the simulator would replay wrongly
+
+
 def _dropout_run(comm: Communicator, drop: Callable[[Downpour, int], None],
                  **options) -> tuple[Downpour, int]:
     """Downpour (2 shard servers from 4 ranks) whose last worker runs ``drop(dp, step)`` before
@@ -222,6 +251,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_rma_window_read_and_add,
         check_downpour_every_shard_hears_every_worker,
         check_downpour_warm_start,
+        check_downpour_blocking_fetch,
     )
 }
 # Run one per launch, each under a test of its own (issue 8: it used to fail intermittently).

@@ -107,7 +107,8 @@ def test_replica_leaves_servers_out() -> None:
 
 
 @pytest.mark.parametrize("key, value", [("servers", 0), ("n_fetch", 0), ("n_push", 1.5),
-                                        ("warm_start_steps", -1)])
+                                        ("warm_start_steps", -1),
+                                        ("blocking_fetch", "yes")])
 def test_downpour_rejects_bad_options(key: str, value) -> None:
     with pytest.raises(ValueError, match=key):
         Downpour(Optimizer(sgd(0.1), {"w": np.zeros(2)}), **{key: value})
