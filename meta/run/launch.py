@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO
@@ -134,9 +135,21 @@ class Launch:
         stop: list[int] = []  # a signal this launcher received: forwarded, and no restart
         child: list[subprocess.Popen] = []
 
+        watches: list[RankWatch] = []
+
         def forward(signum: int, frame: object) -> None:
             stop.append(signum)
-            if child and child[0].poll() is None:
+            if not child or child[0].poll() is not None:
+                return
+            # To the ranks themselves when they are known: Open MPI's mpirun sends them SIGTERM
+            # and SIGKILL a moment later (under ULFM too soon for a checkpoint); a second
+            # signal, or ranks not found, go to mpiexec
+            ranks = watches[-1].pids if watches and len(stop) == 1 and \
+                len(watches[-1].pids) == self.ranks else {}
+            for pid in ranks.values():
+                with suppress(OSError):
+                    os.kill(pid, signum)
+            if not ranks:
                 child[0].send_signal(signum)
 
         previous = {}
@@ -152,6 +165,7 @@ class Launch:
                 # lines are passed on as they come; stderr, the progress bar's, is left alone)
                 child[:] = [subprocess.Popen(self.command(resume), stdout=subprocess.PIPE)]
                 watch = RankWatch(child[0], self.ranks, self.stream_out)
+                watches[:] = [watch]
                 attempt.returncode = watch.wait()
                 attempt.seconds = time.monotonic() - begin
                 code = attempt.returncode

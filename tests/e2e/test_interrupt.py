@@ -83,3 +83,36 @@ def test_a_signal_to_mpiexec_checkpoints_and_exits_with_its_code(tmp_path: Path,
                              env=clean_env(), timeout=MPI_TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stderr
     assert "meta: resuming from" in resumed.stdout and (out / "metrics.json").is_file()
+
+
+def test_a_signal_to_meta_launch_reaches_the_ranks(tmp_path: Path) -> None:
+    """``meta launch`` signals the ranks themselves (Open MPI's mpirun would SIGKILL them a
+    moment after its SIGTERM, under ULFM before a checkpoint, and exit 1): the checkpoint, the
+    ranks' line and the launcher's, exit 143."""
+    recipe = tmp_path / "long.py"
+    recipe.write_text(textwrap.dedent(RECIPE))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "meta", "launch", "-n", "2", str(recipe),
+                             "--output-dir", str(out), "--quiet"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch"):
+                break
+        time.sleep(1.0)  # the launcher has found the ranks' pids (it looks every 0.5 s)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=MPI_TIMEOUT_S)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 143 and took < ACT_S, (took, err)
+    lines = [line.strip() for line in err.splitlines() if "meta" in line]
+    assert lines[0].startswith("meta: interrupted by SIGTERM at epoch "), err
+    assert lines[-1].startswith("meta launch: stopped by SIGTERM; checkpoint "
+                                f"{out / 'checkpoint.npz'} (epoch "), err
+    assert lines[-1].endswith("(continue with --resume)") and len(lines) == 2, err
+    assert not (out / "run.lock").exists() and not list(out.glob("*.tmp"))
