@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meta.lv2 import OPTIMIZERS
+from meta.lv2 import OPTIMIZERS, Event
 from meta.lv2.optimizers import build_optimizer
 from meta.lv3 import SingleProcessCommunicator
 from meta.run.recipe import AtMost, RecipeError, make_recipe
@@ -81,3 +81,98 @@ def test_accumulate_is_refused_for_another_frameworks_optimizer():
     pytest.importorskip("torch")
     with pytest.raises(Exception, match="accumulate is applied by meta's own optimizers"):
         build_optimizer(OPTIMIZERS["torch_sgd"], {"accumulate": 2}, {"w": np.zeros(1)}, 1, 1)
+
+
+class _Weights(Event):
+    """Every step's weights, copied."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, trainer, observation):
+        self.seen.append({k: np.array(v) for k, v in trainer.executor.graph.parameters.items()})
+
+
+def test_ema_the_evaluated_and_kept_weights_are_the_average():
+    from tests.lv2.test_trainer import make_trainer
+
+    plain_steps = _Weights()
+    plain = make_trainer([plain_steps])
+    plain.fit(2)
+    averaged = make_trainer(ema_decay=0.9)
+    averaged.fit(2)
+    # training itself is the same (the average is swapped in to evaluate, then out again)
+    assert [m["train_loss"] for m in averaged.history] == \
+        [m["train_loss"] for m in plain.history]
+    expected = {k: v.copy() for k, v in plain_steps.seen[0].items()}
+    for weights in plain_steps.seen[1:]:
+        for k in expected:
+            expected[k] = 0.9 * expected[k] + 0.1 * weights[k]
+    kept = averaged.executor.graph.parameters
+    assert max(float(np.max(np.abs(kept[k] - expected[k]))) for k in kept) < 1e-6
+    assert max(float(np.max(np.abs(kept[k] - plain_steps.seen[-1][k]))) for k in kept) > 1e-3
+    # the last epoch's test metrics are the average's: evaluated again on the kept weights
+    assert averaged.evaluate(averaged.test_data, "test_")["test_loss"] == \
+        pytest.approx(averaged.history[-1]["test_loss"], rel=1e-6)
+    assert averaged.history[-1]["test_loss"] != plain.history[-1]["test_loss"]
+
+
+def test_ema_through_the_runner_exports_the_average(tmp_path):
+    plain, _ = _run(tmp_path, "plain", {"optimizer": {"name": "sgd", "lr": 0.1}}, epochs=2)
+    ema, _ = _run(tmp_path, "ema", {"optimizer": {"name": "sgd", "lr": 0.1}}, epochs=2,
+                  ema_decay=0.95)
+    assert [m["train_loss"] for m in ema.history] == [m["train_loss"] for m in plain.history]
+    assert ema.metrics["test_loss"] != plain.metrics["test_loss"]
+    assert any(not np.allclose(ema.parameters[k], plain.parameters[k]) for k in ema.parameters)
+
+
+def test_eval_time_is_apart_from_train_time(tmp_path, monkeypatch):
+    import time
+
+    from meta.lv2 import Trainer
+
+    plain, printed = _run(tmp_path, "plain", epochs=2)
+    assert plain.metrics["eval_time_s"] > 0 and plain.metrics["train_time_s"] > 0
+    assert "eval_time_s" in printed and "train_time_s" in printed
+    evaluate = Trainer.evaluate
+
+    def slow(self, *args, **kwargs):  # each end-of-epoch evaluation takes a second more
+        time.sleep(1.0)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", slow)
+    slowed, _ = _run(tmp_path, "slow", epochs=2)
+    assert slowed.metrics["eval_time_s"] >= 2.0
+    assert slowed.metrics["train_time_s"] < plain.metrics["train_time_s"] + 1.0, \
+        (slowed.metrics, plain.metrics)
+
+
+def test_log_every_prints_a_step_line(tmp_path):
+    _, printed = _run(tmp_path, "log", log_every=4)  # 10 steps: lines at 4 and 8
+    lines = [line for line in printed.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["4", "8"], printed
+    assert "loss " in lines[0] and lines[0].endswith("steps/s")
+
+
+def test_tensorboard_event_file_is_read_by_tensorboard(tmp_path):
+    pytest.importorskip("tensorboardX")
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    outcome, _ = _run(tmp_path, "tb", epochs=2, log_every=5, tensorboard=True)
+    files = list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    events = accumulator.EventAccumulator(str(files[0]))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "epoch/test_loss", "epoch/train_loss"} <= set(tags), tags
+    assert [e.step for e in events.Scalars("train/loss")] == [5, 10, 15, 20]
+    test_loss = [e.value for e in events.Scalars("epoch/test_loss")]
+    assert test_loss == pytest.approx([h["test_loss"] for h in outcome.history], rel=1e-6)
+
+
+def test_tensorboard_without_the_library_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(RecipeError, match=r"tensorboard: True needs tensorboardX: pip install "
+                                          r"'meta\[tensorboard\]'"):
+        _run(tmp_path, "none", tensorboard=True)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Protocol
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from meta.lv2.datasets import IGNORE_INDEX, Dataset
 from meta.lv2.events import Event, Metrics
 from meta.lv2.sampler import ShuffleSampler
 from meta.lv2.updater import Updater
+from meta.lv2.weight_average import WeightAverage
 
 
 def _event_name(event: Any) -> str:
@@ -65,6 +67,7 @@ class Trainer:
         names: dict[str, str] | None = None,
         transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
         output_dir: Any = None,
+        ema_decay: float = 0.0,
     ) -> None:
         self.executor = executor
         if isinstance(optimizer, Updater) and sum_across is not None:
@@ -96,6 +99,9 @@ class Trainer:
         self.epoch_elapsed = 0.0
         self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
         self.finalize_failures: list[str] = []  # events whose finalize raised (one line each)
+        # ema_decay: the weights' moving average is evaluated and, after training, kept
+        self.average = WeightAverage(ema_decay) if ema_decay else None
+        self.eval_time_s = 0.0  # spent in the end-of-epoch evaluations, apart from training
 
     @property
     def optimizer(self) -> Any:
@@ -177,12 +183,17 @@ class Trainer:
                 self._emit("on_epoch_begin", epoch)
                 metrics = self.train_epoch(epoch)
                 if self.test_data is not None:
+                    started = time.perf_counter()
                     metrics.update(self.evaluate(self.test_data, prefix="test_"))
+                    self.eval_time_s += time.perf_counter() - started
                 self.history.append(metrics)
                 # The epoch's position is cleared once its metrics are in the history: a
                 # checkpoint taken during its evaluation resumes after its last step.
                 self.batch_in_epoch, self.epoch_sums, self.epoch_elapsed = 0, np.zeros(3), 0.0
                 self._emit("on_epoch_end", metrics)
+            if self.average is not None:  # what is measured, exported and saved from now on
+                self.average.install(self.executor.graph.parameters)
+                self.executor.graph.touch()
             self._emit("on_train_end")
         except BaseException as err:
             for failure in self._emit_isolated("on_error", err):
@@ -228,6 +239,8 @@ class Trainer:
                 loss = float(values[n["loss"]])
                 correct, count = hits(values[n["logits"]], y)
             self.executor.graph.touch()  # the step wrote the weights (a strategy: anyhow)
+            if self.average is not None:
+                self.average.update(self.executor.graph.parameters)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "
                                          f"step {self.step + 1}")
@@ -265,6 +278,25 @@ class Trainer:
         """``sums(logits, labels[, loss])`` added up over every eval batch of ``data`` (the
         test data by default) on this replica's shard, then across replicas: one pass in
         evaluation mode for metrics such as top-k accuracy or a class's recall."""
+        with self._averaged():
+            return self._evaluate_with(sums, data, with_loss)
+
+    @contextmanager
+    def _averaged(self) -> Iterator[None]:
+        """The weights' moving average (``ema_decay``) in place while evaluating."""
+        if self.average is None:
+            yield
+            return
+        graph = self.executor.graph
+        try:
+            with self.average.swapped(graph.parameters):
+                graph.touch()  # the executor sees the values written (its version stamp)
+                yield
+        finally:
+            graph.touch()
+
+    def _evaluate_with(self, sums: Callable[..., Any], data: Dataset | None,
+                       with_loss: bool) -> np.ndarray:
         n = self.names
         data = self.test_data if data is None else data
         self.updater.sync_state(self.executor)
@@ -287,5 +319,5 @@ class Trainer:
             total = np.zeros(len(sums(logits[:0], y[:0], *((0.0,) if with_loss else ()))))
         summed = self.sum_across(total)
         if self.eval_shard != (rank, size):  # a replica died in the sum: again, re-sharded
-            return self.evaluate_with(sums, data, with_loss)
+            return self._evaluate_with(sums, data, with_loss)
         return summed

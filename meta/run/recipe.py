@@ -3,7 +3,8 @@
 A recipe is a plain Python file with three dicts. A definition names a component of a level
 (``model``, ``dataset``, ``optimizer``, ``executor``, ``distributed``, ``events``), built in or
 the user's, and sets its options; a few keys belong to the run itself (``epochs``,
-``batch_size``, ``seed``, ``eval_batch_size``, ``timeline``)::
+``batch_size``, ``seed``, ``eval_batch_size``, ``timeline``, ``ema_decay``, ``log_every``,
+``tensorboard``)::
 
     from meta.run.recipe import AtLeast, AtMost
 
@@ -53,6 +54,12 @@ RUN_OPTIONS: dict[str, Option] = {
     "seed": Option(0, "seeds the weights, the sampler and the augmentation"),
     "eval_batch_size": Option(1000, "examples per evaluation batch", low=1),
     "timeline": Option(False, "write the step phases as a Chrome trace to the output dir"),
+    "ema_decay": Option(0.0, "evaluate and export an exponential moving average of the weights "
+                             "with this decay per step, e.g. 0.999 (0: off)", low=0.0, below=1.0),
+    "log_every": Option(0, "a step line (loss, steps/s) every this many steps (0: per epoch "
+                           "only); also how often TensorBoard gets the step loss", low=0),
+    "tensorboard": Option(False, "write a TensorBoard event file to the output folder's "
+                                 "tensorboard/ (the optional 'tensorboard' extra)"),
 }
 # The component kinds a recipe chooses, each with its default; "events" lists any number.
 DEFAULTS = {"model": "mlp", "dataset": "mnist", "optimizer": "sgd", "executor": "reference",
@@ -61,9 +68,9 @@ LISTS = {"events": "event"}
 SECTIONS = ("FIXED", "MUTABLE", "METRICS")
 # Shown in the table of every run, bounded or not: wall-clock time is reported, and a recipe
 # that checks correctness leaves it unbounded (a busy machine must not FAIL a right answer).
-REPORTED = ("train_time_s",)
+REPORTED = ("train_time_s", "eval_time_s")
 RUN_METRICS = ("test_accuracy", "test_loss", "train_accuracy", "train_loss", "train_time_s",
-               "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")
+               "eval_time_s", "samples_per_s", "bytes_sent_per_step", "pretrain_time_s")
 
 
 def parse_sets(pairs: Sequence[str], flag: str = "--set") -> dict[str, str]:

@@ -105,7 +105,7 @@ class RecipeRun:
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                           eval_shard=(index, replicas), transform=augment,
-                          output_dir=self.output_dir)
+                          output_dir=self.output_dir, ema_decay=d.ema_decay)
         trainer.prints = comm.is_root
         with user_code(f"distributed {strategy.name!r}", "distributed", "while checking it"):
             self.workload = Workload.of(trainer)  # what the strategy is built from
@@ -169,10 +169,13 @@ class RecipeRun:
             comm = self.comm = strategy.end_comm
         if strategy.group is not comm:  # a server saw no epochs: take rank 0's
             history = comm.bcast_obj(history, root=0)
-        train_time = comm.allreduce(np.array([time.perf_counter() - start]), op="max")[0]
+        # evaluation apart: train_time_s is the steps' time, eval_time_s the evaluations'
+        train_time, eval_time = comm.allreduce(np.array(
+            [time.perf_counter() - start - trainer.eval_time_s, trainer.eval_time_s]), op="max")
         metrics = {k: float(v) for k, v in history[-1].items()}
         trace = self.output_dir / "timeline.json" if recipe.definitions.timeline else None
-        metrics.update(train_time_s=float(train_time), **self.build_metrics)
+        metrics.update(train_time_s=float(train_time), eval_time_s=float(eval_time),
+                       **self.build_metrics)
         # Every report below is guarded: one that fails is a warning, never a lost output.
         metrics.update(self.report(strategy, comm, trace))
         measured, self.unfinished = self.measured(strategy, history)
