@@ -532,6 +532,9 @@ def make_parser() -> argparse.ArgumentParser:
     from meta.run.sample import add_sample_parser
 
     add_sample_parser(sub)  # meta sample: text from a trained language model
+    from meta.run.evaluate import add_eval_parser
+
+    add_eval_parser(sub)  # meta eval: a saved model on a recipe's test split
     return parser
 
 

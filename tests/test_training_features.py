@@ -176,3 +176,60 @@ def test_tensorboard_without_the_library_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(RecipeError, match=r"tensorboard: True needs tensorboardX: pip install "
                                           r"'meta\[tensorboard\]'"):
         _run(tmp_path, "none", tensorboard=True)
+
+
+def _meta(*args: str, cwd: Path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    return subprocess.run([sys.executable, "-m", "meta", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+EVAL_RECIPE = '''
+from meta.run.recipe import AtLeast, AtMost
+FIXED = {"dataset": {"name": "arrays", "path": "blobs.npz", "test_fraction": 0.2,
+                     "normalize": False},
+         "model": {"name": "mlp", "hidden": [16]}}
+MUTABLE = {"epochs": 3, "batch_size": 32, "lr": 0.1, "seed": 0, "eval_batch_size": 1000}
+METRICS = {"test_accuracy": AtLeast(%s), "test_loss": AtMost(10.0), "train_loss": AtMost(10.0)}
+'''
+
+
+def test_meta_eval_measures_a_saved_model_without_training(tmp_path):
+    _data(tmp_path)
+    (tmp_path / "r.py").write_text(EVAL_RECIPE % "0.5")
+    done = _meta("run", "r.py", "--quiet", "--output-dir", "run", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    import json
+
+    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())["metrics"]
+    for model in ("run", "run/model.onnx"):
+        done = _meta("eval", "r.py", "--model", model, "--set", "eval_batch_size=7",
+                     cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()
+                if line.startswith("test_")}
+        assert float(rows["test_accuracy"]) == pytest.approx(trained["test_accuracy"], abs=1e-4)
+        assert float(rows["test_loss"]) == pytest.approx(trained["test_loss"], abs=1e-4)
+        assert "not measured without training: train_loss" in done.stdout
+        assert "eval_time_s" in done.stdout and "r: PASS" in done.stdout
+    (tmp_path / "strict.py").write_text(EVAL_RECIPE % "0.999")
+    done = _meta("eval", "strict.py", "--model", "run", cwd=tmp_path)
+    assert done.returncode == 1 and "strict: FAIL" in done.stdout, done.stdout + done.stderr
+
+
+def test_meta_eval_refuses_another_network_in_one_line(tmp_path):
+    _data(tmp_path)
+    (tmp_path / "r.py").write_text(EVAL_RECIPE % "0.5")
+    assert _meta("run", "r.py", "--quiet", "--output-dir", "run", "--set", "epochs=1",
+                 cwd=tmp_path).returncode == 0
+    (tmp_path / "wide.py").write_text((EVAL_RECIPE % "0.5").replace("[16]", "[32]"))
+    done = _meta("eval", "wide.py", "--model", "run", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the recipe's network has [" in done.stderr and "Traceback" not in done.stderr
+    done = _meta("eval", "r.py", "--model", "nowhere", cwd=tmp_path)
+    assert done.returncode == 2 and "--model nowhere: no such run folder" in done.stderr
