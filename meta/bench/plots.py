@@ -36,6 +36,14 @@ def _title(ax: Any, text: str, fontsize: float = 10) -> None:
     ax.figure.suptitle(textwrap.fill(text, max(20, chars)), fontsize=fontsize)
 
 
+def _legend_below(ax: Any) -> Any:
+    """The axes' legend below the plot, outside the axes (constrained layout makes room): a
+    legend inside covered the recipe's bound, drawn where the curves end."""
+    handles, labels = ax.get_legend_handles_labels()
+    return ax.figure.legend(handles, labels, loc="outside lower center", fontsize=8,
+                            ncols=min(2, max(1, len(labels))))
+
+
 def _runs_label(name: str, n: int) -> str:
     return f"{name} (median of {n} runs, band: min to max)" if n > 1 else name
 
@@ -103,7 +111,7 @@ def loss_curves(variants: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
     ax.set_ylabel("loss")
     _title(ax, title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     return _save(fig, path)
 
 
@@ -133,5 +141,5 @@ def accuracy_vs_time(variants: Mapping[str, Sequence[Mapping[str, Any]]], path: 
     ax.set_ylabel(metric.replace("_", " "))
     _title(ax, title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     return _save(fig, path)
