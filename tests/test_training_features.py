@@ -233,3 +233,24 @@ def test_meta_eval_refuses_another_network_in_one_line(tmp_path):
     assert "the recipe's network has [" in done.stderr and "Traceback" not in done.stderr
     done = _meta("eval", "r.py", "--model", "nowhere", cwd=tmp_path)
     assert done.returncode == 2 and "--model nowhere: no such run folder" in done.stderr
+
+
+def test_ema_resumes_from_a_checkpoint_with_its_average(tmp_path):
+    from meta.lv2.checkpoint import capture, load_checkpoint, restore, save_checkpoint
+    from tests.lv2.test_trainer import make_trainer
+
+    class SaveAfterFirstEpoch(Event):
+        def on_epoch_end(self, trainer, metrics):
+            if metrics["epoch"] == 1:
+                save_checkpoint(tmp_path / "ckpt.npz", capture(trainer))
+
+    whole = make_trainer([SaveAfterFirstEpoch()], ema_decay=0.9)
+    whole.fit(2)
+    ckpt = load_checkpoint(tmp_path / "ckpt.npz")
+    assert ckpt.average is not None and set(ckpt.average) == set(whole.average.average)
+    resumed = make_trainer(ema_decay=0.9)
+    restore(resumed, ckpt)
+    resumed.fit(2)
+    a, b = whole.executor.graph.parameters, resumed.executor.graph.parameters
+    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
+    assert resumed.history[-1]["test_loss"] == pytest.approx(whole.history[-1]["test_loss"])

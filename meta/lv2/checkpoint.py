@@ -77,6 +77,7 @@ class Checkpoint:
     rng_states: dict[str, Any]
     info: dict[str, Any]
     state: dict[str, np.ndarray] = field(default_factory=dict)
+    average: dict[str, np.ndarray] | None = None  # the weights' moving average (ema_decay)
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
@@ -88,6 +89,8 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
                 "params": flatten_tree(ckpt.params, arrays, "param"),
                 "state": flatten_tree(ckpt.state, arrays, "state"),
                 "optimizer": flatten_tree(ckpt.optimizer, arrays, "opt")}
+    if ckpt.average is not None:  # optional: a run without ema_decay has none
+        document["average"] = flatten_tree(ckpt.average, arrays, "ema")
     arrays[META_KEY] = np.frombuffer(json.dumps(document).encode(), dtype=np.uint8)
     with atomic_write(path, "wb") as f:  # synced, renamed; on a full disk no .tmp is left
         np.savez(f, **arrays)
@@ -116,7 +119,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             return Checkpoint(unflatten_tree(document["params"], arrays),
                               unflatten_tree(document["optimizer"], arrays),
                               document["position"], document["rng_states"], document["info"],
-                              unflatten_tree(document["state"], arrays))
+                              unflatten_tree(document["state"], arrays),
+                              unflatten_tree(document["average"], arrays)
+                              if "average" in document else None)
     except KeyError as err:  # an array the description names is not in the file
         missing = [f"array {err.args[0]}"]
     raise CheckpointError(f"{path}: the checkpoint has no {', '.join(missing)} (a damaged or "
@@ -154,6 +159,7 @@ def capture(trainer: Any, info: dict[str, Any] | None = None) -> Checkpoint:
         position=trainer.position(),
         rng_states={name: op.rng.bit_generator.state for name, op in _random_ops(trainer).items()},
         info=dict(info or {}),
+        average=trainer.average.state() if getattr(trainer, "average", None) else None,
     )
 
 
@@ -194,6 +200,8 @@ def restore(trainer: Any, ckpt: Checkpoint, source: str = "checkpoint") -> None:
         raise CheckpointError(f"{source}: the optimizer state has no {err.args[0]!r} (saved "
                               f"by another optimizer or strategy, or a damaged file)") from err
     trainer.restore_position(ckpt.position)
+    if getattr(trainer, "average", None) is not None:  # None: starts at the resumed weights
+        trainer.average.load(ckpt.average)
     for name, op in _random_ops(trainer).items():
         if name in ckpt.rng_states:
             op.rng.bit_generator.state = ckpt.rng_states[name]

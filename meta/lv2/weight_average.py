@@ -48,6 +48,14 @@ class WeightAverage:
             a *= self.decay
             a += (1.0 - self.decay) * p
 
+    def state(self) -> dict[str, np.ndarray] | None:
+        """The average, copied, for a checkpoint (None before the first update)."""
+        return None if self.average is None else {k: a.copy() for k, a in self.average.items()}
+
+    def load(self, saved: dict[str, np.ndarray] | None) -> None:
+        """Continue from a checkpoint's average (None: start anew at the next update)."""
+        self.average = None if saved is None else {k: np.array(a) for k, a in saved.items()}
+
     def install(self, params: Params) -> None:
         """Write the average into ``params`` in place (their arrays stay the graph's, or a
         strategy's flat buffer's views). Nothing before the first update."""
