@@ -102,8 +102,13 @@ class Zero2(Strategy):
         past the exchange."""
         step = max(1, int(bucket_bytes) // self.flat_params.dtype.itemsize)
         self.buckets = [(a, min(a + step, n)) for a in range(0, n, step)]
-        """[a, b) of each bucket along the flat buffer: one reduce-scatter (and one
-        allgather) each."""
+        """[a, b) of each bucket along the flat buffer: one reduce-scatter each, started
+        during the backward."""
+        chunk = max(1, len(self.param_chunks[0]) if self.param_chunks else n)
+        self.chunks = [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+        """[a, b) of each ``chunk_bytes`` chunk: the exchanges that follow the backward (a
+        reduce-scatter without the hook, the allgather after the update) go in these, fewer
+        and larger (the allreduce's chunks)."""
         self.shard = Optimizer(optimizer.transform,
                                {FLAT: self.flat_params.buffer[self.lo:self.hi]})
         """The run's optimizer over this rank's shard, as one flat parameter."""
@@ -125,7 +130,7 @@ class Zero2(Strategy):
         t.begin()
         buffer = self.flat_grads.pack(grads)
         t.lap("pack")
-        self._wait(self._reduce_scatter(a, b) for a, b in self.buckets)
+        self._wait(self._reduce_scatter(a, b) for a, b in self.chunks)
         self.bytes_sent += buffer.nbytes if self.comm.size > 1 else 0
         t.lap("communicate")
         self.grad_shard *= 1.0 / self.comm.size
@@ -148,7 +153,7 @@ class Zero2(Strategy):
         if not h.used:  # the executor ran unplanned: no bucket was handed over
             buffer = self.flat_grads.pack(grads)
             t.lap("pack")
-            self._wait(self._reduce_scatter(a, b) for a, b in self.buckets)
+            self._wait(self._reduce_scatter(a, b) for a, b in self.chunks)
             self.grad_shard *= 1.0 / self.comm.size
         else:
             h.finish()  # the seed was 1/P: the sums are the means
@@ -183,7 +188,7 @@ class Zero2(Strategy):
         if self.comm.size > 1:
             buffer = self.flat_params.buffer
             requests = []
-            for a, b in self.buckets:
+            for a, b in self.chunks:
                 counts = [max(0, min(b, hi) - max(a, lo)) for lo, hi in self.bounds]
                 requests.append(self.comm.iallgatherv(buffer[a:b], counts))
             self._wait(requests)

@@ -118,6 +118,7 @@ class ShardedExecutor(Executor):
         """Whether ``graph`` holds the whole model (at first, and after ``materialize``)."""
         self.live: dict[int, np.ndarray] = {}
         """Group -> its gathered parameters, while in use."""
+        self._laps = False
 
     # -- the executor interface --------------------------------------------------------------
 
@@ -147,9 +148,19 @@ class ShardedExecutor(Executor):
             raise ValueError("a ZeRO-3 step takes no wrt and one micro-batch")
         self.dematerialize()
         names = list(dict.fromkeys([loss, *(outputs or [])]))
-        values, tapes = self._forward(feeds, names, training=True)
-        self._backward(tapes, {loss: np.full_like(values[loss], 1.0 / self.strategy.comm.size)})
+        self.strategy.timeline.begin()  # the step's phases: gathers, forwards, backwards
+        self._laps = True
+        try:
+            values, tapes = self._forward(feeds, names, training=True)
+            self._backward(tapes, {loss: np.full_like(values[loss],
+                                                      1.0 / self.strategy.comm.size)})
+        finally:
+            self._laps = False
         return values, {}
+
+    def _lap(self, phase: str) -> None:
+        if self._laps:
+            self.strategy.timeline.lap(phase)
 
     # -- gathering and freeing a group ----------------------------------------------------
 
@@ -191,6 +202,7 @@ class ShardedExecutor(Executor):
         for g in self.strategy.needs[stage]:
             if g not in self.live:
                 self.gather(g)
+                self._lap("communicate")
 
     @staticmethod
     def _swap(ctx: Any, swap: Any) -> None:
@@ -245,6 +257,7 @@ class ShardedExecutor(Executor):
                     t for t in stage.receives if np.issubdtype(np.asarray(given[t]).dtype,
                                                                np.floating)}
             out, tape = self.executors[s]._forward(given, wanted, grads_for)
+            self._lap("forward")
             if training:
                 tapes[s] = tape
             del tape
@@ -267,6 +280,7 @@ class ShardedExecutor(Executor):
             stage = stages[s]
             params = set(self.stage_graphs[s].parameters)
             got = self.executors[s]._run_tape(tape, seeds, params | set(stage.receives))
+            self._lap("backward")
             del tape
             for name in params:
                 if name in got:
@@ -295,6 +309,7 @@ class ShardedExecutor(Executor):
             for g in [g for g in self.live if g not in keep]:
                 self.free(g, tapes)
         st.comm.waitall([r for r, _ in requests])
+        self._lap("communicate")
 
     def materialize(self) -> None:
         """Every group gathered and kept, and the whole graph pointed at it (evaluation,
@@ -422,7 +437,6 @@ class Zero3(Strategy):
         """The groups' forward and backward (gathering each, reduce-scattering its gradients),
         then this rank's shard stepped."""
         values, _ = self.executor.inference_and_backprop(feeds, loss=loss, outputs=outputs)
-        self.timeline.begin()
         self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         self.timeline.lap("update")

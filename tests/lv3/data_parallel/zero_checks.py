@@ -82,7 +82,8 @@ def check_zero2_equals_allreduce(comm: Communicator) -> None:
         for planned in ((False, True) if runtime.available() else (False,)):
             ref_losses, ref_params, ref = _train(comm, "allreduce", rule, planned,
                                                  shared_memory=False)
-            losses, params, zero = _train(comm, "zero2", rule, planned, bucket_bytes=1024)
+            losses, params, zero = _train(comm, "zero2", rule, planned, bucket_bytes=1024,
+                                         chunk_bytes=2048)
             np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-6,
                                        err_msg=f"{rule} planned={planned}")
             for k in ref_params:
@@ -198,6 +199,8 @@ def check_zero3_equals_allreduce(comm: Communicator) -> None:
             ref.finish()
             losses, params, zero, most = _train_zero3(comm, rule, model, groups)
             assert most <= 2, (model, most)  # never the whole model (tied: a group and the head)
+            phases = {e[0] for e in zero.timeline.events}
+            assert {"communicate", "forward", "backward", "update"} <= phases, phases
             assert len(zero.groups) == groups
             np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-6,
                                        err_msg=f"{model} {rule}")
@@ -214,6 +217,58 @@ def check_zero3_equals_allreduce(comm: Communicator) -> None:
                 assert len(ours) == len(theirs) > 0, rule
                 for a, b in zip(ours, theirs):
                     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=rule)
+
+
+def check_zero3_checkpoint_resumes_at_another_rank_count(comm: Communicator) -> None:
+    """What ZeRO-3 saves (the whole model and the whole state per parameter name, rank 0)
+    resumes both in one process (a plain optimizer) and in a new ZeRO-3 run (restored the
+    runner's way: the parameters into its graph, then the state): three more steps of each
+    equal the original run's own (every rank the same batches, so the mean is each one's)."""
+    from meta.lv1 import ReferenceExecutor
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    rng = np.random.default_rng(7)  # the same on every rank
+    batches = [{"input": rng.standard_normal((6, 1, 4, 4)).astype(np.float32),
+                "labels": rng.integers(0, 3, 6)} for _ in range(6)]
+    graph = _model("mlp")
+    zero = Zero3(Optimizer(adam(0.01), graph.parameters), comm, graph,
+                 lambda g: ReferenceExecutor(g), groups=3)
+    zero.executor.train()
+    for feeds in batches[:3]:
+        zero.step_with(zero.executor, feeds)
+    zero.finish()
+    saved = comm.bcast_obj((zero.state_dict(), {k: np.array(v) for k, v in
+                                                graph.parameters.items()})
+                           if comm.is_root else None)
+    state, params = saved
+    for feeds in batches[3:]:
+        zero.step_with(zero.executor, feeds)
+    zero.finish()
+
+    alone = _model("mlp")  # one process
+    for k, v in params.items():
+        alone.parameters[k][...] = v
+    plain = Optimizer(adam(0.01), alone.parameters)
+    plain.load_state_dict(state)
+    executor = ReferenceExecutor(alone).train()
+    for feeds in batches[3:]:
+        plain.step(executor.inference_and_backprop(feeds)[1])
+
+    again_graph = _model("mlp")  # a new sharded run, restored as the runner restores
+    again = Zero3(Optimizer(adam(0.01), again_graph.parameters), comm, again_graph,
+                  lambda g: ReferenceExecutor(g), groups=2)
+    for k, v in params.items():
+        again.executor.graph.initializers[k][...] = v
+    again.load_state_dict(state)
+    again.executor.train()
+    for feeds in batches[3:]:
+        again.step_with(again.executor, feeds)
+    again.finish()
+    for k in params:
+        np.testing.assert_allclose(alone.parameters[k], graph.parameters[k], rtol=0,
+                                   atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(again_graph.parameters[k], graph.parameters[k], rtol=0,
+                                   atol=1e-6, err_msg=k)
 
 
 def _noise(name: str, rule: str) -> bool:
@@ -240,6 +295,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_zero2_equals_allreduce,
         check_zero2_state_resumes_at_another_rank_count,
         check_zero3_equals_allreduce,
+        check_zero3_checkpoint_resumes_at_another_rank_count,
     )
 }
 
