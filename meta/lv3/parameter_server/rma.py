@@ -17,6 +17,7 @@ dies (survived under ULFM, as the parameter server does) is reported with its up
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,33 @@ class AsyncRMA(AsyncParameterServer):
     name = "async_rma"
     stall_s = 5.0
     """after a death, seconds without an update before the run is given up"""
+    worker_steps: list[int] | None = None
+    """On the server of a run started afresh: each worker's steps in the whole run, so that
+    workers that have made all their updates (evaluating, finishing) are not taken for
+    workers a dead one's lock holds up (they were, 6 of 6 times, after the last epoch)."""
+    workload: Any = None
+    """The server's: the run's rows and batch size, from which it counts the workers' steps."""
+
+    @classmethod
+    def from_recipe(cls, optimizer: Any, comm: Communicator, workload: Any,
+                    **options: Any) -> AsyncRMA:
+        """Also: the server keeps the workload, to count the workers' steps."""
+        strategy = super().from_recipe(optimizer, comm, workload, **options)
+        if strategy.role == "server":
+            strategy.workload = workload
+        return strategy
+
+    def train(self, trainer, epochs: int) -> list[dict[str, Any]]:
+        """Also: the server counts each worker's steps in the run (where it starts afresh)."""
+        workload = self.workload
+        if self.role == "server" and workload is not None and trainer.step == 0:
+            from meta.lv3.sampler import DistributedSampler
+
+            rows, size = len(workload.train_data), len(self.workers)
+            self.worker_steps = [epochs * len(DistributedSampler(rows, workload.batch_size, i,
+                                                                  size, workload.seed))
+                                 for i in range(size)]
+        return super().train(trainer, epochs)
 
     def __init__(self, optimizer, comm: Communicator | None = None, **options) -> None:
         super().__init__(optimizer, comm, **options)
@@ -143,7 +171,11 @@ class AsyncRMA(AsyncParameterServer):
         a dead worker holds its lock."""
         if any(counts[i] != seen[i] for i in active):
             return
-        dead = self.workers[self.roster.died()[0]]
+        died, total = self.roster.died()[0], self.worker_steps
+        if total is not None and (counts[died] >= total[died] or
+                                  all(counts[i] >= total[i] for i in active)):
+            return  # the dead made its last update, or the others need the window no more
+        dead = self.workers[died]
         raise lost(dead, self.comm.size, "worker",
                    f"during its update of the window (it holds the window's lock, and the "
                    f"other workers made no update for {self.stall_s:.0f} s)")
