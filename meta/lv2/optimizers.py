@@ -17,7 +17,9 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -41,6 +43,10 @@ class GradientTransformation(NamedTuple):
     # a strategy that shares the update out among ranks needs (``ShardedOptimizer``). False
     # where unknown (a user's transformation), by name (masked, partition) or global (clipping).
     elementwise: bool = False
+    # Whether a slice of the flat parameters can be stepped apart from the rest provided the
+    # sums over all values go through ``global_sum`` (``summed_over``): elementwise ones, and
+    # the global-norm clip, whose norm a sharded strategy (ZeRO-2/3) then sums over its ranks.
+    shardable: bool = False
 
 
 def _zeros(params: Params) -> Params:
@@ -197,16 +203,38 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
                                              for k, g in grads.items()}, True)
 
 
+_GLOBAL_SUM: ContextVar[Callable[[float], float]] = ContextVar("global_sum",
+                                                                default=lambda x: x)
+
+
+def global_sum(partial: float) -> float:
+    """``partial`` summed over every shard the parameters are split into (itself, unless a
+    sharded strategy steps its shard inside ``summed_over``)."""
+    return _GLOBAL_SUM.get()(partial)
+
+
+@contextmanager
+def summed_over(total: Callable[[float], float]) -> Iterator[None]:
+    """Within it, ``global_sum`` is ``total`` (a sharded strategy's sum over its ranks): a
+    shardable transformation stepping one shard then sees the whole parameters' sums."""
+    token = _GLOBAL_SUM.set(total)
+    try:
+        yield
+    finally:
+        _GLOBAL_SUM.reset(token)
+
+
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
-    """Scale all gradients down together when their joint L2 norm exceeds ``max_norm``."""
+    """Scale all gradients down together when their joint L2 norm exceeds ``max_norm`` (over
+    every shard: ``global_sum``)."""
 
     def clip(grads: Params, params: Params) -> Params:
-        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+        norm = math.sqrt(global_sum(sum(float(np.vdot(g, g)) for g in grads.values())))
         if norm <= max_norm:
             return grads
         return {k: g * (max_norm / norm) for k, g in grads.items()}
 
-    return _stateless(clip)
+    return _stateless(clip)._replace(shardable=True)
 
 
 def zero_grad_rows(rows: dict[str, Sequence[int]]) -> GradientTransformation:
@@ -321,7 +349,9 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
         return grads, tuple(new_state)
 
     return GradientTransformation(init, update,
-                                  elementwise=all(t.elementwise for t in transforms))
+                                  elementwise=all(t.elementwise for t in transforms),
+                                  shardable=all(t.elementwise or t.shardable
+                                                for t in transforms))
 
 
 # -- learning-rate schedules: step -> learning rate ----------------------------------------

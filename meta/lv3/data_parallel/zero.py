@@ -11,8 +11,10 @@ The gradients are exchanged in buckets of ``bucket_bytes`` along the flat buffer
 reduce-scattered (nonblocking) as soon as the backward has finished every parameter it
 overlaps (the planned executor's gradient hook), as the allreduce strategy overlaps its
 allreduces. Only an elementwise optimizer (``GradientTransformation.elementwise``: SGD, with
-momentum, Adam, RMSProp, Adagrad, weight decay, schedules) can be stepped a shard at a time;
-another (a global-norm clip, a rule by parameter name) is refused in one line.
+momentum, Adam, RMSProp, Adagrad, weight decay, schedules) can be stepped a shard at a time,
+and a global-norm clip (``grad_clip``), whose norm is summed over the ranks
+(``meta.lv2.optimizers.summed_over``); another (a rule by parameter name) is refused in one
+line.
 
 The optimizer state is gathered whole, per parameter name as the unsharded optimizer lays it
 out, at every evaluation (``sync_state``, a collective) and at ``finish``: a checkpoint written
@@ -27,7 +29,7 @@ import numpy as np
 
 from meta.common.component import ComponentError, Option
 from meta.lv1.gradient_hook import GradientHook
-from meta.lv2.optimizers import Optimizer, Params
+from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
 from meta.lv3.flat import FlatBuffer, shard_bounds
@@ -72,12 +74,13 @@ class Zero2(Strategy):
     @classmethod
     def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
         super().check(optimizer, comm, workload)
-        if not isinstance(optimizer, Optimizer) or not optimizer.transform.elementwise:
+        if not isinstance(optimizer, Optimizer) or not (optimizer.transform.elementwise
+                                                         or optimizer.transform.shardable):
             raise ComponentError(
                 f"distributed {cls.name!r} steps each rank's shard of the flat parameters, "
                 f"which needs an elementwise optimizer (SGD, momentum, Adam, RMSProp, Adagrad, "
-                f"weight decay); this one is not (a global-norm grad_clip: --set grad_clip=0; "
-                f"padding_rows; a rule by parameter name): or use distributed 'allreduce'")
+                f"weight decay, grad_clip); this one is not (padding_rows, a rule by parameter "
+                f"name, a user's rule not declared elementwise): use distributed 'allreduce'")
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
@@ -176,12 +179,22 @@ class Zero2(Strategy):
     def _update(self) -> None:
         """Step this rank's shard, then every rank gathers every shard (in buckets)."""
         t = self.timeline
-        self.shard.step({FLAT: self.grad_shard})
+        with summed_over(self.sum_over_ranks):  # a global-norm clip's norm: the whole model's
+            self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         t.lap("update")
         self.gather_params()
         self.bytes_sent += self.grad_shard.nbytes if self.comm.size > 1 else 0
         t.lap("communicate")
+
+    def sum_over_ranks(self, partial: float) -> float:
+        """``partial`` summed over the ranks (a collective): what a shard's sum adds up to
+        over the whole flat buffer (``meta.lv2.optimizers.global_sum``)."""
+        if self.comm.size == 1:
+            return partial
+        total = np.array([partial], np.float64)
+        self._wait([self.comm.iallreduce(total)])
+        return float(total[0])
 
     def gather_params(self) -> None:
         """Every rank's shard of the parameters into every rank's flat buffer (collective)."""

@@ -34,7 +34,7 @@ import numpy as np
 from meta.common.component import ComponentError, Option
 from meta.lv1.executor import Executor
 from meta.lv1.gradient_hook import GradientHook
-from meta.lv2.optimizers import Optimizer, Params
+from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
 from meta.lv3.data_parallel.zero import FLAT, _walk
@@ -356,12 +356,13 @@ class Zero3(Strategy):
     @classmethod
     def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
         super().check(optimizer, comm, workload)
-        if not isinstance(optimizer, Optimizer) or not optimizer.transform.elementwise:
+        if not isinstance(optimizer, Optimizer) or not (optimizer.transform.elementwise
+                                                         or optimizer.transform.shardable):
             raise ComponentError(
                 f"distributed {cls.name!r} steps each rank's shard of the flat parameters, "
                 f"which needs an elementwise optimizer (SGD, momentum, Adam, RMSProp, Adagrad, "
-                f"weight decay); this one is not (a global-norm grad_clip: --set grad_clip=0; "
-                f"padding_rows; a rule by parameter name): or use distributed 'allreduce'")
+                f"weight decay, grad_clip); this one is not (padding_rows, a rule by parameter "
+                f"name, a user's rule not declared elementwise): use distributed 'allreduce'")
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
@@ -437,7 +438,8 @@ class Zero3(Strategy):
         """The groups' forward and backward (gathering each, reduce-scattering its gradients),
         then this rank's shard stepped."""
         values, _ = self.executor.inference_and_backprop(feeds, loss=loss, outputs=outputs)
-        self.shard.step({FLAT: self.grad_shard})
+        with summed_over(self.sum_over_ranks):  # a global-norm clip's norm: the whole model's
+            self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         self.timeline.lap("update")
         return values
@@ -456,9 +458,19 @@ class Zero3(Strategy):
         self.comm.waitall([r for r, _ in requests])
         self.grad_shard *= 1.0 / self.comm.size
         self.timeline.lap("communicate")
-        self.shard.step({FLAT: self.grad_shard})
+        with summed_over(self.sum_over_ranks):  # a global-norm clip's norm: the whole model's
+            self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         self.timeline.lap("update")
+
+    def sum_over_ranks(self, partial: float) -> float:
+        """``partial`` summed over the ranks (a collective; ``global_sum`` while a shard
+        steps)."""
+        if self.comm.size == 1:
+            return partial
+        total = np.array([partial], np.float64)
+        self.comm.waitall([self.comm.iallreduce(total)])
+        return float(total[0])
 
     @property
     def params(self) -> Params:

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from meta.common.component import ComponentError
-from meta.lv2.optimizers import Optimizer, chain, clip_by_global_norm, sgd
+from meta.lv2.optimizers import (
+    Optimizer,
+    chain,
+    clip_by_global_norm,
+    global_sum,
+    masked,
+    sgd,
+    summed_over,
+)
 from meta.lv3 import SingleProcessCommunicator
 from meta.lv3.strategies import STRATEGIES, strategy_class
 
@@ -39,9 +47,26 @@ def test_registered_with_its_options() -> None:
     assert {"overlap", "bucket_bytes", "chunk_bytes"} <= set(options)
 
 
-def test_an_optimizer_that_is_not_elementwise_is_refused_in_one_line() -> None:
-    clipped = Optimizer(chain(clip_by_global_norm(1.0), sgd(0.1)), {"w": np.zeros(3)})
+@pytest.mark.parametrize("name", ["zero2", "zero3"])
+def test_an_optimizer_that_is_not_elementwise_is_refused_in_one_line(name: str) -> None:
+    by_name = Optimizer(masked(sgd(0.1), lambda n: n == "w"), {"w": np.zeros(3)})
     with pytest.raises(ComponentError) as err:
-        strategy_class("zero2").check(clipped, SingleProcessCommunicator(), None)
+        strategy_class(name).check(by_name, SingleProcessCommunicator(), None)
     message = str(err.value)
-    assert "\n" not in message and "'zero2'" in message and "elementwise" in message
+    assert "\n" not in message and f"'{name}'" in message and "elementwise" in message
+    clipped = Optimizer(chain(clip_by_global_norm(1.0), sgd(0.1)), {"w": np.zeros(3)})
+    strategy_class(name).check(clipped, SingleProcessCommunicator(), None)  # taken
+
+
+def test_a_clip_sees_the_norm_summed_over_the_shards() -> None:
+    """A shard steps inside ``summed_over`` (the strategy's sum over its ranks): the clip
+    scales by the whole model's norm, not the shard's."""
+    clip = clip_by_global_norm(1.0)
+    shard = {"": np.array([0.6, 0.0])}  # alone: norm 0.6, not clipped
+    assert clip.shardable and not clip.elementwise
+    np.testing.assert_array_equal(clip.update(shard, (), {})[0][""], [0.6, 0.0])
+    with summed_over(lambda partial: partial + 0.64):  # the other shards' squares: norm 1.0
+        np.testing.assert_array_equal(clip.update(shard, (), {})[0][""], [0.6, 0.0])
+    with summed_over(lambda partial: partial + 3.64):  # norm 2: halved
+        np.testing.assert_allclose(clip.update(shard, (), {})[0][""], [0.3, 0.0])
+    assert global_sum(2.0) == 2.0  # outside: the shard is the whole
