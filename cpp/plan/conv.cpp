@@ -5,6 +5,13 @@
 // kernels that take them. Weights stay the graph's plain (OC, IC/group, KH, KW) arrays; a
 // prepare step reorders them into the kernel's layouts (each training step, or once for an
 // eval-mode plan).
+//
+// With `bf16` (the plan's mixed precision) the kernels read bf16 and write float32: the
+// forward reads the input and the weights in bf16, backward-data the output gradient and the
+// weights, backward-weights the input and the output gradient, each float32 activation
+// converted just before the kernel (Bf16Step's shared staging buffers), the weights by the
+// reorder into the kernel's layout that the plan runs anyway. Outputs, data and weight
+// gradients and the bias stay float32 (float32 accumulation).
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -18,9 +25,10 @@ using PostOp = std::tuple<std::string, std::string, float, float>;  // kind, nam
 struct ConvKernel {
   Dims src_dims, w_dims, dst_dims, strides, dilations, pads_begin, pads_end;
   std::int64_t group;
-  bool has_bias, training, need_dx, need_dw;
+  bool has_bias, training, need_dx, need_dw, bf16;
   std::vector<PostOp> post;
   memory::desc src_md, dst_md, w_plain, b_md, channel_md;
+  memory::desc src_lp, dst_lp;  // bf16: the input and the output gradient as the kernels read them
   dnnl::convolution_forward::primitive_desc fwd;
   dnnl::convolution_backward_data::primitive_desc bwd_data;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights;
@@ -28,10 +36,11 @@ struct ConvKernel {
 
   ConvKernel(Dims src, Dims w, bool bias, Dims s, Dims pb, Dims pe, Dims d, std::int64_t g,
              std::vector<PostOp> post_ops, bool train, bool dx, bool dw,
-             const std::string& layout = "any")
+             const std::string& layout = "any", bool low = false)
       : src_dims(std::move(src)), w_dims(std::move(w)), strides(std::move(s)),
         dilations(std::move(d)), pads_begin(std::move(pb)), pads_end(std::move(pe)), group(g),
-        has_bias(bias), training(train), need_dx(dx), need_dw(dw), post(std::move(post_ops)) {
+        has_bias(bias), training(train), need_dx(dx), need_dw(dw), bf16(low),
+        post(std::move(post_ops)) {
     const std::size_t sp = src_dims.size() - 2;
     if (sp != 2) throw std::invalid_argument("meta._plan.Conv: 2-D convolutions only");
     dst_dims = {src_dims[0], w_dims[0]};
@@ -52,7 +61,8 @@ struct ConvKernel {
     for (auto v : dilations) dil.push_back(v - 1);
     const memory::dims st(strides.begin(), strides.end()), pl(pads_begin.begin(), pads_begin.end()),
         pr(pads_end.begin(), pads_end.end());
-    const memory::desc w_any = memory::desc(w_plain.get_dims(), dt::f32, tag::any);
+    const dt in_type = bf16 ? dt::bf16 : dt::f32;
+    const memory::desc w_any = memory::desc(w_plain.get_dims(), in_type, tag::any);
     dnnl::primitive_attr attr = scratch_attr();
     dnnl::post_ops po;
     for (const auto& [kind, name, alpha, beta] : post) {
@@ -71,7 +81,7 @@ struct ConvKernel {
     const auto prop = training ? dnnl::prop_kind::forward_training
                                : dnnl::prop_kind::forward_inference;
     auto make_fwd = [&](const std::string& layout) {
-      const memory::desc s = make_md(src_dims, layout), o = make_md(dst_dims, layout);
+      const memory::desc s = make_md(src_dims, layout, in_type), o = make_md(dst_dims, layout);
       return has_bias ? dnnl::convolution_forward::primitive_desc(
                             engine(), prop, dnnl::algorithm::convolution_direct, s, w_any, b_md,
                             o, st, dil, pl, pr, attr)
@@ -82,24 +92,26 @@ struct ConvKernel {
     fwd = make_fwd(layout);
     if (layout_of(fwd.src_desc()).empty() || layout_of(fwd.dst_desc()).empty())
       fwd = make_fwd("plain");  // a layout the planner cannot name: keep tensors plain
-    src_md = fwd.src_desc();
+    src_lp = fwd.src_desc();
     dst_md = fwd.dst_desc();
-    info = "fwd " + impl(fwd);
+    src_md = bf16 ? make_md(src_dims, layout_of(src_lp)) : src_lp;  // the plan's float32 input
+    dst_lp = bf16 ? make_md(dst_dims, layout_of(dst_md), dt::bf16) : dst_md;
+    info = std::string(bf16 ? "bf16 " : "") + "fwd " + impl(fwd);
     if (!training) return;
     if (need_dx) {
       bwd_data = dnnl::convolution_backward_data::primitive_desc(
-          engine(), dnnl::algorithm::convolution_direct, src_md, w_any, dst_md, st, dil, pl, pr,
+          engine(), dnnl::algorithm::convolution_direct, src_md, w_any, dst_lp, st, dil, pl, pr,
           fwd, scratch_attr());
       info += ", bwd_data " + impl(bwd_data);
     }
     if (need_dw) {
-      const memory::desc dw_any = w_any;
+      const memory::desc dw_any = memory::desc(w_plain.get_dims(), dt::f32, tag::any);
       bwd_weights = has_bias ? dnnl::convolution_backward_weights::primitive_desc(
-                                   engine(), dnnl::algorithm::convolution_direct, src_md, dw_any,
-                                   b_md, dst_md, st, dil, pl, pr, fwd, scratch_attr())
+                                   engine(), dnnl::algorithm::convolution_direct, src_lp, dw_any,
+                                   b_md, dst_lp, st, dil, pl, pr, fwd, scratch_attr())
                              : dnnl::convolution_backward_weights::primitive_desc(
-                                   engine(), dnnl::algorithm::convolution_direct, src_md, dw_any,
-                                   dst_md, st, dil, pl, pr, fwd, scratch_attr());
+                                   engine(), dnnl::algorithm::convolution_direct, src_lp, dw_any,
+                                   dst_lp, st, dil, pl, pr, fwd, scratch_attr());
       info += ", bwd_weights " + impl(bwd_weights);
     }
   }
@@ -164,6 +176,12 @@ StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
     args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(idx)) | DNNL_ARG_SRC_1] =
         bind(k->channel_md, post_args[next++], "conv post-op shift");
   }
+  if (k->bf16)
+    return std::make_shared<Bf16Step>(
+        "conv forward bf16", dnnl::convolution_forward(k->fwd), std::move(args),
+        k->fwd.scratchpad_desc(),
+        std::vector<Bf16Input>{bf16_input(DNNL_ARG_SRC, k->src_md, k->src_lp,
+                                          address(x, k->src_md.get_size(), "conv input"))});
   return primitive_step("conv forward", dnnl::convolution_forward(k->fwd), std::move(args),
                         k->fwd.scratchpad_desc());
 }
@@ -172,11 +190,20 @@ StepPtr backward_data(const ConvPtr& k, const py::array& dy, const py::array& w,
                       const py::array& dx, std::optional<py::array> wbuf) {
   if (!k->training || !k->need_dx)
     throw std::invalid_argument("meta._plan.Conv: built without a data gradient");
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
+      {DNNL_ARG_WEIGHTS, k->weights("backward_data", w, wbuf)},
+      {DNNL_ARG_DIFF_SRC, bind(k->src_md, dx, "conv dx")}};
+  if (k->bf16) {
+    args.erase(DNNL_ARG_DIFF_DST);
+    return std::make_shared<Bf16Step>(
+        "conv backward data bf16", dnnl::convolution_backward_data(k->bwd_data),
+        std::move(args), k->bwd_data.scratchpad_desc(),
+        std::vector<Bf16Input>{bf16_input(DNNL_ARG_DIFF_DST, k->dst_md, k->dst_lp,
+                                          address(dy, k->dst_md.get_size(), "conv dy"))});
+  }
   return primitive_step("conv backward data", dnnl::convolution_backward_data(k->bwd_data),
-                        {{DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
-                         {DNNL_ARG_WEIGHTS, k->weights("backward_data", w, wbuf)},
-                         {DNNL_ARG_DIFF_SRC, bind(k->src_md, dx, "conv dx")}},
-                        k->bwd_data.scratchpad_desc());
+                        std::move(args), k->bwd_data.scratchpad_desc());
 }
 
 // dW (through `dwbuf` in the kernel's layout, then reordered to the plain array) and dB.
@@ -194,9 +221,22 @@ std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, cons
     if (!db) throw std::invalid_argument("meta._plan.Conv: bias gradient missing");
     args[DNNL_ARG_DIFF_BIAS] = bind(k->b_md, *db, "conv db");
   }
-  steps.push_back(primitive_step("conv backward weights",
-                                 dnnl::convolution_backward_weights(k->bwd_weights),
-                                 std::move(args), k->bwd_weights.scratchpad_desc()));
+  if (k->bf16) {
+    args.erase(DNNL_ARG_SRC);
+    args.erase(DNNL_ARG_DIFF_DST);
+    steps.push_back(std::make_shared<Bf16Step>(
+        "conv backward weights bf16", dnnl::convolution_backward_weights(k->bwd_weights),
+        std::move(args), k->bwd_weights.scratchpad_desc(),
+        std::vector<Bf16Input>{
+            bf16_input(DNNL_ARG_SRC, k->src_md, k->src_lp,
+                       address(x, k->src_md.get_size(), "conv input")),
+            bf16_input(DNNL_ARG_DIFF_DST, k->dst_md, k->dst_lp,
+                       address(dy, k->dst_md.get_size(), "conv dy"))}));
+  } else {
+    steps.push_back(primitive_step("conv backward weights",
+                                   dnnl::convolution_backward_weights(k->bwd_weights),
+                                   std::move(args), k->bwd_weights.scratchpad_desc()));
+  }
   if (k->weights_bytes("diff_weights"))
     steps.push_back(reorder(dwk, bind(k->w_plain, dw, "conv dw"), "conv dw -> plain"));
   return steps;
@@ -207,15 +247,16 @@ std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, cons
 void bind_conv(py::module_& m) {
   py::class_<ConvKernel, ConvPtr>(m, "Conv", "A 2-D convolution's primitives for one shape.")
       .def(py::init<Dims, Dims, bool, Dims, Dims, Dims, Dims, std::int64_t, std::vector<PostOp>,
-                    bool, bool, bool, std::string>(),
+                    bool, bool, bool, std::string, bool>(),
            py::arg("src_dims"), py::arg("w_dims"), py::arg("has_bias"), py::arg("strides"),
            py::arg("pads_begin"), py::arg("pads_end"), py::arg("dilations"), py::arg("group"),
            py::arg("post_ops"), py::arg("training"), py::arg("need_dx"), py::arg("need_dw"),
-           py::arg("layout") = "any")
+           py::arg("layout") = "any", py::arg("bf16") = false)
       .def_property_readonly("src_layout", [](const ConvKernel& k) { return layout_of(k.src_md); })
       .def_property_readonly("dst_layout", [](const ConvKernel& k) { return layout_of(k.dst_md); })
       .def_readonly("dst_dims", &ConvKernel::dst_dims)
       .def_readonly("info", &ConvKernel::info)
+      .def_readonly("bf16", &ConvKernel::bf16)
       .def("weights_bytes", &ConvKernel::weights_bytes, py::arg("which"))
       .def("reorder_weights", &reorder_weights, py::arg("which"), py::arg("w"), py::arg("buf"))
       .def("forward", &forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"),

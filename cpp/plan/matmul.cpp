@@ -4,6 +4,9 @@
 // activation, and an optional accumulate into the output (y += a.b, for summed gradients).
 // An operand or the output may be a strided numpy view (row blocks and key prefixes of
 // attention's per-head arrays): its own strides then describe it, so no copy is made.
+// With `bf16`, both operands are converted to bf16 (each as it lies, into a dense copy in the
+// shared staging buffers) just before the product, which accumulates and writes float32:
+// the plan's mixed precision (a bias and the output stay float32).
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -36,10 +39,11 @@ void* view_address(const py::array& a, const memory::desc& md, const char* what)
 
 // Logical (..., rows, cols) view of an array of physical dims (row-major, or the strided view
 // `a`), transposed or not.
-memory::desc operand(Dims phys, bool transposed, const py::array& a, const char* what) {
+memory::desc operand(Dims phys, bool transposed, const py::array& a, const char* what,
+                     bool dense = false, dt type = dt::f32) {
   const std::size_t n = phys.size();
   Dims strides(n, 1);
-  if (strided(a, phys, what))
+  if (!dense && strided(a, phys, what))
     for (std::size_t i = 0; i < n; ++i) strides[i] = a.strides(i) / 4;
   else
     for (int i = int(n) - 2; i >= 0; --i) strides[i] = strides[i + 1] * phys[i + 1];
@@ -47,13 +51,13 @@ memory::desc operand(Dims phys, bool transposed, const py::array& a, const char*
     std::swap(phys[n - 1], phys[n - 2]);
     std::swap(strides[n - 1], strides[n - 2]);
   }
-  return strided_md(phys, strides);
+  return strided_md(phys, strides, type);
 }
 
 StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_b,
                const py::array& a, const py::array& b, std::optional<py::array> bias,
                const py::array& y, const std::string& post, float post_alpha, float post_beta,
-               bool accumulate) {
+               bool accumulate, bool bf16) {
   if (a_dims.size() != b_dims.size() || a_dims.size() < 2)
     throw std::invalid_argument("meta._plan.matmul: operands must have one rank >= 2");
   const memory::desc ma = operand(a_dims, trans_a, a, "matmul a"),
@@ -76,17 +80,33 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
       {DNNL_ARG_SRC, memory(ma, engine(), view_address(a, ma, "matmul a"))},
       {DNNL_ARG_WEIGHTS, memory(mb, engine(), view_address(b, mb, "matmul b"))},
       {DNNL_ARG_DST, memory(my, engine(), view_address(y, my, "matmul output"))}};
+  // bf16: each operand as it lies (physical dims, its strides) -> a dense bf16 copy, read
+  // transposed through strides as the float32 operand is
+  const memory::desc pa = operand(a_dims, false, a, "matmul a"),
+                     pb_ = operand(b_dims, false, b, "matmul b");
+  const memory::desc src = bf16 ? operand(a_dims, trans_a, a, "matmul a", true, dt::bf16) : ma,
+                     wei = bf16 ? operand(b_dims, trans_b, b, "matmul b", true, dt::bf16) : mb;
   dnnl::matmul::primitive_desc pd;
   if (bias) {
     Dims bd(n, 1);
     bd[n - 1] = out[n - 1];
     const memory::desc mbias = make_md(bd, "plain");
-    pd = dnnl::matmul::primitive_desc(engine(), ma, mb, mbias, my, attr);
+    pd = dnnl::matmul::primitive_desc(engine(), src, wei, mbias, my, attr);
     args[DNNL_ARG_BIAS] = bind(mbias, *bias, "matmul bias");
   } else {
-    pd = dnnl::matmul::primitive_desc(engine(), ma, mb, my, attr);
+    pd = dnnl::matmul::primitive_desc(engine(), src, wei, my, attr);
   }
-  return primitive_step("matmul", dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+  if (!bf16)
+    return primitive_step("matmul", dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+  std::vector<Bf16Input> in{
+      bf16_input(DNNL_ARG_SRC, pa, make_md(a_dims, "plain", dt::bf16),
+                 view_address(a, pa, "matmul a")),
+      bf16_input(DNNL_ARG_WEIGHTS, pb_, make_md(b_dims, "plain", dt::bf16),
+                 view_address(b, pb_, "matmul b"))};
+  args.erase(DNNL_ARG_SRC);
+  args.erase(DNNL_ARG_WEIGHTS);
+  return std::make_shared<Bf16Step>("matmul bf16 (" + impl(pd) + ")", dnnl::matmul(pd),
+                                    std::move(args), pd.scratchpad_desc(), std::move(in));
 }
 
 }  // namespace
@@ -95,8 +115,9 @@ void bind_matmul(py::module_& m) {
   m.def("matmul", &matmul, py::arg("a_dims"), py::arg("b_dims"), py::arg("trans_a"),
         py::arg("trans_b"), py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("y"),
         py::arg("post") = "", py::arg("post_alpha") = 0.f, py::arg("post_beta") = 0.f,
-        py::arg("accumulate") = false,
-        "y (+)= op(a) . op(b) (+ bias), op a transpose of the last two dims where asked.");
+        py::arg("accumulate") = false, py::arg("bf16") = false,
+        "y (+)= op(a) . op(b) (+ bias), op a transpose of the last two dims where asked; with "
+        "bf16 the operands are read as bf16 (float32 accumulation and output).");
 }
 
 }  // namespace meta::plan

@@ -71,6 +71,36 @@ struct PrimitiveStep : Step {
   memory::desc scratch_md;
 };
 
+// A primitive that reads some float32 operands as bf16 (mixed precision, meta/lv1/plan
+// precision="bf16"): each listed operand is converted (a oneDNN reorder) into a shared bf16
+// staging buffer just before the primitive runs, which reads it there; outputs stay float32
+// (float32 accumulation). The staging buffers are shared by every such step, as the
+// scratchpad is, since steps run one at a time: the bf16 copies cost the largest step's
+// operands, not the sum over the plan.
+struct Bf16Input {
+  int arg;                    // the primitive's argument (DNNL_ARG_SRC, ...)
+  memory::desc from, to;      // float32 as the plan holds it, bf16 as the primitive reads it
+  void* data;                 // the float32 operand
+  dnnl::reorder convert;
+};
+struct Bf16Step : Step {
+  Bf16Step(std::string n, dnnl::primitive p, std::unordered_map<int, memory> a,
+           memory::desc scratch_md, std::vector<Bf16Input> in)
+      : prim(std::move(p)), args(std::move(a)), scratch_md(std::move(scratch_md)),
+        inputs(std::move(in)) {
+    name = std::move(n);
+  }
+  void run() override;
+  dnnl::primitive prim;
+  std::unordered_map<int, memory> args;
+  memory::desc scratch_md;
+  std::vector<Bf16Input> inputs;
+};
+// Operand `from` (float32 at `data`) converted to `to` (bf16) for argument `arg`.
+Bf16Input bf16_input(int arg, const memory::desc& from, const memory::desc& to, void* data);
+// Bytes the bf16 staging buffers hold now (they grow to the largest step's need).
+std::size_t staging_bytes();
+
 // A step that runs any C++ callable (our own loops).
 struct LambdaStep : Step {
   LambdaStep(std::string n, std::function<void()> f) : fn(std::move(f)) { name = std::move(n); }

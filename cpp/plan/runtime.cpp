@@ -109,6 +109,55 @@ void PrimitiveStep::run() {
   prim.execute(stream(), args);
 }
 
+namespace {
+
+// One staging buffer per operand position of a bf16 step (a step converts at most a few).
+constexpr int kStagingSlots = 4;
+Scratch& staging_buffer(int slot) {
+  static Scratch s[kStagingSlots];
+  return s[slot];
+}
+
+void* staging(int slot, std::size_t need) {
+  Scratch& s = staging_buffer(slot);
+  if (need > s.bytes) {
+    std::free(s.data);
+    s.bytes = (need + 4095) / 4096 * 4096;
+    s.data = std::aligned_alloc(64, s.bytes);
+    if (!s.data) throw std::bad_alloc();
+  }
+  return s.data;
+}
+
+}  // namespace
+
+std::size_t staging_bytes() {
+  std::size_t n = 0;
+  for (int i = 0; i < kStagingSlots; ++i) n += staging_buffer(i).bytes;
+  return n;
+}
+
+Bf16Input bf16_input(int arg, const memory::desc& from, const memory::desc& to, void* data) {
+  if (to.get_data_type() != dt::bf16)
+    throw std::invalid_argument("meta._plan: a bf16 operand's target is not bf16");
+  auto pd = dnnl::reorder::primitive_desc(engine(), from, engine(), to);
+  return Bf16Input{arg, from, to, data, dnnl::reorder(pd)};
+}
+
+void Bf16Step::run() {
+  if (inputs.size() > std::size_t(kStagingSlots))
+    throw std::runtime_error("meta._plan: a bf16 step converts more operands than it has slots");
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Bf16Input& in = inputs[i];
+    memory src(in.from, engine(), in.data);
+    memory dst(in.to, engine(), staging(int(i), in.to.get_size()));
+    in.convert.execute(stream(), {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}});
+    args[in.arg] = dst;
+  }
+  if (scratch_md.get_size()) args[DNNL_ARG_SCRATCHPAD] = scratch(scratch_md);
+  prim.execute(stream(), args);
+}
+
 StepPtr primitive_step(const std::string& name, const dnnl::primitive& p,
                        std::unordered_map<int, memory> args, const memory::desc& scratch_md) {
   return std::make_shared<PrimitiveStep>(name, p, std::move(args), scratch_md);
@@ -233,6 +282,7 @@ void bind_runtime(py::module_& m) {
         py::arg("accumulate") = false);
   m.def("fill", &fill_step, py::arg("y"), py::arg("n"), py::arg("value"));
   m.def("scratch_bytes", [] { return scratch_buffer().bytes; });
+  m.def("staging_bytes", &staging_bytes, "Bytes of the bf16 steps' shared operand copies.");
   m.def("max_threads", &omp_get_max_threads);
 }
 

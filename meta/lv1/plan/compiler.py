@@ -189,7 +189,7 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
 
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
-                 rt, hook: GradientHook | None = None) -> Plan:
+                 rt, hook: GradientHook | None = None, precision: str = "f32") -> Plan:
     """The plan computing ``outputs`` (and, with ``loss``, the gradients of the parameters and
     of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order."""
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
@@ -197,7 +197,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     values, live, placement = fold_phase(graph, feeds, nodes, needed, traced, folded)
     pb, context, fetch = lower_phase(graph, feeds, outputs, wanted, loss, wrt, training,
                                      backends, rt, live, values, needed, traced, static,
-                                     placement)
+                                     placement, precision)
     seed, gradients = backward_phase(graph, loss, wrt, rt, pb, values)
     order, cuts, hook_names, arena_bytes, owned_bytes = memory_phase(
         graph, feeds, pb, values, gradients, fetch, hook)
@@ -267,7 +267,8 @@ def fold_phase(graph: Graph, feeds: dict[str, np.ndarray], nodes: list[Node], ne
 def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 wanted: list[str], loss: str | None, wrt: list[str], training: bool | None,
                 backends, rt, live: list[Node], values: dict[str, Value], needed: set[str],
-                traced: dict, static: set[str], placement: dict[str, str]):
+                traced: dict, static: set[str], placement: dict[str, str],
+                precision: str = "f32"):
     """3. Lower: rewrites (patterns), what needs a gradient, then each live node into steps
     (``kernels.lower``); returns the builder, the lowering context and the fetched values."""
     from meta.lv1.plan import kernels, patterns
@@ -305,6 +306,7 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     context = kernels.Context(pb, ops, consumers, keep | set(feeds) | set(wrt), absorbed,
                               training, loss is not None, traced)
     context.static = static
+    context.precision = precision
     context.order = {n.name: i for i, n in enumerate(live)}
     if training:  # the state a training forward updates (not when fed)
         context.state = set(graph.state) - set(feeds)

@@ -41,6 +41,12 @@ class Context:
     fused_into: dict[str, list[str]] = field(default_factory=dict)
     kernels: list = field(default_factory=list)
     objects: dict = field(default_factory=dict)
+    precision: str = "f32"  # "bf16": products and convolutions read bf16 (plan/precision.py)
+
+    @property
+    def bf16(self) -> bool:
+        """Whether this plan's matrix products and convolutions compute in bf16."""
+        return self.precision == "bf16"
 
     @property
     def rt(self):

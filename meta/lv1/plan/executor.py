@@ -40,6 +40,9 @@ from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph
 from meta.lv1.plan import custom
 from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
+from meta.lv1.plan.precision import PRECISIONS
+from meta.lv1.plan.precision import check as check_precision
+from meta.lv1.plan.precision import effective as effective_precision
 from meta.lv1.plan.runtime import PlanUnavailableError, module
 
 def _give_back_heap() -> None:
@@ -77,10 +80,14 @@ class PlannedExecutor(ReferenceExecutor):
 
     options: ClassVar[dict[str, Option]] = {
         "profile": Option(False, "record every step's time (profile_table())"),
+        "precision": Option("f32", "bf16: matrix products and convolutions read bf16, "
+                            "accumulate float32 (float32 masters; float32 where the CPU has "
+                            "no native bf16)", choices=PRECISIONS),
     }
 
     def __init__(self, graph: Graph, backends: Sequence[str] | None = None,
-                 profile: bool = False, free_intermediates: bool = True) -> None:
+                 profile: bool = False, free_intermediates: bool = True,
+                 precision: str = "f32") -> None:
         try:
             native.module()
             default = ("native", "numpy")
@@ -90,6 +97,9 @@ class PlannedExecutor(ReferenceExecutor):
         self._plans: dict[tuple, Plan | str] = {}
         self._last: Plan | None = None
         self.unplanned: str | None = None  # why the last call ran unplanned, if it did
+        self.precision = check_precision(precision)  # as asked
+        # as plans run it: float32 where bf16 is not native here (said once, on stderr)
+        self.plan_precision = effective_precision(precision)
         try:
             self.rt = module()
         except PlanUnavailableError as err:
@@ -139,7 +149,7 @@ class PlannedExecutor(ReferenceExecutor):
             return None, feeds, wrt
         try:
             plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt), self.training,
-                                self.backends, self.rt, hook)
+                                self.backends, self.rt, hook, self.plan_precision)
         except NotPlannable as err:
             self._plans[key] = str(err)
             self.unplanned = str(err)
@@ -251,6 +261,7 @@ class PlannedExecutor(ReferenceExecutor):
 
     def placement(self) -> dict[str, str]:
         """Node -> where it ran in the last plan: "onednn", "native" (meta's loop),
+        "onednn bf16" (its products read bf16: ``precision="bf16"``),
         "compiled" (a C++ custom operator's kernel on the plan's buffers), "python" (the
         operator's code; "python (LSTM: clip)" where a kernel says why not), "view",
         "folded", "fused into <node>"; before any call, or when unplanned, the reference

@@ -1,6 +1,7 @@
 """Matrix-product lowerings: Gemm and MatMul on oneDNN's matmul (transposes read through
 strides, a fused bias and activation) and their backward products. C++ side:
-cpp/plan/matmul.cpp."""
+cpp/plan/matmul.cpp. With the plan's precision "bf16" (``Context.bf16``) every product here,
+forward and backward, reads its operands in bf16 and accumulates float32."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_a
 
 def matmul_step(pb: PlanBuilder, a_name: str, a_dims, trans_a: bool, b_name: str, b_dims,
                 trans_b: bool, out: str, bias: str = "", post: Eltwise | None = None,
-                accumulate: bool = False, phase: str = "forward") -> None:
+                accumulate: bool = False, phase: str = "forward", bf16: bool = False) -> None:
     a_dims, b_dims = list(a_dims), list(b_dims)
-    pb.step("matmul", [a_name, b_name, bias, *([out] if accumulate else [])], [out],
+    pb.step("matmul bf16" if bf16 else "matmul",
+            [a_name, b_name, bias, *([out] if accumulate else [])], [out],
             lambda a: [pb.rt.matmul(a_dims, b_dims, trans_a, trans_b, a(a_name), a(b_name),
                                     a(bias) if bias else None, a(out),
                                     post.name if post else "", post.alpha if post else 0.0,
-                                    post.beta if post else 0.0, accumulate)], phase)
+                                    post.beta if post else 0.0, accumulate, bf16)], phase)
 
 
 def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, trans_a: bool,
@@ -35,18 +37,18 @@ def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, tran
         dest, add = pb.grad_target(a, can_accumulate=True)
         if not trans_a:  # da = dy . op(b)^T
             matmul_step(pb, g, g_dims, False, b, b_dims, not trans_b, dest, accumulate=add,
-                        phase="backward")
+                        phase="backward", bf16=ctx.bf16)
         else:  # da = op(b) . dy^T
             matmul_step(pb, b, b_dims, trans_b, g, g_dims, True, dest, accumulate=add,
-                        phase="backward")
+                        phase="backward", bf16=ctx.bf16)
     if ctx.needs(b):
         dest, add = pb.grad_target(b, can_accumulate=True)
         if not trans_b:  # db = op(a)^T . dy
             matmul_step(pb, a, a_dims, not trans_a, g, g_dims, False, dest, accumulate=add,
-                        phase="backward")
+                        phase="backward", bf16=ctx.bf16)
         else:  # db = dy^T . op(a)
             matmul_step(pb, g, g_dims, True, a, a_dims, trans_a, dest, accumulate=add,
-                        phase="backward")
+                        phase="backward", bf16=ctx.bf16)
 
 
 def gemm(ctx: Context, node: Node, op) -> Lowered | None:
@@ -70,9 +72,10 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
     y = pb.output(last, ctx.shape(out))
     a_in = pb.require_layout(a, "plain")
     matmul_step(pb, a_in, ctx.shape(a), trans_a, b, ctx.shape(b), trans_b, y, c,
-                act[1] if act else None)
+                act[1] if act else None, bf16=ctx.bf16)
+    kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not any(ctx.needs(v) for v in (a, b, c)):
-        return Lowered(node, None, "onednn")
+        return Lowered(node, None, kind)
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
@@ -86,7 +89,7 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
             m = ctx.shape(out)[0]
             pb.step("bias gradient", [g], [dest],
                     lambda x: [pb.rt.column_sum(m, n_out, x(g), x(dest), add)], "backward")
-    return Lowered(node, backward, "onednn")
+    return Lowered(node, backward, kind)
 
 
 def matmul(ctx: Context, node: Node, op) -> Lowered | None:
@@ -122,9 +125,11 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
     a_in = pb.require_layout(a, "plain")
     y = pb.output(last, so)
     rows, n_out = a_dims[0], so[-1]
-    matmul_step(pb, a_in, a_dims, False, b, b_dims, False, y, bias, act[1] if act else None)
+    matmul_step(pb, a_in, a_dims, False, b, b_dims, False, y, bias, act[1] if act else None,
+                bf16=ctx.bf16)
+    kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not (ctx.needs(a) or ctx.needs(b) or ctx.needs(bias)):
-        return Lowered(node, None, "onednn")
+        return Lowered(node, None, kind)
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
@@ -137,4 +142,4 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
             dest, add = pb.grad_target(bias, can_accumulate=True)
             pb.step("bias gradient", [g], [dest],
                     lambda x: [pb.rt.column_sum(rows, n_out, x(g), x(dest), add)], "backward")
-    return Lowered(node, backward, "onednn")
+    return Lowered(node, backward, kind)
