@@ -254,3 +254,15 @@ def test_ema_resumes_from_a_checkpoint_with_its_average(tmp_path):
     a, b = whole.executor.graph.parameters, resumed.executor.graph.parameters
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) < 1e-6
     assert resumed.history[-1]["test_loss"] == pytest.approx(whole.history[-1]["test_loss"])
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_accumulate_under_a_sharded_strategy(tmp_path, strategy):
+    """The accumulation is per value, so ZeRO's shard steps accumulate as the whole does (one
+    process here; the shards' exchanges are ZeRO's own tests)."""
+    optimizer = {"name": "adam", "lr": 0.01, "grad_clip": 0.5}
+    big, _ = _run(tmp_path, "big", {"optimizer": optimizer}, batch_size=64)
+    sharded, _ = _run(tmp_path, strategy, {"optimizer": {**optimizer, "accumulate": 4},
+                                           "distributed": strategy}, batch_size=16)
+    assert max(float(np.max(np.abs(big.parameters[k] - sharded.parameters[k])))
+               for k in big.parameters) < 1e-6

@@ -70,4 +70,6 @@ def accumulate_gradients(inner: GradientTransformation, every: int) -> GradientT
                 params[k] += u.astype(params[k].dtype, copy=False)
         return inner_state, cleared(sums), 0
 
-    return GradientTransformation(init, update, in_place, elementwise=inner.elementwise)
+    # summing is per value: a shard accumulates its own slice as the whole would
+    return GradientTransformation(init, update, in_place, elementwise=inner.elementwise,
+                                  shardable=inner.elementwise or inner.shardable)
