@@ -111,8 +111,10 @@ class PlanBuilder:
 
             def backward(pb: PlanBuilder) -> None:
                 g = pb.grad(out)
+                if g is None:  # before grad_target, which counts a contribution: a fetched
+                    return  # copy nobody reads made the next one add to unwritten bytes
                 target = pb.grad_target(name)
-                if g is None or target is None:
+                if target is None:
                     return
                 dest, _ = target
                 pb.step(f"reorder {layout}->{src_layout} (backward)", [g], [dest],
