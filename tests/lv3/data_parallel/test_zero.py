@@ -70,3 +70,26 @@ def test_a_clip_sees_the_norm_summed_over_the_shards() -> None:
     with summed_over(lambda partial: partial + 3.64):  # norm 2: halved
         np.testing.assert_allclose(clip.update(shard, (), {})[0][""], [0.3, 0.0])
     assert global_sum(2.0) == 2.0  # outside: the shard is the whole
+
+
+def test_zero3_steps_on_gradients_a_caller_computed() -> None:
+    """``Zero3.step(grads)`` (the backward run elsewhere) equals the bare optimizer, and the
+    graph holds no values between steps (zero-memory placeholders) until ``finish``."""
+    from meta.lv1 import ReferenceExecutor, mlp
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    graph, twin = mlp((1, 4, 4), hidden=(5,), classes=3, seed=2), mlp((1, 4, 4), hidden=(5,),
+                                                                        classes=3, seed=2)
+    bare = Optimizer(sgd(0.1, momentum=0.9), twin.parameters)
+    zero = Zero3(Optimizer(sgd(0.1, momentum=0.9), graph.parameters),
+                 SingleProcessCommunicator(), graph, lambda g: ReferenceExecutor(g), groups=2)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        grads = {k: rng.standard_normal(v.shape).astype(v.dtype)
+                 for k, v in twin.parameters.items()}
+        bare.step(grads)
+        zero.step(grads)
+    assert all(v.strides == (0,) * v.ndim for v in graph.parameters.values())
+    zero.finish()
+    for k, v in twin.parameters.items():
+        np.testing.assert_array_equal(graph.parameters[k], v, err_msg=k)
