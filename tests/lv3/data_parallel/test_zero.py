@@ -93,3 +93,22 @@ def test_zero3_steps_on_gradients_a_caller_computed() -> None:
     zero.finish()
     for k, v in twin.parameters.items():
         np.testing.assert_array_equal(graph.parameters[k], v, err_msg=k)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_killed_rank_ends_a_zero3_job_with_the_one_line(tmp_path: Path, mnist_dir) -> None:
+    """As under the other strategies (tests/e2e/test_no_hang.py): rank 1 SIGKILLed during
+    ZeRO-3 training (each rank under a shell, mpiexec without auto-cleanup) ends the job
+    within 10 s, the survivor naming it in one line."""
+    import socket
+
+    from tests.e2e.test_no_hang import DIED, NO_HANG_S, kill_during_training, wrapped_job
+
+    cmd = wrapped_job("mnist_mlp.py", 2, tmp_path / "out", ignore_usr1=True)
+    cmd[-1] = cmd[-1].replace("'epochs=100'", "'epochs=100' '--set' 'distributed=zero3'")
+    kill = kill_during_training(cmd, 1)
+    assert kill.rc != 0 and not kill.hung and kill.seconds < NO_HANG_S, kill.out
+    assert DIED.findall(kill.out) == [f"meta: rank 1 (pid {kill.pid} on "
+                                      f"{socket.gethostname()}) died; ending this job"], kill.out
+    assert "Traceback" not in kill.out, kill.out
