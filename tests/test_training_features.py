@@ -266,3 +266,27 @@ def test_accumulate_under_a_sharded_strategy(tmp_path, strategy):
                                            "distributed": strategy}, batch_size=16)
     assert max(float(np.max(np.abs(big.parameters[k] - sharded.parameters[k])))
                for k in big.parameters) < 1e-6
+
+
+LM_RECIPE = '''
+from meta.run.recipe import AtMost
+FIXED = {"dataset": {"name": "text", "files": [%r], "context": 8},
+         "model": {"name": "lstm_lm", "hidden": 8, "embedding": 4}}
+MUTABLE = {"epochs": 1, "batch_size": 8, "lr": 0.01, "seed": 0}
+METRICS = {"test_loss": AtMost(100.0)}
+'''
+
+
+def test_meta_eval_of_a_language_model_checks_its_tokenizer(tmp_path):
+    (tmp_path / "a.txt").write_text("abcd dcba abdc " * 40)
+    (tmp_path / "b.txt").write_text("abce ecba abec " * 40)  # as many symbols, another one
+    (tmp_path / "a.py").write_text(LM_RECIPE % "a.txt")
+    (tmp_path / "b.py").write_text(LM_RECIPE % "b.txt")
+    done = _meta("run", "a.py", "--quiet", "--output-dir", "run", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = _meta("eval", "a.py", "--model", "run", cwd=tmp_path)
+    assert done.returncode == 0 and "a: PASS" in done.stdout, done.stdout + done.stderr
+    done = _meta("eval", "b.py", "--model", "run", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the model's tokenizer (char, 5 tokens) is not the one the recipe's dataset built " \
+           "(char, 5 tokens)" in done.stderr, done.stderr

@@ -44,16 +44,36 @@ def model_file(source: str | Path) -> Path:
     return path
 
 
-def saved_tensors(path: Path) -> dict[str, np.ndarray]:
-    """The initializers of the ONNX model at ``path``, by name."""
+def saved_model(path: Path) -> tuple[dict[str, np.ndarray], Any]:
+    """The initializers of the ONNX model at ``path``, by name, and the tokenizer saved in its
+    metadata (a language model's), or None."""
     import onnx
     from onnx import numpy_helper
+
+    from meta.lv2.tokenizers import TokenizerError, model_tokenizer
 
     try:
         model = onnx.load(str(path))
     except Exception as err:  # noqa: BLE001 - protobuf's errors name no file
         raise EvalError(f"{path}: not an ONNX model ({type(err).__name__}: {err})") from err
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    try:
+        tokenizer = model_tokenizer(model, str(path))
+    except TokenizerError as err:
+        raise EvalError(str(err)) from None
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}, tokenizer
+
+
+def check_tokenizer(saved: Any, data: Any, path: Path) -> None:
+    """A language model is evaluated on tokens as it was trained on them: the tokenizer saved
+    in its model and the one the recipe's dataset built must be the same (two corpora can give
+    vocabularies of one size and other symbols: the shapes would fit, the ids would not)."""
+    from meta.lv2.tokenizers import tokenizer_json
+
+    built = getattr(data, "vocabulary", None)
+    if saved is not None and built is not None and tokenizer_json(saved) != tokenizer_json(built):
+        raise EvalError(f"{path}: the model's tokenizer ({saved.kind}, {len(saved)} tokens) is "
+                        f"not the one the recipe's dataset built ({built.kind}, {len(built)} "
+                        f"tokens): it was trained on other text or another tokenizer")
 
 
 def load_weights(graph: Any, saved: dict[str, np.ndarray], path: Path) -> int:
@@ -81,9 +101,10 @@ def evaluate(recipe: Any, source: str | Path, stream: TextIO) -> Any:
     from meta.run.recipe_metrics import measure
 
     path = model_file(source)
-    saved = saved_tensors(path)
+    saved, tokenizer = saved_model(path)
     d = recipe.definitions
     built = build_data_and_model(recipe, stream, True)
+    check_tokenizer(tokenizer, built.train, path)
     count = load_weights(built.graph, saved, path)
     print(f"meta: evaluating {path} ({count} tensors) on recipe {recipe.name}'s test split "
           f"({len(built.test)} examples)", file=stream, flush=True)
