@@ -64,7 +64,7 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             k = rt.Conv(list(ctx.shape(x)), list(ctx.shape(w)), bool(b), list(win.strides),
                         list(win.pads_begin), list(win.pads_end), list(win.dilations),
                         int(op.group), post, ctx.backprop and (need_dx or need_dw), need_dx,
-                        need_dw, layout)
+                        need_dw, layout, ctx.bf16)
             if "ref:" not in k.info and k.src_layout and k.dst_layout:
                 return k
             kernel = kernel or k
@@ -108,8 +108,9 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
     pb.step("conv", [*reads, *post_args, wf], [y],
             lambda a: [k.forward(a(xin), a(w), a(b) if b else None, a(y),
                                  [a(p) for p in post_args], a(wf) if wf else None)])
+    kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not (need_dx or need_dw):
-        return Lowered(node, None, "onednn")
+        return Lowered(node, None, kind)
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
@@ -129,12 +130,12 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             dw = tw[0] if tw else pb.temp(w)
             db = (tb[0] if tb else pb.temp(b)) if b else ""
             size = k.weights_bytes("diff_weights")
-            dwk = pb.output(pb.fresh(f"{w}@diff_layout"), (size // 4,)) if size else ""
+            dwk = pb.output(pb.fresh(f"{w}@diff_layout"), (-(-size // 4),)) if size else ""
             pb.step("conv backward weights", [xin, g], [dw, db, dwk],
                     lambda a: list(k.backward_weights(a(xin), a(g), a(dw),
                                                       a(db) if db else None,
                                                       a(dwk) if dwk else None)), "backward")
-    return Lowered(node, backward, "onednn")
+    return Lowered(node, backward, kind)
 
 
 def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str) -> str:
@@ -146,7 +147,7 @@ def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str) -> str:
     if not size:
         return ""
     pb = ctx.pb
-    buf = pb.output(pb.fresh(f"{w}@{which}"), (size // 4,))
+    buf = pb.output(pb.fresh(f"{w}@{which}"), (-(-size // 4),))  # bf16: half as many bytes
     if not ctx.backprop:
         pb.values[buf].storage = "owned"
         phase = "prepare"
