@@ -26,7 +26,7 @@ MUTABLE = {
     "dataset.train_samples": 0,  # train on the first n blocks only (0: all); a quick check
     "dataset.validation": 0.1,  # share of the blocks held out for validation
     "model.dropout": 0.0,
-    "eval_batch_size": 256,
+    "eval_batch_size": 64,  # 256 held 650 MB of activations at once (64: about 210 MB)
     "seed": 0,
     "distributed": "allreduce",  # under mpiexec: --set distributed=zero2|zero3 shards the model
 }
