@@ -290,3 +290,17 @@ def test_meta_eval_of_a_language_model_checks_its_tokenizer(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "the model's tokenizer (char, 5 tokens) is not the one the recipe's dataset built " \
            "(char, 5 tokens)" in done.stderr, done.stderr
+
+
+def test_ema_under_accumulate_averages_the_optimizer_steps(tmp_path):
+    """The average moves once per optimizer step, so accumulate=4 at batch 16 averages as
+    batch 64 does."""
+    optimizer = {"name": "sgd", "lr": 0.1, "momentum": 0.9}
+    big, _ = _run(tmp_path, "big", {"optimizer": optimizer}, batch_size=64, ema_decay=0.8)
+    small, _ = _run(tmp_path, "small", {"optimizer": {**optimizer, "accumulate": 4}},
+                    batch_size=16, ema_decay=0.8)
+    plain, _ = _run(tmp_path, "plain", {"optimizer": optimizer}, batch_size=64)
+    assert max(float(np.max(np.abs(big.parameters[k] - small.parameters[k])))
+               for k in big.parameters) < 1e-6
+    assert max(float(np.max(np.abs(big.parameters[k] - plain.parameters[k])))
+               for k in big.parameters) > 1e-3

@@ -68,6 +68,7 @@ class Trainer:
         transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
         output_dir: Any = None,
         ema_decay: float = 0.0,
+        ema_every: int = 1,
     ) -> None:
         self.executor = executor
         if isinstance(optimizer, Updater) and sum_across is not None:
@@ -99,8 +100,10 @@ class Trainer:
         self.epoch_elapsed = 0.0
         self.stop_reason: str | None = None  # set by an event (early stopping, time budget)
         self.finalize_failures: list[str] = []  # events whose finalize raised (one line each)
-        # ema_decay: the weights' moving average is evaluated and, after training, kept
+        # ema_decay: the weights' moving average is evaluated and, after training, kept;
+        # updated every ema_every steps (the optimizer's: micro-batches under accumulate)
         self.average = WeightAverage(ema_decay) if ema_decay else None
+        self.ema_every = ema_every
         self.eval_time_s = 0.0  # spent in the end-of-epoch evaluations, apart from training
 
     @property
@@ -239,7 +242,7 @@ class Trainer:
                 loss = float(values[n["loss"]])
                 correct, count = hits(values[n["logits"]], y)
             self.executor.graph.touch()  # the step wrote the weights (a strategy: anyhow)
-            if self.average is not None:
+            if self.average is not None and (self.step + 1) % self.ema_every == 0:
                 self.average.update(self.executor.graph.parameters)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, "

@@ -55,7 +55,8 @@ RUN_OPTIONS: dict[str, Option] = {
     "eval_batch_size": Option(1000, "examples per evaluation batch", low=1),
     "timeline": Option(False, "write the step phases as a Chrome trace to the output dir"),
     "ema_decay": Option(0.0, "evaluate and export an exponential moving average of the weights "
-                             "with this decay per step, e.g. 0.999 (0: off)", low=0.0, below=1.0),
+                             "with this decay per optimizer step, e.g. 0.999 (0: off)", low=0.0,
+                        below=1.0),
     "log_every": Option(0, "a step line (loss, steps/s) every this many steps (0: per epoch "
                            "only); also how often TensorBoard gets the step loss", low=0),
     "tensorboard": Option(False, "write a TensorBoard event file to the output folder's "

@@ -105,7 +105,8 @@ class RecipeRun:
                           eval_batch_size=d.eval_batch_size, names=io_names(graph),
                           sum_across=lambda s: comm.allreduce(np.array(s, dtype=np.float64)),
                           eval_shard=(index, replicas), transform=augment,
-                          output_dir=self.output_dir, ema_decay=d.ema_decay)
+                          output_dir=self.output_dir, ema_decay=d.ema_decay,
+                          ema_every=optimizer.values().get("accumulate", 1))
         trainer.prints = comm.is_root
         with user_code(f"distributed {strategy.name!r}", "distributed", "while checking it"):
             self.workload = Workload.of(trainer)  # what the strategy is built from
