@@ -6,7 +6,8 @@ The graph is cut into consecutive layer groups (the pipeline's ``partition``, ba
 parameter count); a step runs them in turn on every rank (each its own batch):
 
 * forward: before a group runs, its parameters are all-gathered (``iallgatherv``) into a
-  buffer of their own; after it, the buffer is freed. What the group's backward will read of
+  buffer of their own, the next group's allgather started as it runs (``prefetch``); after
+  it, the buffer is freed. What the group's backward will read of
   them (a Gemm keeps its weight) is taken out of the saved contexts and put back from the
   next gather, so the whole model is never held at once;
 * backward, last group first: the group's parameters gathered again, its backward run from
@@ -118,6 +119,8 @@ class ShardedExecutor(Executor):
         """Whether ``graph`` holds the whole model (at first, and after ``materialize``)."""
         self.live: dict[int, np.ndarray] = {}
         """Group -> its gathered parameters, while in use."""
+        self.pending: dict[int, tuple[Any, np.ndarray]] = {}
+        """Group -> its allgather under way and the buffer it fills (``prefetch``)."""
         self._laps = False
 
     # -- the executor interface --------------------------------------------------------------
@@ -167,15 +170,26 @@ class ShardedExecutor(Executor):
     def _readers(self, g: int) -> list[int]:
         return [s for s, needs in enumerate(self.strategy.needs) if g in needs]
 
-    def gather(self, g: int) -> np.ndarray:
-        """Group ``g``'s parameters all-gathered into a new buffer, which the groups that
-        read them point at (collective)."""
+    def prefetch(self, g: int) -> None:
+        """Start group ``g``'s allgather into a new buffer (collective, nonblocking): the next
+        group's parameters move while this one computes; ``gather`` waits for it."""
+        if g in self.live or g in self.pending:
+            return
         st = self.strategy
         group = st.groups[g]
         buf = np.empty(group.n, group.dtype)
         buf[group.lo:group.hi] = group.mine(st.param_shard)
-        st.comm.waitall([st.comm.iallgatherv(buf, group.counts)])
+        self.pending[g] = (st.comm.iallgatherv(buf, group.counts), buf)
         st.bytes_sent += group.mine(st.param_shard).nbytes if st.comm.size > 1 else 0
+
+    def gather(self, g: int) -> np.ndarray:
+        """Group ``g``'s parameters all-gathered into a new buffer (or the prefetched one),
+        which the groups that read them point at (collective)."""
+        st = self.strategy
+        group = st.groups[g]
+        self.prefetch(g)
+        request, buf = self.pending.pop(g)
+        st.comm.waitall([request])
         views = FlatBuffer(group.shapes, group.dtype, buffer=buf).views
         for s in self._readers(g):
             inits = self.stage_graphs[s].initializers
@@ -199,7 +213,7 @@ class ShardedExecutor(Executor):
                 self._stash(tapes[s], g, buf)
 
     def _ensure(self, stage: int) -> None:
-        for g in self.strategy.needs[stage]:
+        for g in sorted(self.strategy.needs[stage]):
             if g not in self.live:
                 self.gather(g)
                 self._lap("communicate")
@@ -248,6 +262,9 @@ class ShardedExecutor(Executor):
         for s, stage in enumerate(stages):
             if not self.materialized:
                 self._ensure(s)
+                if s < last:  # the next group's parameters move while this one computes
+                    for g in sorted(self.strategy.needs[s + 1]):
+                        self.prefetch(g)
             given = {t: out[t] for t in stage.receives}
             given.update({t: feeds[t] for t in stage.feeds if t in feeds})
             wanted = names if s == last else stage.sends
@@ -275,6 +292,9 @@ class ShardedExecutor(Executor):
         requests: list[tuple[Any, int]] = []
         for s in range(len(stages) - 1, -1, -1):
             self._ensure(s)
+            if s > 0:  # the group before moves while this one's backward runs
+                for g in sorted(st.needs[s - 1]):
+                    self.prefetch(g)
             tape = tapes.pop(s)
             self._restore(tape)
             stage = stages[s]

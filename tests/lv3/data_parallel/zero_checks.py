@@ -151,10 +151,11 @@ def _train_zero3(comm: Communicator, rule: str, model: str, groups: int
     strategy = Zero3(Optimizer(RULES[rule](), graph.parameters), comm, graph,
                      lambda g: ReferenceExecutor(g), groups=groups)
     executor = strategy.executor.train()
-    most = [0]
+    most, prefetched = [0], [0]
     gather = executor.gather
 
     def counted(g: int) -> np.ndarray:
+        prefetched[0] += g in executor.pending  # its allgather started a group earlier
         buf = gather(g)
         most[0] = max(most[0], len(executor.live))
         return buf
@@ -167,6 +168,7 @@ def _train_zero3(comm: Communicator, rule: str, model: str, groups: int
         comm.allreduce(loss)
         losses.append(float(loss[0]) / comm.size)
     executor.gather = gather  # finish gathers the whole model, on purpose
+    assert prefetched[0] >= 2 * STEPS * (groups - 1) - STEPS, prefetched  # forward, backward
     strategy.timeline.end_steps()
     strategy.finish()
     return losses, {k: np.array(v) for k, v in graph.parameters.items()}, strategy, most[0]
