@@ -27,6 +27,13 @@ variant achieved and that rate's fraction of this machine's float32 matrix-produ
 measured just before that model's blocks at each thread count (``harness.gemm_peak``: on a
 shared machine the load, and so the peak, moves within a run).
 
+``--precision f32,bf16`` adds the mixed-precision variants (issue 42): meta's planned executor
+with ``precision="bf16"`` (matrix products and convolutions read bf16, accumulate float32),
+and PyTorch eager and ``torch.compile`` under ``torch.autocast("cpu", dtype=torch.bfloat16)``;
+it prints meta bf16 over meta f32 and over the autocast variants, each model's bf16 GEMM
+peak (PyTorch's bf16 ``mm``, measured beside its blocks) and the fraction of it meta's bf16
+step reaches, and the load average (the machine may be shared).
+
 ``--memory`` measures instead the peak resident memory a training step adds over the process
 before its first step (parameters, data and imports already there), each variant in a fresh
 process with 1 thread: Linux's peak-RSS counter is reset after the first step, so what that
@@ -36,13 +43,16 @@ transients (meta's compile traces a forward on numpy; PyTorch's lazy set-up).
     python benchmarks/train_step.py                          # all models, threads 1,2
     python benchmarks/train_step.py --models lenet5 --steps 20 --repeats 3 --json out.json
     python benchmarks/train_step.py --memory                 # peak memory of every model
+    python benchmarks/train_step.py --models gpt,transformer --threads 1 --precision f32,bf16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import time
 import subprocess
 import sys
 from collections.abc import Callable
@@ -160,9 +170,11 @@ def torch_forward(graph: lv1.Graph, params: dict, output: str = "loss") -> Calla
     return forward
 
 
-def torch_step(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = False) -> Step:
+def torch_step(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = False,
+               autocast: bool = False) -> Step:
     """PyTorch's step of ``model`` (eager, or with the module and loss under
-    ``torch.compile``), updated by PyTorch's SGD."""
+    ``torch.compile``), updated by PyTorch's SGD; ``autocast``: the forward under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` (float32 master weights)."""
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     if MODELS[model][0] is None or language_model(model):  # a module: written in PyTorch,
         if language_model(model):                        # or the twin of meta's graph
@@ -188,7 +200,8 @@ def torch_step(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = False)
 
     def step() -> float:
         optimizer.zero_grad()
-        loss = loss_of(xt, yt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_of(xt, yt)
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -196,12 +209,29 @@ def torch_step(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = False)
 
 
 VARIANTS = ("meta reference", "meta native", "meta planned", "pytorch", "torch.compile")
+BF16_VARIANTS = ("meta planned bf16", "pytorch autocast", "torch.compile autocast")
 
 
 def make_steps(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = True,
-               slow: bool = True) -> dict[str, Step]:
+               slow: bool = True, precisions: tuple[str, ...] = ("f32",)) -> dict[str, Step]:
     """The variants' steps; ``slow``: also the reference (numpy) and native executors, on the
-    small networks (numpy on the large ones takes minutes per block)."""
+    small networks (numpy on the large ones takes minutes per block); ``precisions``: "f32"
+    (the float32 variants), "bf16" (the mixed-precision ones, ``BF16_VARIANTS``)."""
+    steps = {}
+    if "f32" in precisions:
+        steps.update(float32_steps(model, x, y, compiled, slow))
+    if "bf16" in precisions:
+        steps["meta planned bf16"] = meta_step(model, "planned", x, y, precision="bf16")
+        if torch is not None:
+            steps["pytorch autocast"] = torch_step(model, x, y, autocast=True)
+            if compiled:
+                steps["torch.compile autocast"] = torch_step(model, x, y, compiled=True,
+                                                             autocast=True)
+    return steps
+
+
+def float32_steps(model: str, x: np.ndarray, y: np.ndarray, compiled: bool,
+                  slow: bool) -> dict[str, Step]:
     steps = {}
     if slow and MODELS[model][0] is not None and not language_model(model):
         steps["meta reference"] = meta_step(model, "reference", x, y)
@@ -213,6 +243,24 @@ def make_steps(model: str, x: np.ndarray, y: np.ndarray, compiled: bool = True,
         if compiled:
             steps["torch.compile"] = torch_step(model, x, y, compiled=True)
     return steps
+
+
+def bf16_gemm_peak(threads: int, n: int = 1024, repeats: int = 5) -> tuple[float, str]:
+    """This machine's bf16 matrix-product rate at ``threads`` threads (GFLOP/s): the best of
+    ``repeats`` (n x n) @ (n x n) bf16 products in PyTorch (oneDNN's bf16 GEMM, float32
+    accumulation); (0, why) without PyTorch."""
+    if torch is None:
+        return 0.0, "no PyTorch: not measured"
+    torch.set_num_threads(threads)
+    a, b = (torch.randn(n, n, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty(n, n, dtype=torch.bfloat16)
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / min(times) / 1e9, f"torch bf16 mm {n}x{n}"
 
 
 def model_graph_flops(model: str, x: np.ndarray, y: np.ndarray) -> int:
@@ -240,7 +288,9 @@ def paired_ratio(rates: list[float], base: list[float]) -> float:
 
 def throughput(args: argparse.Namespace) -> dict:
     threads = [int(t) for t in args.threads.split(",")]
+    precisions = tuple(args.precision.split(","))
     results, others, first, flops = [], {}, {}, {}
+    bf16_peaks: dict[tuple[str, int], tuple[float, str]] = {}
     peaks: dict[tuple[str, int], tuple[float, str]] = {}  # measured beside each model's
     for model in args.models.split(","):
         batch = MODELS[model][1]
@@ -249,7 +299,8 @@ def throughput(args: argparse.Namespace) -> dict:
         set_threads(threads[0])
         if torch is not None:
             torch.set_num_threads(threads[0])
-        steps = make_steps(model, x, y, compiled=not args.no_compile, slow=not args.fast)
+        steps = make_steps(model, x, y, compiled=not args.no_compile, slow=not args.fast,
+                           precisions=precisions)
         first[model] = {name: step() for name, step in steps.items()}  # same model: same loss
         print(f"{model}, batch {batch}, {flops[model] / 1e9:.3f} GFLOP per step, first-step "
               "loss: " + ", ".join(f"{n} {v:.5f}" for n, v in first[model].items()), flush=True)
@@ -257,6 +308,11 @@ def throughput(args: argparse.Namespace) -> dict:
             peaks[model, n] = peak = gemm_peak(n)  # sets the threads
             print(f"float32 GEMM peak at {n} thread(s), before {model}'s blocks: "
                   f"{peak[0]:.1f} GFLOP/s ({peak[1]})", flush=True)
+            if "bf16" in precisions:
+                bf16_peaks[model, n] = bf = bf16_gemm_peak(n)
+                print(f"bf16 GEMM peak at {n} thread(s): {bf[0]:.1f} GFLOP/s ({bf[1]}); "
+                      f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs",
+                      flush=True)
             with OtherLoad() as load:
                 rates = measure(steps, batch, args.steps, args.repeats, args.warmup)
             others[f"{model}/{n}"] = load
@@ -267,10 +323,10 @@ def throughput(args: argparse.Namespace) -> dict:
                          "peak_fraction": flops[model] * statistics.median(r) / batch / 1e9
                          / peak[0]} for name, r in rates.items()]
 
-    print(f"\n{'model':<12} {'threads':>7}  {'variant':<15} {'samples/s':>10} {'min-max':>17} "
+    print(f"\n{'model':<12} {'threads':>7}  {'variant':<22} {'samples/s':>10} {'min-max':>17} "
           f"{'ms/step':>8} {'GFLOP/s':>8} {'of peak':>7}")
     for r in results:
-        print(f"{r['model']:<12} {r['threads']:>7}  {r['variant']:<15} {r['median']:>10.0f} "
+        print(f"{r['model']:<12} {r['threads']:>7}  {r['variant']:<22} {r['median']:>10.0f} "
               f"{r['min']:>8.0f}-{r['max']:<8.0f} {1e3 * r['batch'] / r['median']:>8.2f} "
               f"{r['gflops']:>8.1f} {r['peak_fraction']:>7.1%}")
     median = {(r["model"], r["threads"], r["variant"]): r["median"] for r in results}
@@ -284,14 +340,40 @@ def throughput(args: argparse.Namespace) -> dict:
             vs = [f"{v.split()[-1]}/{b.split()[-1]} {m[v] / m[b]:.2f} "
                   f"[{paired_ratio(blocks[model, n, v], blocks[model, n, b]):.2f}]"
                   for b in bases for v in VARIANTS if v in m and v.startswith("meta") and v != b]
-            planned = m["meta planned"] * flops[model] / MODELS[model][1] / 1e9
-            print(f"  {model:<12} {n} thread(s): {', '.join(vs)}; planned {planned:.1f} "
-                  f"GFLOP/s, {planned / peaks[model, n][0]:.1%} of the GEMM peak "
-                  f"({others[f'{model}/{n}'].describe()})")
+            if "meta planned" in m:
+                planned = m["meta planned"] * flops[model] / MODELS[model][1] / 1e9
+                print(f"  {model:<12} {n} thread(s): {', '.join(vs)}; planned {planned:.1f} "
+                      f"GFLOP/s, {planned / peaks[model, n][0]:.1%} of the GEMM peak "
+                      f"({others[f'{model}/{n}'].describe()})")
+            if "bf16" in precisions:
+                print_bf16_ratios(model, n, median, blocks, flops[model] / MODELS[model][1],
+                                  bf16_peaks[model, n][0])
     return {"first_loss": first, "results": results, "flops_per_step": flops,
+            "bf16_gemm_peak_gflops": {f"{m}/{n}": p[0] for (m, n), p in bf16_peaks.items()},
+            "load_average": os.getloadavg(),
             "gemm_peak_gflops": {f"{m}/{n}": p[0] for (m, n), p in peaks.items()},
             "gemm_peak_source": {f"{m}/{n}": p[1] for (m, n), p in peaks.items()},
             "other_processes_cores": {k: v.cores for k, v in others.items()}}
+
+
+def print_bf16_ratios(model: str, n: int, median: dict, blocks: dict, flops_per_sample: float,
+                      peak: float) -> None:
+    """meta bf16 over meta float32 and over PyTorch's autocast variants (issue 42's
+    acceptance: >= 1.6, >= 1.3, >= 1.1), and the fraction of the bf16 GEMM peak."""
+    key = (model, n, "meta planned bf16")
+    if key not in median:
+        return
+    parts = []
+    for base, label in (("meta planned", "meta f32"), ("pytorch autocast", "eager autocast"),
+                        ("torch.compile autocast", "compile autocast"),
+                        ("pytorch", "eager f32")):
+        if (model, n, base) in median:
+            parts.append(f"over {label} {median[key] / median[model, n, base]:.2f} "
+                         f"[{paired_ratio(blocks[key], blocks[model, n, base]):.2f}]")
+    rate = median[key] * flops_per_sample / 1e9
+    fraction = f", {rate / peak:.1%} of the bf16 GEMM peak" if peak else ""
+    print(f"  {model:<12} {n} thread(s): meta bf16 {', '.join(parts)}; {rate:.1f} GFLOP/s"
+          f"{fraction}; load average now {os.getloadavg()[0]:.2f}")
 
 
 def memory_child(model: str, variant: str, steps: int) -> None:
@@ -351,7 +433,7 @@ def memory(args: argparse.Namespace) -> dict:
         print(f"\n{model}, batch {MODELS[model][1]}{seq}, {args.memory_steps} steps, 1 thread, "
               "each "
               f"variant in a fresh process:")
-        print(f"{'variant':<15} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
+        print(f"{'variant':<22} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
         for variant, r in results[model].items():
             added = (r["peak"] - r["before"]) / 2**20
             print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {added:>19.1f}")
@@ -381,7 +463,12 @@ def main() -> None:
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--onnx", help=argparse.SUPPRESS)  # a memory child's exported model
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--precision", default="f32", help="comma-separated: f32 (the float32 "
+                        "variants), bf16 (meta's precision=bf16, PyTorch's autocast bf16)")
     args = parser.parse_args()
+    bad = set(args.precision.split(",")) - {"f32", "bf16"}
+    if bad:
+        parser.error(f"--precision: unknown {sorted(bad)}; choose from f32, bf16")
     if args.seq and torch is not None:
         torch_models.set_sequence(args.seq)
         MODELS.update({name: (builder, batch) for name, (builder, batch, _) in

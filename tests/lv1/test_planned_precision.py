@@ -118,12 +118,15 @@ def test_bf16_gradients_close_to_float32(native, build, shape, seed, bound):
     assert "onednn bf16" in ex.placement().values()
 
 
-def test_gpt_gradients_within_2e_2_of_float32(native):
+@pytest.mark.parametrize("t", [32, 80])  # 80: the causal products by query blocks of 32
+def test_gpt_gradients_within_2e_2_of_float32(native, t):
+    """All products in bf16, the fused attention's too (its softmax float32)."""
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, 65, (4, 32))
+    ids = rng.integers(0, 65, (4, t))
     feeds = {"input": ids, "labels": np.roll(ids, -1, axis=1)}
-    _, loss32, g32 = gradients(gpt((32,), seed=2), feeds, "f32")
-    ex, loss16, g16 = gradients(gpt((32,), seed=2), feeds, "bf16")
+    _, loss32, g32 = gradients(gpt((t,), seed=2), feeds, "f32")
+    ex, loss16, g16 = gradients(gpt((t,), seed=2), feeds, "bf16")
+    assert ex.placement()["h0.attn.scores"] == "onednn bf16"
     assert abs(loss16 - loss32) < 1e-3 * abs(loss32)
     total = np.sqrt(sum(float(np.sum(np.float64(g) ** 2)) for g in g32.values()))
     for name, g in g32.items():

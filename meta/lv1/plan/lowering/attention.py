@@ -200,6 +200,7 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
     blocks = [(r, min(r + BLOCK, t_q), min(r + BLOCK, t_q)) for r in range(0, t_q, BLOCK)
               ][::-1] if causal else [(0, t_q, t_k)]
     rt = pb.rt
+    low = ctx.bf16  # every product in bf16 (float32 accumulation); the softmax float32
 
     def view(arr: np.ndarray, like: str, shape: tuple[int, int], span) -> np.ndarray:
         """The (G, H, rows, cols) view of ``arr`` (laid out as ``like``), one chunk's heads."""
@@ -216,7 +217,8 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         c = (span[1] - span[0]) * (span[3] - span[2])
         return [rt.matmul(dims(span, t_q, d), dims(span, d, t_k), False, False,
                           view(x(a_in), a_in, (t_q, d), span),
-                          view(x(b_in), b_in, (d, t_k), span), None, s, "", 0.0, 0.0, False),
+                          view(x(b_in), b_in, (d, t_k), span), None, s, "", 0.0, 0.0, False,
+                          low),
                 rt.attention_softmax([c, t_q, t_k], scale, x(mask_name) if mask_name else None,
                                      causal, s.reshape(c, t_q, t_k), s.reshape(c, t_q, t_k))]
 
@@ -233,12 +235,13 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
             for r0, r1, k in blocks:
                 steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, k, dv), False, False,
                                        s[:, :, r0:r1, :k], vv[:, :, :k], None,
-                                       yy[:, :, r0:r1], "", 0.0, 0.0, False))
+                                       yy[:, :, r0:r1], "", 0.0, 0.0, False, low))
         return steps
 
     pb.step("attention", [a_in, b_in, v_in, mask_name, scores], [scores, y], forward)
+    kind = "onednn bf16" if low else "onednn"
     if not any(ctx.needs(x) for x in (a, b, v)):
-        return Lowered(node, None, "onednn")
+        return Lowered(node, None, kind)
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
@@ -269,12 +272,13 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                     for n, (r0, r1, k) in enumerate(blocks):
                         steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, r1 - r0, dv),
                                                True, False, s[:, :, r0:r1, :k], gy[:, :, r0:r1],
-                                               None, dvv[:, :, :k], "", 0.0, 0.0, add or n > 0))
+                                               None, dvv[:, :, :k], "", 0.0, 0.0,
+                                               add or n > 0, low))
                 if targets[a] is None and targets[b] is None:
                     continue
                 # dP = dY . V^T, then the softmax's backward times the scale, in place
                 steps.append(rt.matmul(dims(span, t_q, dv), dims(span, t_k, dv), False, True, gy,
-                                       vv, None, dsc, "", 0.0, 0.0, False))
+                                       vv, None, dsc, "", 0.0, 0.0, False, low))
                 steps.append(rt.attention_softmax_backward(
                     [c, t_q, t_k], scale, causal, s.reshape(c, t_q, t_k),
                     dsc.reshape(c, t_q, t_k), dsc.reshape(c, t_q, t_k)))
@@ -282,7 +286,7 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                     dest, add = targets[a]
                     steps.append(rt.matmul(dims(span, t_q, t_k), dims(span, d, t_k), False, True,
                                            dsc, kb, None, view(x(dest), dest, (t_q, d), span),
-                                           "", 0.0, 0.0, add))
+                                           "", 0.0, 0.0, add, low))
                 if targets[b] is not None and perms[targets[b][0]] is None:  # dB = A^T . dS
                     dest, add = targets[b]
                     db = view(x(dest), dest, (d, t_k), span)
@@ -290,7 +294,7 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                         steps.append(rt.matmul(dims(span, r1 - r0, d), dims(span, r1 - r0, k),
                                                True, False, qa[:, :, r0:r1],
                                                dsc[:, :, r0:r1, :k], None, db[:, :, :, :k], "",
-                                               0.0, 0.0, add or n > 0))
+                                               0.0, 0.0, add or n > 0, low))
                 elif targets[b] is not None:  # B is K^T read from K: dK = dS^T . A instead
                     dest, add = targets[b]  # (oneDNN has no fast kernel writing dB so)
                     g0, g1, h0, h1 = span
@@ -299,7 +303,7 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                         steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, r1 - r0, d),
                                                True, False, dsc[:, :, r0:r1, :k],
                                                qa[:, :, r0:r1], None, dk[:, :, :k], "",
-                                               0.0, 0.0, add or n > 0))
+                                               0.0, 0.0, add or n > 0, low))
             return steps
 
         reads = [g, a_in, b_in, v_in, mask_name, ps, ds]
@@ -309,4 +313,4 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                 reads += [target[0]] if target[1] else []
                 writes.append(target[0])
         pb.step("attention backward", reads, writes, build, "backward")
-    return Lowered(node, backward, "onednn")
+    return Lowered(node, backward, kind)
