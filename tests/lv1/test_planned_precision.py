@@ -253,3 +253,17 @@ def test_bf16_convolution_is_the_bf16_policy_exactly(native, layout):
     assert relative(plain(dx, (4, 16, 12, 12), k.src_layout), X.grad.numpy()) < 1e-5
     assert relative(dw, W.grad.numpy()) < 1e-5
     assert relative(db, bf16(dy).sum((0, 2, 3))) < 1e-5
+
+
+def test_bf16_on_a_graph_that_runs_unplanned_says_float32_in_one_line(native, capsys):
+    from meta.lv1 import GraphBuilder
+
+    b = GraphBuilder("nonzero")
+    x = b.input("x", np.float32, ("N",))
+    b.output(b.node("Cast", [b.node("NonZero", [x])], to=1), np.float32, (1, None))
+    ex = PlannedExecutor(b.build(), precision="bf16")
+    precision._said.clear()
+    ex.inference({"x": np.array([0, 1, 0, 2], np.float32)})
+    ex.inference({"x": np.array([0, 1, 0, 2], np.float32)})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs unplanned" in err[0] and "float32" in err[0], err

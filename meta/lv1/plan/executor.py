@@ -43,6 +43,7 @@ from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
 from meta.lv1.plan.precision import PRECISIONS
 from meta.lv1.plan.precision import check as check_precision
 from meta.lv1.plan.precision import effective as effective_precision
+from meta.lv1.plan.precision import say_once
 from meta.lv1.plan.runtime import PlanUnavailableError, module
 
 def _give_back_heap() -> None:
@@ -134,6 +135,9 @@ class PlannedExecutor(ReferenceExecutor):
         a known request skips the checks: they depend only on what the key holds."""
         if self.rt is None:
             self.unplanned = self.unavailable
+            if self.plan_precision == "bf16":
+                say_once("meta: precision bf16 asked for, but the planned executor runs "
+                         f"unplanned ({self.unavailable}): float32")
             return None, self._check_feeds(feeds, self.graph.nodes_for(outputs, given=feeds)), \
                 self._wrt(feeds, wrt) if loss else []
         key = (*self._key(feeds, outputs, loss, wrt), id(hook) if hook is not None else None)
@@ -153,6 +157,9 @@ class PlannedExecutor(ReferenceExecutor):
         except NotPlannable as err:
             self._plans[key] = str(err)
             self.unplanned = str(err)
+            if self.plan_precision == "bf16":
+                say_once(f"meta: precision bf16 asked for, but this request runs unplanned "
+                         f"({err}): float32, as the reference path computes")
             return None, feeds, wrt
         _give_back_heap()
         for program in plan.programs.values():

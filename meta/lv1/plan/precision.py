@@ -68,9 +68,13 @@ def effective(precision: str) -> str:
     native, why = native_bf16()
     if native:
         return "bf16"
-    line = (f"meta: precision bf16 asked for, but {why}: bf16 would run emulated, slower than "
-            f"float32; the planned executor runs float32 instead")
+    say_once(f"meta: precision bf16 asked for, but {why}: bf16 would run emulated, slower "
+             f"than float32; the planned executor runs float32 instead")
+    return "f32"
+
+
+def say_once(line: str) -> None:
+    """``line`` on stderr, the first time this process says it."""
     if line not in _said:
         _said.add(line)
         print(line, file=sys.stderr, flush=True)
-    return "f32"
