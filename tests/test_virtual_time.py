@@ -164,6 +164,15 @@ def test_simulated_downpour_trains(recipe) -> None:
     assert curve.staleness > 0
 
 
+def test_a_blocking_fetch_is_refused_not_simulated_as_nonblocking(recipe) -> None:
+    """The simulator follows Downpour's nonblocking client: a recipe with blocking_fetch is
+    refused in one line rather than simulated as something it is not."""
+    t = Timing(compute_s=1e-3, update_s=1e-4, link=Link(1e-5, 1e-9), nbytes=1200)
+    with pytest.raises(SimulationError, match="blocking_fetch; the simulator follows the "
+                                              "nonblocking client only"):
+        simulate(recipe.with_overrides({"distributed.blocking_fetch": "true"}), 2, t, points=2)
+
+
 def test_the_async_server_is_simulated_too(recipe) -> None:
     async_ps = recipe.with_overrides({"distributed": "async_parameter_server"})
     t = Timing(compute_s=1e-3, update_s=1e-4, link=Link(1e-5, 1e-9), nbytes=1200)

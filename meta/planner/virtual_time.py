@@ -115,7 +115,8 @@ class Schedule:
         keys = ("n_fetch", "n_push", "warm_start_steps", "server", "early")
         if not isinstance(got, dict) or any(k not in got for k in keys):
             raise SimulationError(f"{where}: no Downpour schedule recorded (a run with one "
-                                  f"server in which every rank finished records one)")
+                                  f"server, blocking_fetch off, in which every rank finished "
+                                  f"records one: the replay follows the nonblocking client)")
         try:
             server = [(int(w), int(tag), float(t)) for w, tag, t in got["server"]]
             early = [[int(k) for k in steps] for steps in got["early"]]
@@ -581,6 +582,10 @@ def simulate(recipe: Any, workers: int, timing: Timing, points: int = 20,
         raise SimulationError(f"virtual time: the number of workers must be >= 1, got "
                               f"{workers}")
     opts = strategy.values()
+    if strategy.name == "downpour" and opts.get("blocking_fetch"):
+        raise SimulationError(f"virtual time: recipe {recipe.name!r} sets Downpour's "
+                              f"blocking_fetch; the simulator follows the nonblocking client "
+                              f"only (--set distributed.blocking_fetch=false to simulate that)")
     begin = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         team, steps = _team(recipe, workers, folder)
