@@ -24,22 +24,12 @@ import time
 from pathlib import Path
 
 from meta.lv2 import DATASETS, build_dataset
-from meta.lv2.datasets import IGNORE_INDEX
+from meta.lv2.text import characters_per_token
 from meta.lv3 import SingleProcessCommunicator
 from meta.run.recipe import make_recipe
 from meta.run.runner import run_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_gpt.py"
-
-
-def characters_per_token(dataset) -> float:
-    """Characters the validation targets decode to, per target token."""
-    chars = tokens = 0
-    for row in dataset.labels:
-        real = row[row != IGNORE_INDEX]
-        chars += len(dataset.vocabulary.decode(real))
-        tokens += len(real)
-    return chars / tokens
 
 
 def run(tokenizer: str, args: argparse.Namespace, out: Path) -> dict:

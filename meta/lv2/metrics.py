@@ -109,8 +109,15 @@ class Perplexity(Metric):
 
 @register_metric("bits_per_character")
 class BitsPerCharacter(Metric):
-    """Validation loss per token in bits (nats / ln 2): per character for a character or
-    byte vocabulary on ASCII text, as char-level language models report it."""
+    """Validation loss per character in bits: nats per token / ln 2, divided by the
+    validation targets' characters per token where a token is not one character (BPE
+    subwords, bytes of non-ASCII text; ``meta.lv2.text.characters_per_token``), so runs with
+    different tokenizers compare."""
 
     def compute(self, trainer: Any, history: list[dict[str, Any]]) -> float:
-        return _final_loss(history) / math.log(2)
+        from meta.lv2.text import characters_per_token
+
+        data = getattr(trainer, "test_data", None)
+        per_token = getattr(getattr(data, "vocabulary", None), "kind", "char") != "char"
+        ratio = characters_per_token(data) if per_token else 1.0
+        return _final_loss(history) / math.log(2) / ratio

@@ -169,6 +169,17 @@ def blocks(tokens: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
     return x.reshape(n, context), y.reshape(n, context)
 
 
+def characters_per_token(data: ArrayDataset) -> float:
+    """Characters the targets of ``data`` decode to (with its ``vocabulary``), per target
+    token: what converts a loss per token into a loss per character."""
+    chars = tokens = 0
+    for row in data.labels:
+        real = row[row != IGNORE_INDEX]
+        chars += len(data.vocabulary.decode(real))
+        tokens += len(real)
+    return chars / tokens if tokens else 1.0
+
+
 def split(inputs: np.ndarray, targets: np.ndarray, validation: float,
           seed: int) -> tuple[ArrayDataset, ArrayDataset]:
     """A seeded draw of ``validation`` of the blocks (at least one each way) for validation."""

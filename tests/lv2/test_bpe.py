@@ -79,3 +79,22 @@ def test_a_bpe_run_saves_its_tokenizer_and_samples(tmp_path, capsys):
         assert tokenizer_json(load_tokenizer(source)) + "\n" == saved
     assert main(["sample", str(tmp_path / "run"), "--prompt", "Romeo", "--tokens", "12"]) == 0
     assert capsys.readouterr().out.startswith("Romeo")
+
+
+def test_bits_per_character_converts_a_bpe_loss_per_token(tmp_path):
+    pytest.importorskip("tokenizers")
+    import math
+    from types import SimpleNamespace
+
+    from meta.lv2 import METRICS
+    from meta.lv2.text import characters_per_token
+
+    (tmp_path / "play.txt").write_text(TEXT)
+    _, test, _ = build_dataset(DATASETS["text"], {
+        "files": [str(tmp_path / "play.txt")], "context": 8, "tokenizer": "bpe",
+        "vocab_size": 280}, seed=0)
+    ratio = characters_per_token(test)
+    assert ratio > 1.5  # subwords
+    metric = METRICS["bits_per_character"].build()
+    got = metric.compute(SimpleNamespace(test_data=test), [{"test_loss": 3.0}])
+    assert math.isclose(got, 3.0 / math.log(2) / ratio)
