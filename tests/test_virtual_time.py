@@ -170,7 +170,7 @@ def test_a_blocking_fetch_is_refused_not_simulated_as_nonblocking(recipe) -> Non
     t = Timing(compute_s=1e-3, update_s=1e-4, link=Link(1e-5, 1e-9), nbytes=1200)
     with pytest.raises(SimulationError, match="blocking_fetch; the simulator follows the "
                                               "nonblocking client only"):
-        simulate(recipe.with_overrides({"distributed.blocking_fetch": "true"}), 2, t, points=2)
+        simulate(recipe.with_overrides({"distributed.blocking_fetch": True}), 2, t, points=2)
 
 
 def test_the_async_server_is_simulated_too(recipe) -> None:

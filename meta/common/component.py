@@ -136,7 +136,10 @@ class Option:
         return value
 
     def parse(self, name: str, text: str) -> Any:
-        """A command-line string (``--set``) read by the declared type, then checked."""
+        """A command-line string (``--set``) read by the declared type, then checked; a value
+        already typed (``Recipe.with_overrides`` called from Python) is only checked."""
+        if not isinstance(text, str):
+            return self.convert(name, text)
         kind = self.kind
         try:
             if kind is bool:
