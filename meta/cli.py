@@ -215,6 +215,12 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
                       file=sys.stderr, flush=True)
             for lock in locks:
                 lock.release()
+            # Under ULFM, after a death: exit 2 without MPI_Abort, which mpiexec --with-ft
+            # ulfm reported now and then as exit 0 (a pipeline that lost a stage, issue 44);
+            # it exits with the survivors' status, and each survivor gets here
+            from meta.lv3.comm.survival import end_without_finalize_after_a_death
+
+            end_without_finalize_after_a_death(EXIT_ERROR)
             comm.abort(EXIT_ERROR)
         if message is None:
             raise
