@@ -128,7 +128,10 @@ def frameworks_record() -> dict[str, Any]:
         record["onnxruntime"] = {"version": getattr(ort, "__version__", None)}
     plan = sys.modules.get("meta._plan")
     if plan is not None:
-        record["onednn"] = {"version": plan.onednn_version, "threads": plan.max_threads()}
+        from meta.lv1.plan.precision import native_bf16
+
+        record["onednn"] = {"version": plan.onednn_version, "threads": plan.max_threads(),
+                            "bf16_native": native_bf16()[0]}  # precision="bf16" pays here
     return record
 
 

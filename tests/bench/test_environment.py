@@ -75,6 +75,7 @@ def test_frameworks_loaded_are_recorded_with_their_threads():
         runtime.module()
         onednn = frameworks_record()["onednn"]
         assert onednn["version"].count(".") == 2 and onednn["threads"] >= 1
+        assert onednn["bf16_native"] in (True, False)  # whether precision="bf16" pays here
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     record = frameworks_record()["torch"]
     assert record["version"] == torch.__version__ and record["threads"] >= 1
