@@ -70,12 +70,10 @@ class AsyncRMA(AsyncParameterServer):
         """Also: the server counts each worker's steps in the run (where it starts afresh)."""
         workload = self.workload
         if self.role == "server" and workload is not None and trainer.step == 0:
-            from meta.lv3.sampler import DistributedSampler
-
-            rows, size = len(workload.train_data), len(self.workers)
-            self.worker_steps = [epochs * len(DistributedSampler(rows, workload.batch_size, i,
-                                                                  size, workload.seed))
-                                 for i in range(size)]
+            # as the runner's DistributedSampler shares the rows: ceil(rows / workers) each,
+            # in batches of batch_size, the last one short
+            rows = -(-len(workload.train_data) // len(self.workers))
+            self.worker_steps = [epochs * -(-rows // workload.batch_size)] * len(self.workers)
         return super().train(trainer, epochs)
 
     def __init__(self, optimizer, comm: Communicator | None = None, **options) -> None:
