@@ -21,11 +21,12 @@ count (a schedule's) counts optimizer steps, not micro-batches.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meta.lv2.optimizers import GradientTransformation, Params, State
+if TYPE_CHECKING:  # optimizers.py builds the wrapper from here: no import back at run time
+    from meta.lv2.optimizers import GradientTransformation, Params, State
 
 
 def accumulate_gradients(inner: GradientTransformation, every: int) -> GradientTransformation:
@@ -71,5 +72,6 @@ def accumulate_gradients(inner: GradientTransformation, every: int) -> GradientT
         return inner_state, cleared(sums), 0
 
     # summing is per value: a shard accumulates its own slice as the whole would
-    return GradientTransformation(init, update, in_place, elementwise=inner.elementwise,
-                                  shardable=inner.elementwise or inner.shardable)
+    return inner._replace(init=init, update=update, in_place=in_place,
+                          elementwise=inner.elementwise,
+                          shardable=inner.elementwise or inner.shardable)

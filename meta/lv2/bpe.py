@@ -22,11 +22,7 @@ from typing import Any
 
 import numpy as np
 
-EXTRA = "pip install 'meta-dnn[text]' (Hugging Face tokenizers)"
-
-
-class MissingLibraryError(ImportError):
-    """Hugging Face ``tokenizers`` is not installed; the message names the extra."""
+from meta.lv2.tokenizer_errors import EXTRA, MissingLibraryError, TokenizerError
 
 
 def _library(what: str) -> Any:
@@ -66,8 +62,6 @@ class BPETokenizer:
         try:
             return cls(lib.Tokenizer.from_str(text))
         except Exception as err:  # the library raises its own Exception types
-            from meta.lv2.tokenizers import TokenizerError
-
             raise TokenizerError(f"{where}: not a tokenizers BPE ({err})") from None
 
     def state(self) -> dict[str, Any]:

@@ -23,6 +23,8 @@ import numpy as np
 from meta.common.component import Option
 from meta.lv1.executor import Executor
 from meta.lv2.events import EVENTS, Event
+from meta.lv2.kv_cache import GPTCache, generate_cached
+from meta.lv2.sampling import sample_next
 
 
 def context_of(executor: Executor, input_name: str = "input") -> int:
@@ -33,21 +35,6 @@ def context_of(executor: Executor, input_name: str = "input") -> int:
         raise ValueError(f"generate: the model's input {input_name!r} must be (N, context) "
                          f"token ids with a fixed context, it is {shape}")
     return int(shape[1])
-
-
-def sample_next(logits: np.ndarray, temperature: float, top_k: int,
-                rng: np.random.Generator) -> int:
-    """One token id from the scores of one position: the highest at temperature 0, else a draw
-    from softmax(logits / temperature) over the ``top_k`` highest (0: all)."""
-    logits = np.asarray(logits, np.float64)
-    if temperature <= 0:
-        return int(logits.argmax())
-    if 0 < top_k < len(logits):
-        cut = np.partition(logits, -top_k)[-top_k]
-        logits = np.where(logits >= cut, logits, -np.inf)
-    z = logits / temperature
-    p = np.exp(z - z.max())
-    return int(rng.choice(len(p), p=p / p.sum()))
 
 
 def generate(executor: Executor, prompt: Sequence[int] | np.ndarray, length: int,
@@ -63,8 +50,6 @@ def generate(executor: Executor, prompt: Sequence[int] | np.ndarray, length: int
     rng = rng if rng is not None else np.random.default_rng()
     kv = None
     if cache:
-        from meta.lv2.kv_cache import GPTCache, generate_cached
-
         kv = GPTCache(executor.graph, n["logits"])
 
     def recompute(window: list[int]) -> np.ndarray:

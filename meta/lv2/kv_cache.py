@@ -30,6 +30,7 @@ import numpy as np
 
 from meta.lv1.graph import Graph, Node
 from meta.lv1.language_models import gpt
+from meta.lv2.sampling import sample_next
 from meta.ops._normalize import standardize
 from meta.ops._special import erfc
 
@@ -184,8 +185,6 @@ def generate_cached(cache: GPTCache, prompt: Sequence[int] | np.ndarray, length:
     ids followed by ``length`` sampled ids. Once the window slides, ``recompute(window)`` (the
     executor's scores after a window; default: the cache's own ``prefill``) scores it."""
     from threadpoolctl import threadpool_limits
-
-    from meta.lv2.generate import sample_next
 
     recompute = recompute or cache.prefill
     ids = [int(i) for i in np.asarray(prompt, np.int64).reshape(-1)] or [0]

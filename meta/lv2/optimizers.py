@@ -25,6 +25,7 @@ import numpy as np
 
 from meta.common.component import Component, ComponentError, Option, Registry
 from meta.lv1.roles import TensorView
+from meta.lv2.accumulate import accumulate_gradients
 
 Params = dict[str, np.ndarray]
 State = Any
@@ -662,7 +663,5 @@ def build_optimizer(component: Component, options: dict[str, Any], params: Param
         transform = chain(zero_grad_rows({k: [v] if isinstance(v, int) else list(v)
                                           for k, v in rows.items()}), transform)
     if every > 1:  # last: the mean gradient is clipped and decayed, as a larger batch's is
-        from meta.lv2.accumulate import accumulate_gradients  # it builds on this module
-
         transform = accumulate_gradients(transform, every)
     return Optimizer(transform, params)

@@ -20,13 +20,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from meta.lv2.tokenizer_errors import TokenizerError
+
 TOKENIZER_JSON = "tokenizer.json"  # in the run folder
 METADATA_KEY = "meta.tokenizer"  # in model.onnx's metadata_props
 FORMAT = 1  # the layout of the JSON below; a later one that this meta cannot read is named
-
-
-class TokenizerError(ValueError):
-    """A saved tokenizer that cannot be read: missing, not meta's JSON, or of an unknown kind."""
 
 
 def tokenizer_json(tokenizer: Any) -> str:
