@@ -28,6 +28,7 @@ MUTABLE = {
     "model.dropout": 0.0,
     "eval_batch_size": 64,  # 256 held 650 MB of activations at once (64: about 210 MB)
     "seed": 0,
+    "precision": "f32",  # bf16: products in bf16, float32 accumulation and masters (issue 42)
     "distributed": "allreduce",  # under mpiexec: --set distributed=zero2|zero3 shards the model
 }
 
