@@ -249,6 +249,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
     print(summarize(graph, limit=0 if args.all else 40))
+    if args.plan:  # where each node runs in a plan, and what Python steps cost
+        from meta.lv1.plan.inspect_plan import report
+
+        try:
+            dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
+        except ValueError:
+            print(f"meta: error: --dim takes NAME=INTEGER, got {args.dim}", file=sys.stderr)
+            return EXIT_ERROR
+        try:
+            print(report(graph, dims))
+        except (GraphError, ValueError) as err:
+            print(f"meta: error: --plan: {err}", file=sys.stderr)
+            return EXIT_ERROR
     return EXIT_PASS
 
 
@@ -480,6 +493,11 @@ def make_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--frozen", action="append", default=[], metavar="PATTERN",
                          help="freeze the parameters matching PATTERN (repeatable)")
     inspect.add_argument("--all", action="store_true", help="list every tensor of each role")
+    inspect.add_argument("--plan", action="store_true", help="also where each node runs in "
+                         "the planned executor and, timed on a few training steps on random "
+                         "feeds, its share of a step and the share in Python steps")
+    inspect.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                         help="a symbolic input dimension's size for --plan (default 1)")
     inspect.set_defaults(func=cmd_inspect)
     components = sub.add_parser("components", help="the models, datasets, optimizers, "
                                 "executors, strategies, events and metrics a recipe can name, "

@@ -38,7 +38,7 @@ from meta.lv0 import native
 from meta.lv1.executor import EXECUTORS, ReferenceExecutor, Tensors
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph
-from meta.lv1.plan import custom
+from meta.lv1.plan import custom, profile_share
 from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
 from meta.lv1.plan.precision import PRECISIONS
 from meta.lv1.plan.precision import check as check_precision
@@ -98,6 +98,8 @@ class PlannedExecutor(ReferenceExecutor):
         self._plans: dict[tuple, Plan | str] = {}
         self._last: Plan | None = None
         self.unplanned: str | None = None  # why the last call ran unplanned, if it did
+        # times the first training steps, says when Python steps take over 5 % of one
+        self.python_watch = profile_share.Watch()
         self.precision = check_precision(precision)  # as asked
         # as plans run it: float32 where bf16 is not native here (said once, on stderr)
         self.plan_precision = effective_precision(precision)
@@ -226,12 +228,14 @@ class PlannedExecutor(ReferenceExecutor):
                                       wrt, hook)
         if plan is None:
             return super()._backprop(feeds, loss, outputs, seed, wrt)
+        self.python_watch.before(plan)
         self._forward_plan(plan, feeds, backward=True)
         if np.size(plan.array(loss)) != 1:
             raise ValueError(f"loss {loss!r} must be a scalar, got shape "
                              f"{np.shape(plan.array(loss))}")
         plan.seed[...] = seed * (hook.seed if hook is not None else 1.0)
         self._run(plan, "backward", hook)
+        self.python_watch.after(plan, self.profile)
         values = {n: plan.array(plan.fetch[n]).copy() for n in names}
         grads: Tensors = {}
         for name in plan.parameters:

@@ -1,0 +1,114 @@
+"""The share of a step in Python steps (issue 41): a node the plan cannot lower that takes
+most of a training step makes the planned executor print one line naming it, measured on the
+first steps only; a fully planned graph prints nothing; ``meta inspect --plan`` lists every
+node's placement and the Python share."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from meta.lv0 import Operator, register, registry
+from meta.lv1 import GraphBuilder, PlannedExecutor
+from meta.lv1.plan import profile_share, runtime
+
+pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
+
+DOMAIN = "my.slow"
+SHAPE = (8, 16)
+
+
+@pytest.fixture
+def slow():
+    """``my.slow::Slow``: y = 2x in Python, 20 ms per call each way (most of any step here)."""
+    with registry.scratch():
+        @register("Slow", domain=DOMAIN)
+        class Slow(Operator):
+            def forward(self, ctx, x):
+                time.sleep(0.02)
+                return 2 * x
+
+            def backward(self, ctx, dy):
+                time.sleep(0.02)
+                return (2 * dy,)
+        yield
+
+
+def graph(kind: str):
+    """x -> Gemm -> Relu -> (the slow user op | Pow by a tensor exponent | nothing) -> loss."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder(f"share_{kind}")
+    x = b.input("x", np.float32, SHAPE)
+    w = b.initializer("W", rng.standard_normal((16, 16)).astype(np.float32))
+    h = b.node("Relu", [b.node("Gemm", [x, w], name="fc")], name="relu")
+    if kind == "slow":
+        h = b.node("Slow", [h], name="user", domain=DOMAIN)
+    elif kind == "pow":
+        e = b.initializer("e", np.full(SHAPE, 2.0, np.float32))  # a tensor exponent
+        h = b.node("Pow", [h, e], name="pow")
+    loss = b.node("ReduceSum", [h], name="loss", keepdims=0)
+    b.output(loss, np.float32, ())
+    return b.build(), loss
+
+
+def train(executor, loss, steps):
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+    for _ in range(steps):
+        executor.inference_and_backprop({"x": x}, loss)
+
+
+def test_a_python_node_taking_most_of_the_step_is_named_once(slow, capsys):
+    g, loss = graph("slow")
+    ex = PlannedExecutor(g).train()
+    train(ex, loss, profile_share.SKIPPED + profile_share.WATCHED + 3)
+    assert ex.placement()["user"] == "python"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "Python steps take" in line]
+    assert len(lines) == 1, lines
+    assert "'user' (my.slow::Slow)" in lines[0] or "'user' (Slow)" in lines[0], lines[0]
+    share = ex.python_watch.result
+    assert share.python_share > 0.5, share
+    assert share.top_python(1)[0].node == "user"
+    # measured on the first steps only: timing is off again for the rest of the run
+    assert not any(p.profile for p, _ in profile_share.programs(ex._last))
+
+
+def test_pow_by_a_tensor_exponent_is_a_python_step_with_its_share(capsys):
+    g, loss = graph("pow")
+    ex = PlannedExecutor(g).train()
+    train(ex, loss, profile_share.SKIPPED + profile_share.WATCHED)
+    assert ex.placement()["pow"].startswith("python"), ex.placement()
+    share = ex.python_watch.result
+    assert share is not None and [t.node for t in share.top_python()] == ["pow"]
+    printed = "Python steps take" in capsys.readouterr().err
+    assert printed == (share.python_share > profile_share.THRESHOLD)
+
+
+def test_a_fully_planned_graph_prints_nothing(capsys):
+    g, loss = graph("plain")
+    ex = PlannedExecutor(g).train()
+    train(ex, loss, profile_share.SKIPPED + profile_share.WATCHED + 1)
+    assert not any(p.startswith("python") for p in ex.placement().values()), ex.placement()
+    assert ex.python_watch.result.python_share == 0.0
+    assert ex.python_watch.result.total_ns > 0
+    assert "Python steps take" not in capsys.readouterr().err
+
+
+def test_inspect_plan_lists_placements_and_the_python_share(slow, tmp_path, capsys):
+    from meta.cli import EXIT_PASS, main
+    from meta.lv1 import to_onnx
+
+    g, _ = graph("slow")
+    path = tmp_path / "slow.onnx"
+    onnx.save(to_onnx(g), path)
+    assert main(["inspect", "--plan", str(path)]) == EXIT_PASS
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split()[:1]
+            and line.split()[0] in ("fc", "relu", "user", "loss")}
+    assert set(rows) == {"fc", "relu", "user", "loss"}, out
+    assert "python" in rows["user"] and "python" not in rows["fc"], out
+    assert "Python steps:" in out, out
+    share = float(out.split("Python steps:")[1].split("%")[0])
+    assert share > 50, out
