@@ -112,3 +112,15 @@ def test_inspect_plan_lists_placements_and_the_python_share(slow, tmp_path, caps
     assert "Python steps:" in out, out
     share = float(out.split("Python steps:")[1].split("%")[0])
     assert share > 50, out
+
+
+def test_the_profile_table_gives_the_python_share(slow):
+    g, loss = graph("slow")
+    ex = PlannedExecutor(g, profile=True).train()
+    train(ex, loss, 2)
+    table = ex.profile_table()
+    assert table.python_share > 0.5 and table.python_nodes[0][0] == "user", table
+    assert "Python steps: " in str(table) and "'user'" in str(table), str(table)
+    # profiling on: the watch leaves timing on
+    train(ex, loss, profile_share.SKIPPED + profile_share.WATCHED)
+    assert all(p.profile for p, _ in profile_share.programs(ex._last) if len(p))

@@ -281,6 +281,12 @@ class PlannedExecutor(ReferenceExecutor):
             return super().placement()
         return dict(self._last.placement)
 
+    def profile_table(self) -> profile_share.PlannedProfile:
+        """The recorded times per op type (``profile=True``), and the share in Python steps."""
+        placement = {n: w for plan in self._plans.values() if isinstance(plan, Plan)
+                     for n, w in plan.placement.items()}
+        return profile_share.PlannedProfile.from_plan_records(self.records, placement)
+
     def plan_summary(self) -> str:
         """The last plan: how many steps of each kind, the arena and what placement says."""
         plan = self._last

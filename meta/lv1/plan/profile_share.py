@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from meta.lv1.executor import Profile
+
 THRESHOLD = 0.05  # above this share of a step, the executor says so
 SKIPPED = 1  # calls left untimed first
 WATCHED = 3  # calls timed after them
@@ -163,3 +165,30 @@ def measure(executor, feeds: dict, loss: str | None, steps: int = WATCHED) -> Sh
     for _ in range(steps):
         call()
     return share_between(plan, before, snapshot(plan), steps)
+
+
+@dataclass
+class PlannedProfile(Profile):
+    """The planned executor's ``profile_table()``: the table per op type, plus the share of
+    the recorded time spent in Python steps and the nodes that took most of it."""
+
+    python_share: float = 0.0
+    python_nodes: list[tuple[str, str, float]] = field(default_factory=list)  # node, op, share
+
+    @classmethod
+    def from_plan_records(cls, records, placement: dict[str, str]) -> PlannedProfile:
+        base = Profile.from_records(records)
+        per_node: dict[str, list] = {}
+        total = 0
+        for node, op_type, _phase, ns in records:
+            total += ns
+            if python_placement(placement.get(node)):
+                per_node.setdefault(node, [op_type, 0])[1] += ns
+        nodes = sorted(((n, op, ns / total) for n, (op, ns) in per_node.items()),
+                       key=lambda t: -t[2]) if total else []
+        return cls(base.rows, base.total_ms, sum(s for *_, s in nodes), nodes)
+
+    def __str__(self) -> str:
+        top = ", ".join(f"{n!r} ({op}) {s:.1%}" for n, op, s in self.python_nodes[:3])
+        return (super().__str__() + f"\nPython steps: {self.python_share:.1%} of the time"
+                + (f" ({top})" if top else ""))
