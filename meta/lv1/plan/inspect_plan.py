@@ -54,7 +54,7 @@ def loss_of(graph: Graph) -> tuple[str, bool]:
 
 
 def report(graph: Graph, dims: dict[str, int] | None = None,
-           steps: int = profile_share.WATCHED) -> str:
+           steps: int = 5) -> str:
     """The plan's placement and measured share of every node, Python's share last."""
     from meta.lv1.plan.executor import PlannedExecutor
 
@@ -66,19 +66,20 @@ def report(graph: Graph, dims: dict[str, int] | None = None,
     times = {t.node: t for t in share.nodes}
     shapes = ", ".join(f"{n} {list(v.shape)}" for n, v in feeds.items())
     lines = [f"plan of {graph.name!r} (training step, feeds {shapes or 'none'}; loss {loss!r}"
-             f"{', added by inspect' if added else ''}; {steps} steps timed after one):",
+             f"{', added by inspect' if added else ''}; each step's fastest of {steps} calls "
+             f"timed after one):",
              f"  {'node':<32} {'op':<22} {'placement':<28} {'ms/step':>9} {'share':>7}"]
     for node in graph.nodes:
         where = ex.placement().get(node.name, "not run")
         t = times.get(node.name)
-        ms = f"{t.ns / steps / 1e6:>9.3f}" if t else f"{'':>9}"
+        ms = f"{t.ns / 1e6:>9.3f}" if t else f"{'':>9}"
         pct = f"{share.share(t):>7.1%}" if t else f"{'':>7}"
         lines.append(f"  {node.name:<32} {node.op_type:<22} {where:<28} {ms} {pct}")
     own = times.get("(the plan's own steps)")
     if own is not None:
         lines.append(f"  {'(the plan: reorders, gradient sums)':<84} "
-                     f"{own.ns / steps / 1e6:>9.3f} {share.share(own):>7.1%}")
+                     f"{own.ns / 1e6:>9.3f} {share.share(own):>7.1%}")
     top = ", ".join(f"{t.node!r} {share.share(t):.1%}" for t in share.top_python())
-    lines.append(f"step: {share.total_ns / steps / 1e6:.3f} ms; Python steps: "
+    lines.append(f"step: {share.total_ns / 1e6:.3f} ms; Python steps: "
                  f"{share.python_share * 100:.1f} % of it" + (f" ({top})" if top else ""))
     return "\n".join(lines)

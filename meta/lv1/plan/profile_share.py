@@ -58,8 +58,8 @@ class NodeTime:
 
 @dataclass
 class Share:
-    """Measured time per node over ``steps`` calls: ``python_share`` of the total went to
-    nodes whose placement is a Python step."""
+    """Measured time per node in one call (each step's fastest of ``steps`` calls):
+    ``python_share`` of the total went to nodes whose placement is a Python step."""
 
     nodes: list[NodeTime] = field(default_factory=list)
     total_ns: int = 0
@@ -89,14 +89,17 @@ class Share:
                 f"{top}; `meta inspect --plan MODEL.onnx` lists every node's placement")
 
 
-def share_between(plan, before: list[list[int]], after: list[list[int]], steps: int) -> Share:
-    """The time each node's steps took between two snapshots."""
+def share_between(plan, snapshots: list[list[list[int]]]) -> Share:
+    """The time each node's steps took in one call, from snapshots taken before the first
+    timed call and after each: every step's fastest call (a loaded machine preempts a
+    step now and then; its best call is what it costs)."""
     per_node: dict[str, int] = {}
     kinds: dict[str, str] = {}
     total = 0
-    for (_, owners), old, new in zip(programs(plan), before, after):
-        for owner, a, b in zip(owners, old, new):
-            ns = b - a
+    calls = list(zip(snapshots, snapshots[1:]))
+    for k, (_, owners) in enumerate(programs(plan)):
+        for j, owner in enumerate(owners):
+            ns = min(after[k][j] - before[k][j] for before, after in calls)
             total += ns
             node = owner.node or "(the plan's own steps)"
             per_node[node] = per_node.get(node, 0) + ns
@@ -104,7 +107,7 @@ def share_between(plan, before: list[list[int]], after: list[list[int]], steps: 
     nodes = [NodeTime(n, kinds[n], plan.placement.get(n, "plan"), ns)
              for n, ns in per_node.items()]
     nodes.sort(key=lambda t: -t.ns)
-    return Share(nodes, total, steps)
+    return Share(nodes, total, len(calls))
 
 
 class Watch:
@@ -113,7 +116,7 @@ class Watch:
     def __init__(self) -> None:
         self.plan = None
         self.calls = 0
-        self.start: list[list[int]] | None = None
+        self.snapshots: list[list[list[int]]] = []
         self.result: Share | None = None
         self.done = False
 
@@ -129,15 +132,18 @@ class Watch:
         if self.calls == SKIPPED + 1:
             for program, _ in programs(plan):
                 program.profile = True
-            self.start = snapshot(plan)
+            self.snapshots = [snapshot(plan)]
 
     def after(self, plan, keep_profiling: bool = False) -> None:
         """After a training call on ``plan``: at the window's end, the share, and the line
         when it is over ``THRESHOLD``; timing stays on only with ``keep_profiling``."""
-        if self.done or plan is not self.plan or self.calls < SKIPPED + WATCHED:
+        if self.done or plan is not self.plan or self.calls <= SKIPPED:
+            return
+        self.snapshots.append(snapshot(plan))
+        if self.calls < SKIPPED + WATCHED:
             return
         self.done = True
-        self.result = share_between(plan, self.start, snapshot(plan), WATCHED)
+        self.result = share_between(plan, self.snapshots)
         if not keep_profiling:
             for program, _ in programs(plan):
                 program.profile = False
@@ -161,10 +167,11 @@ def measure(executor, feeds: dict, loss: str | None, steps: int = WATCHED) -> Sh
         raise ValueError(f"no plan: {executor.unplanned or 'the planned runtime is missing'}")
     for program, _ in programs(plan):
         program.profile = True
-    before = snapshot(plan)
+    snapshots = [snapshot(plan)]
     for _ in range(steps):
         call()
-    return share_between(plan, before, snapshot(plan), steps)
+        snapshots.append(snapshot(plan))
+    return share_between(plan, snapshots)
 
 
 @dataclass
