@@ -103,5 +103,6 @@ class Einsum(Operator):
             stretched = tuple(a for a, (n, m) in enumerate(zip(shape, g.shape)) if n != m)
             if stretched:
                 g = g.sum(axis=stretched, keepdims=True)
-            grads.append(np.ascontiguousarray(g.reshape(shape)))
+            # a copy in C order, keeping 0-d operands 0-d (ascontiguousarray makes them (1,))
+            grads.append(g.reshape(shape).copy(order="C"))
         return tuple(grads)

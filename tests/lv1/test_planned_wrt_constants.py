@@ -129,3 +129,28 @@ def test_a_gradient_the_kernels_do_not_give_is_never_zeros(monkeypatch):
     assert planned.unplanned is not None and "wrt 'x'" in planned.unplanned, planned.unplanned
     assert np.any(want["x"] != 0)
     np.testing.assert_allclose(got["x"], want["x"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("equation,shapes", [("->", [()]), ("ij,->ij", [(2, 3), ()]),
+                                             (",->", [(), ()])])
+def test_einsum_gives_0d_operands_0d_gradients(equation, shapes):
+    """ONNX's test_einsum_scalar: a 0-d operand's gradient is 0-d (numpy's ascontiguousarray
+    made it (1,), and the reference refused the backward), on both executors."""
+    b = GraphBuilder("einsum0", 20)
+    names = [b.input(f"x{i}", np.float32, s) for i, s in enumerate(shapes)]
+    b.node("ReduceSum", [b.node("Einsum", names, name="e", equation=equation)], name="loss",
+           keepdims=0)
+    b.output("loss", np.float32, ())
+    graph = b.build()
+    rng = np.random.default_rng(0)
+    feeds = {n: np.asarray(rng.standard_normal(s), np.float32) for n, s in zip(names, shapes)}
+    ref = ReferenceExecutor(graph).train().inference_and_backprop(feeds, wrt=list(feeds))[1]
+    ours = PlannedExecutor(graph).train().inference_and_backprop(feeds, wrt=list(feeds))[1]
+    for n, s in zip(names, shapes):
+        assert ref[n].shape == s and ours[n].shape == s
+        np.testing.assert_allclose(ours[n], ref[n], rtol=1e-6)
+    other = feeds[names[-1]] if len(names) > 1 else np.float32(1)
+    if equation == "ij,->ij":
+        np.testing.assert_allclose(ref[names[1]], feeds[names[0]].sum(), rtol=1e-5)
+    elif equation == ",->":
+        np.testing.assert_allclose(ref[names[0]], other, rtol=1e-6)
