@@ -266,7 +266,7 @@ def test_set_lines_parse_with_the_recipe(cluster):
     text = best_sets(allreduce, recipe)
     assert "mpiexec -n 16 meta run recipes/mnist_allreduce.py --set distributed=allreduce" in text
     # a recipe that fixes its strategy: the winner as its MUTABLE entry
-    fixed = best_sets(ranked, load_recipe("recipes/mnist_mlp.py"))
+    fixed = best_sets(ranked, load_recipe("recipes/mnist_lenet.py"))
     assert "does not let --set choose it" in fixed and '"distributed": {' in fixed
 
 

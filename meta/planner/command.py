@@ -27,6 +27,9 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override the recipe's MUTABLE values (as meta run)")
     plan.add_argument("--top", type=int, default=15, help="rows of the ranking shown")
+    plan.add_argument("--memory", type=float, metavar="GB", help="memory per rank in GB "
+                      "(2^30 bytes): configurations predicted to need more (parameters, "
+                      "gradients, optimizer state, activations, buffers) are dropped")
     plan.add_argument("--validated", metavar="JSON", action="append", help="measured "
                       "model errors (benchmarks/planner_validation.py's JSON; again for more "
                       "files: the worst row counts): shown per configuration, marked beyond "
@@ -98,6 +101,8 @@ def _plan(args: argparse.Namespace) -> int:
             return 0
     if not 0 <= args.bound < math.inf:
         raise MachineError(f"--bound {args.bound}: must be a finite number >= 0")
+    if args.memory is not None and not 0 < args.memory < math.inf:
+        raise MachineError(f"--memory {args.memory}: must be a finite number of GB > 0")
     if recipe is None or args.ranks < 1:
         print("meta plan: give a RECIPE and --ranks P (or --calibrate [OUT])", file=sys.stderr)
         return 2
@@ -116,6 +121,10 @@ def _plan(args: argparse.Namespace) -> int:
         reasons = machine.source.split(UNRELIABLE_NOTE + " [", 1)[1].split("]", 1)[0]
         print(f"meta plan: warning: {UNRELIABLE_NOTE}: {reasons} (this plan uses it)",
               file=sys.stderr)
+    if args.memory is not None:
+        predictions = _within_memory(predictions, args.memory)
+        if not predictions:
+            return 2
     validation = load_validation(args.validated, recipe.name) if args.validated else None
     print(table(predictions, args.top, validation, args.bound))
     print(best_sets(predictions, recipe))
@@ -124,6 +133,27 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"meta plan: wrote {args.plot}")
     print(f"meta plan: planned in {time.perf_counter() - start:.2f} s")
     return 0
+
+
+def _within_memory(predictions: list[Any], gb: float) -> list[Any]:
+    """``--memory GB``: the configurations that fit, and one line saying how many were dropped
+    and why (on stderr, with exit status 2, when none fits)."""
+    from meta.planner.costs import within_memory
+    from meta.planner.memory import MB
+
+    kept, dropped = within_memory(predictions, gb * (1 << 30))
+    if not kept:
+        least = min(dropped, key=lambda x: x.memory_bytes)
+        print(f"meta plan: --memory {gb:g} GB: none of the {len(dropped)} configurations fits "
+              f"in {gb * 1024:,.0f} MB per rank (the smallest, {least.label}, needs "
+              f"{least.memory_bytes / MB:,.0f} MB: more ranks, or a smaller model or batch)",
+              file=sys.stderr)
+    elif dropped:
+        most = max(dropped, key=lambda x: x.memory_bytes)
+        print(f"meta plan: --memory {gb:g} GB: dropped {len(dropped)} of {len(predictions)} "
+              f"configurations that need more than {gb * 1024:,.0f} MB per rank (up to "
+              f"{most.memory_bytes / MB:,.0f} MB: {most.label})")
+    return kept
 
 
 def _as_calibrated(machine: Any, name: str, work: Any) -> str:

@@ -27,6 +27,7 @@ from meta.lv3.data_parallel.allreduce import Allreduce
 from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES
 from meta.planner.machine import Machine
+from meta.planner.memory import Memory, zero3_groups, zero_memory
 from meta.planner.workload import Layer, Workload
 
 MICRO_BATCHES = (4, 8, 16, 32)
@@ -45,10 +46,14 @@ class Prediction:
     step_s: float
     compute_s: float
     comm_s: float
-    memory_bytes: float
+    memory: Memory  # per rank at the step's peak, by part (the busiest rank)
     bytes_sent: float  # per rank per step (the busiest rank)
     fits: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.total
 
     @property
     def throughput(self) -> float:
@@ -76,9 +81,11 @@ def sharded_server_s(link: Link, workers: int, servers: int, nbytes: float) -> f
     return 2 * link.alpha + 2 * workers * nbytes / servers * link.beta
 
 
-def _replica_memory(work: Workload, params: float, act_samples: float) -> float:
+def _replica_memory(work: Workload, params: float, act_samples: float,
+                    buffers: float = 0.0) -> Memory:
     """Parameters, gradients, optimizer state and the activations a backward keeps."""
-    return params * (2 + work.state_slots) + work.activation_bytes * act_samples
+    return Memory(params, params, params * work.state_slots,
+                  work.activation_bytes * act_samples, buffers)
 
 
 BUCKET_BYTES = Allreduce.options["bucket_bytes"].default  # the overlapped buckets' size
@@ -111,18 +118,64 @@ def allreduce_costs(work: Workload, machine: Machine, p: int) -> list[Prediction
             {"distributed": "allreduce", "distributed.overlap": str(overlap).lower(),
              "distributed.shared_memory": "false"}, p, work.batch * p, step,
             work.compute_s + work.update_s, step - work.compute_s - work.update_s,
-            _replica_memory(work, n, work.batch) + n, 2 * (p - 1) / p * n if p > 1 else 0))
+            _replica_memory(work, n, work.batch, n), 2 * (p - 1) / p * n if p > 1 else 0))
     if p <= machine.ranks_per_node:  # ZeRO-1 in shared memory: one machine only
         comm = shared_reduce(machine.intra, p, n, machine.shared_read_beta) + \
             yielding_wait(work, machine, p)
         update = work.update_s / p
         step = work.compute_s + comm + update
-        memory = n * 2 + n * work.state_slots / p + work.activation_bytes * work.batch
+        memory = zero_memory(n, work.state_slots, work.activation_bytes * work.batch, p, 1)
         out.append(Prediction(
             "allreduce", "allreduce ZeRO-1 (shared memory)",
             {"distributed": "allreduce", "distributed.shared_memory": "true"}, p,
             work.batch * p, step, work.compute_s + update, comm, memory,
             (p - 1) / p * n if p > 1 else 0))
+    return out
+
+
+def reduce_scatter_s(link: Link, p: int, nbytes: float) -> float:
+    """A ring reduce-scatter of n bytes over p ranks: P-1 messages of n/P bytes; an
+    allgather of n bytes in all costs the same (half a ring allreduce each)."""
+    if p < 2:
+        return 0.0
+    return (p - 1) * link.alpha + (p - 1) / p * nbytes * link.beta
+
+
+def zero_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+    """``zero2`` and ``zero3`` (``meta/lv3/data_parallel/zero.py``, ``zero3.py``), from the
+    link model the allreduce's cost uses. ZeRO-2: the gradients reduce-scattered (bucketed,
+    during the backward where MPI progresses on its own), each rank's 1/P of the update, the
+    parameters all-gathered after it (never hidden: the next forward reads them). ZeRO-3:
+    every one of G layer groups all-gathered before its forward and again before its
+    backward (2G allgathers of n/G bytes, prefetched while the group before computes where
+    MPI progresses), the gradients reduce-scattered group by group. Memory: ``zero_memory``."""
+    if p < 2:
+        return []
+    n, link = work.param_bytes, machine.link(p)
+    act = work.activation_bytes * work.batch
+    wait = work.sync_s(p)
+    update = work.update_s / p
+    half = reduce_scatter_s(link, p, n)  # one reduce-scatter (or allgather) of the model
+    scatter = half
+    if machine.progress:  # all but the last bucket's under the backward
+        tail = half * min(1.0, BUCKET_BYTES / max(n, 1))
+        scatter = tail + max(half - tail - work.backward_s, 0.0)
+    comm = scatter + half + wait
+    out = [Prediction(
+        "zero2", "ZeRO-2 (gradients and state sharded)", {"distributed": "zero2"}, p,
+        work.batch * p, work.compute_s + update + comm, work.compute_s + update, comm,
+        zero_memory(n, work.state_slots, act, p, 2), 2 * (p - 1) / p * n)]
+    groups = zero3_groups(n // 4, len(work.layers))
+    gathers = 2 * groups * reduce_scatter_s(link, p, n / groups)  # each group, twice
+    scatters = groups * reduce_scatter_s(link, p, n / groups)
+    if machine.progress:  # the first group's gather is waited for; the rest prefetched
+        first = gathers / (2 * groups)
+        gathers = first + max(gathers - first - work.forward_s - work.backward_s, 0.0)
+    comm = gathers + scatters + wait
+    out.append(Prediction(
+        "zero3", f"ZeRO-3 (fully sharded, {groups} layer groups)", {"distributed": "zero3"},
+        p, work.batch * p, work.compute_s + update + comm, work.compute_s + update, comm,
+        zero_memory(n, work.state_slots, act, p, 3, groups), 3 * (p - 1) / p * n))
     return out
 
 
@@ -157,7 +210,7 @@ def averaging_costs(work: Workload, machine: Machine, p: int) -> list[Prediction
             "model_averaging", f"model averaging every {every} steps",
             {"distributed": "model_averaging", "distributed.average_every": str(every)}, p,
             work.batch * p, step, work.compute_s + work.update_s, comm,
-            _replica_memory(work, n, work.batch) + n, 2 * (p - 1) / p * n / every))
+            _replica_memory(work, n, work.batch, n), 2 * (p - 1) / p * n / every))
     return out
 
 
@@ -221,7 +274,7 @@ def parameter_server_costs(work: Workload, machine: Machine, p: int) -> list[Pre
     out.append(Prediction("parameter_server", "consistent parameter server (rank 0)",
                           {"distributed": "parameter_server"}, p, work.batch * p, step,
                           work.compute_s + work.update_s, comm,
-                          _replica_memory(work, n, work.batch) + n * (p > 1),
+                          _replica_memory(work, n, work.batch, n * (p > 1)),
                           (p - 1) * n if p > 1 else 0))
     if p < 2:
         return out
@@ -237,7 +290,8 @@ def parameter_server_costs(work: Workload, machine: Machine, p: int) -> list[Pre
     out.append(Prediction("async_parameter_server", "asynchronous parameter server (1)",
                           {"distributed": "async_parameter_server"}, p, work.batch * workers,
                           work.compute_s + copy + comm, work.compute_s + copy, comm,
-                          max(_replica_memory(work, n, work.batch), n * (1 + work.state_slots)),
+                          _replica_memory(work, n, work.batch).larger(
+                              Memory(n, 0.0, n * work.state_slots)),
                           workers * n))
     for servers in sorted({1, 2, 4, 8, 16, 64}):
         if servers >= p:
@@ -275,8 +329,8 @@ def parameter_server_costs(work: Workload, machine: Machine, p: int) -> list[Pre
                  "distributed.n_push": str(n_push), "distributed.n_fetch": str(n_fetch)},
                 p, work.batch * w, step, work.compute_s + work.update_s,
                 max(step - work.compute_s - work.update_s, 0.0),
-                max(_replica_memory(work, n, work.batch) + 3 * n,
-                    n / servers * (1 + work.state_slots)),
+                _replica_memory(work, n, work.batch, 3 * n).larger(
+                    Memory(n / servers, 0.0, n / servers * work.state_slots)),
                 w * n / servers * (1 / n_push + 1 / n_fetch) if servers else 0))
     return out
 
@@ -348,8 +402,9 @@ def pipeline_cost(work: Workload, machine: Machine, p: int, stages: int, m: int,
     update = work.update_s * max(stage_params) / max(work.param_bytes, 1)
     compute = max(fw + bw for fw, bw in zip(fwd, bwd)) * m
     stored = [m if sched == "gpipe" else min(m, stages - s) for s in range(stages)]
-    memory = max(sp * (2 + work.state_slots) + sum(x.activation_bytes for x in g)
-                 * work.batch / m * k for sp, g, k in zip(stage_params, groups, stored))
+    memory = max((Memory(sp, sp, sp * work.state_slots, sum(x.activation_bytes for x in g)
+                         * work.batch / m * k)
+                  for sp, g, k in zip(stage_params, groups, stored)), key=lambda x: x.total)
     sent = max(2 * sum(edge), 0)
     comm = sim_s - compute
     sets = {"distributed": "pipeline", "distributed.stages": str(stages),
@@ -415,7 +470,7 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
     comm = sum(2 * allreduce_s(machine, p, v) for v in volume) + work.sync_s(p)
     compute = split + rest + work.extra_s + work.update_s / p
     n = work.param_bytes
-    memory = n / p * (2 + work.state_slots) + work.activation_bytes * work.batch
+    memory = Memory(n / p, n / p, n / p * work.state_slots, work.activation_bytes * work.batch)
     return [Prediction("partitioned", f"tensor parallel over {p} ranks",
                        {"distributed": "partitioned"}, p, work.batch, compute + comm, compute,
                        comm, memory, sum(2 * 2 * (p - 1) / p * v for v in volume))]
@@ -423,7 +478,8 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
 
 def predict_all(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     machine = machine.sized(p)
-    out = allreduce_costs(work, machine, p) + averaging_costs(work, machine, p)
+    out = allreduce_costs(work, machine, p) + zero_costs(work, machine, p)
+    out += averaging_costs(work, machine, p)
     out += parameter_server_costs(work, machine, p)
     out += pipeline_costs(work, machine, p) + tensor_parallel_costs(work, machine, p)
     return [pr if pr.memory_bytes <= machine.memory_bytes else
@@ -434,3 +490,11 @@ def rank_configurations(work: Workload, machine: Machine, p: int) -> list[Predic
     """Every configuration at P ranks, fastest (samples/s) first; those that do not fit in a
     rank's memory last."""
     return sorted(predict_all(work, machine, p), key=lambda x: (not x.fits, -x.throughput))
+
+
+def within_memory(predictions: list[Prediction], limit_bytes: float
+                  ) -> tuple[list[Prediction], list[Prediction]]:
+    """``predictions`` split into those whose memory per rank fits ``limit_bytes`` (``meta
+    plan --memory``), in their order, and those that do not."""
+    kept = [pr for pr in predictions if pr.memory_bytes <= limit_bytes]
+    return kept, [pr for pr in predictions if pr.memory_bytes > limit_bytes]

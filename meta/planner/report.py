@@ -47,13 +47,15 @@ def table(predictions: list[Prediction], top: int = 15,
           validation: dict[str, dict] | None = None, bound: float = 0.20) -> str:
     """The ranking; with ``validation`` (measured rows), each configuration's model error
     where it was measured, marked "beyond" past ``bound``."""
-    rows = [("#", "configuration", "samples/s", "step ms", "comm ms", "MB/rank", "MB sent",
-             "batch") + (("measured error",) if validation is not None else ())]
+    rows = [("#", "configuration", "samples/s", "step ms", "comm ms", "MB/rank",
+             "params+grads+state+act+buf MB", "MB sent", "batch")
+            + (("measured error",) if validation is not None else ())]
     for i, pr in enumerate(predictions[:top], 1):
         name = pr.label + ("" if pr.fits else " (does not fit)") + (
             f" [{', '.join(pr.notes)}]" if pr.notes else "")
         rows.append((str(i), name, f"{pr.throughput:,.0f}", f"{pr.step_s * 1e3:.3f}",
                      f"{pr.comm_s * 1e3:.3f}", f"{pr.memory_bytes / MB:.1f}",
+                     pr.memory.parts_mb(),
                      f"{pr.bytes_sent / MB:.2f}", str(pr.samples))
                     + ((_validated(pr, validation, bound),) if validation is not None else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
