@@ -34,6 +34,8 @@ from meta.lv1.graph import Node
 from meta.lv1.plan import custom
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
+from meta.lv1.plan.lowering.broadcast import div, expand
+from meta.lv1.plan.lowering.slicing import slice_node
 from meta.lv1.plan.lowering.conv import conv
 from meta.lv1.plan.lowering.eltwise import (ACTIVATIONS, BINARY, binary, eltwise, reduce_mean,
                                             sum_node)
@@ -41,7 +43,7 @@ from meta.lv1.plan.lowering.loss import cross_entropy
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
 from meta.lv1.plan.lowering.pool import pool
-from meta.lv1.plan.lowering.rnn import fold_slice, recurrent
+from meta.lv1.plan.lowering.rnn import recurrent
 from meta.lv1.plan.lowering.tensor import concat, softmax
 from meta.lv1.plan.lowering.views import gather, transpose, view_node
 
@@ -172,8 +174,10 @@ KERNELS: dict[str, Callable] = {
     "Sum": sum_node,
     "LSTM": recurrent,
     "GRU": recurrent,
-    "Slice": fold_slice,  # the Slices exporters build recurrent weights with
+    "Slice": slice_node,  # one axis (rotary halves); recurrent weights' Slices: fold_slice
     **{t: binary for t in BINARY},
+    "Div": div,  # Div(c, x): RMSNorm's rsqrt (lowering/broadcast.py)
+    "Expand": expand,  # one run of broadcast axes: grouped-query attention's K and V
     **{t: eltwise for t in ACTIVATIONS},
     **{t: view_node for t in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
                               "Dropout")},
