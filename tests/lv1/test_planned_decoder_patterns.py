@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meta.lv1 import GraphBuilder, PlannedExecutor, ReferenceExecutor
+from meta.lv1 import GraphBuilder, Node, PlannedExecutor, ReferenceExecutor
 from meta.lv1.plan import runtime
 
 pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
@@ -114,3 +114,23 @@ def test_rotary_halves_slice_neg_concat(step):
     place = check(g, {"x": x})
     want = "onednn" if step == 1 else "python"
     assert place["first"] == want and place["second"] == want, place
+
+
+@pytest.mark.parametrize("opset,use_v", [(13, True), (18, False)])
+def test_gpt2_query_key_value_split(opset, use_v):
+    """Split of the fused [B, T, 3D] product into q, k, v (sizes as an input at opset 13,
+    ``num_outputs`` at 18); without ``use_v`` one part takes no gradient (zeros)."""
+    shape = (B, T, 3 * D)
+    b = GraphBuilder("qkv", opset)
+    x = b.input("x", np.float32, shape)
+    if opset == 13:
+        sizes = b.node("Constant", [], name="sizes", value=np.array([D, D, D], np.int64))
+        b.nodes.append(Node("Split", ["x", sizes], ["q", "k", "v"], "split", attrs={"axis": -1}))
+    else:
+        b.nodes.append(Node("Split", ["x"], ["q", "k", "v"], "split",
+                            attrs={"axis": 2, "num_outputs": 3}))
+    qk = b.node("Mul", ["q", "k"], name="qk")
+    y = b.node("Add", [qk, "v"], name="qkv") if use_v else qk
+    g = finish(b, y, (B, T, D))
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    assert check(g, {"x": x})["split"] == "onednn"

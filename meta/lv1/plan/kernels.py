@@ -35,7 +35,7 @@ from meta.lv1.plan import custom
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
 from meta.lv1.plan.lowering.broadcast import div, expand
-from meta.lv1.plan.lowering.slicing import slice_node
+from meta.lv1.plan.lowering.slicing import slice_node, split
 from meta.lv1.plan.lowering.conv import conv
 from meta.lv1.plan.lowering.eltwise import (ACTIVATIONS, BINARY, binary, eltwise, reduce_mean,
                                             sum_node)
@@ -175,6 +175,7 @@ KERNELS: dict[str, Callable] = {
     "LSTM": recurrent,
     "GRU": recurrent,
     "Slice": slice_node,  # one axis (rotary halves); recurrent weights' Slices: fold_slice
+    "Split": split,  # GPT-2's query/key/value split (lowering/slicing.py)
     **{t: binary for t in BINARY},
     "Div": div,  # Div(c, x): RMSNorm's rsqrt (lowering/broadcast.py)
     "Expand": expand,  # one run of broadcast axes: grouped-query attention's K and V

@@ -86,3 +86,40 @@ def _zeros(pb: PlanBuilder, hint: str, shape: list[int]) -> str:
     pb.values[name] = Value(name, tuple(shape), np.dtype(np.float32), storage="owned",
                             array=np.zeros(shape, np.float32))
     return name
+
+
+def split(ctx: Context, node: Node, op) -> Lowered | None:
+    """``Split`` of a float32 tensor (sizes constant: an attribute, a constant or folded
+    input, or equal parts): each part copied out as Slice's is; backward the parts'
+    gradients (zeros for a part nothing differentiates) concatenated. GPT-2's exports split
+    the fused query/key/value product this way."""
+    x = node.inputs[0]
+    outs = list(node.outputs)
+    if len(node.inputs) > 1 and node.inputs[1] and ctx.constant(node.inputs[1]) is None:
+        return None  # sizes fed at run time may differ from the traced ones
+    if not ctx.float32(x, *(o for o in outs if o)) or any(not o for o in outs):
+        return None
+    shape = list(ctx.shape(x))
+    axis = int(getattr(op, "axis", 0)) % len(shape)
+    dims = [list(ctx.shape(o)) for o in outs]
+    if any(d[axis] == 0 for d in dims):
+        return None
+    pb = ctx.pb
+    x_in = pb.require_layout(x, "plain")
+    ys = [pb.output(o, ctx.shape(o), F32) for o in outs]
+    pb.step(node.op_type, [x_in], ys, lambda a: list(pb.rt.concat_backward(
+        dims, "plain", axis, a(x_in), [a(y) for y in ys])))
+    if not ctx.needs(x):
+        return Lowered(node, None, "onednn")
+
+    def backward(pb: PlanBuilder) -> None:
+        grads = [pb.grad(y) for y in ys]
+        if all(g is None for g in grads):
+            return
+        dest, _ = pb.grad_target(x_in)
+        ins = [g if g is not None else _zeros(pb, f"{y}@zero-grad", d)
+               for g, y, d in zip(grads, ys, dims)]
+        pb.step(f"{node.op_type} backward", ins, [dest],
+                lambda a: [pb.rt.concat(dims, "plain", axis, [a(i) for i in ins], a(dest))],
+                "backward")
+    return Lowered(node, backward, "onednn")
