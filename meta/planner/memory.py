@@ -50,7 +50,7 @@ class Memory:
 
     def parts_mb(self) -> str:
         """``params+grads+state+activations+buffers`` in MB (2^20 bytes), for a table."""
-        return "+".join(f"{v / MB:.{1 if v < 10 * MB else 0}f}" for v in (
+        return "+".join(mb(v).replace(",", "") for v in (
             self.parameters, self.gradients, self.state, self.activations, self.buffers))
 
     def larger(self, other: Memory) -> Memory:
@@ -58,13 +58,27 @@ class Memory:
         return other if other.total > self.total else self
 
 
-STAGES = {"allreduce": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+# optimizer -> slots of state per parameter (momentum: 1, Adam: 2); unknown: 2, erring high
+STATE_SLOTS = {"sgd": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2,
+               "adadelta": 2, "lbfgs": 2}
+
+
+def state_slots(optimizer: str, values: dict) -> int:
+    """Arrays of optimizer state the size of the parameters that ``optimizer`` (a recipe's
+    optimizer name, with its option ``values``) keeps: plain SGD none, momentum one, Adam
+    two (amsgrad three)."""
+    slots = STATE_SLOTS.get(optimizer, 2)
+    if optimizer == "sgd" and not values.get("momentum", 0.0):
+        slots = 0
+    if optimizer in ("adam", "adamw") and values.get("amsgrad"):
+        slots = 3  # the running maximum of v, as PyTorch's amsgrad keeps it
+    return slots
 
 
 def zero3_groups(param_count: int, nodes: int) -> int:
     """The layer groups ``Zero3`` cuts a graph into when its ``groups`` option is 0."""
     count = max(2, min(nodes, param_count // ZERO3_GROUP_PARAMS + 1))
-    return max(1, min(count, nodes))
+    return min(count, nodes)
 
 
 def zero_memory(param_bytes: float, state_slots: int, activations: float, ranks: int,
@@ -91,8 +105,14 @@ def zero_memory(param_bytes: float, state_slots: int, activations: float, ranks:
     return Memory(params, grads, state, float(activations), buffers)
 
 
+def mb(nbytes: float) -> str:
+    """Bytes in MB (2^20 bytes): one decimal below 10 MB, whole MB above."""
+    return f"{nbytes / MB:,.{1 if nbytes < 10 * MB else 0}f}"
+
+
 def describe(memory: Memory) -> str:
-    """One line: each part in MB and the total, for messages."""
-    return (f"{memory.total / MB:,.0f} MB (parameters {memory.parameters / MB:,.0f}, gradients "
-            f"{memory.gradients / MB:,.0f}, optimizer state {memory.state / MB:,.0f}, "
-            f"activations {memory.activations / MB:,.0f}, buffers {memory.buffers / MB:,.0f})")
+    """One line: the total and each part in MB (activations where counted), for messages."""
+    act = f", activations {mb(memory.activations)}" if memory.activations else ""
+    return (f"{mb(memory.total)} MB (parameters {mb(memory.parameters)}, gradients "
+            f"{mb(memory.gradients)}, optimizer state {mb(memory.state)}{act}, buffers "
+            f"{mb(memory.buffers)})")

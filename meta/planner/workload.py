@@ -22,11 +22,9 @@ from meta.lv2 import build_dataset
 from meta.lv2.dataset_registry import classes
 from meta.planner.async_pattern import AsyncPattern
 from meta.planner.machine import Machine, RecipeCosts
+from meta.planner.memory import STATE_SLOTS, state_slots  # noqa: F401  (its home before)
 from meta.run.recipe import Recipe
 
-# optimizer -> slots of state per parameter (momentum: 1, Adam: 2); unknown: 2, erring high
-STATE_SLOTS = {"sgd": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2,
-               "adadelta": 2, "lbfgs": 2}
 
 
 @dataclass(frozen=True)
@@ -224,11 +222,7 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     param_bytes, act = node_shapes(graph, train)
     total_params = int(sum(v.nbytes for v in graph.parameters.values()))
     opt = d.choices["optimizer"]
-    slots = STATE_SLOTS.get(opt.name, 2)
-    if opt.name == "sgd" and not opt.values().get("momentum", 0.0):
-        slots = 0
-    if opt.name in ("adam", "adamw") and opt.values().get("amsgrad"):
-        slots = 3  # the running maximum of v, as PyTorch's amsgrad keeps it
+    slots = state_slots(opt.name, opt.values())
     costs: RecipeCosts | None = machine.costs.get(recipe.name)
     if costs is not None and costs.signature == graph_signature(graph):
         f = batch / costs.batch

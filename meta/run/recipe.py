@@ -4,7 +4,7 @@ A recipe is a plain Python file with three dicts. A definition names a component
 (``model``, ``dataset``, ``optimizer``, ``executor``, ``distributed``, ``events``), built in or
 the user's, and sets its options; a few keys belong to the run itself (``epochs``,
 ``batch_size``, ``seed``, ``eval_batch_size``, ``timeline``, ``ema_decay``, ``log_every``,
-``tensorboard``)::
+``tensorboard``, ``memory_limit_gb``)::
 
     from meta.run.recipe import AtLeast, AtMost
 
@@ -61,6 +61,10 @@ RUN_OPTIONS: dict[str, Option] = {
                            "only); also how often TensorBoard gets the step loss", low=0),
     "tensorboard": Option(False, "write a TensorBoard event file to the output folder's "
                                  "tensorboard/ (the optional 'tensorboard' extra)"),
+    "memory_limit_gb": Option(0.0, "refuse the run before training when a rank's model state "
+                                   "(parameters, gradients, optimizer state, buffers: meta "
+                                   "plan's memory model) exceeds this many GB (2^30 bytes; "
+                                   "0: no limit)", low=0.0),
 }
 # The component kinds a recipe chooses, each with its default; "events" lists any number.
 DEFAULTS = {"model": "mlp", "dataset": "mnist", "optimizer": "sgd", "executor": "reference",

@@ -27,6 +27,7 @@ from meta.lv3.pretraining import PretrainingPlan, plan
 from meta.lv3.report import communication_report
 from meta.run.data_and_model import build_data_and_model, io_names
 from meta.run.errors import keep_traceback, user_code
+from meta.run.memory_budget import MemoryBudgetError, check_memory_budget
 from meta.run.nothing_learned import NothingLearned
 from meta.run.preflight import check_events, check_ranks
 from meta.run.recipe import Outcome, Recipe, RecipeError, judge
@@ -89,11 +90,17 @@ class RecipeRun:
         made = build_data_and_model(self.recipe, self.stream, comm.is_root)
         train, test, augment, self.model, graph = (made.train, made.test, made.augment,
                                                    made.model, made.graph)
+        optimizer = self.choice("optimizer")
+        try:  # before the optimizer's state or the strategy's buffers exist
+            check_memory_budget(self.recipe.name, d.memory_limit_gb, strategy.name,
+                                strategy.values(), graph, optimizer.name, optimizer.values(),
+                                comm.size)
+        except MemoryBudgetError as err:
+            raise RecipeError(str(err)) from None
         executor = self.choice("executor")
         with user_code(f"executor {executor.name!r}", "executor", "while building it"):
             executor = executor.build(graph)
         sampler = make_sampler(len(train), d, index, replicas)
-        optimizer = self.choice("optimizer")
         with user_code(f"optimizer {optimizer.name!r}", "optimizer", "while building it"):
             built = build_optimizer(optimizer.component, optimizer.options, graph.parameters,
                                     len(sampler), d.epochs)
