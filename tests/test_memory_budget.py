@@ -106,3 +106,33 @@ def test_at_4_ranks_refused_unsharded_and_trained_under_zero3(tmp_path, mpirun):
     out = mpirun(4, [*args, "--output-dir", str(tmp_path / "z"), "--set",
                      "distributed=zero3"], timeout=240)
     assert "budget: PASS" in out, out
+
+
+def test_the_large_gpt_recipe_is_refused_unsharded_and_fits_under_zero3(tmp_path,
+                                                                          tinyshakespeare_dir):
+    """recipes/shakespeare_gpt_large.py (8 blocks of width 512, AdamW, 0.25 GB a rank): only
+    loaded and checked here, not trained (a full epoch is hours on two cores)."""
+    from meta.planner.workload import build_network
+    from meta.run.recipe import load_recipe
+
+    recipe = load_recipe("recipes/shakespeare_gpt_large.py")
+    graph, _train = build_network(recipe)
+    assert sum(p.size for p in graph.parameters.values()) > 25_000_000
+    opt = recipe.definitions.choices["optimizer"]
+
+    def need(strategy: str, ranks: int) -> float:
+        return check_memory_budget("large", recipe.definitions.memory_limit_gb, strategy, {},
+                                   graph, opt.name, opt.values(), ranks).total
+
+    assert need("zero3", 4) < 0.25 * (1 << 30) and need("zero3", 2) < 0.25 * (1 << 30)
+    for strategy, ranks in (("allreduce", 4), ("zero2", 4), ("zero3", 1)):
+        with pytest.raises(MemoryBudgetError, match="over memory_limit_gb 0.25"):
+            need(strategy, ranks)
+    done = subprocess.run([META, "run", "recipes/shakespeare_gpt_large.py", "--set",
+                           "distributed=allreduce", "--quiet", "--no-export", "--output-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "distributed 'allreduce' at 1 rank(s) needs 482 MB" in err[0]
+    assert "(256 MB); under --set distributed=zero3 it fits at mpiexec -n 2" in err[0], err

@@ -68,7 +68,8 @@ def check_memory_budget(recipe: str, limit_gb: float, strategy: str, options: di
         at = next((p for p in range(ranks + 1, MOST_RANKS + 1) if model_state(
             "zero3", {}, param_bytes, nodes, optimizer, optimizer_options, p).total <= cap),
             None)
-        hint = (f"under --set distributed=zero3 it fits at mpiexec -n {at}" if at else
+        under = "" if strategy == "zero3" else "under --set distributed=zero3 "
+        hint = (f"{under}it fits at mpiexec -n {at}" if at else
                 f"it does not fit under distributed 'zero3' at up to {MOST_RANKS} ranks either "
                 f"(its gathered layer groups alone take more)")
     raise MemoryBudgetError(
