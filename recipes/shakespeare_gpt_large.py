@@ -6,7 +6,7 @@ causal attention and a GELU MLP, width 512, a context of 64 characters (25.3 M p
 ``memory_limit_gb`` 0.25 caps each rank's model state at 256 MB (meta's memory model,
 ``meta plan``'s): a replica under allreduce needs 482 MB (parameters 96, gradients 96, AdamW's
 moments 193, the flat gradient buffer 96), ZeRO-2 at 4 ranks 265 MB, ZeRO-3 at 4 ranks 119 MB
-(its 1/4 of each, and 3 of 13 layer groups gathered at once). So:
+(its 1/4 of each, two of its 13 layer groups gathered and one group's gradients). So:
 
     mpiexec -n 4 meta run recipes/shakespeare_gpt_large.py        # trains, zero3
     meta run recipes/shakespeare_gpt_large.py --set distributed=allreduce   # refused, exit 2
