@@ -124,3 +124,52 @@ def test_the_profile_table_gives_the_python_share(slow):
     # profiling on: the watch leaves timing on
     train(ex, loss, profile_share.SKIPPED + profile_share.WATCHED)
     assert all(p.profile for p, _ in profile_share.programs(ex._last) if len(p))
+
+
+SLOW_RECIPE = '''
+import time
+
+from meta.lv0 import Operator, register
+from meta.recipe import AtLeast
+
+
+@register("Slow", domain="my.slow")
+class Slow(Operator):
+    def forward(self, ctx, x):
+        time.sleep(0.005)
+        return 2 * x
+
+    def backward(self, ctx, dy):
+        time.sleep(0.005)
+        return (2 * dy,)
+
+
+FIXED = {{"dataset": {{"name": "mnist", "train_samples": 640}},
+         "model": {{"name": "onnx", "path": {path!r}}}}}
+MUTABLE = {{"epochs": 1, "batch_size": 64, "lr": 0.05, "executor": "planned"}}
+METRICS = {{"test_accuracy": AtLeast(0.0)}}
+'''
+
+
+def test_meta_run_prints_one_line_when_python_steps_take_the_step(tmp_path, mnist_dir, capsys):
+    """``meta run`` on a model whose user operator (Python, 10 ms a step) takes most of the
+    step: one line naming it, among 10 training steps."""
+    from meta.cli import EXIT_PASS, main
+    from meta.lv1 import to_onnx
+
+    b = GraphBuilder("slow_mnist")
+    x = b.input("input", np.float32, ("N", 1, 28, 28))
+    w = b.initializer("W", np.zeros((784, 10), np.float32))
+    h = b.node("Gemm", [b.node("Flatten", [x], name="flat"), w], name="fc")
+    b.output(b.node("Slow", [h], name="slow", domain=DOMAIN), np.float32, ("N", 10))
+    model = tmp_path / "slow.onnx"
+    onnx.save(to_onnx(b.build()), model)
+    recipe = tmp_path / "slow_recipe.py"
+    recipe.write_text(SLOW_RECIPE.format(path=str(model)))
+    with registry.scratch():
+        code = main(["run", str(recipe), "--output-dir", str(tmp_path / "out"), "--quiet",
+                     "--no-export"])
+    err = capsys.readouterr().err
+    assert code == EXIT_PASS, err
+    lines = [line for line in err.splitlines() if "Python steps take" in line]
+    assert len(lines) == 1 and "'slow'" in lines[0], err
