@@ -9,7 +9,6 @@ import re
 import pytest
 
 from meta.cli import main
-from meta.lv3.comm.costmodel import Link
 from meta.planner.costs import predict_all, rank_configurations, reduce_scatter_s, within_memory
 from meta.planner.machine import Machine
 from meta.planner.memory import MB, Memory, zero3_groups, zero_memory

@@ -21,12 +21,11 @@ count (a schedule's) counts optimizer steps, not micro-batches.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # optimizers.py builds the wrapper from here: no import back at run time
-    from meta.lv2.optimizers import GradientTransformation, Params, State
+from meta.lv2.transform import GradientTransformation, Params, State
 
 
 def accumulate_gradients(inner: GradientTransformation, every: int) -> GradientTransformation:
@@ -72,6 +71,5 @@ def accumulate_gradients(inner: GradientTransformation, every: int) -> GradientT
         return inner_state, cleared(sums), 0
 
     # summing is per value: a shard accumulates its own slice as the whole would
-    return inner._replace(init=init, update=update, in_place=in_place,
-                          elementwise=inner.elementwise,
-                          shardable=inner.elementwise or inner.shardable)
+    return GradientTransformation(init, update, in_place, elementwise=inner.elementwise,
+                                  shardable=inner.elementwise or inner.shardable)

@@ -19,35 +19,20 @@ import inspect
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from meta.common.component import Component, ComponentError, Option, Registry
 from meta.lv1.roles import TensorView
 from meta.lv2.accumulate import accumulate_gradients
-
-Params = dict[str, np.ndarray]
-State = Any
-Schedule = Callable[[int], float]  # step (0-based) -> multiplier
-LearningRate = float | Schedule
-
-
-class GradientTransformation(NamedTuple):
-    init: Callable[[Params], State]
-    update: Callable[[Params, State, Params], tuple[Params, State]]
-    # Optional: the same step applied to the parameters in place, in fewer passes (a fused
-    # kernel); takes (grads, state, params), returns the new state, laid out as ``update``'s.
-    in_place: Callable[[Params, State, Params], State] | None = None
-    # Whether each value's update depends on that value alone (its gradient, parameter and
-    # state): then any slice of the flat parameters can be stepped apart from the rest, which
-    # a strategy that shares the update out among ranks needs (``ShardedOptimizer``). False
-    # where unknown (a user's transformation), by name (masked, partition) or global (clipping).
-    elementwise: bool = False
-    # Whether a slice of the flat parameters can be stepped apart from the rest provided the
-    # sums over all values go through ``global_sum`` (``summed_over``): elementwise ones, and
-    # the global-norm clip, whose norm a sharded strategy (ZeRO-2/3) then sums over its ranks.
-    shardable: bool = False
+from meta.lv2.transform import (  # noqa: F401 - re-exported, their public path
+    GradientTransformation,
+    LearningRate,
+    Params,
+    Schedule,
+    State,
+)
 
 
 def _zeros(params: Params) -> Params:

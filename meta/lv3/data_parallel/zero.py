@@ -154,7 +154,7 @@ class Zero2(Strategy):
         t = self.timeline
         t.begin()  # forward and backward, the overlapped reduce-scatters under way
         if not h.used:  # the executor ran unplanned: no bucket was handed over
-            buffer = self.flat_grads.pack(grads)
+            self.flat_grads.pack(grads)  # into the flat buffer the chunks read
             t.lap("pack")
             self._wait(self._reduce_scatter(a, b) for a, b in self.chunks)
             self.grad_shard *= 1.0 / self.comm.size
