@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from meta.lv1.executor import Profile
+from meta.lv1.executor import Profile, ProfileRow  # noqa: F401 - the inherited __init__ names it
 
 THRESHOLD = 0.05  # above this share of a step, the executor says so
 SKIPPED = 1  # calls left untimed first
