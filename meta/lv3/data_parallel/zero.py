@@ -52,6 +52,18 @@ def _walk(tree: Any, per_parameter: Callable[[dict], Any], is_per_parameter: Cal
     return tree
 
 
+def require_shardable(name: str, optimizer: Any) -> None:
+    """Refuse, in one line, an optimizer whose rule cannot step one shard of the flat
+    parameters apart from the rest (ZeRO-2 and ZeRO-3 both step shards)."""
+    if not isinstance(optimizer, Optimizer) or not (optimizer.transform.elementwise
+                                                     or optimizer.transform.shardable):
+        raise ComponentError(
+            f"distributed {name!r} steps each rank's shard of the flat parameters, "
+            f"which needs an elementwise optimizer (SGD, momentum, Adam, RMSProp, Adagrad, "
+            f"weight decay, grad_clip); this one is not (padding_rows, a rule by parameter "
+            f"name, a user's rule not declared elementwise): use distributed 'allreduce'")
+
+
 class Zero2(Strategy):
     """ZeRO-2: gradients reduce-scattered, each rank steps its 1/P of the flat parameters (and
     keeps that shard's optimizer state only), the updated shards all-gathered.
@@ -74,13 +86,7 @@ class Zero2(Strategy):
     @classmethod
     def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
         super().check(optimizer, comm, workload)
-        if not isinstance(optimizer, Optimizer) or not (optimizer.transform.elementwise
-                                                         or optimizer.transform.shardable):
-            raise ComponentError(
-                f"distributed {cls.name!r} steps each rank's shard of the flat parameters, "
-                f"which needs an elementwise optimizer (SGD, momentum, Adam, RMSProp, Adagrad, "
-                f"weight decay, grad_clip); this one is not (padding_rows, a rule by parameter "
-                f"name, a user's rule not declared elementwise): use distributed 'allreduce'")
+        require_shardable(cls.name, optimizer)
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,

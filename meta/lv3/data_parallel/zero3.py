@@ -38,7 +38,7 @@ from meta.lv1.gradient_hook import GradientHook
 from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
-from meta.lv3.data_parallel.zero import FLAT, _walk
+from meta.lv3.data_parallel.zero import FLAT, _walk, require_shardable
 from meta.lv3.flat import FlatBuffer, shard_bounds
 from meta.lv3.pipeline.partition import Partition, partition
 from meta.lv3.strategy import Strategy
@@ -376,13 +376,7 @@ class Zero3(Strategy):
     @classmethod
     def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
         super().check(optimizer, comm, workload)
-        if not isinstance(optimizer, Optimizer) or not (optimizer.transform.elementwise
-                                                         or optimizer.transform.shardable):
-            raise ComponentError(
-                f"distributed {cls.name!r} steps each rank's shard of the flat parameters, "
-                f"which needs an elementwise optimizer (SGD, momentum, Adam, RMSProp, Adagrad, "
-                f"weight decay, grad_clip); this one is not (padding_rows, a rule by parameter "
-                f"name, a user's rule not declared elementwise): use distributed 'allreduce'")
+        require_shardable(cls.name, optimizer)
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
