@@ -274,7 +274,7 @@ class RankWatch:
                 code = self.proc.wait(timeout=0.5 if len(self.pids) < self.ranks else None)
                 break
             except subprocess.TimeoutExpired:
-                self.pids.update(_rank_pids(self.proc.pid))
+                self.pids.update(rank_pids(self.proc.pid))
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                 continue
         self.copier.join(timeout=5)
@@ -291,7 +291,7 @@ class RankWatch:
         return f"rank {rank}{f' (pid {pid})' if pid else ''} died first; "
 
 
-def _rank_pids(root: int) -> dict[int, int]:
+def rank_pids(root: int) -> dict[int, int]:
     """Rank -> pid of the MPI ranks among the descendants of ``root`` (Linux ``/proc``; {}
     elsewhere)."""
     children: dict[int, list[int]] = {}

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from meta.lv2.checkpoint import CheckpointError, load_checkpoint
+from meta.run.launch import rank_pids
 from tests.launch import clean_env, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
@@ -28,31 +29,6 @@ RECIPE = """
     METRICS = {"test_accuracy": AtLeast(0.0)}
 """
 KILL_AT_STEP = 130  # in epoch 2, 5 steps in
-
-
-def rank_pids(root: int) -> dict[int, int]:
-    """Rank -> pid of the MPI ranks among the descendants of ``root`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = {}, [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            todo.append(pid)
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            for item in environ:  # MPICH's variable, or Open MPI's
-                for name in (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="):
-                    if item.startswith(name):
-                        found[int(item[len(name):])] = pid
-    return found
 
 
 def params(folder: Path) -> dict[str, np.ndarray]:
