@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace, comm, locks: list) -> int:
             # it exits with the survivors' status, and each survivor gets here
             from meta.lv3.comm.survival import end_without_finalize_after_a_death
 
-            end_without_finalize_after_a_death(EXIT_ERROR)
+            end_without_finalize_after_a_death(EXIT_ERROR, failed=True)
             comm.abort(EXIT_ERROR)
         if message is None:
             raise

@@ -19,7 +19,8 @@ from recipes.shakespeare_gpt import MUTABLE as SINGLE_MUTABLE
 FIXED = {**SINGLE, "executor": "native"}
 
 MUTABLE = {
-    **SINGLE_MUTABLE,
+    # precision is the planned executor's option; this recipe runs on the native one
+    **{k: v for k, v in SINGLE_MUTABLE.items() if k != "precision"},
     "distributed": {"name": "pipeline", "stages": 2, "micro_batches": 4, "schedule": "1f1b",
                     "cuts": ["h0.mlp.residual"]},  # after block 0 (with 2 layers)
 }

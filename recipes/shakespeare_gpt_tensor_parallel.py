@@ -19,7 +19,8 @@ from recipes.shakespeare_gpt import MUTABLE as SINGLE_MUTABLE
 FIXED = {**SINGLE, "executor": "native"}
 
 MUTABLE = {
-    **SINGLE_MUTABLE,
+    # precision is the planned executor's option; this recipe runs on the native one
+    **{k: v for k, v in SINGLE_MUTABLE.items() if k != "precision"},
     "distributed": {"name": "partitioned", "param_budget_mb": 0.0},
 }
 

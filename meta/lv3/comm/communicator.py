@@ -492,9 +492,7 @@ class MPICommunicator(Communicator):
 
         if ulfm_on():
             follower = self._MPI.COMM_WORLD.Is_revoked()
-            for comm in {id(c.comm): c.comm for c in list(_LIVE)}.values():
-                if not comm.Is_revoked():
-                    comm.Revoke()
+            revoke_all()
             sys.stdout.flush()
             sys.stderr.flush()
             if follower:
@@ -512,6 +510,15 @@ class MPICommunicator(Communicator):
 
     def allreduce_obj(self, obj: Any, op: str = "sum") -> Any:
         return self.comm.allreduce(obj, op=self._ops[_check_op(op, "allreduce_obj")])
+
+
+def revoke_all() -> None:
+    """Under ULFM, revoke every live communicator: each other rank's pending or next call on
+    one fails, so a rank that ends the job leaves none blocked waiting for it (a pipeline stage
+    waiting for activations from a stage that has exited, say)."""
+    for comm in {id(c.comm): c.comm for c in list(_LIVE)}.values():
+        if not comm.Is_revoked():
+            comm.Revoke()
 
 
 def launched_size(environ: os._Environ | dict = os.environ) -> int | None:

@@ -28,6 +28,7 @@ from meta.lv3.comm.communicator import (  # noqa: F401  (ulfm_on, ULFM_VARIABLE:
     Communicator,
     MPICommunicator,
     _import_mpi,
+    revoke_all,
     ulfm_on,
 )
 from meta.lv3.comm.liveness import EXIT_RANK_DIED
@@ -247,7 +248,7 @@ def hand_over_outputs(group: Communicator, take_over: Callable[[int], None]) -> 
     group.on_shrink.append(check)
 
 
-def end_without_finalize_after_a_death(code: int) -> None:
+def end_without_finalize_after_a_death(code: int, failed: bool = False) -> None:
     """End this process now, with ``code``, when it survived a dead rank (under ULFM);
     otherwise return. Open MPI's ``MPI_Finalize`` on the survivors now and then never returns
     (measured, Open MPI 5.0.11, runs whose rank 0 was killed: 2 of 55 on an idle machine, 2 of
@@ -258,7 +259,9 @@ def end_without_finalize_after_a_death(code: int) -> None:
     (measured: 0 when they exit 0). A run that is not survivable (no ``surviving``
     communicator: a synchronous strategy, a pipeline) and did not fail already therefore
     ends with ``EXIT_RANK_DIED``, its lowest surviving rank naming the dead in one line:
-    such a run was never meant to finish without a rank, so its outputs are not a success."""
+    such a run was never meant to finish without a rank, so its outputs are not a success.
+    ``failed``: this rank ends the run on an error, with other ranks perhaps blocked in a call
+    that waits for it; it revokes every communicator first, as ``abort`` does, so they learn."""
     if not ulfm_on():
         return
     world = MPICommunicator(_import_mpi().COMM_WORLD)
@@ -271,6 +274,8 @@ def end_without_finalize_after_a_death(code: int) -> None:
             ranks = ", ".join(map(str, dead))
             print(f"meta: error: rank {ranks} of {world.size} died during a run that cannot go "
                   f"on without it; {RESTART_HINT}", file=sys.stderr)
+    if failed:  # this rank ends a run that failed: the others may be blocked on it
+        revoke_all()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)

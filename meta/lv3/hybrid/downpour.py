@@ -79,6 +79,9 @@ class StageRoute:
         """Per worker: status, steps and pushes, as the servers report them."""
         self.n_fetch, self.n_push = n_fetch, n_push
         """``n_fetch``, ``n_push``: steps between fetches and between pushes."""
+        self.blocking_fetch = False
+        """A stage's fetches are nonblocking, as DistBelief's (Downpour's ``blocking_fetch``
+        is an option of the flat strategy only)."""
         self.strategy = strategy
         """The HybridDownpour this route serves."""
 
