@@ -119,7 +119,7 @@ def test_another_users_folders_links_and_markers_neither_receive_files_nor_hang_
         assert f"meta: rank 1 (pid {pids[0]} on " in out and " died; ending this job" in out, out
         mine = root / "meta-0"
         assert f"meta: warning: {mine} " in out, out  # the taken name, said in one line
-        (folder,) = set(re.findall(r"job folder (\S*?meta-job-\w+)", out))
+        (folder,) = set(re.findall(r"job folder (\S*?meta-job-[a-z0-9_]{8})", out))
         assert Path(folder).parent == root, out  # its own, by mkdtemp: not the attacker's
         assert not Path(folder).exists(), out  # removed by the rank that spoke
         for pid in re.findall(r"pid (\d+) job folder", out):  # no rank outlived mpiexec
