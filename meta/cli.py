@@ -131,8 +131,8 @@ def _prepare(args: argparse.Namespace, comm, locks: list):
 def cmd_run(args: argparse.Namespace) -> int:
     """``meta run``: train a recipe and judge its metrics; exit 0 PASS, 1 FAIL, 2 bad usage, 130/143
     after SIGINT/SIGTERM (checkpointed at a step boundary)."""
-    from meta.run.errors import SIGNALS, Interrupted
     from meta.lv3 import world
+    from meta.run.errors import SIGNALS, Interrupted
 
     comm, locks = world(), []
     try:

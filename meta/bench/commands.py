@@ -289,12 +289,12 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
     """``meta bench-op``: the numpy/C++ table of ``meta.bench.opbench`` and then the forward across
     backends and frameworks of ``meta.bench.crossbench``; writes report.json and op_times.png. Exit
     2 on a bad operator, shape or attribute."""
-    from meta.common.threads import set_threads
     from meta.bench import plots
     from meta.bench import report as reports
     from meta.bench.environment import environment
     from meta.bench.opbench import OpBenchError, bench_op, op_table
     from meta.bench.recipes import dir_name
+    from meta.common.threads import set_threads
     from meta.lv0.native import NativeUnavailableError
 
     if args.threads is not None:

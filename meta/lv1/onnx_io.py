@@ -22,7 +22,6 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
-from meta.lv1.ties import tie, tie_note
 from meta.lv1.graph import (
     Dim,
     Graph,
@@ -32,6 +31,7 @@ from meta.lv1.graph import (
     canonical_domain,
     make_operator,
 )
+from meta.lv1.ties import tie, tie_note
 
 MIN_OPSET = 6  # the oldest default-domain opset we read (ONNX's model suites use 6)
 Source = onnx.ModelProto | bytes | str | os.PathLike

@@ -74,11 +74,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from meta.run.recipe import parse_sets
     from meta.lv3 import world
     from meta.planner.calibrate import UNRELIABLE_NOTE, calibrate
     from meta.planner.machine import Machine, MachineError, load_machine, save_machine
-    from meta.run.recipe import RecipeError, load_recipe
+    from meta.run.recipe import RecipeError, load_recipe, parse_sets
 
     start = time.perf_counter()
     try:
@@ -173,7 +172,6 @@ def _as_calibrated(machine: Any, name: str, work: Any) -> str:
 
 def _simulate(args: argparse.Namespace) -> int:
     """``meta plan RECIPE --simulate N[,N...]``: accuracy against simulated time per N."""
-    from meta.run.recipe import parse_sets
     from meta.planner.machine import Machine, load_machine
     from meta.planner.virtual_time import (
         SimulationError,
@@ -182,7 +180,7 @@ def _simulate(args: argparse.Namespace) -> int:
         simulate,
         timing_for,
     )
-    from meta.run.recipe import RecipeError, load_recipe
+    from meta.run.recipe import RecipeError, load_recipe, parse_sets
 
     try:
         counts = [int(n) for n in args.simulate.split(",")]

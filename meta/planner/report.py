@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meta.planner.machine import Machine, MachineError
 from meta.planner.costs import Prediction, predict_all
+from meta.planner.machine import Machine, MachineError
 from meta.planner.workload import Workload
 from meta.run.recipe import Recipe, RecipeError
 

@@ -26,7 +26,6 @@ from meta.planner.memory import STATE_SLOTS, state_slots  # noqa: F401  (its hom
 from meta.run.recipe import Recipe
 
 
-
 @dataclass(frozen=True)
 class Layer:
     """One graph node as the planner costs it (times at the workload's batch)."""

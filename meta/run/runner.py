@@ -32,7 +32,8 @@ from meta.run.nothing_learned import NothingLearned
 from meta.run.preflight import check_events, check_ranks
 from meta.run.recipe import Outcome, Recipe, RecipeError, judge
 from meta.run.recipe_metrics import measure
-from meta.run.resume import CHECKPOINT, resume as resume_checkpoint, vocabulary_info
+from meta.run.resume import CHECKPOINT, vocabulary_info
+from meta.run.resume import resume as resume_checkpoint
 from meta.run.run_dir import RunDirError, RunLock, output_folder, write_outputs
 from meta.run.stop_on_signal import StopOnSignal
 from meta.run.writer_events import writer_events

@@ -7,8 +7,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from meta.common.component import ComponentError
-from meta.lv2 import (CheckpointEvent, CSVLog, EpochLog, Event, JSONLinesLog, PlotMetrics,
-                      ProgressBar)
+from meta.lv2 import (
+    CheckpointEvent,
+    CSVLog,
+    EpochLog,
+    Event,
+    JSONLinesLog,
+    PlotMetrics,
+    ProgressBar,
+)
 from meta.lv2.step_log import StepLog
 from meta.lv2.tensorboard_log import MissingTensorBoard, TensorBoardLog
 from meta.run.recipe import Recipe

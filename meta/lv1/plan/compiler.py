@@ -47,8 +47,7 @@ import numpy as np
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
-from meta.lv1.plan.memory import (Value, aligned_empty, assign_offsets, lifetimes, root,
-                                  view_of)
+from meta.lv1.plan.memory import Value, aligned_empty, assign_offsets, lifetimes, root, view_of
 
 # Ops whose outputs are never folded: random, or reading a mode the plan does not fix.
 NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",

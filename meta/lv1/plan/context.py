@@ -12,7 +12,6 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import PlanBuilder
 
-
 F32 = np.dtype(np.float32)
 
 

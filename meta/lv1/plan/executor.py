@@ -40,11 +40,11 @@ from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph
 from meta.lv1.plan import custom, profile_share
 from meta.lv1.plan.compiler import NotPlannable, Plan, compile_plan
-from meta.lv1.plan.precision import PRECISIONS
+from meta.lv1.plan.precision import PRECISIONS, say_once
 from meta.lv1.plan.precision import check as check_precision
 from meta.lv1.plan.precision import effective as effective_precision
-from meta.lv1.plan.precision import say_once
 from meta.lv1.plan.runtime import PlanUnavailableError, module
+
 
 def _give_back_heap() -> None:
     """Return the C heap's free memory to the system (glibc's ``malloc_trim``). A compile

@@ -35,15 +35,21 @@ from meta.lv1.plan import custom
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
 from meta.lv1.plan.lowering.broadcast import div, expand
-from meta.lv1.plan.lowering.slicing import slice_node, split
 from meta.lv1.plan.lowering.conv import conv
-from meta.lv1.plan.lowering.eltwise import (ACTIVATIONS, BINARY, binary, eltwise, reduce_mean,
-                                            sum_node)
+from meta.lv1.plan.lowering.eltwise import (
+    ACTIVATIONS,
+    BINARY,
+    binary,
+    eltwise,
+    reduce_mean,
+    sum_node,
+)
 from meta.lv1.plan.lowering.loss import cross_entropy
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
 from meta.lv1.plan.lowering.pool import pool
 from meta.lv1.plan.lowering.rnn import recurrent
+from meta.lv1.plan.lowering.slicing import slice_node, split
 from meta.lv1.plan.lowering.tensor import concat, softmax
 from meta.lv1.plan.lowering.views import gather, transpose, view_node
 

@@ -32,8 +32,7 @@ from meta.lv2.optimizers import Params
 from meta.lv3.comm.communicator import MPICommunicator
 from meta.lv3.comm.shared_memory import SharedSegments
 from meta.lv3.data_parallel.sharded_optimizer import ShardedOptimizer
-from meta.lv3.flat import shard_bounds
-from meta.lv3.flat import FlatBuffer
+from meta.lv3.flat import FlatBuffer, shard_bounds
 
 LINE = 64  # bytes: slices start on a cache line, so two ranks never write one line
 

@@ -52,6 +52,22 @@ def _walk(tree: Any, per_parameter: Callable[[dict], Any], is_per_parameter: Cal
     return tree
 
 
+def gathered_state_dict(strategy: Any) -> dict:
+    """The optimizer state a sharding strategy (ZeRO-2, ZeRO-3) last gathered whole, on rank 0;
+    refused in one line on another rank, or when steps were taken since the gather (a stale
+    state must not be saved)."""
+    if not strategy.comm.is_root:
+        raise RuntimeError(f"distributed {strategy.name!r}: rank {strategy.comm.rank} holds only "
+                           f"its shard of the optimizer state; rank 0 holds it whole")
+    if strategy._gathered_at != strategy.steps:
+        raise RuntimeError(
+            f"distributed {strategy.name!r}: the optimizer state is sharded over "
+            f"{strategy.comm.size} ranks and was last gathered at step {strategy._gathered_at}, "
+            f"not at step {strategy.steps}: checkpoints are written at epoch ends under "
+            f"{strategy.name} (give the recipe test data, or leave checkpoint_every at 0)")
+    return {"state": strategy._gathered}
+
+
 def require_shardable(name: str, optimizer: Any) -> None:
     """Refuse, in one line, an optimizer whose rule cannot step one shard of the flat
     parameters apart from the rest (ZeRO-2 and ZeRO-3 both step shards)."""
@@ -264,16 +280,7 @@ class Zero2(Strategy):
         ``finish``; asked after steps since, it refuses rather than save a stale state."""
         if self.comm.size == 1:
             self._refresh_state()
-        if not self.comm.is_root:
-            raise RuntimeError(f"distributed {self.name!r}: rank {self.comm.rank} holds only "
-                               f"its shard of the optimizer state; rank 0 holds it whole")
-        if self._gathered_at != self.steps:
-            raise RuntimeError(
-                f"distributed {self.name!r}: the optimizer state is sharded over "
-                f"{self.comm.size} ranks and was last gathered at step {self._gathered_at}, not "
-                f"at step {self.steps}: checkpoints are written at epoch ends under {self.name} "
-                f"(give the recipe test data, or leave checkpoint_every at 0)")
-        return {"state": self._gathered}
+        return gathered_state_dict(self)
 
     def load_state_dict(self, saved: dict) -> None:
         """Take a whole state (per parameter name, as any rank count saved it): this rank

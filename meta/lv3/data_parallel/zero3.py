@@ -38,7 +38,7 @@ from meta.lv1.gradient_hook import GradientHook
 from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
-from meta.lv3.data_parallel.zero import FLAT, _walk, require_shardable
+from meta.lv3.data_parallel.zero import FLAT, _walk, gathered_state_dict, require_shardable
 from meta.lv3.flat import FlatBuffer, shard_bounds
 from meta.lv3.pipeline.partition import Partition, partition
 from meta.lv3.strategy import Strategy
@@ -532,16 +532,7 @@ class Zero3(Strategy):
 
     def state_dict(self) -> dict:
         """As ZeRO-2's: the state gathered at the last evaluation or ``finish``, on rank 0."""
-        if not self.comm.is_root:
-            raise RuntimeError(f"distributed {self.name!r}: rank {self.comm.rank} holds only "
-                               f"its shard of the optimizer state; rank 0 holds it whole")
-        if self._gathered_at != self.steps:
-            raise RuntimeError(
-                f"distributed {self.name!r}: the optimizer state is sharded over "
-                f"{self.comm.size} ranks and was last gathered at step {self._gathered_at}, not "
-                f"at step {self.steps}: checkpoints are written at epoch ends under {self.name} "
-                f"(give the recipe test data, or leave checkpoint_every at 0)")
-        return {"state": self._gathered}
+        return gathered_state_dict(self)
 
     def load_state_dict(self, saved: dict) -> None:
         """A whole state (any rank count saved it): this rank keeps its shard. The parameters
