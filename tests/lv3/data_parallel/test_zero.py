@@ -112,3 +112,90 @@ def test_a_killed_rank_ends_a_zero3_job_with_the_one_line(tmp_path: Path, mnist_
     assert DIED.findall(kill.out) == [f"meta: rank 1 (pid {kill.pid} on "
                                       f"{socket.gethostname()}) died; ending this job"], kill.out
     assert "Traceback" not in kill.out, kill.out
+
+
+# Full-batch Adam on 64 synthetic examples (one step an epoch at any rank count: the same
+# examples' mean gradient at 4, 2 and 1 ranks). The event gathers what a run begins training
+# from out of its ZeRO-3 shards (a collective on every rank) and rank 0 writes it.
+CHECKPOINT_RECIPE = '''
+import json
+from pathlib import Path
+
+import numpy as np
+
+from meta.lv2 import Event, register_event
+from meta.lv2.checkpoint import flatten_tree
+from meta.run.recipe import AtLeast
+
+
+@register_event("shard_probe")
+class ShardProbe(Event):
+    """At train begin: the model taken into this run's ZeRO-3 shards and gathered back out
+    of them, with the optimizer state; rank 0 writes them to loaded.npz and loaded.json."""
+
+    options = {}
+
+    def on_train_begin(self, trainer):
+        executor = trainer.executor
+        executor.dematerialize()
+        executor.materialize()
+        strategy = executor.strategy
+        arrays = {f"param/{k}": np.array(v) for k, v in executor.graph.parameters.items()}
+        spec = flatten_tree(strategy._gather_state(), arrays, "state")
+        if strategy.comm.is_root:
+            np.savez(Path(trainer.output_dir) / "loaded.npz", **arrays)
+            (Path(trainer.output_dir) / "loaded.json").write_text(json.dumps(spec))
+
+
+FIXED = {"dataset": "synthetic", "hidden": [16, 8], "optimizer": "adam",
+         "events": [{"name": "shard_probe"}]}
+MUTABLE = {"epochs": 2, "train_examples": 64, "test_examples": 16, "batch_size": 64,
+           "lr": 0.01, "seed": 3, "distributed": "allreduce"}
+METRICS = {"test_accuracy": AtLeast(0.0)}
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_zero3_checkpoint_from_4_ranks_resumes_at_2_and_in_one_process(
+        tmp_path: Path) -> None:
+    """``meta run --set distributed=zero3`` under ``mpiexec -n 4`` saves its checkpoint;
+    ``--resume`` of it at ``-n 2`` and in one process shards it again, and what each run's
+    shards hold when it begins training (gathered back) is the saved parameters and optimizer
+    state, bit for bit; each trains on (Adam's step count continues) to the same weights."""
+    import json
+    import shutil
+
+    from meta.lv2.checkpoint import flatten_tree, load_checkpoint
+    from tests.launch import clean_env, find_mpiexec, run_command
+
+    recipe = tmp_path / "zero3_resume.py"
+    recipe.write_text(CHECKPOINT_RECIPE)
+    env = clean_env({"OMP_NUM_THREADS": "1"})
+    meta = [sys.executable, "-m", "meta.cli", "run", str(recipe), "--quiet", "--no-export",
+            "--set", "distributed=zero3"]
+    mpiexec = str(find_mpiexec())
+    run_command([mpiexec, "-n", "4", *meta, "--output-dir", str(tmp_path / "four")], env,
+                timeout=300)
+    saved = load_checkpoint(tmp_path / "four" / "checkpoint.npz")
+    saved_arrays: dict[str, np.ndarray] = {}
+    saved_spec = flatten_tree(saved.optimizer["state"], saved_arrays, "state")
+    finals = {}
+    for where, launch in (("two", [mpiexec, "-n", "2"]), ("one", [])):
+        shutil.copytree(tmp_path / "four", tmp_path / where)
+        out = run_command([*launch, *meta, "--set", "epochs=3", "--resume", "--output-dir",
+                           str(tmp_path / where)], env, timeout=300)
+        assert "resuming from" in out and "at epoch 3, step 2" in out, out
+        loaded = np.load(tmp_path / where / "loaded.npz")
+        for name, value in saved.params.items():
+            assert np.array_equal(loaded[f"param/{name}"], value), (where, name)
+        assert json.loads((tmp_path / where / "loaded.json").read_text()) == saved_spec, where
+        for key, value in saved_arrays.items():  # Adam's moments, from the new shards
+            assert np.array_equal(loaded[key], value), (where, key)
+        final = load_checkpoint(tmp_path / where / "checkpoint.npz")
+        assert final.position["step"] == 3 and final.optimizer["state"][0]["t"] == 3, where
+        finals[where] = final.params
+    for name in saved.params:  # the same full-batch step, summed in another order
+        np.testing.assert_allclose(finals["two"][name], finals["one"][name], rtol=0,
+                                   atol=1e-6, err_msg=name)
+        assert not np.array_equal(finals["two"][name], saved.params[name]), name
