@@ -126,6 +126,49 @@ class SubgraphScope:
         return [grads.get(t.name) for t in graph.inputs]
 
 
+class SavedForward:
+    """What ``forward_saving`` kept for ``backward_seeded``: a handle, used once.
+
+    ``outputs`` are the names computed, ``shapes`` their (shape, dtype), ``wrt`` the tensors
+    whose gradients the backward returns besides the parameters'. What it holds is the
+    executor's business: the reference executor's tape, or a plan whose arena holds the
+    saved activations (valid until the next forward run in that arena: ``generation``).
+    """
+
+    def __init__(self, executor: Executor, outputs: list[str], shapes: dict[str, tuple],
+                 wrt: list[str], zeros: dict[str, tuple], state: Any, generation: int = 0
+                 ) -> None:
+        self.executor = executor
+        self.outputs = outputs
+        self.shapes = shapes  # output -> (shape, dtype)
+        self.wrt = wrt
+        self.zeros = zeros  # wrt name -> (shape, dtype): its gradient when nothing reaches it
+        self.state = state  # a tape, or a plan
+        self.generation = generation
+        self.used = False
+
+    def seeds(self, seeds: Mapping[str, Any]) -> Tensors:
+        """``seeds`` checked against the outputs (names, shapes) and cast to their dtypes; a
+        second backward of one forward is refused (its saved values are consumed)."""
+        if self.used:
+            raise ValueError("backward_seeded: this forward_saving's backward already ran "
+                             "(its saved values are consumed); run forward_saving again")
+        unknown = [n for n in seeds if n not in self.shapes]
+        if unknown:
+            raise ValueError(f"backward_seeded: seeds {unknown} are not outputs of the "
+                             f"forward ({self.outputs})")
+        checked: Tensors = {}
+        for name, seed in seeds.items():
+            shape, dtype = self.shapes[name]
+            seed = np.asarray(seed)
+            if seed.shape != shape:
+                raise ValueError(f"backward_seeded: seed of {name!r} has shape "
+                                 f"{list(seed.shape)}, the output {list(shape)}")
+            checked[name] = seed.astype(dtype, copy=False)
+        self.used = True
+        return checked
+
+
 class Executor:
     """What every executor is and every caller may use: the interface, declared once.
 
@@ -175,6 +218,20 @@ class Executor:
         """(values of ``loss`` and ``outputs``, gradients of the loss with respect to the
         trainable parameters and to ``wrt``)."""
         raise NotImplementedError(f"{type(self).__name__}.inference_and_backprop")
+
+    def forward_saving(self, feeds: Tensors, outputs: Iterable[str], wrt: Sequence[str] = ()
+                       ) -> tuple[Tensors, SavedForward]:
+        """A stage's forward: the values of ``outputs`` (any tensors, non-scalar too) and a
+        handle keeping what their backward needs (``backward_seeded``). The building block of
+        layer groups (ZeRO-3), activation recomputation and pipeline stages."""
+        raise NotImplementedError(f"{type(self).__name__}.forward_saving")
+
+    def backward_seeded(self, saved: SavedForward, seeds: Mapping[str, np.ndarray]) -> Tensors:
+        """The backward of ``forward_saving``'s forward from ``seeds`` (output -> the gradient
+        of something with respect to it, of its shape; outputs not seeded count as zero;
+        several add): a vector-Jacobian product. Returns the gradients of every trainable
+        parameter (zeros where nothing seeded reaches it) and of the forward's ``wrt``."""
+        raise NotImplementedError(f"{type(self).__name__}.backward_seeded")
 
     def _refuse_hook(self, hook: GradientHook | None) -> None:
         if hook is not None:
@@ -420,6 +477,34 @@ class ReferenceExecutor(Executor):
             value = values.get(name, feeds.get(name))
             param_grads[name] = grads[name] if name in grads else np.zeros_like(value)
         return {n: values[n] for n in names}, param_grads
+
+    # -- a stage: forward keeping the tape, backward from seeds -----------------------------
+    def forward_saving(self, feeds: Tensors, outputs: Iterable[str], wrt: Sequence[str] = ()
+                       ) -> tuple[Tensors, SavedForward]:
+        """See ``Executor.forward_saving``: the forward recording its tape."""
+        names = list(dict.fromkeys(outputs))
+        wrt = self._wrt(feeds, wrt)
+        params = self.graph.parameters
+        values, tape = self._forward(feeds, names, (set(params) - set(feeds)) | set(wrt))
+        out = {n: values[n] for n in names}
+        zeros = {w: (np.shape(v), np.asarray(v).dtype) for w in wrt
+                 for v in [values.get(w, feeds.get(w))]}
+        shapes = {n: (np.shape(v), np.asarray(v).dtype) for n, v in out.items()}
+        return out, SavedForward(self, names, shapes, wrt, zeros, tape)
+
+    def backward_seeded(self, saved: SavedForward, seeds: Mapping[str, np.ndarray]) -> Tensors:
+        """See ``Executor.backward_seeded``: the tape run from the seeds."""
+        if saved.executor is not self:
+            raise ValueError("backward_seeded: the handle comes from another executor")
+        grads = self._run_tape(saved.state, saved.seeds(seeds),
+                               set(self.graph.parameters) | set(saved.wrt))
+        saved.state = None
+        out = {p: grads[p] if p in grads else np.zeros_like(v)
+               for p, v in self.graph.parameters.items()}
+        for name in saved.wrt:
+            shape, dtype = saved.zeros[name]
+            out[name] = grads[name] if name in grads else np.zeros(shape, dtype)
+        return out
 
     def _run_tape(self, tape: list[tuple[Node, Context]], grads: Tensors, keep: set[str]
                   ) -> Tensors:

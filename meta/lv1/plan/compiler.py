@@ -12,7 +12,10 @@
    eval-mode BatchNormalization after it where that is legal, or else one Python step running
    the operator's own forward and backward (``kernels.python_node``).
 4. **Backward**: in training the nodes' backward steps follow in reverse order; a gradient's
-   first contribution writes it, later ones add to it.
+   first contribution writes it, later ones add to it. The backward starts from the scalar
+   loss's seed (d loss / d loss), or, for a stage (``seeded``: ``forward_saving`` /
+   ``backward_seeded``), from a seed array of each seeded output's shape (a vector-Jacobian
+   product of several non-scalar outputs).
 5. **Memory**: every computed value gets its place in one arena from its lifetime across the
    forward and the backward (``memory.assign_offsets``); parameter gradients get arrays of
    their own, handed to the caller.
@@ -47,7 +50,15 @@ import numpy as np
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
-from meta.lv1.plan.memory import Value, aligned_empty, assign_offsets, lifetimes, root, view_of
+from meta.lv1.plan.memory import (
+    Arena,
+    Value,
+    aligned_empty,
+    assign_offsets,
+    lifetimes,
+    root,
+    view_of,
+)
 
 # Ops whose outputs are never folded: random, or reading a mode the plan does not fix.
 NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
@@ -106,6 +117,14 @@ class Plan:
     # The gradient hook whose arrays the gradients are, held so that its id, part of the
     # plan's key, cannot be reused by another hook while this plan exists.
     hook: GradientHook | None = None
+    # A stage plan's (``seeded``): output -> the arena array its seed is copied into before
+    # the backward (an output that takes no gradient has none).
+    seeds: dict[str, np.ndarray] = field(default_factory=dict)
+    arena: Arena | None = None  # the bytes its arena values live in (shared between plans)
+    offsets: dict[str, int] = field(default_factory=dict)  # arena value -> its offset
+    order: list = field(default_factory=list)  # its steps in program order (for rebind)
+    cuts: dict = field(default_factory=dict)  # the gradient hook's cuts (for rebind)
+    seed_names: dict[str, str] = field(default_factory=dict)  # output -> its seed value
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -188,29 +207,75 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
 
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
-                 rt, hook: GradientHook | None = None, precision: str = "f32") -> Plan:
+                 rt, hook: GradientHook | None = None, precision: str = "f32",
+                 seeded: bool = False, arena: Arena | None = None) -> Plan:
     """The plan computing ``outputs`` (and, with ``loss``, the gradients of the parameters and
-    of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order."""
+    of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order.
+
+    ``seeded`` (no ``loss``): a stage's plan, whose backward starts from a seed array of each
+    output's shape (``Plan.seeds``, written by the caller before the backward). ``arena``: the
+    bytes to lay the arena in, shared with other plans (grown, and they rebound, when this one
+    needs more); default: an arena of its own."""
+    if seeded and loss is not None:
+        raise ValueError("a plan starts its backward from a loss or from seeds, not both")
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
     nodes, needed, static, traced, folded = trace_phase(graph, feeds, wanted, backends, wrt)
     values, live, placement = fold_phase(graph, feeds, nodes, needed, traced, folded)
     pb, context, fetch = lower_phase(graph, feeds, outputs, wanted, loss, wrt, training,
                                      backends, rt, live, values, needed, traced, static,
-                                     placement, precision)
-    seed, gradients = backward_phase(graph, loss, wrt, rt, pb, values)
-    order, cuts, hook_names, arena_bytes, owned_bytes = memory_phase(
-        graph, feeds, pb, values, gradients, fetch, hook)
+                                     placement, precision, seeded)
+    seed, gradients = backward_phase(graph, loss, wrt, rt, pb, values,
+                                     fetch if seeded else None)
+    seed_names = seed if isinstance(seed, dict) else {}
+    arena = arena if arena is not None else Arena()
+    order, cuts, hook_names, arena_bytes, owned_bytes, offsets = memory_phase(
+        graph, feeds, pb, values, gradients, fetch, hook, list(seed_names.values()), arena)
     programs, records, segments = bind_phase(rt, order, values, cuts)
     external = {n: v.array for n, v in values.items() if v.storage == "external"}
     grads = {name: values[g].array for name, g in gradients.items()}
     internal = sum(getattr(k, "internal_bytes", 0) for k in context.kernels)
     plan = Plan(values, programs, records, {n: values[n].array for n in feeds if n in values},
-                {n: fetch[n] for n in outputs}, grads, seed, external, placement, arena_bytes,
-                owned_bytes, internal, context.objects)
+                {n: fetch[n] for n in outputs}, grads, None if seed_names else seed, external,
+                placement, arena_bytes, owned_bytes, internal, context.objects)
     plan.parameters = tuple(p for p in graph.parameters)
     plan.segments = segments
     plan.hook_names, plan.hook = hook_names, hook
+    plan.seed_names = seed_names
+    plan.seeds = {n: values[s].array for n, s in seed_names.items()}
+    plan.arena, plan.offsets, plan.order, plan.cuts = arena, offsets, order, cuts
+    arena.bind(plan, rebind)
     return plan
+
+
+def rebind(plan: Plan) -> None:
+    """Point ``plan``'s arena values into its arena's current bytes (the arena grew for
+    another plan sharing it) and bind its programs again; its layout is unchanged."""
+    values, buffer = plan.values, plan.arena.buffer
+    for name, offset in plan.offsets.items():
+        values[name].array = view_of(buffer[offset:], values[name])
+    for name, v in values.items():  # views after their bases (made before them)
+        if v.storage == "view" and root(values, name) in plan.offsets:
+            v.array = _view_array(values, name)
+    from meta.lv1.plan.runtime import module
+
+    profile = {phase: p.profile for phase, p in plan.programs.items()}
+    rt = module()
+    plan.programs, plan.records, plan.segments = bind_phase(rt, plan.order, values, plan.cuts)
+    for phase, program in plan.programs.items():
+        program.profile = profile.get(phase, False)
+    plan.inputs = {n: values[n].array for n in plan.inputs}
+    plan.seeds = {n: values[s].array for n, s in plan.seed_names.items()}
+
+
+def _view_array(values: dict[str, Value], name: str) -> np.ndarray:
+    """A view value's array: its base's bytes (plain: from its offset, in its shape)."""
+    v = values[name]
+    b = values[v.base]
+    count = int(np.prod(v.shape))
+    array = b.array if v.layout != "plain" else \
+        b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
+    assert count == 0 or np.shares_memory(array, b.array), name  # empty: no bytes
+    return array
 
 
 def trace_phase(graph: Graph, feeds: dict[str, np.ndarray], wanted: list[str], backends,
@@ -267,7 +332,7 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                 wanted: list[str], loss: str | None, wrt: list[str], training: bool | None,
                 backends, rt, live: list[Node], values: dict[str, Value], needed: set[str],
                 traced: dict, static: set[str], placement: dict[str, str],
-                precision: str = "f32"):
+                precision: str = "f32", seeded: bool = False):
     """3. Lower: rewrites (patterns), what needs a gradient, then each live node into steps
     (``kernels.lower``); returns the builder, the lowering context and the fetched values."""
     from meta.lv1.plan import kernels, patterns
@@ -281,7 +346,8 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                                                      backends) for n in live}
     placement.update((old, f"fused into {new}") for old, new in merged.items())
     pb = PlanBuilder(values, training, rt)
-    if loss is not None:
+    backprop = loss is not None or seeded
+    if backprop:
         params = [p for p in graph.parameters if p not in feeds]
         pb.requires.update(p for p in params if p in needed)
         pb.requires.update(w for w in wrt if w in values)
@@ -303,7 +369,7 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     # fetched, fed and wrt names exist as themselves: no fusion absorbs them (a gradient
     # asked for of a tensor fused away would have nowhere to be)
     context = kernels.Context(pb, ops, consumers, keep | set(feeds) | set(wrt), absorbed,
-                              training, loss is not None, traced)
+                              training, backprop, traced)
     context.static = static
     context.precision = precision
     context.order = {n.name: i for i, n in enumerate(live)}
@@ -323,14 +389,16 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     pb.current = None
     for name in outputs:
         fetch[name] = pb.require_layout(name, "plain")
-    pb.reaches_loss = _reaching(live, ops, loss) if loss is not None else set()
+    roots = {loss} if loss is not None else set(outputs) if seeded else set()
+    pb.reaches_loss = _reaching(live, ops, roots) if roots else set()
     return pb, context, fetch
 
 
-def _reaching(live: list[Node], ops: dict, loss: str) -> set[str]:
-    """The tensors the loss depends on through inputs that take a gradient: those whose
-    gradient can be nonzero (the plan must have one for each asked for)."""
-    reach = {loss}
+def _reaching(live: list[Node], ops: dict, roots: set[str]) -> set[str]:
+    """The tensors the loss (or the seeded outputs) depend on through inputs that take a
+    gradient: those whose gradient can be nonzero (the plan must have one for each asked
+    for)."""
+    reach = set(roots)
     for node in reversed(live):
         if any(o in reach for o in node.outputs if o):
             op = ops[node.name]
@@ -340,12 +408,23 @@ def _reaching(live: list[Node], ops: dict, loss: str) -> set[str]:
 
 
 def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanBuilder,
-                   values: dict[str, Value]) -> tuple[np.ndarray | None, dict[str, str]]:
+                   values: dict[str, Value], seeded: dict[str, str] | None = None
+                   ) -> tuple[np.ndarray | dict[str, str] | None, dict[str, str]]:
     """4. Backward: the seed d(loss)/d(loss), then each lowered node's backward in reverse
-    order; returns the seed and the value holding each parameter's (and ``wrt``'s) gradient."""
+    order; returns the seed and the value holding each parameter's (and ``wrt``'s) gradient.
+
+    ``seeded`` (a stage: output -> the plain value fetched for it): instead of the loss's
+    seed, one seed value per output that takes a gradient (float, reached from a parameter
+    or ``wrt``), copied into that output's gradient as the loss's seed is; returned as
+    output -> seed value. The seeds live in the arena, alive from the backward's first step to
+    their copy (they are activation-sized: a plan of its own for each would hold them all)."""
     from meta.lv1.plan.context import py_step
 
     gradients: dict[str, str] = {}
+    if seeded is not None:
+        seeds = _seed_outputs(rt, pb, values, seeded)
+        _backward_steps(graph, wrt, pb, values, gradients, "the seeded outputs depend")
+        return seeds, gradients
     if loss is None:
         return None, gradients
     seed = np.ones((), values[loss].dtype)
@@ -361,6 +440,41 @@ def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanB
             pb.step("loss gradient", [seed_name], [dest],
                     lambda a: [py_step(lambda: np.copyto(a(dest), a(seed_name)),
                                        "loss gradient")], "backward")
+    _backward_steps(graph, wrt, pb, values, gradients, f"{loss!r} depends")
+    return seed, gradients
+
+
+def _seed_outputs(rt, pb: PlanBuilder, values: dict[str, Value], fetch: dict[str, str]
+                  ) -> dict[str, str]:
+    """A stage's seeds: for each output that takes a gradient, a seed value of its shape
+    copied into its gradient by the backward's first steps; output -> seed value."""
+    from meta.lv1.plan.context import py_step
+
+    seeds: dict[str, str] = {}
+    for out, f in fetch.items():
+        v = values[f]
+        if f not in pb.requires or v.dtype.kind != "f":
+            continue
+        seed_name = f"{out}@seed"
+        values[seed_name] = Value(seed_name, v.shape, v.dtype)
+        dest = pb.grad_target(f)[0]
+        if v.dtype == np.float32:
+            n = int(np.prod(v.shape))
+            pb.step("output gradient", [seed_name], [dest],
+                    lambda a, s=seed_name, d=dest, n=n: [rt.copy(a(s), a(d), n)], "backward")
+        else:
+            pb.step("output gradient", [seed_name], [dest],
+                    lambda a, s=seed_name, d=dest: [py_step(lambda: np.copyto(a(d), a(s)),
+                                                            "output gradient")], "backward")
+        seeds[out] = seed_name
+    pb.flush()  # two outputs fetched as one value: their seeds add
+    return seeds
+
+
+def _backward_steps(graph: Graph, wrt: list[str], pb: PlanBuilder, values: dict[str, Value],
+                    gradients: dict[str, str], what: str) -> None:
+    """Each lowered node's backward in reverse order; ``gradients`` gets the value holding
+    each parameter's (and ``wrt``'s) gradient."""
     for lowered in reversed(pb.lowered):
         if lowered.backward is not None:
             pb.current = lowered.node
@@ -374,17 +488,18 @@ def backward_phase(graph: Graph, loss: str | None, wrt: list[str], rt, pb: PlanB
     missing = [w for w in wrt if w not in gradients and w in pb.reaches_loss]
     if missing:
         raise NotPlannable(f"wrt {missing[0]!r}: the plan's kernels give it no gradient "
-                           f"though {loss!r} depends on it")
-    return seed, gradients
+                           f"though {what} on it")
 
 
 def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
                  values: dict[str, Value], gradients: dict[str, str], fetch: dict[str, str],
-                 hook: GradientHook | None
-                 ) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int]:
+                 hook: GradientHook | None, seeds: list[str] = (), arena: Arena | None = None
+                 ) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int,
+                            dict[str, int]]:
     """5. Memory: the steps in program order, every value's array (arena offsets from the
     lifetimes, owned arrays, graph arrays, views of their bases), the gradient hook's cuts;
-    returns (order, cuts, hook names, arena bytes, owned bytes)."""
+    returns (order, cuts, hook names, arena bytes, owned bytes, arena offsets). ``seeds``
+    (a stage's) are written before the backward's first step: alive from there."""
     order = [s for phase in ("prepare", "forward", "backward") for s in pb.steps
              if s.phase == phase]
     for g in gradients.values():  # handed out: arrays of their own, kept across calls
@@ -397,9 +512,13 @@ def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
     for name in feeds:  # copied in before the first step
         if name in spans:
             spans[name] = (0, spans[name][1])
+    first_backward = next((i for i, s in enumerate(order) if s.phase == "backward"), 0)
+    for name in seeds:  # copied in before the backward's first step
+        if name in spans:
+            spans[name] = (min(first_backward, spans[name][0]), spans[name][1])
     arena_values = {n: v.nbytes for n, v in values.items() if v.storage == "arena" and n in spans}
     offsets, arena_bytes = assign_offsets(arena_values, spans)
-    arena = aligned_empty(max(arena_bytes, 64))
+    arena = (arena if arena is not None else Arena()).reserve(max(arena_bytes, 64))
     owned_bytes = 0
     for name, v in values.items():
         if v.storage == "arena" and name in offsets:
@@ -414,14 +533,11 @@ def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
             b = values[v.base]
             if b.array is None:  # the view of a value no step touches (an unread gradient)
                 b.array = view_of(aligned_empty(max(b.nbytes, 64)), b)
-            count = int(np.prod(v.shape))
-            v.array = b.array if v.layout != "plain" else \
-                b.array.reshape(-1)[v.offset:v.offset + count].reshape(v.shape)
-            assert count == 0 or np.shares_memory(v.array, b.array), name  # empty: no bytes
+            v.array = _view_array(values, name)
     for v in values.values():
         if v.array is None and v.storage == "arena":  # declared, never touched by a step
             v.array = view_of(aligned_empty(max(v.nbytes, 64)), v)
-    return order, cuts, hook_names, arena_bytes, owned_bytes
+    return order, cuts, hook_names, arena_bytes, owned_bytes, offsets
 
 
 def bind_phase(rt, order: list[PlannedStep], values: dict[str, Value],

@@ -35,7 +35,7 @@ import numpy as np
 
 from meta.common.component import Option
 from meta.lv0 import native
-from meta.lv1.executor import EXECUTORS, ReferenceExecutor, Tensors
+from meta.lv1.executor import EXECUTORS, ReferenceExecutor, SavedForward, Tensors
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph
 from meta.lv1.plan import custom, profile_share
@@ -131,8 +131,13 @@ class PlannedExecutor(ReferenceExecutor):
         return (self.training, loss, tuple(outputs), tuple(dict.fromkeys(wrt)), signature,
                 tuple(self.graph.parameters), self.rt.max_threads())
 
+    arena = None
+    """The ``memory.Arena`` this executor's plans share (None: each plan has its own). Set
+    before the first call; activation recomputation gives its segments' executors one."""
+
     def _plan(self, feeds: Tensors, outputs: list[str], loss: str | None,
-              wrt: Sequence[str], hook=None) -> tuple[Plan | None, Tensors, list[str]]:
+              wrt: Sequence[str], hook=None, seeded: bool = False
+              ) -> tuple[Plan | None, Tensors, list[str]]:
         """The plan for this request (compiled on first sight), the feeds and wrt checked;
         a known request skips the checks: they depend only on what the key holds."""
         if self.rt is None:
@@ -141,21 +146,23 @@ class PlannedExecutor(ReferenceExecutor):
                 say_once("meta: precision bf16 asked for, but the planned executor runs "
                          f"unplanned ({self.unavailable}): float32")
             return None, self._check_feeds(feeds, self.graph.nodes_for(outputs, given=feeds)), \
-                self._wrt(feeds, wrt) if loss else []
-        key = (*self._key(feeds, outputs, loss, wrt), id(hook) if hook is not None else None)
+                self._wrt(feeds, wrt) if loss or seeded else []
+        key = (*self._key(feeds, outputs, loss, wrt), id(hook) if hook is not None else None,
+               seeded)
         plan = self._plans.get(key)
         if isinstance(plan, Plan) and not plan.stale(self.graph):
             self._last, self.unplanned = plan, None
             self.peak_intermediate_bytes = plan.arena_bytes
             return plan, feeds, list(dict.fromkeys(wrt))
         feeds = self._check_feeds(feeds, self.graph.nodes_for(outputs, given=feeds))
-        wrt = self._wrt(feeds, wrt) if loss else []
+        wrt = self._wrt(feeds, wrt) if loss or seeded else []
         if isinstance(plan, str):
             self.unplanned = plan
             return None, feeds, wrt
         try:
             plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt), self.training,
-                                self.backends, self.rt, hook, self.plan_precision)
+                                self.backends, self.rt, hook, self.plan_precision, seeded,
+                                self.arena)
         except NotPlannable as err:
             self._plans[key] = str(err)
             self.unplanned = str(err)
@@ -201,6 +208,7 @@ class PlannedExecutor(ReferenceExecutor):
                 raise ValueError(f"input {name!r}: shape {np.shape(value)}, the plan's "
                                  f"{array.shape}")
             np.copyto(array, value, casting="same_kind")
+        plan.arena.generation += 1  # what an earlier forward in this arena saved is gone
         version = self.graph.version
         if backward or not plan.prepared or plan.version != version:
             self._run(plan, "prepare")
@@ -249,6 +257,60 @@ class PlannedExecutor(ReferenceExecutor):
                 g = np.zeros_like(g)
             grads[name] = g.copy()
         return values, grads
+
+    # -- a stage ----------------------------------------------------------------------------
+    def forward_saving(self, feeds: Tensors, outputs: Iterable[str], wrt: Sequence[str] = ()
+                       ) -> tuple[Tensors, SavedForward]:
+        """See ``Executor.forward_saving``. The plan (compiled once per shapes, outputs and
+        ``wrt``, its backward starting from a seed per output) runs its forward; the arena
+        keeps what the backward reads. A later forward in the same arena (this plan again, or
+        another sharing it) overwrites that: ``backward_seeded`` then refuses the handle,
+        so run each stage's backward before its next forward. The plan points into the
+        graph's arrays as they were when it was compiled: replacing one (``graph.initializers
+        [name] = new``) makes the next call compile again; writing into it in place does not
+        (do not change weights between the forward and its backward)."""
+        names = list(dict.fromkeys(outputs))
+        plan, feeds, wrt = self._plan(feeds, names, None, wrt, seeded=True)
+        if plan is None:
+            return super().forward_saving(feeds, names, wrt)
+        self._forward_plan(plan, feeds, backward=True)
+        out = {n: plan.array(plan.fetch[n]).copy() for n in names}
+        shapes = {n: (v.shape, v.dtype) for n, v in out.items()}
+        zeros = {}
+        for w in wrt:
+            v = feeds[w] if w in feeds else plan.array(w) if w in plan.values else \
+                self.graph.initializers.get(w, np.zeros(()))
+            zeros[w] = (np.shape(v), np.asarray(v).dtype)
+        return out, SavedForward(self, names, shapes, wrt, zeros, plan, plan.arena.generation)
+
+    def backward_seeded(self, saved: SavedForward, seeds: Tensors) -> Tensors:
+        """See ``Executor.backward_seeded``. The parameters' gradients are the plan's own
+        arrays, overwritten by its next backward (copy one to keep it); ``wrt``'s are copies."""
+        plan = saved.state
+        if not isinstance(plan, Plan):  # the forward ran unplanned: the reference path
+            return super().backward_seeded(saved, seeds)
+        if saved.executor is not self:
+            raise ValueError("backward_seeded: the handle comes from another executor")
+        seeds = saved.seeds(seeds)  # checked (and the handle used) first
+        if plan.arena.generation != saved.generation:
+            raise ValueError("backward_seeded: another forward ran in this plan's arena since "
+                             "this forward_saving (its saved activations are overwritten); "
+                             "run each backward before the next forward")
+        for name, array in plan.seeds.items():
+            if name in seeds:
+                np.copyto(array, seeds[name])
+            else:
+                array[...] = 0
+        self._run(plan, "backward")
+        plan.arena.generation += 1  # the backward reused the saved values' bytes
+        grads: Tensors = {}
+        for name in plan.parameters:
+            g = plan.gradients.get(name)
+            grads[name] = g if g is not None else np.zeros_like(self.graph.initializers[name])
+        for name in saved.wrt:
+            g = plan.gradients.get(name)
+            grads[name] = g.copy() if g is not None else np.zeros(*saved.zeros[name])
+        return grads
 
     def inference_and_backprop(self, feeds: Tensors, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,

@@ -12,8 +12,10 @@ bytes).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from math import prod
+from typing import Callable
 
 import numpy as np
 
@@ -103,3 +105,42 @@ def view_of(buffer: np.ndarray, value: Value) -> np.ndarray:
         count = prod(value.shape)
         return buffer[:count * value.dtype.itemsize].view(value.dtype).reshape(value.shape)
     return buffer[:value.nbytes].view(value.dtype)
+
+
+class Arena:
+    """The bytes one or more plans lay their arena values in.
+
+    A plan has one of its own by default. Plans that never run at the same time can share one
+    (activation recomputation: each segment's plans, run one after another): it is as large
+    as the largest of them. When a plan compiled later needs more, ``reserve`` allocates a
+    larger buffer and rebinds every plan bound to it (``bind``) at once, so the smaller
+    buffer is freed; after every plan has been compiled once the arena no longer moves.
+
+    ``generation`` counts the forwards run in it (``PlannedExecutor`` steps it): what one
+    plan's forward saved for its backward is valid only until the next forward of any plan
+    sharing the arena, which a stage's handle checks (``backward_seeded``).
+    """
+
+    def __init__(self) -> None:
+        self.buffer = aligned_empty(ALIGN)
+        self.generation = 0
+        self._plans: list[tuple[weakref.ref, Callable]] = []
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buffer.nbytes)
+
+    def reserve(self, nbytes: int) -> np.ndarray:
+        """The buffer, grown to at least ``nbytes`` (every bound plan rebound to it)."""
+        if nbytes > self.buffer.nbytes:
+            self.buffer = aligned_empty(nbytes)
+            self.generation += 1  # whatever a forward saved is gone
+            live = [(ref, rebind) for ref, rebind in self._plans if ref() is not None]
+            self._plans = live
+            for ref, rebind in live:
+                rebind(ref())
+        return self.buffer
+
+    def bind(self, plan: object, rebind: Callable[[object], None]) -> None:
+        """Remember ``plan`` (weakly): ``rebind(plan)`` is called when the buffer grows."""
+        self._plans.append((weakref.ref(plan), rebind))
