@@ -105,12 +105,12 @@ def _plan(args: argparse.Namespace) -> int:
     if recipe is None or args.ranks < 1:
         print("meta plan: give a RECIPE and --ranks P (or --calibrate [OUT])", file=sys.stderr)
         return 2
-    from meta.planner.costs import rank_configurations
+    from meta.planner.costs import grad_dtype_of, rank_configurations
     from meta.planner.report import best_sets, load_validation, plot_scaling, table
     from meta.planner.workload import make_workload
 
     work = make_workload(recipe, machine)
-    predictions = rank_configurations(work, machine, args.ranks)
+    predictions = rank_configurations(work, machine, args.ranks, grad_dtype_of(recipe))
     print(f"meta plan: {recipe.name} at P = {args.ranks} on {machine.name} "
           f"({machine.ranks_per_node} ranks per node; {machine.source})")
     print(f"meta plan: compute {work.source}; one rank's step "

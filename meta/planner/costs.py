@@ -17,17 +17,19 @@ train different global batches in a step: the table says each one's samples per 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
+from meta.lv3.comm.bf16 import GRAD_BYTES
 from meta.lv3.comm.costmodel import Link, gather_bcast, ring_allreduce, shared_reduce
 from meta.lv3.comm.polling import POLL_S
 from meta.lv3.data_parallel.allreduce import Allreduce
 from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES
 from meta.planner.machine import Machine
-from meta.planner.memory import Memory, zero3_groups, zero_memory
+from meta.planner.memory import Memory, rank_memory, zero3_groups
 from meta.planner.workload import Layer, Workload
 
 MICRO_BATCHES = (4, 8, 16, 32)
@@ -88,15 +90,38 @@ def _replica_memory(work: Workload, params: float, act_samples: float,
                   work.activation_bytes * act_samples, buffers)
 
 
+def _dp_memory(work: Workload, p: int, stage: int, groups: int = 2,
+               overlapped: bool = False, extra: float = 0.0) -> Memory:
+    """A data-parallel rank's memory (``meta.planner.memory.rank_memory``) for ``work``;
+    ``extra``: bytes of buffers besides (bf16 gradients' copy)."""
+    m = rank_memory(work.facts, work.param_bytes, work.batch, p, stage, groups,
+                    overlapped=overlapped, state_slots=work.state_slots,
+                    activation_bytes=work.activation_bytes)
+    return replace(m, buffers=m.buffers + extra) if extra else m
+
+
 BUCKET_BYTES = Allreduce.options["bucket_bytes"].default  # the overlapped buckets' size
+# grad_dtype bf16: passes over the float32 gradients' bytes at the copy rate (rounding them to
+# bf16, summing this rank's chunk, expanding the result): estimated, not measured
+BF16_PASSES = 3.0
 
 
-def allreduce_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def allreduce_costs(work: Workload, machine: Machine, p: int,
+                    grad_dtype: str = "f32") -> list[Prediction]:
+    """Allreduce, plain and overlapped, and ZeRO-1 in shared memory where the ranks share a
+    node. ``grad_dtype`` (the recipe's ``distributed.grad_dtype``): the gradients travel in
+    it, ``GRAD_BYTES`` per value (bf16: half the bytes of float32, always through MPI, so no
+    shared-memory row)."""
     n = work.param_bytes
+    wire = n * GRAD_BYTES[grad_dtype] // 4  # the parameters are float32
+    bf16 = grad_dtype != "f32"
+    chosen = {"distributed.grad_dtype": grad_dtype} if bf16 else {}
     out = []
     wait = work.sync_s(p)  # the slowest rank's step, beyond the mean
     for overlap in (False, True):
-        comm = allreduce_s(machine, p, n)
+        comm = allreduce_s(machine, p, wire)
+        if bf16 and p > 1:
+            comm += BF16_PASSES * n * machine.copy_beta
         if overlap:  # buckets are written in place (no packing); the last one goes after
             # the backward and waits for the slowest rank's: neither is ever hidden. The
             # others move during the backward only where MPI progresses on its own: else
@@ -114,17 +139,19 @@ def allreduce_costs(work: Workload, machine: Machine, p: int) -> list[Prediction
             hidden = work.compute_s + comm
         step = hidden + work.update_s
         out.append(Prediction(
-            "allreduce", f"allreduce{' overlapped' if overlap else ''}",
+            "allreduce", f"allreduce{' overlapped' if overlap else ''}"
+                         f"{f' {grad_dtype}' if bf16 else ''}",
             {"distributed": "allreduce", "distributed.overlap": str(overlap).lower(),
-             "distributed.shared_memory": "false"}, p, work.batch * p, step,
+             "distributed.shared_memory": "false", **chosen}, p, work.batch * p, step,
             work.compute_s + work.update_s, step - work.compute_s - work.update_s,
-            _replica_memory(work, n, work.batch, n), 2 * (p - 1) / p * n if p > 1 else 0))
-    if p <= machine.ranks_per_node:  # ZeRO-1 in shared memory: one machine only
+            _dp_memory(work, p, 0, overlapped=overlap, extra=wire if bf16 else 0),
+            2 * (p - 1) / p * wire if p > 1 else 0))
+    if p <= machine.ranks_per_node and not bf16:  # ZeRO-1 in shared memory: one machine only
         comm = shared_reduce(machine.intra, p, n, machine.shared_read_beta) + \
             yielding_wait(work, machine, p)
         update = work.update_s / p
         step = work.compute_s + comm + update
-        memory = zero_memory(n, work.state_slots, work.activation_bytes * work.batch, p, 1)
+        memory = _dp_memory(work, p, 1)
         out.append(Prediction(
             "allreduce", "allreduce ZeRO-1 (shared memory)",
             {"distributed": "allreduce", "distributed.shared_memory": "true"}, p,
@@ -152,7 +179,6 @@ def zero_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     if p < 2:
         return []
     n, link = work.param_bytes, machine.link(p)
-    act = work.activation_bytes * work.batch
     wait = work.sync_s(p)
     update = work.update_s / p
     half = reduce_scatter_s(link, p, n)  # one reduce-scatter (or allgather) of the model
@@ -164,7 +190,7 @@ def zero_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     out = [Prediction(
         "zero2", "ZeRO-2 (gradients and state sharded)", {"distributed": "zero2"}, p,
         work.batch * p, work.compute_s + update + comm, work.compute_s + update, comm,
-        zero_memory(n, work.state_slots, act, p, 2), 2 * (p - 1) / p * n)]
+        _dp_memory(work, p, 2), 2 * (p - 1) / p * n)]
     groups = zero3_groups(n // 4, len(work.layers))
     gathers = 2 * groups * reduce_scatter_s(link, p, n / groups)  # each group, twice
     scatters = groups * reduce_scatter_s(link, p, n / groups)
@@ -175,7 +201,7 @@ def zero_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     out.append(Prediction(
         "zero3", f"ZeRO-3 (fully sharded, {groups} layer groups)", {"distributed": "zero3"},
         p, work.batch * p, work.compute_s + update + comm, work.compute_s + update, comm,
-        zero_memory(n, work.state_slots, act, p, 3, groups), 3 * (p - 1) / p * n))
+        _dp_memory(work, p, 3, groups), 3 * (p - 1) / p * n))
     return out
 
 
@@ -476,9 +502,12 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
                        comm, memory, sum(2 * 2 * (p - 1) / p * v for v in volume))]
 
 
-def predict_all(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def predict_all(work: Workload, machine: Machine, p: int,
+                grad_dtype: str = "f32") -> list[Prediction]:
+    """Every configuration at P ranks (``grad_dtype``: the type allreduce's gradients travel
+    in, as the recipe sets it)."""
     machine = machine.sized(p)
-    out = allreduce_costs(work, machine, p) + zero_costs(work, machine, p)
+    out = allreduce_costs(work, machine, p, grad_dtype) + zero_costs(work, machine, p)
     out += averaging_costs(work, machine, p)
     out += parameter_server_costs(work, machine, p)
     out += pipeline_costs(work, machine, p) + tensor_parallel_costs(work, machine, p)
@@ -486,10 +515,21 @@ def predict_all(work: Workload, machine: Machine, p: int) -> list[Prediction]:
             Prediction(**{**pr.__dict__, "fits": False}) for pr in out]
 
 
-def rank_configurations(work: Workload, machine: Machine, p: int) -> list[Prediction]:
+def rank_configurations(work: Workload, machine: Machine, p: int,
+                        grad_dtype: str = "f32") -> list[Prediction]:
     """Every configuration at P ranks, fastest (samples/s) first; those that do not fit in a
     rank's memory last."""
-    return sorted(predict_all(work, machine, p), key=lambda x: (not x.fits, -x.throughput))
+    return sorted(predict_all(work, machine, p, grad_dtype),
+                  key=lambda x: (not x.fits, -x.throughput))
+
+
+def grad_dtype_of(recipe: Any) -> str:
+    """The type the recipe's allreduce sends gradients in (``distributed.grad_dtype``):
+    "f32" unless it chose allreduce with another."""
+    choice = recipe.definitions.choices.get("distributed")
+    if choice is None or choice.name != "allreduce":
+        return "f32"
+    return str(choice.values().get("grad_dtype", "f32"))
 
 
 def within_memory(predictions: list[Prediction], limit_bytes: float

@@ -46,6 +46,34 @@ def _check_buffer(buf: Any, what: str, writeable: bool = True) -> np.ndarray:
     return buf
 
 
+def _starts(counts: list[int]) -> list[int]:
+    """Each part's offset where parts of ``counts`` values lie one after another."""
+    return [sum(counts[:i]) for i in range(len(counts))]
+
+
+def _check_alltoallv(comm: Communicator, send: np.ndarray, send_counts: list[int],
+                     send_starts: list[int] | None, recv: np.ndarray, recv_counts: list[int],
+                     recv_starts: list[int] | None) -> list[tuple[list[int], list[int]]]:
+    """The (counts, starts) of an all-to-all's two sides, checked against the buffers (and
+    each other's dtype) before any rank blocks."""
+    _check_buffer(send, "ialltoallv", writeable=False)
+    _check_buffer(recv, "ialltoallv")
+    if send.dtype != recv.dtype:
+        raise TypeError(f"ialltoallv: send is {send.dtype}, recv {recv.dtype}")
+    out = []
+    for counts, starts, buf, which in ((send_counts, send_starts, send, "send"),
+                                       (recv_counts, recv_starts, recv, "recv")):
+        counts = [int(c) for c in counts]
+        starts = _starts(counts) if starts is None else [int(s) for s in starts]
+        if len(counts) != comm.size or len(starts) != comm.size or min(counts) < 0 \
+                or min(starts) < 0 or max(s + c for s, c in zip(starts, counts)) > buf.size:
+            raise ValueError(f"ialltoallv: {which} counts {counts} from {starts} must be "
+                             f"{comm.size} non-negative parts within the {which} buffer's "
+                             f"{buf.size} values")
+        out.append((counts, starts))
+    return out
+
+
 ANY_TAG = -1  # irecv: match a message of any tag (MPI.ANY_TAG)
 
 
@@ -120,6 +148,16 @@ class Communicator(ABC):
         before it, are its own and reach every rank's ``buf``; a request (ZeRO's parameters
         after each rank's update of its shard)."""
         raise NotImplementedError(f"{type(self).__name__}.iallgatherv")
+
+    def ialltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                   recv_counts: list[int], send_starts: list[int] | None = None,
+                   recv_starts: list[int] | None = None) -> Any:
+        """Start an all-to-all: the ``send_counts[q]`` values of ``send`` from
+        ``send_starts[q]`` go to rank q, whose ``recv`` takes ``recv_counts[r]`` values from
+        each rank r at ``recv_starts[r]`` (starts by default: the parts one after another);
+        a request (the bf16 exchange's reduce-scatter, ``comm.bf16``). Any dtype: the values
+        move as raw words."""
+        raise NotImplementedError(f"{type(self).__name__}.ialltoallv")
 
     def _check_counts(self, counts: list[int], n: int, what: str) -> list[int]:
         counts = [int(c) for c in counts]
@@ -264,6 +302,17 @@ class SingleProcessCommunicator(Communicator):
 
     def iallgatherv(self, buf: np.ndarray, counts: list[int]) -> Any:
         self._check_counts(counts, _check_buffer(buf, "iallgatherv").size, "iallgatherv")
+        return COMPLETED
+
+    def ialltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                   recv_counts: list[int], send_starts: list[int] | None = None,
+                   recv_starts: list[int] | None = None) -> Any:
+        (sc, ss), (rc, rs) = _check_alltoallv(self, send, send_counts, send_starts, recv,
+                                              recv_counts, recv_starts)
+        if sc[0] != rc[0]:
+            raise ValueError(f"ialltoallv: rank 0 sends itself {sc[0]} values but receives "
+                             f"{rc[0]}")
+        recv.reshape(-1)[rs[0]:rs[0] + rc[0]] = send.reshape(-1)[ss[0]:ss[0] + sc[0]]
         return COMPLETED
 
     def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
@@ -418,6 +467,14 @@ class MPICommunicator(Communicator):
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         return self.comm.Iallgatherv(self._MPI.IN_PLACE, [buf, counts, starts,
                                                          self._MPI._typedict[buf.dtype.char]])
+
+    def ialltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                   recv_counts: list[int], send_starts: list[int] | None = None,
+                   recv_starts: list[int] | None = None) -> Any:
+        (sc, ss), (rc, rs) = _check_alltoallv(self, send, send_counts, send_starts, recv,
+                                              recv_counts, recv_starts)
+        kind = self._MPI._typedict[send.dtype.char]
+        return self.comm.Ialltoallv([send, sc, ss, kind], [recv, rc, rs, kind])
 
     def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Any:
         self._check_peer(dest, "isend")

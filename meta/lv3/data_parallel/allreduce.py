@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from meta.common.component import Option
+from meta.common.component import ComponentError, Option
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv2.optimizers import Optimizer, Params
+from meta.lv3.comm.bf16 import GRAD_BYTES, Bf16Queue
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, allgather, ring_allreduce, shared_reduce
 from meta.lv3.comm.shared_memory import node_of
@@ -35,7 +36,9 @@ class Allreduce(Strategy):
     stochastic compressor (qsgd, terngrad) draws from a stream seeded by the recipe's seed and
     the rank. With every rank on one machine (``shared_memory``) the mean goes through shared
     memory instead, and an elementwise optimizer's update is shared out among the ranks
-    (``NodeExchange``); ``finish`` then gives each rank its own memory back.
+    (``NodeExchange``); ``finish`` then gives each rank its own memory back. With
+    ``grad_dtype="bf16"`` the gradients travel as bf16 and are summed in float32 (half the
+    bytes: ``meta.lv3.comm.bf16``), always through MPI.
 
     >>> from meta.lv2.optimizers import sgd
     >>> opt = Allreduce(Optimizer(sgd(0.1), {"w": np.array([1.0])}))
@@ -57,6 +60,10 @@ class Allreduce(Strategy):
                                        "gradients in shared memory and give each rank 1/P of "
                                        "the update (elementwise optimizers: one parameter "
                                        "copy) instead of MPI's allreduce (node_exchange.py)"),
+               "grad_dtype": Option("f32", "type the gradients travel in: bf16 sends half the "
+                                    "bytes, summed in float32 and rounded to bf16 once "
+                                    "(comm/bf16.py; always through MPI, not shared memory)",
+                                    choices=tuple(GRAD_BYTES)),
                **compression_options()}
     pretraining = "average"
 
@@ -68,13 +75,35 @@ class Allreduce(Strategy):
         offered = compression_options()
         chosen = {k: options.pop(k) for k in list(options) if k in offered}
         seed = [workload.seed if workload is not None else 0, comm.rank]
+        if compression != "none" and options.get("grad_dtype", "f32") != "f32":
+            raise ComponentError(f"distributed 'allreduce': grad_dtype "
+                                 f"{options['grad_dtype']!r} and compression {compression!r} "
+                                 f"both shrink the gradient exchange: choose one")
         compressor = make_compressor(compression, n, dtypes.pop(), seed, **chosen)
         return cls(optimizer, comm, compressor=compressor, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,
                  compressor: Compressor | None = None, overlap: bool = True,
-                 bucket_bytes: int = 1 << 20, shared_memory: bool = True, **options) -> None:
+                 bucket_bytes: int = 1 << 20, shared_memory: bool = True,
+                 grad_dtype: str = "f32", **options) -> None:
         super().__init__(optimizer, comm, **options)
+        if grad_dtype not in GRAD_BYTES:
+            raise ComponentError(f"distributed 'allreduce': grad_dtype {grad_dtype!r} is not "
+                                 f"one of {', '.join(GRAD_BYTES)}")
+        if grad_dtype != "f32" and (compressor is not None
+                                    or self.flat_grads.dtype != np.float32):
+            raise ComponentError(f"distributed 'allreduce': grad_dtype {grad_dtype!r} needs "
+                                 f"float32 gradients and no compression (gradients are "
+                                 f"{self.flat_grads.dtype})")
+        self.grad_dtype = grad_dtype
+        """The type the gradients travel in: "f32" (MPI's allreduce) or "bf16" (rounded, sent
+        as bf16, summed in float32: ``bf16`` below)."""
+        self.bf16: Bf16Queue | None = None
+        """The bf16 exchanges under way (grad_dtype "bf16" on more than one rank): its
+        reduce-scatters on ``comm``, its allgathers on a second communicator of the same
+        ranks (MPI's order of collectives: ``meta.lv3.comm.bf16``); None: float32."""
+        if grad_dtype == "bf16" and self.comm.size > 1:
+            self.bf16 = Bf16Queue(self.comm, self.comm.split(0))
         self.overlap = overlap
         """Whether a backward on an executor that takes the gradient hook starts each bucket's
         allreduce as soon as its gradients are final (``step_with``), overlapping the exchange
@@ -91,7 +120,7 @@ class Allreduce(Strategy):
         self.node: NodeExchange | None = None
         """The shared-memory exchange where every rank is on one machine (``NodeExchange``);
         None: MPI's allreduce, or after ``finish`` released it."""
-        if shared_memory and compressor is None and self.comm.size > 1:
+        if shared_memory and compressor is None and self.bf16 is None and self.comm.size > 1:
             node = node_of(self.comm)
             if node is not None and node.size == self.comm.size:
                 self.node = NodeExchange(self, node)
@@ -110,7 +139,9 @@ class Allreduce(Strategy):
             return
         buffer = self.flat_grads.pack(grads)
         t.lap("pack")
-        if self.compressor is None:
+        if self.bf16 is not None:
+            self._average_bf16(buffer)
+        elif self.compressor is None:
             self.average(self.grad_chunks, buffer)
         else:
             self._exchange_compressed(buffer)
@@ -144,11 +175,14 @@ class Allreduce(Strategy):
         if b.flat is None or not b.used:  # the executor ran unplanned: no bucket was handed
             buffer = self.flat_grads.pack(grads)
             t.lap("pack")
-            self.average(self.grad_chunks, buffer)
+            if self.bf16 is not None:
+                self._average_bf16(buffer)
+            else:
+                self.average(self.grad_chunks, buffer)
             self.optimizer.step(self.flat_grads.views)
         else:
             b.finish()
-            self.bytes_sent += b.flat.nbytes
+            self.bytes_sent += b.flat.nbytes if self.bf16 is None else self.bf16.take_bytes()
             t.lap("communicate")
             self.optimizer.step(b.flat.views)
         t.lap("update")
@@ -175,6 +209,17 @@ class Allreduce(Strategy):
             self.node.release()
             self.node = None
 
+    def _average_bf16(self, buffer: np.ndarray) -> None:
+        """``average`` in bf16: each chunk summed by the bf16 exchange (all started, then
+        waited for), then scaled by 1/P."""
+        for chunk in self.grad_chunks:
+            self.bf16.start(chunk)
+        self.bf16.finish()
+        self.bytes_sent += self.bf16.take_bytes()
+        self.timeline.lap("communicate")
+        buffer *= 1.0 / self.comm.size
+        self.timeline.lap("unpack")
+
     def _exchange_compressed(self, buffer: np.ndarray) -> None:
         payload = self.compressor.compress(buffer)
         self.timeline.lap("pack")
@@ -191,8 +236,9 @@ class Allreduce(Strategy):
         p = self.comm.size
         if self.node is not None:
             return shared_reduce(link, p, self.flat_grads.nbytes)
-        if self.compressor is None:
-            return ring_allreduce(link, p, self.flat_grads.nbytes)
+        if self.compressor is None:  # bf16: a reduce-scatter and an allgather of half the bytes
+            return ring_allreduce(link, p, self.flat_grads.nbytes
+                                  * GRAD_BYTES[self.grad_dtype] // 4)
         return allgather(link, p, self.compressor.payload_bytes)
 
 
@@ -258,9 +304,18 @@ class Buckets(GradientHook):
     def ready(self, names: list[str]) -> None:
         comm, timeline = self.strategy.comm, self.strategy.timeline
         chunk = self.flat.buffer[self.starts[names[0]]:self.ends[names[-1]]]
-        self.requests.append((comm.iallreduce(chunk), timeline.now()))
         self.used = True
+        if self.strategy.bf16 is not None:  # grad_dtype bf16: two nonblocking steps each
+            self.strategy.bf16.start(chunk)
+            self._traced(self.strategy.bf16.progress())
+            return
+        self.requests.append((comm.iallreduce(chunk), timeline.now()))
         self._progress()
+
+    def _traced(self, sums: list) -> None:
+        """Finished bf16 sums on the timeline, as the float32 allreduces are."""
+        for op in sums:
+            self.strategy.timeline.background("allreduce (overlapped)", op.began)
 
     def _progress(self) -> None:
         still = []
@@ -272,6 +327,8 @@ class Buckets(GradientHook):
         self.requests = still
 
     def finish(self) -> None:
+        if self.strategy.bf16 is not None:
+            self._traced(self.strategy.bf16.finish())
         for request, began in self.requests:
             self.strategy.comm.waitall([request])
             self.strategy.timeline.background("allreduce (overlapped)", began)
