@@ -13,6 +13,7 @@ from typing import Sequence
 
 from meta.bench.commands import add_commands as add_bench_commands
 from meta.bench.commands import add_run_options, attr_value
+from meta.lv1.plan.precision import PRECISIONS
 from meta.run.recipe import parse_sets
 
 # What an exit status means (README, "Runs that survive"): one thing each.
@@ -72,6 +73,28 @@ def version_line() -> str:
     except metadata.PackageNotFoundError:
         version = meta.__version__
     return f"meta {version} from {Path(meta.__file__).parent} (Python {sys.version.split()[0]})"
+
+
+def version_text() -> str:
+    """``meta --version``'s lines: ``version_line()``, then whether bf16 is native on this CPU
+    and what ``precision=bf16`` runs as here (``meta.lv1.plan.precision`` decides both)."""
+    from meta.lv1.plan.precision import native_line
+
+    return f"{version_line()}\n{native_line()}"
+
+
+class _Version(argparse.Action):
+    """``--version``, its text made when asked for (not each time the parser is built: it
+    reads /proc/cpuinfo)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print meta's version, where it is installed, and whether bf16 is "
+                 "native on this CPU; then exit"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(), flush=True)
+        parser.exit()
 
 
 def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
@@ -248,6 +271,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     except (GraphError, OSError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
+    if args.precision != "f32" and not args.plan:
+        print(f"meta: error: inspect --precision {args.precision} says what a plan computes "
+              f"in: give --plan too", file=sys.stderr)
+        return EXIT_ERROR
     print(summarize(graph, limit=0 if args.all else 40))
     if args.plan:  # where each node runs in a plan, and what Python steps cost
         from meta.lv1.plan.inspect_plan import report
@@ -258,7 +285,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"meta: error: --dim takes NAME=INTEGER, got {args.dim}", file=sys.stderr)
             return EXIT_ERROR
         try:
-            print(report(graph, dims))
+            print(report(graph, dims, precision=args.precision))
         except (GraphError, ValueError) as err:
             print(f"meta: error: --plan: {err}", file=sys.stderr)
             return EXIT_ERROR
@@ -463,7 +490,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def make_parser() -> argparse.ArgumentParser:
     """The ``meta`` command line: every subcommand with its options."""
     parser = _Parser(prog="meta", description="meta: a deep-learning meta-framework")
-    parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a recipe, report its metrics, PASS or FAIL (exit 1)")
     run.add_argument("recipe", help="recipe file, e.g. recipes/mnist_mlp.py, or the name of a "
@@ -498,6 +525,9 @@ def make_parser() -> argparse.ArgumentParser:
                          "feeds, its share of a step and the share in Python steps")
     inspect.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                          help="a symbolic input dimension's size for --plan (default 1)")
+    inspect.add_argument("--precision", default="f32", choices=PRECISIONS,
+                         help="with --plan: plan at this precision (bf16: matrix products "
+                         "and convolutions read bf16); each node's precision is listed")
     inspect.set_defaults(func=cmd_inspect)
     components = sub.add_parser("components", help="the models, datasets, optimizers, "
                                 "executors, strategies, events and metrics a recipe can name, "

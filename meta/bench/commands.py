@@ -92,6 +92,12 @@ def add_commands(sub: Any) -> None:
     op.add_argument("--warmup", type=int, default=3, metavar="W",
                     help="untimed calls first (default 3)")
     op.add_argument("--seed", type=int, default=0, help="inputs and bootstrap seed")
+    op.add_argument("--precision", default="f32", metavar="P[,P]",
+                    help="the planned executor's precision, comma-separated: f32 (default), "
+                         "bf16 (matrix products and convolutions read bf16, accumulate "
+                         "float32): each planned implementation runs at each (planned, planned "
+                         "bf16), and the planned executor is added where --backend names none "
+                         "(numpy and native compute float32)")
     op.add_argument("--threads", type=int, metavar="T",
                     help="BLAS and OpenMP threads (default: as set; on a busy machine, 1 "
                          "gives stabler figures)")
@@ -334,8 +340,10 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
     try:
         backends = [b.strip() for given in args.backend for b in given.split(",")
                     if b.strip()] or None
+        precisions = tuple(p.strip() for p in args.precision.split(",") if p.strip())
         result = bench_op(args.op, shapes, args.dtype, args.repeat, args.warmup, args.seed,
-                          domain=args.domain, attrs=attrs, backends=backends)
+                          domain=args.domain, attrs=attrs, backends=backends,
+                          precisions=precisions)
     except (OpBenchError, NativeUnavailableError, ValueError) as err:
         print(f"meta: error: {err}", file=sys.stderr)
         return EXIT_ERROR
@@ -345,12 +353,15 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
                                    attrs, args.domain, args.repeat, args.warmup, args.threads)
     shape = "x".join(map(str, result.shape))
     out = Path(args.output_dir) if args.output_dir else \
-        Path("runs") / "bench-op" / dir_name(f"{result.op_type}-{shape}-{result.dtype}")
+        Path("runs") / "bench-op" / dir_name(f"{result.op_type}-{shape}-{result.dtype}"
+                                             + ("-" + "-".join(precisions)
+                                                if precisions != ("f32",) else ""))
     report = {
         "schema": reports.SCHEMA, "kind": "op",
         "environment": env,
         "settings": {**reports.settings(args.repeat, args.warmup, args.seed),
                      "op": result.op_type, "shape": list(result.shape), "dtype": result.dtype,
+                     "precision": list(precisions),
                      "shapes": [list(s) for s in result.shapes], "attrs": attrs},
         "variants": result.to_variants(),
         "implementations": result.implementations,

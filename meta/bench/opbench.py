@@ -20,6 +20,7 @@ import numpy as np
 from meta.bench.measure import Sample, Variant, measure_many
 from meta.bench.stats import CONFIDENCE, RESAMPLES, Ratio, ratio_of_medians
 from meta.lv0 import Context, Operator, entries, native
+from meta.lv1.plan.precision import PRECISIONS
 
 PASSES = ("forward", "backward")
 
@@ -78,11 +79,13 @@ class Implementation:
     ``native``, any other backend), or a one-node graph of it through the planned executor
     (``planned``: a compiled oneDNN / C++ step where a kernel covers the node, else the
     operator's code as one step). ``cls`` is the registered class (the plan's node is of its
-    op type and domain)."""
+    op type and domain); ``precision`` the planned executor's (``planned bf16``: its matrix
+    products and convolutions read bf16)."""
 
     name: str
     cls: type[Operator]
     planned: bool = False
+    precision: str = "f32"
 
     @property
     def entry(self) -> str:
@@ -94,7 +97,8 @@ class Implementation:
         """What runs, in words: the class and its module, or the planned executor and
         ``where`` its node ran."""
         if self.planned:
-            return (f"{self.name} = the planned executor on a one-node graph of "
+            at = f" at precision={self.precision}" if self.precision != "f32" else ""
+            return (f"{self.name} = the planned executor{at} on a one-node graph of "
                     f"{self.entry.rsplit('[', 1)[0]}" + (f" (node runs as {where})" if where
                                                          else ""))
         return f"{self.name} = {self.entry} ({self.cls.__module__}.{self.cls.__qualname__})"
@@ -134,7 +138,14 @@ def _of(found: list, prefix: str) -> dict[str, Implementation]:
         impls.items(), key=lambda kv: (kv[0] != "numpy", kv[0]))}
     first = next(iter(out.values())).cls
     out[prefix + PLANNED] = Implementation(prefix + PLANNED, first, planned=True)
+    bf16 = planned_name(prefix + PLANNED, "bf16")
+    out[bf16] = Implementation(bf16, first, planned=True, precision="bf16")
     return out
+
+
+def planned_name(planned: str, precision: str) -> str:
+    """The name of a planned implementation at ``precision``: ``planned``, ``planned bf16``."""
+    return planned if precision == "f32" else f"{planned} {precision}"
 
 
 def default_backends(available: dict[str, Implementation], domain: str = "") -> list[str]:
@@ -146,12 +157,26 @@ def default_backends(available: dict[str, Implementation], domain: str = "") -> 
     return ["numpy", "native" if "native" in available else PLANNED]
 
 
-def choose(op_type: str, domain: str = "",
-           backends: list[str] | None = None) -> list[Implementation]:
+def choose(op_type: str, domain: str = "", backends: list[str] | None = None,
+           precisions: tuple[str, ...] = ("f32",)) -> list[Implementation]:
     """The implementations asked for by name (the first is the baseline), or the defaults;
-    an unknown name is an OpBenchError listing those there are."""
+    an unknown name is an OpBenchError listing those there are. ``precisions`` other than
+    float32 alone (``--precision bf16``, ``f32,bf16``): each planned implementation named runs
+    at each of them (``planned``, ``planned bf16``), and where none is named (the defaults
+    numpy and native), the planned executor is added at each: bf16 is the planned executor's,
+    numpy and the C++ twins compute float32."""
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad or not precisions:
+        raise OpBenchError(f"--precision {','.join(precisions)}: expected one or more of "
+                           f"{', '.join(PRECISIONS)}")
     available = implementations(op_type, domain)
     names = backends or default_backends(available, domain)
+    if tuple(precisions) != ("f32",):
+        if not any(available[n].planned for n in names if n in available):
+            names = [*names, PLANNED]
+        names = [m for n in names for m in ([planned_name(n, p) for p in precisions]
+                                            if n in available and available[n].planned
+                                            and available[n].precision == "f32" else [n])]
     unknown = [n for n in names if n not in available]
     if unknown:
         raise OpBenchError(f"--backend {unknown[0]}: {op_type} has no implementation "
@@ -190,7 +215,7 @@ class _Planned:
     the inputs' gradients."""
 
     def __init__(self, cls: type[Operator], inputs: list[np.ndarray], attrs: dict[str, Any],
-                 outputs: tuple[np.ndarray, ...]) -> None:
+                 outputs: tuple[np.ndarray, ...], precision: str = "f32") -> None:
         from meta.lv1 import GraphBuilder, PlannedExecutor
 
         b = GraphBuilder(f"bench_{cls.op_type}", opset=max(13, cls.since))
@@ -209,7 +234,7 @@ class _Planned:
         self.graph = b.build()
         self.names, self.ys = xs, ys
         self.inputs = dict(zip(xs, inputs))
-        self.ex = PlannedExecutor(self.graph)
+        self.ex = PlannedExecutor(self.graph, precision=precision)
         self.ex.train(True)
 
     def forward(self) -> tuple[np.ndarray, ...]:
@@ -258,11 +283,13 @@ def bench_op(op_type: str, shape: tuple[int, ...] | list[tuple[int, ...]],
              dtype: str = "float32", repeat: int = 30, warmup: int = 3, seed: int = 0,
              resamples: int = RESAMPLES, domain: str = "",
              attrs: dict[str, Any] | None = None,
-             backends: list[str] | None = None) -> OpBenchResult:
+             backends: list[str] | None = None,
+             precisions: tuple[str, ...] = ("f32",)) -> OpBenchResult:
     """Time forward and backward of each implementation in ``backends`` (``choose``: the
-    first is the baseline; default ``default_backends``) on random inputs of ``shape`` (one
-    shape for every input) or of each of a list of shapes (one per input), with the node
-    attributes ``attrs``; each one's outputs and gradients compared with the baseline's."""
+    first is the baseline; default ``default_backends``; ``precisions``: the planned
+    executor's, see ``choose``) on random inputs of ``shape`` (one shape for every input) or
+    of each of a list of shapes (one per input), with the node attributes ``attrs``; each
+    one's outputs and gradients compared with the baseline's."""
     shapes = [tuple(s) for s in shape] if shape and isinstance(shape[0], (tuple, list)) \
         else [tuple(shape)]  # type: ignore[arg-type]
     for s in shapes:
@@ -273,7 +300,7 @@ def bench_op(op_type: str, shape: tuple[int, ...] | list[tuple[int, ...]],
         np_dtype = np.dtype(dtype)
     except TypeError as err:
         raise OpBenchError(f"--dtype: {dtype!r} is not a numpy dtype") from err
-    chosen = choose(op_type, domain, backends)
+    chosen = choose(op_type, domain, backends, precisions)
     if any(i.cls.backend == "native" and not i.planned for i in chosen) and \
             np_dtype not in native.NATIVE_DTYPES:  # handed to numpy
         raise OpBenchError(f"dtype {np_dtype} is not supported by the native kernels "
@@ -289,7 +316,7 @@ def bench_op(op_type: str, shape: tuple[int, ...] | list[tuple[int, ...]],
         results = {b: _outputs(op, inputs) for b, op in ops.items()}
         reference = next(iter(results.values()))[1] if results else \
             _outputs(chosen[0].cls(**(attrs or {})), inputs)[1]
-        planned = {i.name: _Planned(i.cls, inputs, attrs or {}, reference)
+        planned = {i.name: _Planned(i.cls, inputs, attrs or {}, reference, i.precision)
                    for i in chosen if i.planned}
         forward_out = {i.name: (results[i.name][1] if i.name in results else
                                 planned[i.name].forward()) for i in chosen}
@@ -331,9 +358,26 @@ def bench_op(op_type: str, shape: tuple[int, ...] | list[tuple[int, ...]],
     notes = [f"{i.name} backward: timed with its forward (a plan's backward runs after the "
              f"forward it differentiates), so not compared with {base}'s backward alone"
              for i in chosen if i.planned]
+    notes += [precision_note(i.name, op_type, planned[i.name].where())
+              for i in chosen if i.planned and i.precision != "f32"]
     described = [i.describe(planned[i.name].where() if i.planned else "") for i in chosen]
     return OpBenchResult(op_type, tuple(shape), np_dtype.name, samples, ratios, diffs,
                          [tuple(x.shape) for x in inputs], inputs, described, base, notes)
+
+
+def precision_note(name: str, op_type: str, where: str) -> str:
+    """What a planned implementation asked for bf16 ran as (its node's placement), and so
+    what its difference from a float32 baseline means."""
+    from meta.lv1.plan.precision import native_bf16, of_placement
+
+    if of_placement(where) == "bf16":
+        return (f"{name}: {op_type} ran as {where}: its products read bf16 (8 significant "
+                f"bits), accumulated in float32; its difference from float32 is bf16's "
+                f"rounding")
+    native, why = native_bf16()
+    because = f"bf16 is not native here ({why})" if not native else \
+        "only matrix products and convolutions compute in bf16"
+    return f"{name}: {op_type} ran as {where}, in float32: {because}"
 
 
 def op_table(result: OpBenchResult, repeat: int, warmup: int) -> str:

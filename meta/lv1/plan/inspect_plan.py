@@ -8,6 +8,11 @@ The feeds: floats standard normal, integers and booleans zeros (always a valid i
 label); a symbolic dimension takes ``--dim NAME=VALUE``, else 1. The loss: the model's first
 scalar float output; a model without one gets ``ReduceSum`` of its first float output added
 (node ``meta.inspect.loss``), so the backward runs as in training.
+
+``--precision bf16`` plans as ``PlannedExecutor(precision="bf16")`` does; the ``precision``
+column says per node what it computes in (``precision.of_placement``: bf16 where its products
+read bf16, f32 elsewhere, blank where the node computes nothing of its own), and the head
+line what was asked for and what runs here (float32 where bf16 is not native).
 """
 
 from __future__ import annotations
@@ -54,13 +59,15 @@ def loss_of(graph: Graph) -> tuple[str, bool]:
 
 
 def report(graph: Graph, dims: dict[str, int] | None = None,
-           steps: int = 5) -> str:
-    """The plan's placement and measured share of every node, Python's share last."""
+           steps: int = 5, precision: str = "f32") -> str:
+    """The plan's placement, precision and measured share of every node, Python's share
+    last."""
     from meta.lv1.plan.executor import PlannedExecutor
+    from meta.lv1.plan.precision import native_bf16, of_placement
 
     feeds = feeds_for(graph, dims or {})
     loss, added = loss_of(graph)
-    ex = PlannedExecutor(graph).train()
+    ex = PlannedExecutor(graph, precision=precision).train()
     ex.python_watch.done = True  # measured here, not said again on stderr
     share = profile_share.measure(ex, feeds, loss, steps)
     times = {t.node: t for t in share.nodes}
@@ -68,18 +75,32 @@ def report(graph: Graph, dims: dict[str, int] | None = None,
     lines = [f"plan of {graph.name!r} (training step, feeds {shapes or 'none'}; loss {loss!r}"
              f"{', added by inspect' if added else ''}; each step's fastest of {steps} calls "
              f"timed after one):",
-             f"  {'node':<32} {'op':<22} {'placement':<28} {'ms/step':>9} {'share':>7}"]
+             precision_line(ex.precision, ex.plan_precision, native_bf16()[1]),
+             f"  {'node':<32} {'op':<22} {'placement':<28} {'precision':<9} {'ms/step':>9} "
+             f"{'share':>7}"]
     for node in graph.nodes:
         where = ex.placement().get(node.name, "not run")
         t = times.get(node.name)
         ms = f"{t.ns / 1e6:>9.3f}" if t else f"{'':>9}"
         pct = f"{share.share(t):>7.1%}" if t else f"{'':>7}"
-        lines.append(f"  {node.name:<32} {node.op_type:<22} {where:<28} {ms} {pct}")
+        lines.append(f"  {node.name:<32} {node.op_type:<22} {where:<28} "
+                     f"{of_placement(where):<9} {ms} {pct}")
     own = times.get("(the plan's own steps)")
     if own is not None:
-        lines.append(f"  {'(the plan: reorders, gradient sums)':<84} "
+        lines.append(f"  {'(the plan: reorders, gradient sums)':<94} "
                      f"{own.ns / 1e6:>9.3f} {share.share(own):>7.1%}")
     top = ", ".join(f"{t.node!r} {share.share(t):.1%}" for t in share.top_python())
     lines.append(f"step: {share.total_ns / 1e6:.3f} ms; Python steps: "
                  f"{share.python_share * 100:.1f} % of it" + (f" ({top})" if top else ""))
     return "\n".join(lines)
+
+
+def precision_line(asked: str, runs: str, why_not: str) -> str:
+    """What precision was asked for and what the plan runs in."""
+    if asked == runs == "f32":
+        return "precision f32: every node computes in float32"
+    if asked == runs:
+        return (f"precision {asked}: matrix products and convolutions read {asked}, accumulate "
+                f"float32; the rest float32 (parameters, optimizer, softmax, losses, norms)")
+    return (f"precision {asked} asked for; this plan runs {runs} (every node float32): "
+            f"{asked} is not native here ({why_not})")

@@ -78,3 +78,25 @@ def say_once(line: str) -> None:
     if line not in _said:
         _said.add(line)
         print(line, file=sys.stderr, flush=True)
+
+
+def native_line() -> str:
+    """One line: whether this CPU multiplies bf16 natively and what ``precision="bf16"`` runs
+    as here (``meta --version`` prints it; the same test as the executor's fallback)."""
+    native, why = native_bf16()
+    if native:
+        found = " and ".join(f for f in BF16_FLAGS if f in cpu_flags())
+        return (f"bf16: native on this CPU ({found}): precision=bf16 runs matrix products and "
+                f"convolutions in bf16 (float32 accumulation and masters)")
+    return f"bf16: not native here ({why}): precision=bf16 runs float32"
+
+
+def of_placement(where: str) -> str:
+    """The precision a node computes in, from its ``placement()`` entry: "bf16" for a step
+    whose products read bf16 ("onednn bf16"), "" where the node computes nothing of its own
+    (a view, folded, fused into another node's step, not run), else "f32"."""
+    if where.endswith(" bf16"):
+        return "bf16"
+    if where in ("view", "folded", "not run") or where.startswith("fused into"):
+        return ""
+    return "f32"
