@@ -11,7 +11,17 @@ import pytest
 from meta.cli import main
 from meta.planner.costs import predict_all, rank_configurations, reduce_scatter_s, within_memory
 from meta.planner.machine import Machine
-from meta.planner.memory import MB, Memory, zero3_groups, zero_memory
+from meta.planner.memory import (
+    EXCHANGE_SLOTS,
+    MB,
+    Memory,
+    _plan_bytes,
+    rank_memory,
+    step_facts,
+    update_footprint,
+    zero3_groups,
+    zero_memory,
+)
 from meta.planner.workload import Layer, Workload, make_workload
 from meta.run.recipe import load_recipe
 
@@ -30,10 +40,14 @@ def test_memory_parts_follow_the_zero_paper_at_four_ranks(stage, parts):
     m = zero_memory(4 * PSI, 2, activations=123.0, ranks=4, stage=stage, groups=8)
     assert (m.parameters, m.gradients, m.state) == tuple(x * PSI for x in parts)
     assert m.activations == 123.0
-    # what meta's implementations hold beyond the paper's figure, named as buffers
-    assert m.buffers == {0: 4 * PSI, 1: 0, 2: 4 * PSI, 3: 3 * 4 * PSI / 8}[stage]
-    assert m.total == pytest.approx(sum(parts) * PSI + 123 + m.buffers)
-    assert m.model_state == m.total - 123
+    # what meta's implementations hold beyond the paper's figure, named as buffers: the
+    # packed gradient, the other ranks' slices read and this rank's sum (ZeRO-1 in shared
+    # memory), the flat gradient the backward writes (ZeRO-2), two gathered groups and one
+    # group's gradients (ZeRO-3); MPI's reduce-scatters in flight as temporaries
+    assert m.buffers == {0: 4 * PSI, 1: 4 * PSI, 2: 4 * PSI, 3: 3 * 4 * PSI / 8}[stage]
+    assert m.temporaries == {0: 0, 1: 0, 2: 4 * PSI, 3: 4 * PSI / 8}[stage] * EXCHANGE_SLOTS
+    assert m.total == pytest.approx(sum(parts) * PSI + 123 + m.buffers + m.temporaries)
+    assert m.model_state == m.total - 123 - m.temporaries
 
 
 def test_zero_memory_refuses_an_unknown_stage():
@@ -60,9 +74,9 @@ def test_zero2_and_zero3_are_ranked_with_their_memory_and_link_costs():
     by_name = {pr.strategy: pr for pr in predict_all(work, machine, 4)}
     n, act, link = work.param_bytes, work.activation_bytes * 32, machine.link(4)
     zero2, zero3 = by_name["zero2"], by_name["zero3"]
-    assert zero2.memory == Memory(n, n / 4, 2 * n / 4, act, n)
+    assert zero2.memory == Memory(n, n / 4, 2 * n / 4, act, n, n)
     groups = zero3_groups(n // 4, 4)
-    assert zero3.memory == Memory(n / 4, n / 4, 2 * n / 4, act, 3 * n / groups)
+    assert zero3.memory == Memory(n / 4, n / 4, 2 * n / 4, act, 3 * n / groups, n / groups)
     # a reduce-scatter and an allgather (no progress thread: nothing hidden)
     half = 3 * link.alpha + 3 / 4 * n * link.beta
     assert reduce_scatter_s(link, 4, n) == pytest.approx(half)
@@ -106,7 +120,7 @@ def test_meta_plan_memory_drops_the_rows_that_do_not_fit(capsys, mnist_dir):
     shown = [re.split(r"\s{2,}", x.strip())[1].split(" [")[0] for x in out.splitlines()
              if re.match(r"\s*\d+\s{2}\S", x)]
     assert shown == [pr.label for pr in fit]
-    assert "params+grads+state+act+buf MB" in out
+    assert "params+grads+state+act+buf+tmp MB" in out
 
 
 def test_meta_plan_memory_that_nothing_fits_is_one_line_and_exit_2(capsys, mnist_dir):
@@ -121,3 +135,69 @@ def test_meta_plan_memory_must_be_a_positive_number(capsys, value):
     assert main(["plan", "mnist_mlp", "--ranks", "4", "--memory", value]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"--memory {float(value)}" in err[0]
+
+
+def test_update_footprint_is_what_the_optimizer_s_step_allocates():
+    """The update's temporaries come from stepping the optimizer itself: Adam's new moments
+    beside the old ones and its update (4 arrays the size of what it steps), plus the clipped
+    gradient and the decayed update with AdamW and clipping (5); fused SGD-momentum steps in
+    place (0); plain SGD makes its scaled update (1). Clipping is not elementwise: ZeRO-1 in
+    shared memory cannot share out its update."""
+    from meta.lv2.optimizers import Optimizer, adam, adamw, chain, clip_by_global_norm, sgd
+
+    def facts(t):
+        return update_footprint(lambda params: Optimizer(t, params))
+
+    assert facts(adam(1e-3)) == pytest.approx((2, 4, 0, True), abs=0.05)
+    assert facts(chain(clip_by_global_norm(1.0), adamw(1e-3))) == pytest.approx(
+        (2, 5, 0, False), abs=0.05)
+    assert facts(sgd(0.1, momentum=0.9)) == pytest.approx((1, 0, 0, True), abs=0.05)
+    assert facts(sgd(0.1)) == pytest.approx((0, 1, 0, True), abs=0.05)
+    assert update_footprint(lambda params: object()) is None  # not meta's: not known
+
+
+@pytest.mark.parametrize("stage, elementwise, state, temps, buffers", [
+    (0, True, 2, 5 + EXCHANGE_SLOTS, 0),  # overlapped: the buckets are the gradients
+    (1, True, 2 / 4, 5 / 4, 1),  # each rank steps its slice
+    (1, False, 2, 5, 2),  # clipping: every rank steps the shared mean, whole
+    (2, False, 2 / 4, 5 / 4 + EXCHANGE_SLOTS, 1),  # a shard, whatever the optimizer
+])
+def test_update_temporaries_follow_what_each_strategy_steps(stage, elementwise, state, temps,
+                                                            buffers):
+    n = 4.0 * PSI
+    m = zero_memory(n, 2, 0.0, 4, stage, update_slots=5, elementwise=elementwise,
+                    overlapped=stage == 0)
+    assert (m.state, m.temporaries, m.buffers) == pytest.approx(
+        (state * n, temps * n, buffers * n))
+
+
+def test_step_facts_ask_the_planned_executor_for_its_arrays():
+    """The planned path's activations are the compiled plan's own arrays (arena and values
+    kept apart, gradients excluded), measured at batches 2 and 4 and extended linearly:
+    a plan compiled at batch 16 holds what the facts predict for 16."""
+    import numpy as np
+
+    from meta.lv1 import mlp
+    from meta.lv1.plan.executor import PlannedExecutor
+    from meta.lv2.optimizers import Optimizer, adam
+
+    graph = mlp(hidden=[64])
+    rng = np.random.default_rng(0)
+
+    def feeds(batch):
+        return {"input": rng.standard_normal((batch, 1, 28, 28)).astype(np.float32),
+                "labels": rng.integers(0, 10, batch)}
+
+    f = step_facts(graph, feeds, lambda p: Optimizer(adam(1e-3), p),
+                   lambda g: PlannedExecutor(g), 2)
+    assert f.planned is not None and f.planned[1] > 0 and f.activations(16, planned=False) > 0
+    ex = PlannedExecutor(graph)
+    ex.train()
+    ex.inference_and_backprop(feeds(16), loss="loss")
+    assert f.activations(16) == pytest.approx(_plan_bytes(ex), rel=0.01)
+    assert (f.state_slots, f.update_whole, f.elementwise) == pytest.approx((2, 4, True), abs=0.05)
+    # the ZeRO-3 rows use the reference path (its layer groups run it)
+    n = float(sum(p.nbytes for p in graph.parameters.values()))
+    m3 = rank_memory(f, n, 16, 4, 3)
+    assert m3.activations == f.activations(16, planned=False)
+    assert rank_memory(f, n, 16, 4, 2).activations == f.activations(16)

@@ -17,15 +17,41 @@ is the paper's figure plus what this framework keeps, each named:
   prefetched one) and one group's gradients while they are reduce-scattered: 3 × 4Ψ/G for G
   groups (``zero3_groups``, the strategy's own default count).
 
+Beyond the paper's parts, two things a step holds for a moment were measured to matter
+(``benchmarks/memory_validation.py``: allreduce's predicted peak was 37 % low without them):
+
+* the update's temporaries: an optimizer written as array expressions (Adam: the new moments
+  are made beside the old ones, then the update, then the decayed and scaled updates) holds
+  several parameter-sized arrays during its step. They are measured from the optimizer itself
+  (``update_footprint`` runs its update on a flat array under ``tracemalloc``), not written
+  down here: AdamW with clipping holds 5 arrays the size of what it steps, fused SGD-momentum 0.
+  A strategy that steps a shard holds them for the shard only.
+* the exchange's: MPI's nonblocking reduce (allreduce's buckets, ZeRO's reduce-scatters)
+  allocates a temporary the size of what is in flight, one gradient's worth (``EXCHANGE_SLOTS``).
+
+Activations are what the executor keeps for the backward and the workspace of the backward
+itself: the planned executor's arrays (its arena and the values it allocates apart), asked from
+a compiled plan, or, on the reference path (ZeRO-3's layer groups run it), the traced peak of a
+step (``step_activations``); both at two small batches, extended linearly to the batch asked.
+
 The same model serves ``meta plan`` (its ranking, ``--memory``) and the run's
 ``memory_limit_gb`` check (``meta.run.memory_budget``), so a plan and a refusal agree.
 """
 
 from __future__ import annotations
 
+import math
+import tracemalloc
 from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
 
 MB = 1 << 20
+# MPI's temporaries for a nonblocking reduction, in copies of the bytes in flight (MPICH's
+# ireduce_scatter and iallreduce reduce into a buffer of their own): measured, the overlapped
+# allreduce's and ZeRO-2's peaks held one gradient's worth above what the strategies allocate
+EXCHANGE_SLOTS = 1.0
 ZERO3_GROUP_PARAMS = 2_000_000  # Zero3's default: a layer group per 2 M parameters
 
 
@@ -38,20 +64,25 @@ class Memory:
     state: float
     activations: float = 0.0
     buffers: float = 0.0
+    temporaries: float = 0.0  # the update's and the exchange's, during the step only
 
     @property
     def total(self) -> float:
-        return self.parameters + self.gradients + self.state + self.activations + self.buffers
+        return (self.parameters + self.gradients + self.state + self.activations + self.buffers
+                + self.temporaries)
 
     @property
     def model_state(self) -> float:
-        """Everything but the activations: what stays between steps (the buffers at most)."""
-        return self.total - self.activations
+        """Everything but the activations and the step's temporaries: what stays between
+        steps (the buffers at most)."""
+        return self.total - self.activations - self.temporaries
 
     def parts_mb(self) -> str:
-        """``params+grads+state+activations+buffers`` in MB (2^20 bytes), for a table."""
+        """``params+grads+state+activations+buffers+temporaries`` in MB (2^20 bytes), for a
+        table."""
         return "+".join(mb(v).replace(",", "") for v in (
-            self.parameters, self.gradients, self.state, self.activations, self.buffers))
+            self.parameters, self.gradients, self.state, self.activations, self.buffers,
+            self.temporaries))
 
     def larger(self, other: Memory) -> Memory:
         """The one of two ranks' memories with the larger total (the busiest rank)."""
@@ -75,34 +106,232 @@ def state_slots(optimizer: str, values: dict) -> int:
     return slots
 
 
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a recipe's step holds beyond its parameters, asked from its own parts once per
+    plan (``step_facts``): the optimizer's state and temporaries, and the executor's
+    activations as ``fixed + per_sample * batch`` (the planned path's and the reference
+    path's, which ZeRO-3's layer groups run)."""
+
+    state_slots: float  # arrays of state the size of the parameters
+    update_whole: float  # the update's temporaries that grow with all it steps, in slots
+    update_tensor: float  # ... and with its largest tensor (freed tensor by tensor)
+    elementwise: bool  # a slice of the parameters can be stepped alone (ZeRO-1 shares it)
+    planned: tuple[float, float] | None  # (fixed, per sample) bytes; None: not planned
+    reference: tuple[float, float]
+    largest_param_bytes: float
+
+    def activations(self, batch: int, planned: bool = True) -> float:
+        """Bytes of activations at ``batch`` on the planned path (where the recipe's executor
+        plans) or the reference path."""
+        fixed, per = self.planned if planned and self.planned is not None else self.reference
+        return max(0.0, fixed + per * batch)
+
+    def update_slots(self, param_bytes: float, flat: bool) -> float:
+        """The update's temporaries in slots of ``param_bytes``: over one flat shard all of
+        them grow with it; over the network's tensors the per-tensor ones only with the
+        largest."""
+        if flat or not param_bytes:
+            return self.update_whole + self.update_tensor
+        return self.update_whole + self.update_tensor * self.largest_param_bytes / param_bytes
+
+
+# tracemalloc counts Python's objects too, which vary by a few hundred bytes from one call to
+# the next: the reference path's peak is rounded up to this, so two plans of one recipe agree
+TRACE_GRAIN = 1 << 16
+FOOTPRINT_VALUES = 1 << 16  # float32 values the optimizer is stepped on to measure it
+
+
+def _traced_step(make: Callable[[dict], Any], sizes: list[int]) -> tuple[Any, float]:
+    """The optimizer ``make`` builds over float32 arrays of ``sizes``, after one step, and the
+    peak bytes its second step allocates (``tracemalloc``: numpy reports its arrays to it)."""
+    params = {f"w{i}": np.full(k, 0.5, np.float32) for i, k in enumerate(sizes)}
+    grads = {k: np.full(v.shape, 10.0, np.float32) for k, v in params.items()}  # clips
+    opt = make(params)
+    opt.step(grads)  # the state exists and is written
+    was = tracemalloc.is_tracing()
+    if not was:
+        tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    opt.step(grads)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    if not was:
+        tracemalloc.stop()
+    return opt, float(peak)
+
+
+def _state_bytes(tree: Any, size: int) -> float:
+    if isinstance(tree, np.ndarray):
+        return float(tree.nbytes) if tree.size >= size // 2 else 0.0
+    if isinstance(tree, dict):
+        return sum(_state_bytes(v, size) for v in tree.values())
+    if isinstance(tree, (tuple, list)):
+        return sum(_state_bytes(v, size) for v in tree)
+    return 0.0
+
+
+def update_footprint(make: Callable[[dict], Any]) -> tuple[float, float, float, bool] | None:
+    """(state slots, whole-size temporaries, per-tensor temporaries, elementwise) of the
+    optimizer ``make`` builds over a parameter dict: its step run on one array and on two
+    halves of it, the difference being what it frees tensor by tensor. None for an
+    optimizer that is not meta's ``Optimizer`` (another framework's, a line search)."""
+    from meta.lv2.optimizers import Optimizer
+
+    n = FOOTPRINT_VALUES
+    try:
+        one, peak1 = _traced_step(make, [n])
+        _, peak2 = _traced_step(make, [n // 2, n // 2])
+    except Exception:  # noqa: BLE001  (a user's optimizer the probe cannot step: not known)
+        return None
+    if not isinstance(one, Optimizer):
+        return None
+    nbytes = 4.0 * n
+    tensor = max(0.0, 2 * (peak1 - peak2) / nbytes)
+    whole = max(0.0, peak1 / nbytes - tensor)
+    return (round(_state_bytes(one.state, n) / nbytes, 2), round(whole, 2), round(tensor, 2),
+            bool(one.transform.elementwise))
+
+
+def _linear(at2: float, at4: float) -> tuple[float, float]:
+    per = max(0.0, (at4 - at2) / 2)
+    return at2 - 2 * per, per
+
+
+def _plan_bytes(executor: Any) -> float:
+    """The arrays the planned executor's last plan allocated (its arena, the values it keeps
+    apart), less the gradients it hands out (a strategy's own buffers under its hook)."""
+    plan = getattr(executor, "_last", None)
+    if plan is None:
+        return 0.0
+    graph_arrays = {id(_root(a)) for a in executor.graph.initializers.values()
+                    if isinstance(a, np.ndarray)}
+    grads = {id(_root(a)) for a in plan.gradients.values() if isinstance(a, np.ndarray)}
+    seen: dict[int, float] = {}
+    for v in plan.values.values():
+        a = getattr(v, "array", None)
+        if isinstance(a, np.ndarray):
+            r = _root(a)
+            if id(r) not in graph_arrays and id(r) not in grads:
+                seen[id(r)] = float(r.nbytes)
+    return sum(seen.values())
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def step_activations(make_executor: Callable[[], Any], feeds_at: Callable[[int], dict],
+                     planned: bool) -> tuple[float, float]:
+    """(fixed, per sample) bytes of a training step's activations: on the planned path the
+    compiled plan's arrays (``_plan_bytes``), on the reference path the traced peak of a
+    step less the gradients it returns; each at batches 2 and 4, extended linearly."""
+    out = []
+    if not planned:  # once untraced: what a first call imports or caches is not the step's
+        ex = make_executor()
+        ex.train()
+        ex.inference_and_backprop(feeds_at(2), loss="loss")
+    for batch in (2, 4):
+        ex = make_executor()
+        ex.train()
+        if planned:
+            ex.inference_and_backprop(feeds_at(batch), loss="loss")
+            out.append(_plan_bytes(ex))
+            continue
+        was = tracemalloc.is_tracing()
+        if not was:
+            tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        _, grads = ex.inference_and_backprop(feeds_at(batch), loss="loss")
+        peak = tracemalloc.get_traced_memory()[1] - base
+        if not was:
+            tracemalloc.stop()
+        arrays = peak - sum(float(np.asarray(g).nbytes) for g in grads.values())
+        out.append(max(0.0, math.ceil(arrays / TRACE_GRAIN) * TRACE_GRAIN))
+    return _linear(*out)
+
+
+def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Callable[[dict],
+               Any], make_executor: Callable[[Any], Any], slots: float) -> StepFacts:
+    """``StepFacts`` of a recipe: its optimizer (``make_optimizer(params)``) stepped by
+    ``update_footprint`` (``slots``, the name table's, where it cannot be), its executor
+    (``make_executor(graph)``) and the reference executor run on ``feeds_at(batch)``."""
+    from meta.lv1.executor import ReferenceExecutor
+
+    found = update_footprint(make_optimizer)
+    state, whole, tensor, elementwise = found if found is not None else (slots, slots, 0.0, True)
+    executor = make_executor(graph)
+    planned = None
+    if getattr(executor, "supports_gradient_hook", False):  # the planned executor
+        planned = step_activations(lambda: make_executor(graph), feeds_at, True)
+    reference = step_activations(lambda: ReferenceExecutor(graph), feeds_at, False)
+    largest = max((float(np.asarray(p).nbytes) for p in graph.parameters.values()), default=0.0)
+    return StepFacts(state, whole, tensor, elementwise, planned, reference, largest)
+
 def zero3_groups(param_count: int, nodes: int) -> int:
     """The layer groups ``Zero3`` cuts a graph into when its ``groups`` option is 0."""
     count = max(2, min(nodes, param_count // ZERO3_GROUP_PARAMS + 1))
     return min(count, nodes)
 
 
-def zero_memory(param_bytes: float, state_slots: int, activations: float, ranks: int,
-                stage: int, groups: int = 2, shared_buffer: bool = True) -> Memory:
-    """A data-parallel rank's memory under ZeRO ``stage`` (0: plain allreduce) at ``ranks``
-    ranks: ``param_bytes`` of parameters (4Ψ in float32), ``state_slots`` arrays of state
-    the size of the parameters (Adam: 2), ``activations`` the bytes the backward keeps for
-    this rank's batch. ``shared_buffer``: stage 0 packs its gradients into a flat buffer."""
+def zero_memory(param_bytes: float, state_slots: float, activations: float, ranks: int,
+                stage: int, groups: int = 2, shared_buffer: bool = True,
+                update_slots: float = 0.0, elementwise: bool = True,
+                overlapped: bool = False) -> Memory:
+    """A data-parallel rank's memory under ZeRO ``stage`` (0: plain allreduce over MPI, 1:
+    allreduce in shared memory, ``NodeExchange``) at ``ranks`` ranks: ``param_bytes`` of
+    parameters (4Ψ in float32), ``state_slots`` arrays of state the size of the parameters
+    (Adam: 2), ``activations`` the bytes the executor holds for this rank's batch,
+    ``update_slots`` the update's temporaries in arrays the size of what it steps
+    (``update_footprint``). ``shared_buffer``: stage 0 packs its gradients into a flat buffer
+    besides the executor's (not ``overlapped``: there the backward writes into the buckets,
+    whose allreduces in flight hold one gradient's worth in MPI). ``elementwise``: whether
+    stage 1 can step a slice (``ShardedOptimizer.takes``; else every rank steps the whole
+    mean, which the ranks share, with the whole state)."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {stage}: must be 0, 1, 2 or 3")
     p = max(1, ranks)
     n = float(param_bytes)
+    sharded = stage >= 2 or (stage == 1 and elementwise)  # the update steps 1/P
     params = n / p if stage >= 3 else n
     grads = n / p if stage >= 2 else n
-    state = n * state_slots / p if stage >= 1 else n * state_slots
+    state = n * state_slots / p if sharded else n * state_slots
+    temporaries = n * update_slots / p if sharded else n * update_slots
     if stage == 0:
-        buffers = n if shared_buffer else 0.0
-    elif stage == 2:
+        buffers = n if shared_buffer and not overlapped else 0.0
+        if overlapped and p > 1:
+            temporaries += EXCHANGE_SLOTS * n
+    elif stage == 1:  # the other ranks' slices read and this rank's sum: n; the mean shared
+        buffers = (n if elementwise else 2 * n) if p > 1 else 0.0
+    elif stage == 2:  # the flat gradient the backward writes; its reduce-scatters in flight
         buffers = n if p > 1 else 0.0
-    elif stage == 3:
-        buffers = 3 * n / max(1, groups) if p > 1 else 0.0
-    else:
-        buffers = 0.0
-    return Memory(params, grads, state, float(activations), buffers)
+        temporaries += EXCHANGE_SLOTS * n if p > 1 else 0.0
+    else:  # two groups gathered and one group's gradients; its reduce-scatter in flight
+        g = max(1, groups)
+        buffers = 3 * n / g if p > 1 else 0.0
+        temporaries += EXCHANGE_SLOTS * n / g if p > 1 else 0.0
+    return Memory(params, grads, state, float(activations), buffers, temporaries)
+
+
+def rank_memory(facts: StepFacts | None, param_bytes: float, batch: int, ranks: int,
+                stage: int, groups: int = 2, shared_buffer: bool = True,
+                overlapped: bool = False, state_slots: float = 2,
+                activation_bytes: float = 0.0) -> Memory:
+    """``zero_memory`` for a recipe's step from its ``facts``: activations of the planned path
+    (ZeRO-3's groups run the reference path), the update's temporaries over the tensors
+    (stage 0, and stage 1 with an optimizer it cannot slice) or over a flat shard. Without
+    facts, the name table's ``state_slots`` and ``activation_bytes`` per sample."""
+    if facts is None:
+        return zero_memory(param_bytes, state_slots, activation_bytes * batch, ranks, stage,
+                           groups, shared_buffer, overlapped=overlapped)
+    flat = stage >= 2 or (stage == 1 and facts.elementwise)
+    return zero_memory(param_bytes, facts.state_slots, facts.activations(batch, stage != 3),
+                       ranks, stage, groups, shared_buffer, facts.update_slots(param_bytes, flat),
+                       facts.elementwise, overlapped)
 
 
 def mb(nbytes: float) -> str:

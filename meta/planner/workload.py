@@ -22,7 +22,7 @@ from meta.lv2 import build_dataset
 from meta.lv2.dataset_registry import classes
 from meta.planner.async_pattern import AsyncPattern
 from meta.planner.machine import Machine, RecipeCosts
-from meta.planner.memory import STATE_SLOTS, state_slots  # noqa: F401  (its home before)
+from meta.planner.memory import STATE_SLOTS, StepFacts, state_slots, step_facts  # noqa: F401
 from meta.run.recipe import Recipe
 
 
@@ -75,6 +75,9 @@ class Workload:
     # (update included) they are relative to: its time with every rank stepping
     pattern: AsyncPattern | None = None
     pattern_base_s: float = 0.0
+    # what the step holds besides the parameters, asked from the recipe's optimizer and
+    # executor (``meta.planner.memory.step_facts``); None: the name table and node outputs
+    facts: StepFacts | None = None
 
     def busy(self, active: int, cores: int) -> Workload:
         """This step with ``active`` ranks computing at once on a node of ``cores`` cores,
@@ -222,6 +225,7 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     total_params = int(sum(v.nbytes for v in graph.parameters.values()))
     opt = d.choices["optimizer"]
     slots = state_slots(opt.name, opt.values())
+    facts = recipe_facts(recipe, graph, train, slots)
     costs: RecipeCosts | None = machine.costs.get(recipe.name)
     if costs is not None and costs.signature == graph_signature(graph):
         f = batch / costs.batch
@@ -239,7 +243,8 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
         return Workload(recipe.name, batch, layers, total_params, slots, costs.update_s,
                         f"measured on {costs.executor} at batch {costs.batch}",
                         scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra),
-                        costs.step_spread, costs.ranks_measured, costs.pattern, costs.step_s)
+                        costs.step_spread, costs.ranks_measured, costs.pattern, costs.step_s,
+                        facts)
     # 2 flops per multiply-add; a weight is used once per sample (convolutions: once per
     # output position, which this estimate misses: it errs low for them)
     layers = []
@@ -250,4 +255,20 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     update = 4 * total_params / 4 / machine.flops  # a few flops per weight
     return Workload(recipe.name, batch, tuple(layers), total_params, slots, update,
                     f"estimated from {machine.flops:.3g} flop/s (no measured costs for "
-                    f"{recipe.name!r}: run meta plan --calibrate)")
+                    f"{recipe.name!r}: run meta plan --calibrate)", facts=facts)
+
+
+def recipe_facts(recipe: Recipe, graph: Any, train: Any, slots: float) -> StepFacts | None:
+    """The recipe's ``StepFacts``: its optimizer and executor, built as ``meta run`` builds
+    them, asked what a step holds (None where the executor cannot run a training step here)."""
+    from meta.lv2 import build_optimizer
+
+    d = recipe.definitions
+    opt, executor = d.choices["optimizer"], d.choices["executor"]
+    try:
+        return step_facts(graph, lambda batch: feeds_for(graph, train, batch),
+                          lambda params: build_optimizer(opt.component, opt.options, params,
+                                                         1, 1),
+                          lambda g: executor.build(g), slots)
+    except Exception:  # noqa: BLE001  (a step the probe cannot take: the estimate instead)
+        return None

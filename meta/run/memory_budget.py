@@ -18,6 +18,7 @@ budget it is refused in one line rather than checked wrongly.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from meta.planner.memory import Memory, describe, mb, state_slots, zero3_groups, zero_memory
@@ -37,7 +38,8 @@ def model_state(strategy: str, options: dict, param_bytes: float, nodes: int,
     slots = state_slots(optimizer, optimizer_options)
     stage = {"zero2": 2, "zero3": 3}.get(strategy, 0)
     groups = options.get("groups") or zero3_groups(int(param_bytes) // 4, nodes)
-    return zero_memory(param_bytes, slots, 0.0, ranks, stage, groups)
+    m = zero_memory(param_bytes, slots, 0.0, ranks, stage, groups)
+    return replace(m, temporaries=0.0)  # a step's, not the state kept between steps
 
 
 def check_memory_budget(recipe: str, limit_gb: float, strategy: str, options: dict,
