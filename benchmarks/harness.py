@@ -164,6 +164,24 @@ def gemm_peak(threads: int, n: int = 2048, repeats: int = 5) -> tuple[float, str
     return best[name], f"{name} sgemm {n}x{n} ({each})"
 
 
+def bf16_gemm_peak(threads: int, n: int = 1024, repeats: int = 5) -> tuple[float, str]:
+    """This machine's bf16 matrix-product rate at ``threads`` threads (GFLOP/s): the best of
+    ``repeats`` (n x n) @ (n x n) bf16 products in PyTorch (oneDNN's bf16 GEMM, float32
+    accumulation); (0, why) without PyTorch."""
+    if torch is None:
+        return 0.0, "no PyTorch: not measured"
+    torch.set_num_threads(threads)
+    a, b = (torch.randn(n, n, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty(n, n, dtype=torch.bfloat16)
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / min(times) / 1e9, f"torch bf16 mm {n}x{n}"
+
+
 def child_run(script: str, variant: str, threads: int, *options: str) -> dict:
     """``python script --child VARIANT THREADS *options`` in a fresh process with
     ``OMP_NUM_THREADS=threads`` (two frameworks' thread pools in one process slowed each

@@ -26,23 +26,34 @@ recurrent gate products),
 the GFLOP/s meta achieved and its fraction of this machine's float32 matrix-product peak,
 measured in the same run at that thread count (``harness.gemm_peak``).
 
+``--precision f32,bf16`` adds ``meta planned bf16`` (``PlannedExecutor(precision="bf16")``:
+matrix products and convolutions read bf16 and accumulate float32; issue 42) beside the
+float32 variants, in the same interleaved blocks: its time over meta float32's and over
+onnxruntime's (which computes float32), its largest difference from onnxruntime's outputs
+(float32 where onnxruntime is not installed), and its GFLOP/s as a fraction of this machine's
+bf16 matrix-product peak (``harness.bf16_gemm_peak``, PyTorch's bf16 ``mm``). Where bf16 is
+not native, the executor says so in one line and runs float32. ``--precision bf16`` alone
+leaves meta's float32 variant out.
+
     python benchmarks/inference.py                                 # batch 1, 1 thread
     python benchmarks/inference.py --models resnet50 --batches 1,32 --threads 1,2 --json out.json
     python benchmarks/inference.py --models gpt,bert,lstm_lm --threads 1,2
+    python benchmarks/inference.py --models resnet50,gpt,bert --precision f32,bf16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
-from harness import (OtherLoad, environment, gemm_peak, graph_flops, interleaved_blocks,
-                     print_environment)
+from harness import (OtherLoad, bf16_gemm_peak, environment, gemm_peak, graph_flops,
+                     interleaved_blocks, print_environment)
 from onnx import numpy_helper
 
 from meta import lv1
@@ -60,6 +71,7 @@ RECURRENT = ("lstm", "bilstm", "gru")
 MODELS = ("squeezenet", "resnet50", "densenet121", "vgg19", "shufflenet", "inception_v1",
           *RECURRENT)
 SEQUENCE = ("gpt", "bert", "lstm_lm")  # token-id models of torch_models
+META = {"f32": "meta planned", "bf16": "meta planned bf16"}  # variant of each precision
 
 
 def sequence_model(name: str, folder: Path) -> tuple[Path, str, np.ndarray]:
@@ -172,7 +184,8 @@ def session(path: Path, threads: int, optimise: bool):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def measure(name: str, folder: Path, batch: int, threads: int, args, peak: float) -> dict:
+def measure(name: str, folder: Path, batch: int, threads: int, args, peak: float,
+            bf16_peak: float = 0.0) -> dict:
     if name in SEQUENCE:
         path, input_name, x = sequence_model(name, folder)
         batch = len(x)
@@ -182,15 +195,22 @@ def measure(name: str, folder: Path, batch: int, threads: int, args, peak: float
     graph = lv1.from_onnx(path)
     output = graph.outputs[0].name
     flops = graph_flops(graph, {input_name: x}, training=False)
-    executor = lv1.PlannedExecutor(graph).eval()
-    calls = {"meta planned": lambda: executor.inference({input_name: x}, [output])}
-    ours = calls["meta planned"]()[output]
+    precisions = args.precision.split(",")
+    executors = {META[p]: lv1.PlannedExecutor(graph, precision=p).eval() for p in precisions}
+    calls = {label: (lambda ex=ex: ex.inference({input_name: x}, [output]))
+             for label, ex in executors.items()}
+    first = next(iter(executors))  # meta float32 where it runs, else bf16
+    outs = {label: call()[output] for label, call in calls.items()}
+    ours = outs[first]
     diffs = {}
     if onnxruntime is not None:
         for label, optimise in (("onnxruntime", True), ("onnxruntime no-opt", False)):
             s = session(path, threads, optimise)
             calls[label] = lambda s=s: s.run([output], {input_name: x})
             diffs[label] = float(np.max(np.abs(calls[label]()[0] - ours)))
+        reference = calls["onnxruntime"]()[0]
+    else:
+        reference = outs.get(META["f32"])
     for fn in calls.values():
         for _ in range(args.warmup):
             fn()
@@ -201,14 +221,53 @@ def measure(name: str, folder: Path, batch: int, threads: int, args, peak: float
               "ms_per_call": {k: statistics.median(v) * 1e3 for k, v in seconds.items()},
               "seconds": seconds, "max_abs_difference": diffs,
               "other_processes_cores": load.cores, "load": load.describe(),
-              "placement": sorted({where for where in executor.placement().values()}),
-              "flops": flops, "gflops": flops / statistics.median(seconds["meta planned"]) / 1e9,
-              "meta_vs": {}}
+              "placement": sorted({where for where in executors[first].placement().values()}),
+              "flops": flops, "gflops": flops / statistics.median(seconds[first]) / 1e9,
+              "meta_vs": {}, "load_average": os.getloadavg()[0]}
     result["peak_fraction"] = result["gflops"] / peak
     for label in diffs:
-        r = ratio_of_medians(seconds[label], seconds["meta planned"], seed=0)
+        r = ratio_of_medians(seconds[label], seconds[first], seed=0)
         result["meta_vs"][label] = {"ratio": r.ratio, "low": r.ci_low, "high": r.ci_high}
+    if META["bf16"] in executors:
+        result["bf16"] = bf16_result(executors[META["bf16"]], seconds, flops, bf16_peak,
+                                     outs[META["bf16"]], reference, list(diffs))
     return result
+
+
+def bf16_result(executor, seconds: dict, flops: int, bf16_peak: float, out: np.ndarray,
+                reference: np.ndarray | None, others: list[str]) -> dict:
+    """meta bf16's time over meta float32's and onnxruntime's (a ratio of medians, below 1
+    bf16 is faster), its largest difference from the float32 reference, its placement, rate
+    and fraction of the bf16 GEMM peak."""
+    bf16 = META["bf16"]
+    vs = {}
+    for label in [META["f32"], *others]:
+        if label in seconds:
+            r = ratio_of_medians(seconds[label], seconds[bf16], seed=0)
+            vs[label] = {"ratio": r.ratio, "low": r.ci_low, "high": r.ci_high}
+    gflops = flops / statistics.median(seconds[bf16]) / 1e9
+    return {"vs": vs, "runs_as": executor.plan_precision,
+            "max_abs_difference": None if reference is None else
+            float(np.max(np.abs(out - reference))),
+            "placement": sorted({where for where in executor.placement().values()}),
+            "gflops": gflops, "bf16_peak_gflops": bf16_peak,
+            "bf16_peak_fraction": gflops / bf16_peak if bf16_peak else None}
+
+
+def bf16_line(r: dict) -> str:
+    """The bf16 variant's line below a model's line."""
+    b = r["bf16"]
+    vs = ", ".join(f"bf16/{'meta f32' if k == META['f32'] else k} "
+                   f"{v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
+                   for k, v in b["vs"].items())
+    diff = "" if b["max_abs_difference"] is None else \
+        f"; max |bf16 - {'onnxruntime' if r['max_abs_difference'] else 'meta f32'}| " \
+        f"{b['max_abs_difference']:.2g}"
+    peak = f", {b['bf16_peak_fraction']:.1%} of the bf16 GEMM peak" \
+        if b["bf16_peak_fraction"] is not None else ""
+    runs = "" if b["runs_as"] == "bf16" else " (runs float32: bf16 is not native here)"
+    return (f"{'':<12} bf16{runs}: {r['ms_per_call'][META['bf16']]:.2f} ms; time {vs}{diff}; "
+            f"{b['gflops']:.1f} GFLOP/s{peak}; load average {r['load_average']:.2f}")
 
 
 def main() -> None:
@@ -220,7 +279,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed blocks per variant")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--precision", default="f32", help="comma-separated: f32 (meta's "
+                        "float32 plan), bf16 (meta's precision=bf16 plan); see the module")
     args = parser.parse_args()
+    bad = set(args.precision.split(",")) - set(META)
+    if bad:
+        parser.error(f"--precision: unknown {sorted(bad)}; choose from {', '.join(META)}")
     unknown = set(args.models.split(",")) - set(MODELS)
     unknown -= set(SEQUENCE)
     if unknown:
@@ -237,12 +301,18 @@ def main() -> None:
         peak, source = gemm_peak(threads)
         peaks[threads] = peak
         print(f"float32 GEMM peak at {threads} thread(s): {peak:.1f} GFLOP/s ({source})")
+        bf16_peak = 0.0
+        if "bf16" in args.precision.split(","):
+            bf16_peak, bf16_source = bf16_gemm_peak(threads)
+            peaks[f"bf16/{threads}"] = bf16_peak
+            print(f"bf16 GEMM peak at {threads} thread(s): {bf16_peak:.1f} GFLOP/s "
+                  f"({bf16_source})")
         set_threads(threads)
         for batch in (int(b) for b in args.batches.split(",")):
             for name in args.models.split(","):
                 if name in SEQUENCE and batch != int(args.batches.split(",")[0]):
                     continue  # their own batch: once per thread count
-                r = measure(name, folder, batch, threads, args, peak)
+                r = measure(name, folder, batch, threads, args, peak, bf16_peak)
                 batch_shown = r["batch"]
                 results.append(r)
                 ms = ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms_per_call"].items())
@@ -252,6 +322,8 @@ def main() -> None:
                 print(f"{name:<12} batch {batch_shown:>2}, {threads} thread(s): {ms}; {vs}; "
                       f"max |meta - onnxruntime| {worst:.2g}; meta {r['gflops']:.1f} GFLOP/s, "
                       f"{r['peak_fraction']:.1%} of the GEMM peak ({r['load']})", flush=True)
+                if "bf16" in r:
+                    print(bf16_line(r), flush=True)
     if args.json:
         write_text(args.json, json.dumps({"environment": env, "args": {
             k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -52,14 +52,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 import subprocess
 import sys
 from collections.abc import Callable
 
 import numpy as np
-from harness import (OtherLoad, environment, gemm_peak, graph_flops, interleaved_blocks,
-                     print_environment, torch)
+from harness import (OtherLoad, bf16_gemm_peak, environment, gemm_peak, graph_flops,
+                     interleaved_blocks, print_environment, torch)
 
 from meta import lv1, lv2
 from meta.common.threads import set_threads
@@ -243,24 +242,6 @@ def float32_steps(model: str, x: np.ndarray, y: np.ndarray, compiled: bool,
         if compiled:
             steps["torch.compile"] = torch_step(model, x, y, compiled=True)
     return steps
-
-
-def bf16_gemm_peak(threads: int, n: int = 1024, repeats: int = 5) -> tuple[float, str]:
-    """This machine's bf16 matrix-product rate at ``threads`` threads (GFLOP/s): the best of
-    ``repeats`` (n x n) @ (n x n) bf16 products in PyTorch (oneDNN's bf16 GEMM, float32
-    accumulation); (0, why) without PyTorch."""
-    if torch is None:
-        return 0.0, "no PyTorch: not measured"
-    torch.set_num_threads(threads)
-    a, b = (torch.randn(n, n, dtype=torch.bfloat16) for _ in range(2))
-    out = torch.empty(n, n, dtype=torch.bfloat16)
-    torch.mm(a, b, out=out)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        times.append(time.perf_counter() - start)
-    return 2 * n ** 3 / min(times) / 1e9, f"torch bf16 mm {n}x{n}"
 
 
 def model_graph_flops(model: str, x: np.ndarray, y: np.ndarray) -> int:

@@ -65,6 +65,28 @@ def test_inference_compares_the_planned_executor_with_onnxruntime(tmp_path):
 
 
 @pytest.mark.slow
+def test_inference_runs_the_planned_executor_in_bf16_beside_float32(tmp_path):
+    """--precision f32,bf16: meta bf16's line with its time over meta float32's and its
+    difference from float32; the JSON says what it ran as (float32 where bf16 is not
+    native)."""
+    import json
+
+    path = tmp_path / "inference.json"
+    out = run("inference.py", "--models", "squeezenet", "--repeats", "1", "--calls", "1",
+              "--warmup", "0", "--precision", "f32,bf16", "--json", str(path))
+    assert re.search(r"squeezenet\s+batch  1, 1 thread\(s\): meta planned \d+\.\d\d ms, meta "
+                     r"planned bf16 \d+\.\d\d ms", out), out
+    assert re.search(r"bf16.*: \d+\.\d\d ms; time bf16/meta f32 \d+\.\d\d \[.*max \|bf16 - ",
+                     out), out
+    bf16 = json.loads(path.read_text())["results"][0]["bf16"]
+    if bf16["runs_as"] == "bf16":  # bf16's rounding, not float32's
+        assert 1e-5 < bf16["max_abs_difference"] < 0.1, bf16
+    else:
+        assert bf16["runs_as"] == "f32" and bf16["max_abs_difference"] < 1e-4, bf16
+    assert ("onednn bf16" in bf16["placement"]) == (bf16["runs_as"] == "bf16")
+
+
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_data_parallel_prints_efficiency_and_the_cost_model(mpirun, tmp_path):
     out = mpirun(2, [sys.executable, str(BENCHMARKS / "data_parallel.py"), "--models", "mlp",
