@@ -9,6 +9,10 @@ weights left at their initial values. The recipe's METRICS that an evaluation me
 loss and accuracy, metric components such as top-k accuracy) are judged; those only training
 measures (train_loss, train_time_s, ...) are listed as not measured. Exit 0 PASS, 1 FAIL, 2 a
 mistake (one line).
+
+A run folder's model is evaluated at the run's precision (``executor.precision`` in its
+metrics.json, issue 42): a bf16 run's test metrics again in bf16, as ``meta run`` measured
+them, unless ``--set precision=...`` says otherwise; one line says so.
 """
 
 from __future__ import annotations
@@ -92,6 +96,31 @@ def load_weights(graph: Any, saved: dict[str, np.ndarray], path: Path) -> int:
     return len(wanted)
 
 
+PRECISION_KEYS = ("precision", "executor.precision")  # the --set keys that name it
+
+
+def with_run_precision(recipe: Any, source: str | Path, sets: dict[str, str],
+                       stream: TextIO) -> Any:
+    """``recipe`` at the precision the run in folder ``source`` trained in (its metrics.json's
+    ``executor.precision``), said in one line, where ``sets`` names none and it differs from
+    the recipe's; else ``recipe``."""
+    import json
+
+    metrics = Path(source) / "metrics.json"
+    if any(k in sets for k in PRECISION_KEYS) or not metrics.is_file():
+        return recipe
+    try:
+        ran = json.loads(metrics.read_text()).get("definitions", {}).get("executor.precision")
+    except (OSError, ValueError, AttributeError):
+        return recipe
+    ours = recipe.definitions.choices["executor"].values().get("precision")
+    if ran is None or ours is None or ran == ours:
+        return recipe
+    print(f"meta: evaluating at the run's precision, {ran} ({metrics}; --set precision=... "
+          f"to change it)", file=stream, flush=True)
+    return recipe.with_overrides({"executor.precision": ran})
+
+
 def evaluate(recipe: Any, source: str | Path, stream: TextIO) -> Any:
     """The recipe's test metrics of the model ``source`` names, judged (an ``Outcome``)."""
     from meta.lv2 import ShuffleSampler, Trainer, Updater
@@ -138,7 +167,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from meta.run.recipe import RecipeError, load_recipe, parse_sets
 
     try:
-        recipe = load_recipe(args.recipe).with_overrides(parse_sets(args.set or []))
+        sets = parse_sets(args.set or [])
+        recipe = load_recipe(args.recipe).with_overrides(sets)
+        recipe = with_run_precision(recipe, args.model, sets, sys.stdout)
         outcome = evaluate(recipe, args.model, sys.stdout)
     except (EvalError, RecipeError, ComponentError, DatasetError, GraphError) as err:
         print(f"meta: error: {user_error(err) or err}", file=sys.stderr, flush=True)
