@@ -14,6 +14,7 @@ from meta.planner.machine import Machine
 from meta.planner.memory import (
     EXCHANGE_SLOTS,
     MB,
+    SCATTER_SLOTS,
     Memory,
     _plan_bytes,
     rank_memory,
@@ -45,7 +46,7 @@ def test_memory_parts_follow_the_zero_paper_at_four_ranks(stage, parts):
     # memory), the flat gradient the backward writes (ZeRO-2), two gathered groups and one
     # group's gradients (ZeRO-3); MPI's reduce-scatters in flight as temporaries
     assert m.buffers == {0: 4 * PSI, 1: 4 * PSI, 2: 4 * PSI, 3: 3 * 4 * PSI / 8}[stage]
-    assert m.temporaries == {0: 0, 1: 0, 2: 4 * PSI, 3: 4 * PSI / 8}[stage] * EXCHANGE_SLOTS
+    assert m.temporaries == {0: 0, 1: 0, 2: 4 * PSI, 3: 4 * PSI / 8}[stage] * SCATTER_SLOTS
     assert m.total == pytest.approx(sum(parts) * PSI + 123 + m.buffers + m.temporaries)
     assert m.model_state == m.total - 123 - m.temporaries
 
@@ -74,9 +75,10 @@ def test_zero2_and_zero3_are_ranked_with_their_memory_and_link_costs():
     by_name = {pr.strategy: pr for pr in predict_all(work, machine, 4)}
     n, act, link = work.param_bytes, work.activation_bytes * 32, machine.link(4)
     zero2, zero3 = by_name["zero2"], by_name["zero3"]
-    assert zero2.memory == Memory(n, n / 4, 2 * n / 4, act, n, n)
+    assert zero2.memory == Memory(n, n / 4, 2 * n / 4, act, n, SCATTER_SLOTS * n)
     groups = zero3_groups(n // 4, 4)
-    assert zero3.memory == Memory(n / 4, n / 4, 2 * n / 4, act, 3 * n / groups, n / groups)
+    assert zero3.memory == Memory(n / 4, n / 4, 2 * n / 4, act, 3 * n / groups,
+                                  SCATTER_SLOTS * n / groups)
     # a reduce-scatter and an allgather (no progress thread: nothing hidden)
     half = 3 * link.alpha + 3 / 4 * n * link.beta
     assert reduce_scatter_s(link, 4, n) == pytest.approx(half)
@@ -160,7 +162,7 @@ def test_update_footprint_is_what_the_optimizer_s_step_allocates():
     (0, True, 2, 5 + EXCHANGE_SLOTS, 0),  # overlapped: the buckets are the gradients
     (1, True, 2 / 4, 5 / 4, 1),  # each rank steps its slice
     (1, False, 2, 5, 2),  # clipping: every rank steps the shared mean, whole
-    (2, False, 2 / 4, 5 / 4 + EXCHANGE_SLOTS, 1),  # a shard, whatever the optimizer
+    (2, False, 2 / 4, 5 / 4 + SCATTER_SLOTS, 1),  # a shard, whatever the optimizer
 ])
 def test_update_temporaries_follow_what_each_strategy_steps(stage, elementwise, state, temps,
                                                             buffers):
@@ -189,7 +191,7 @@ def test_step_facts_ask_the_planned_executor_for_its_arrays():
                 "labels": rng.integers(0, 10, batch)}
 
     f = step_facts(graph, feeds, lambda p: Optimizer(adam(1e-3), p),
-                   lambda g: PlannedExecutor(g), 2)
+                   lambda g, **o: PlannedExecutor(g, **o), 2)
     assert f.planned is not None and f.planned[1] > 0 and f.activations(16, planned=False) > 0
     ex = PlannedExecutor(graph)
     ex.train()
@@ -201,3 +203,47 @@ def test_step_facts_ask_the_planned_executor_for_its_arrays():
     m3 = rank_memory(f, n, 16, 4, 3)
     assert m3.activations == f.activations(16, planned=False)
     assert rank_memory(f, n, 16, 4, 2).activations == f.activations(16)
+
+
+@pytest.mark.slow  # 12 s on the loaded 2-core machine: the segments' plans compiled twice
+def test_recompute_rows_hold_the_segmented_step_s_activations():
+    """With the planned executor's ``recompute=blocks`` the facts hold the segmented step's
+    arrays (one segment's working set and the kept segment inputs), and ``meta plan`` ranks
+    every data-parallel configuration again with them, one forward longer."""
+    import numpy as np
+
+    from meta.lv1 import gpt
+    from meta.lv1.plan.executor import PlannedExecutor
+    from meta.lv2.optimizers import Optimizer, adam
+    from meta.planner.costs import recompute_costs
+
+    if "recompute" not in PlannedExecutor.options:
+        pytest.skip("the planned executor has no recompute option here")
+    graph = gpt((16,), classes=20, layers=3, heads=2, width=16, seed=0)
+    rng = np.random.default_rng(0)
+
+    def feeds(batch):
+        return {"input": rng.integers(0, 20, (batch, 16)),
+                "labels": rng.integers(0, 20, (batch, 16))}
+
+    f = step_facts(graph, feeds, lambda p: Optimizer(adam(1e-3), p),
+                   lambda g, **o: PlannedExecutor(g, **o), 2)
+    assert f.recompute is not None
+    assert f.activations(16, recompute=True) < 0.8 * f.activations(16)
+    ex = PlannedExecutor(graph, recompute="blocks")
+    ex.train()
+    ex.inference_and_backprop(feeds(16), loss="loss")
+    assert f.activations(16, recompute=True) == pytest.approx(_plan_bytes(ex), rel=0.02)
+    work = synthetic()
+    work = Workload(work.recipe, 16, work.layers, work.param_bytes, 2, work.update_s, "given",
+                    facts=f)
+    ranked = predict_all(work, Machine(nodes=1, ranks_per_node=4, memory_bytes=1 << 40), 4)
+    again = recompute_costs(work, [pr for pr in ranked if "recompute" not in pr.sets])
+    assert {pr.label for pr in again} <= {pr.label for pr in ranked}
+    base = {pr.label: pr for pr in ranked}
+    for pr in again:
+        plain = base[pr.label.removesuffix(" + recompute blocks")]
+        assert pr.sets == {**plain.sets, "recompute": "blocks"}
+        assert pr.memory.activations == f.activations(16, recompute=True)
+        assert pr.step_s == pytest.approx(plain.step_s + work.forward_s)
+    assert {pr.strategy for pr in again} >= {"allreduce", "zero2"}

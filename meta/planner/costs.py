@@ -29,7 +29,7 @@ from meta.lv3.data_parallel.allreduce import Allreduce
 from meta.lv3.pipeline.schedule import schedule, simulate
 from meta.planner.async_pattern import DOWNPOUR_PASSES
 from meta.planner.machine import Machine
-from meta.planner.memory import Memory, rank_memory, zero3_groups
+from meta.planner.memory import RECOMPUTE, Memory, rank_memory, zero3_groups
 from meta.planner.workload import Layer, Workload
 
 MICRO_BATCHES = (4, 8, 16, 32)
@@ -502,6 +502,29 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
                        comm, memory, sum(2 * 2 * (p - 1) / p * v for v in volume))]
 
 
+def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Prediction]:
+    """The data-parallel configurations again with the planned executor's activation
+    recomputation (``recompute=blocks``, ``meta.lv1.plan.recompute``), where the recipe's
+    executor takes it: the activations its segmented step holds (``StepFacts.recompute``:
+    one segment's working set and the segments' inputs), and one more forward of every
+    segment but the last (about the whole forward) in each step."""
+    facts = work.facts
+    if facts is None or facts.recompute is None:
+        return []
+    out = []
+    for pr in predictions:
+        if pr.strategy not in ("allreduce", "zero2", "zero3") or "recompute" in pr.sets or (
+                pr.strategy == "zero3" and not facts.zero3_planned):
+            continue
+        act = facts.activations(work.batch, recompute=True)
+        out.append(replace(
+            pr, label=f"{pr.label} + recompute {RECOMPUTE}",
+            sets={**pr.sets, "recompute": RECOMPUTE}, step_s=pr.step_s + work.forward_s,
+            compute_s=pr.compute_s + work.forward_s,
+            memory=replace(pr.memory, activations=act)))
+    return out
+
+
 def predict_all(work: Workload, machine: Machine, p: int,
                 grad_dtype: str = "f32") -> list[Prediction]:
     """Every configuration at P ranks (``grad_dtype``: the type allreduce's gradients travel
@@ -511,6 +534,7 @@ def predict_all(work: Workload, machine: Machine, p: int,
     out += averaging_costs(work, machine, p)
     out += parameter_server_costs(work, machine, p)
     out += pipeline_costs(work, machine, p) + tensor_parallel_costs(work, machine, p)
+    out += recompute_costs(work, out)
     return [pr if pr.memory_bytes <= machine.memory_bytes else
             Prediction(**{**pr.__dict__, "fits": False}) for pr in out]
 

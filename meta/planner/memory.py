@@ -26,8 +26,9 @@ Beyond the paper's parts, two things a step holds for a moment were measured to 
   (``update_footprint`` runs its update on a flat array under ``tracemalloc``), not written
   down here: AdamW with clipping holds 5 arrays the size of what it steps, fused SGD-momentum 0.
   A strategy that steps a shard holds them for the shard only.
-* the exchange's: MPI's nonblocking reduce (allreduce's buckets, ZeRO's reduce-scatters)
-  allocates a temporary the size of what is in flight, one gradient's worth (``EXCHANGE_SLOTS``).
+* the exchange's: MPI's nonblocking reductions (allreduce's buckets, ZeRO's reduce-scatters)
+  hold temporaries the size of what is in flight: one gradient's worth for the allreduce, two
+  for the reduce-scatters (``EXCHANGE_SLOTS``, ``SCATTER_SLOTS``: measured, not derived).
 
 Activations are what the executor keeps for the backward and the workspace of the backward
 itself: the planned executor's arrays (its arena and the values it allocates apart), asked from
@@ -48,10 +49,12 @@ from typing import Any, Callable
 import numpy as np
 
 MB = 1 << 20
-# MPI's temporaries for a nonblocking reduction, in copies of the bytes in flight (MPICH's
-# ireduce_scatter and iallreduce reduce into a buffer of their own): measured, the overlapped
-# allreduce's and ZeRO-2's peaks held one gradient's worth above what the strategies allocate
-EXCHANGE_SLOTS = 1.0
+# MPI's temporaries for a nonblocking reduction, in copies of the bytes in flight: measured
+# (benchmarks/memory_validation.py, MPICH 5), the overlapped allreduce's peak held about one
+# gradient's worth above what the strategy allocates, ZeRO-2's about one more (a reduce-scatter
+# with a receive and a result buffer of the whole count would hold that)
+EXCHANGE_SLOTS = 1.0  # iallreduce
+SCATTER_SLOTS = 2.0  # ireduce_scatter
 ZERO3_GROUP_PARAMS = 2_000_000  # Zero3's default: a layer group per 2 M parameters
 
 
@@ -121,11 +124,17 @@ class StepFacts:
     planned: tuple[float, float] | None  # (fixed, per sample) bytes; None: not planned
     reference: tuple[float, float]
     largest_param_bytes: float
+    recompute: tuple[float, float] | None = None  # the planned path with recompute="blocks"
+    zero3_planned: bool = False  # ZeRO-3's layer groups run the planned path
 
-    def activations(self, batch: int, planned: bool = True) -> float:
+    def activations(self, batch: int, planned: bool = True, recompute: bool = False) -> float:
         """Bytes of activations at ``batch`` on the planned path (where the recipe's executor
-        plans) or the reference path."""
-        fixed, per = self.planned if planned and self.planned is not None else self.reference
+        plans; ``recompute``: with ``RECOMPUTE``) or the reference path."""
+        if recompute and self.recompute is not None:
+            fixed, per = self.recompute
+        else:
+            fixed, per = self.planned if planned and self.planned is not None else \
+                self.reference
         return max(0.0, fixed + per * batch)
 
     def update_slots(self, param_bytes: float, flat: bool) -> float:
@@ -140,6 +149,7 @@ class StepFacts:
 # tracemalloc counts Python's objects too, which vary by a few hundred bytes from one call to
 # the next: the reference path's peak is rounded up to this, so two plans of one recipe agree
 TRACE_GRAIN = 1 << 16
+RECOMPUTE = "blocks"  # the planned executor's recomputation the planner ranks
 FOOTPRINT_VALUES = 1 << 16  # float32 values the optimizer is stepped on to measure it
 
 
@@ -200,22 +210,30 @@ def _linear(at2: float, at4: float) -> tuple[float, float]:
 
 
 def _plan_bytes(executor: Any) -> float:
-    """The arrays the planned executor's last plan allocated (its arena, the values it keeps
-    apart), less the gradients it hands out (a strategy's own buffers under its hook)."""
-    plan = getattr(executor, "_last", None)
-    if plan is None:
-        return 0.0
-    graph_arrays = {id(_root(a)) for a in executor.graph.initializers.values()
-                    if isinstance(a, np.ndarray)}
-    grads = {id(_root(a)) for a in plan.gradients.values() if isinstance(a, np.ndarray)}
+    """The arrays the planned executor's last step allocated (its arena, the values it keeps
+    apart; with ``recompute``, the segments' shared arena, their plans' own arrays and the
+    kept segment inputs), less the parameters' gradients it hands out (a strategy's own
+    buffers under its hook)."""
+    extra = 0.0
+    segments = getattr(executor, "_segments", None)
+    if getattr(executor, "_segmented", False) and segments:
+        plans = [p for ex in segments.executors for p in ex._plans.values()
+                 if hasattr(p, "values")]
+        extra = float(getattr(segments, "kept_bytes", 0))
+    else:
+        plans = [executor._last] if getattr(executor, "_last", None) is not None else []
+    params = set(executor.graph.parameters)
+    skip = {id(_root(a)) for a in executor.graph.initializers.values()
+            if isinstance(a, np.ndarray)}
+    skip |= {id(_root(a)) for p in plans for name, a in p.gradients.items()
+             if name in params and isinstance(a, np.ndarray)}
     seen: dict[int, float] = {}
-    for v in plan.values.values():
-        a = getattr(v, "array", None)
-        if isinstance(a, np.ndarray):
-            r = _root(a)
-            if id(r) not in graph_arrays and id(r) not in grads:
-                seen[id(r)] = float(r.nbytes)
-    return sum(seen.values())
+    for plan in plans:
+        for v in plan.values.values():
+            a = getattr(v, "array", None)
+            if isinstance(a, np.ndarray) and id(_root(a)) not in skip:
+                seen[id(_root(a))] = float(_root(a).nbytes)
+    return sum(seen.values()) + extra
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -256,10 +274,11 @@ def step_activations(make_executor: Callable[[], Any], feeds_at: Callable[[int],
 
 
 def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Callable[[dict],
-               Any], make_executor: Callable[[Any], Any], slots: float) -> StepFacts:
+               Any], make_executor: Callable[..., Any], slots: float) -> StepFacts:
     """``StepFacts`` of a recipe: its optimizer (``make_optimizer(params)``) stepped by
     ``update_footprint`` (``slots``, the name table's, where it cannot be), its executor
-    (``make_executor(graph)``) and the reference executor run on ``feeds_at(batch)``."""
+    (``make_executor(graph, **options)``; again with ``recompute=RECOMPUTE`` where it takes
+    that option) and the reference executor run on ``feeds_at(batch)``."""
     from meta.lv1.executor import ReferenceExecutor
 
     found = update_footprint(make_optimizer)
@@ -268,9 +287,13 @@ def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Call
     planned = None
     if getattr(executor, "supports_gradient_hook", False):  # the planned executor
         planned = step_activations(lambda: make_executor(graph), feeds_at, True)
+    recompute = None
+    if planned is not None and "recompute" in getattr(executor, "options", {}):
+        recompute = step_activations(lambda: make_executor(graph, recompute=RECOMPUTE),
+                                     feeds_at, True)
     reference = step_activations(lambda: ReferenceExecutor(graph), feeds_at, False)
     largest = max((float(np.asarray(p).nbytes) for p in graph.parameters.values()), default=0.0)
-    return StepFacts(state, whole, tensor, elementwise, planned, reference, largest)
+    return StepFacts(state, whole, tensor, elementwise, planned, reference, largest, recompute)
 
 def zero3_groups(param_count: int, nodes: int) -> int:
     """The layer groups ``Zero3`` cuts a graph into when its ``groups`` option is 0."""
@@ -309,18 +332,18 @@ def zero_memory(param_bytes: float, state_slots: float, activations: float, rank
         buffers = (n if elementwise else 2 * n) if p > 1 else 0.0
     elif stage == 2:  # the flat gradient the backward writes; its reduce-scatters in flight
         buffers = n if p > 1 else 0.0
-        temporaries += EXCHANGE_SLOTS * n if p > 1 else 0.0
+        temporaries += SCATTER_SLOTS * n if p > 1 else 0.0
     else:  # two groups gathered and one group's gradients; its reduce-scatter in flight
         g = max(1, groups)
         buffers = 3 * n / g if p > 1 else 0.0
-        temporaries += EXCHANGE_SLOTS * n / g if p > 1 else 0.0
+        temporaries += SCATTER_SLOTS * n / g if p > 1 else 0.0
     return Memory(params, grads, state, float(activations), buffers, temporaries)
 
 
 def rank_memory(facts: StepFacts | None, param_bytes: float, batch: int, ranks: int,
                 stage: int, groups: int = 2, shared_buffer: bool = True,
                 overlapped: bool = False, state_slots: float = 2,
-                activation_bytes: float = 0.0) -> Memory:
+                activation_bytes: float = 0.0, recompute: bool = False) -> Memory:
     """``zero_memory`` for a recipe's step from its ``facts``: activations of the planned path
     (ZeRO-3's groups run the reference path), the update's temporaries over the tensors
     (stage 0, and stage 1 with an optimizer it cannot slice) or over a flat shard. Without
@@ -329,7 +352,8 @@ def rank_memory(facts: StepFacts | None, param_bytes: float, batch: int, ranks: 
         return zero_memory(param_bytes, state_slots, activation_bytes * batch, ranks, stage,
                            groups, shared_buffer, overlapped=overlapped)
     flat = stage >= 2 or (stage == 1 and facts.elementwise)
-    return zero_memory(param_bytes, facts.state_slots, facts.activations(batch, stage != 3),
+    act = facts.activations(batch, stage != 3 or facts.zero3_planned, recompute)
+    return zero_memory(param_bytes, facts.state_slots, act,
                        ranks, stage, groups, shared_buffer, facts.update_slots(param_bytes, flat),
                        facts.elementwise, overlapped)
 

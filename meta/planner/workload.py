@@ -269,6 +269,7 @@ def recipe_facts(recipe: Recipe, graph: Any, train: Any, slots: float) -> StepFa
         return step_facts(graph, lambda batch: feeds_for(graph, train, batch),
                           lambda params: build_optimizer(opt.component, opt.options, params,
                                                          1, 1),
-                          lambda g: executor.build(g), slots)
+                          lambda g, **o: executor.component.build(
+                              g, **{**executor.options, **o}), slots)
     except Exception:  # noqa: BLE001  (a step the probe cannot take: the estimate instead)
         return None
