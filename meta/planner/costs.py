@@ -505,9 +505,10 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
 def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Prediction]:
     """The data-parallel configurations again with the planned executor's activation
     recomputation (``recompute=blocks``, ``meta.lv1.plan.recompute``), where the recipe's
-    executor takes it: the activations its segmented step holds (``StepFacts.recompute``:
-    one segment's working set and the segments' inputs), and one more forward of every
-    segment but the last (about the whole forward) in each step."""
+    executor takes it: the activations its segmented step holds (``StepFacts.recomputed``:
+    one segment's working set, the segments' inputs, under a gradient hook the segments'
+    own gradients), and one more forward of every segment but the last (about the whole
+    forward) in each step."""
     facts = work.facts
     if facts is None or facts.recompute is None:
         return []
@@ -516,7 +517,8 @@ def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Predi
         if pr.strategy not in ("allreduce", "zero2", "zero3") or "recompute" in pr.sets or (
                 pr.strategy == "zero3" and not facts.zero3_planned):
             continue
-        act = facts.activations(work.batch, recompute=True)
+        hooked = pr.sets.get("distributed.overlap") != "false"  # all but plain allreduce
+        act = facts.recomputed(work.batch, work.param_bytes, hooked)
         out.append(replace(
             pr, label=f"{pr.label} + recompute {RECOMPUTE}",
             sets={**pr.sets, "recompute": RECOMPUTE}, step_s=pr.step_s + work.forward_s,

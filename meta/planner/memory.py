@@ -137,6 +137,14 @@ class StepFacts:
                 self.reference
         return max(0.0, fixed + per * batch)
 
+    def recomputed(self, batch: int, param_bytes: float, hooked: bool) -> float:
+        """Activations of a step with ``RECOMPUTE`` at ``batch``: the segmented step's arrays
+        and, where a strategy's gradient hook takes the gradients (``hooked``), the
+        parameters' gradients the segments' plans compute in arrays of their own before
+        they are added into the hook's (``meta.lv1.plan.recompute``: measured 12 MB, one
+        gradient of the 3.2 M-parameter GPT, above the segments' arrays without it)."""
+        return self.activations(batch, recompute=True) + (param_bytes if hooked else 0.0)
+
     def update_slots(self, param_bytes: float, flat: bool) -> float:
         """The update's temporaries in slots of ``param_bytes``: over one flat shard all of
         them grow with it; over the network's tensors the per-tensor ones only with the
