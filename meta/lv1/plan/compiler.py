@@ -499,20 +499,36 @@ def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
     """5. Memory: the steps in program order, every value's array (arena offsets from the
     lifetimes, owned arrays, graph arrays, views of their bases), the gradient hook's cuts;
     returns (order, cuts, hook names, arena bytes, owned bytes, arena offsets). ``seeds``
-    (a stage's) are written before the backward's first step: alive from there."""
+    (a stage's) are written before the backward's first step: alive from there; a stage's
+    outputs, copied out before it, need not live through the backward."""
     order = [s for phase in ("prepare", "forward", "backward") for s in pb.steps
              if s.phase == phase]
-    for g in gradients.values():  # handed out: arrays of their own, kept across calls
+    params = set(graph.parameters)
+    # A stage's gradients of wrt tensors (its inputs: activation-sized) are copied out by
+    # backward_seeded as soon as the backward ends: in the arena, alive to its end.
+    staged = {root(values, g) for n, g in gradients.items() if seeds and n not in params}
+    for name, g in gradients.items():  # handed out: arrays of their own, kept across calls
         base = root(values, g)  # a view's (a gradient aliased through a view): its base's
-        if values[base].storage == "arena":
+        if values[base].storage == "arena" and (name in params or not seeds):
             values[base].storage = "owned"
-    cuts, hook_names = bucket_cuts(order, values, gradients, set(graph.parameters), hook)
-    keep_values = set(fetch.values())
-    spans = lifetimes(order, values, keep_values)
+            staged.discard(base)
+    cuts, hook_names = bucket_cuts(order, values, gradients, params, hook)
+    first_backward = next((i for i, s in enumerate(order) if s.phase == "backward"),
+                          len(order))
+    if seeds:  # a stage's outputs are copied out between its forward and its backward
+        spans = lifetimes(order, values, set())
+        for name in fetch.values():
+            r = root(values, name)
+            if r in spans:
+                spans[r] = (spans[r][0], max(spans[r][1], first_backward - 1))
+    else:
+        spans = lifetimes(order, values, set(fetch.values()))
     for name in feeds:  # copied in before the first step
         if name in spans:
             spans[name] = (0, spans[name][1])
-    first_backward = next((i for i, s in enumerate(order) if s.phase == "backward"), 0)
+    for name in staged:
+        if name in spans and values[name].storage == "arena":
+            spans[name] = (spans[name][0], len(order))
     for name in seeds:  # copied in before the backward's first step
         if name in spans:
             spans[name] = (min(first_backward, spans[name][0]), spans[name][1])
