@@ -1,39 +1,49 @@
 """ZeRO stage 3 (fully sharded data parallelism) over MPI: parameters sharded by layer groups.
 
 Rajbhandari et al.'s ZeRO-3, PyTorch's FSDP: every rank holds 1/P of each layer group's flat
-parameters, of their optimizer state and of their gradients, and nothing else between steps.
-The graph is cut into consecutive layer groups (the pipeline's ``partition``, balanced by
-parameter count); a step runs them in turn on every rank (each its own batch):
+parameters, of their optimizer state and of their gradients, and nothing else of the model
+between steps but its slots (below). The graph is cut into consecutive layer groups (the
+pipeline's ``partition``, balanced by parameter count); a step runs them in turn on every rank
+(each its own batch), each group's executor run as a stage (``Executor.forward_saving`` /
+``backward_seeded``): on the planned executor every group is a compiled plan.
 
-* forward: before a group runs, its parameters are all-gathered (``iallgatherv``) into a
-  buffer of their own, the next group's allgather started as it runs (``prefetch``); after
-  it, the buffer is freed. What the group's backward will read of
-  them (a Gemm keeps its weight) is taken out of the saved contexts and put back from the
-  next gather, so the whole model is never held at once;
-* backward, last group first: the group's parameters gathered again, its backward run from
-  the gradients the next group handed back, its gradients reduce-scattered (nonblocking) into
-  this rank's gradient shard as soon as the earliest group that reads them has finished, its
-  buffers freed;
+* forward: before a group runs, its parameters are all-gathered (``iallgatherv``) into its
+  slot, the next group's allgather started as it runs (``prefetch``); after it, the slot is
+  free for another group;
+* backward, last group first: the group's parameters gathered again into the same slot (its
+  saved forward reads them there), its backward run from the gradients the next group handed
+  back, its gradients (written by its plan straight into its gradient slot: ``StageHook``)
+  reduce-scattered (nonblocking) into this rank's gradient shard;
 * the update: the run's elementwise Level 2 optimizer steps this rank's shard of every group
   (one flat parameter), and that is all: the next forward gathers the new values.
 
+Slots: a plan binds the addresses of its graph's parameter arrays when it is compiled, so a
+group gathered into a new buffer each time would compile again at every step. Each group is
+gathered into the same persistent buffer every time instead, one of a few slots shared by the
+groups that are never live together (``slot_colors``: a chain of groups alternates two, a head
+tied to the embedding adds a third), each as large as its largest group, and its gradients go
+to the same buffers' twins. The whole model is never resident; what the slots cost, held for
+good, is about 2 x 2 groups of float32 (``ShardedExecutor.slot_bytes``): with the default
+groups of 2 M parameters 32 MB, next to 4 bytes a parameter of shards at P = 4 with Adam.
+
 A parameter read by two groups (a language model's head tied to its token embedding) lives in
 the first group that reads it; the other gathers that group too, and both add to its gradient.
-Before an evaluation (``sync_state``) and at ``finish`` the whole model is gathered into the
-graph (evaluation, export and the checkpoint read it), and the optimizer state is gathered on
-rank 0 per parameter name: a checkpoint resumes at any rank count, or in one process. The
-groups' executors are of the run's kind driven through their tapes, as the pipeline's stages
-are (``ReferenceExecutor._forward``/``_run_tape``).
+Before an evaluation (``sync_state``) and at ``finish`` the whole model is gathered into
+buffers of its own that the graph reads (evaluation copies each group from them into its slot,
+so nothing compiles again; export and the checkpoint read the graph), and the optimizer state
+is gathered on rank 0 per parameter name: a checkpoint resumes at any rank count, or in one
+process.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
 from meta.common.component import ComponentError, Option
-from meta.lv1.executor import Executor
+from meta.lv1.executor import Executor, SavedForward
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
@@ -51,21 +61,28 @@ def _placeholder(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
-class _Stashed:
-    """Where a saved context held a view of a group's gathered buffer: the view's place in
-    it, to be rebuilt from the next gather of that group."""
-
-    __slots__ = ("group", "offset", "shape", "strides", "dtype")
-
-    def __init__(self, group: int, offset: int, a: np.ndarray) -> None:
-        self.group, self.offset = group, offset
-        self.shape, self.strides, self.dtype = a.shape, a.strides, a.dtype
-
-
 def _base_of(a: np.ndarray) -> np.ndarray:
     while isinstance(a.base, np.ndarray):
         a = a.base
     return a
+
+
+def slot_colors(needs: Sequence[set[int]], count: int) -> list[int]:
+    """Each of ``count`` groups' slot: the lowest one that no group live at the same time
+    holds. Live together are the groups one stage reads and those the next (or, in the
+    backward, the previous) reads, whose gather is started while it runs: a chain of groups
+    alternates two slots; a head tied to the embedding puts the embedding's group in a third.
+    A group always uses its slot, so the executors bound to its arrays never see them move."""
+    conflicts: list[set[int]] = [set() for _ in range(count)]
+    for s, reads in enumerate(needs):
+        window = reads | (needs[s + 1] if s + 1 < len(needs) else set())
+        for g in window:
+            conflicts[g] |= window - {g}
+    colors: list[int] = []
+    for g in range(count):
+        taken = {colors[h] for h in conflicts[g] if h < g}
+        colors.append(next(c for c in range(count) if c not in taken))
+    return colors
 
 
 class Group:
@@ -96,11 +113,45 @@ class Group:
         return shard[self.offset:self.offset + self.hi - self.lo]
 
 
+class StageHook:
+    """A planned group's gradient hook (``meta.lv1.gradient_hook``): its plan writes the
+    gradients of its own group's parameters straight into that group's gradient slot (so no
+    plan owns gradient arrays of its own, which would keep the whole model's gradients on
+    every rank), and those of another group's parameters that it reads (a head tied to the
+    embedding) into arrays of this hook, which the step adds to that group's gradients. One
+    bucket: the group's reduce-scatter starts once its backward is done."""
+
+    bucket_bytes = 1 << 62
+    seed = 1.0
+
+    def __init__(self, own: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+                 dtype: np.dtype) -> None:
+        self.own = own
+        """The group's parameter -> its view of the group's gradient slot."""
+        self.shapes = shapes
+        """Every parameter the group's graph reads -> its shape."""
+        self.dtype = dtype
+        self.other: dict[str, np.ndarray] = {}
+        """Another group's parameter -> the array this group's plans write its gradient to."""
+
+    def layout(self, names: list[str]) -> dict[str, np.ndarray]:
+        for name in names:
+            if name not in self.own and name not in self.other:
+                self.other[name] = np.empty(self.shapes[name], self.dtype)
+        return {n: self.own[n] if n in self.own else self.other[n] for n in names}
+
+    def use(self, names: list[str]) -> None:
+        """Nothing to switch: every plan of the group writes into the same arrays."""
+
+    def ready(self, names: list[str]) -> None:
+        """Nothing to start early: the step reduce-scatters the group after its backward."""
+
+
 class ShardedExecutor(Executor):
     """The trainer's executor under ZeRO-3: the graph's layer groups run in turn, each with
-    its parameters all-gathered just before and freed just after (see the module). Every call
-    is a collective over the strategy's ranks, except inference while the model is gathered
-    whole (``materialize``: evaluations)."""
+    its parameters all-gathered just before (into its slot) and released just after (see the
+    module). Every call is a collective over the strategy's ranks, except inference while the
+    model is gathered whole (``materialize``: evaluations)."""
 
     def __init__(self, strategy: Zero3, graph: Any, part: Partition, make: Any) -> None:
         self.strategy = strategy
@@ -110,17 +161,48 @@ class ShardedExecutor(Executor):
         self.partition = part
         """The layer groups: stages of the graph, run one after another on every rank."""
         self.stage_graphs = [part.stage_graph(graph, s) for s in range(len(part.stages))]
-        """Each group's nodes as a graph of their own (initializers shared with ``graph``)."""
+        """Each group's nodes as a graph of their own (initializers shared with ``graph``
+        until the first step, then its parameters' views of their groups' slots)."""
         self.executors = [make(g) for g in self.stage_graphs]
-        """Each group's executor, of the run's kind, driven through its tape."""
+        """Each group's executor, of the run's kind, run as a stage (``forward_saving``,
+        ``backward_seeded``): on the planned executor each group is a compiled plan."""
         self.ops = {k: op for ex in self.executors for k, op in ex.ops.items()}
         """Every group's operators (their random state goes into checkpoints)."""
+        groups = strategy.groups
+        self.colors = slot_colors(strategy.needs, len(groups))
+        """Group -> its parameter slot (``slot_colors``); its gradient slot: its parity (the
+        backward visits the groups one after another, each slot reused two groups later)."""
+        self.hooked = [ex.supports_gradient_hook
+                       and "hook" in inspect.signature(ex.forward_saving).parameters
+                       for ex in self.executors]
+        """Per group: whether its executor writes a stage's gradients where a hook says (the
+        planned executor's ``forward_saving(..., hook=)``); otherwise they are copied into
+        the gradient slot from the executor's own arrays."""
+        self.persistent = all(ex.supports_gradient_hook for ex in self.executors)
+        """Whether the slots are kept between steps: the groups' executors bind the arrays
+        they read and write (planned: compiled plans), so they must never move. Otherwise
+        (reference executors) they are allocated for a step and freed after it."""
+        self.param_slots: list[np.ndarray] = []
+        """The buffers groups are gathered into (each as large as its largest group)."""
+        self.grad_slots: list[np.ndarray] = []
+        """The buffers groups' gradients are written to and reduce-scattered from."""
+        self.param_views: list[dict[str, np.ndarray]] = []
+        """Group -> its parameters' views of its slot."""
+        self.grad_views: list[dict[str, np.ndarray]] = []
+        """Group -> its parameters' gradients' views of its gradient slot."""
+        self.hooks: list[StageHook] = []
+        """Each group's gradient hook (planned executors: their gradients into the slots)."""
+        self._slot_bases: set[int] = set()
         self.materialized = True
         """Whether ``graph`` holds the whole model (at first, and after ``materialize``)."""
+        self.pointed = False
+        """Whether the groups' graphs read their slots (``_open``)."""
+        self.whole: dict[int, np.ndarray] = {}
+        """Group -> its gathered values, while ``materialize``d (what ``graph`` reads)."""
         self.live: dict[int, np.ndarray] = {}
-        """Group -> its gathered parameters, while in use."""
-        self.pending: dict[int, tuple[Any, np.ndarray]] = {}
-        """Group -> its allgather under way and the buffer it fills (``prefetch``)."""
+        """Group -> its slot's part holding its gathered parameters, while in use."""
+        self.pending: dict[int, Any] = {}
+        """Group -> its allgather under way into its slot (``prefetch``)."""
         self._laps = False
 
     # -- the executor interface --------------------------------------------------------------
@@ -132,11 +214,67 @@ class ShardedExecutor(Executor):
     def placement(self) -> dict[str, str]:
         return {k: v for ex in self.executors for k, v in ex.placement().items()}
 
+    def slot_bytes(self) -> int:
+        """Bytes of the slots (parameters and gradients): what ZeRO-3 holds beyond the shards
+        during a step, and between steps where ``persistent``."""
+        groups = self.strategy.groups
+        params = [0] * (max(self.colors) + 1)
+        grads = [0, 0]
+        for g, c in enumerate(self.colors):
+            params[c] = max(params[c], groups[g].n)
+            grads[g % 2] = max(grads[g % 2], groups[g].n)
+        return (sum(params) + sum(grads)) * self.strategy.param_shard.dtype.itemsize
+
+    def _open(self) -> None:
+        """The slots allocated and the groups' graphs pointed at them (a step's start; once
+        for good where ``persistent``)."""
+        if self.pointed:
+            return
+        st = self.strategy
+        groups, dtype = st.groups, st.param_shard.dtype
+        params = [0] * (max(self.colors) + 1)
+        grads = [0, 0]
+        for g, c in enumerate(self.colors):
+            params[c] = max(params[c], groups[g].n)
+            grads[g % 2] = max(grads[g % 2], groups[g].n)
+        self.param_slots = [np.empty(n, dtype) for n in params]
+        self.grad_slots = [np.empty(n, dtype) for n in grads]
+        self._slot_bases = {id(b) for b in self.param_slots}
+        self.param_views = [FlatBuffer(g.shapes, dtype, self.param_slots[c][:g.n]).views
+                            for g, c in zip(groups, self.colors)]
+        self.grad_views = [FlatBuffer(g.shapes, dtype, self.grad_slots[g.index % 2][:g.n]).views
+                           for g in groups]
+        self.hooks = [StageHook(self.grad_views[s], {n: self.graph.initializers[n].shape
+                                                      for n in sg.parameters}, dtype)
+                      for s, sg in enumerate(self.stage_graphs)]
+        for graph in self.stage_graphs:
+            for name in [n for n in graph.initializers if n in st.home]:
+                graph.initializers[name] = self.param_views[st.home[name]][name]
+        self.pointed = True
+
+    def _close(self) -> None:
+        """The slots freed after a step (not ``persistent``): the groups' graphs read
+        placeholders until the next step or ``materialize``."""
+        if self.persistent or not self.pointed:
+            return
+        home = self.strategy.home
+        for graph in self.stage_graphs:
+            inits = graph.initializers
+            for name in [n for n in inits if n in home]:
+                inits[name] = _placeholder(inits[name].shape, inits[name].dtype)
+        self.param_slots, self.grad_slots, self.param_views, self.grad_views = [], [], [], []
+        self.hooks, self._slot_bases = [], set()
+        self.pointed = False
+
     def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict:
         """The graph's ``outputs`` for ``feeds``: from the gathered model where it is whole
         (evaluation), else group by group (a collective)."""
         names = list(outputs) if outputs is not None else list(self.partition.outputs)
-        values, _ = self._forward(feeds, names, training=False)
+        try:
+            values, _ = self._forward(feeds, names, training=False)
+        finally:
+            if not self.materialized:
+                self._close()
         return values
 
     def inference_and_backprop(self, feeds: dict, loss: str = "loss",
@@ -154,210 +292,193 @@ class ShardedExecutor(Executor):
         self.strategy.timeline.begin()  # the step's phases: gathers, forwards, backwards
         self._laps = True
         try:
-            values, tapes = self._forward(feeds, names, training=True)
-            self._backward(tapes, {loss: np.full_like(values[loss],
+            values, saved = self._forward(feeds, names, training=True)
+            self._backward(saved, {loss: np.full_like(values[loss],
                                                       1.0 / self.strategy.comm.size)})
         finally:
             self._laps = False
+            self._close()
         return values, {}
 
     def _lap(self, phase: str) -> None:
         if self._laps:
             self.strategy.timeline.lap(phase)
 
-    # -- gathering and freeing a group ----------------------------------------------------
+    # -- gathering a group into its slot ------------------------------------------------------
 
     def _readers(self, g: int) -> list[int]:
         return [s for s, needs in enumerate(self.strategy.needs) if g in needs]
 
+    def _slot(self, g: int) -> np.ndarray:
+        """Group ``g``'s part of its slot, checked free: no other group live or arriving
+        there (``slot_colors`` sees to it; a broken schedule fails here, not silently)."""
+        c = self.colors[g]
+        clash = [h for h in (*self.live, *self.pending) if h != g and self.colors[h] == c]
+        if clash:
+            raise RuntimeError(f"ZeRO-3: group {g} is gathered into slot {c}, which group "
+                               f"{clash[0]} still holds")
+        return self.param_slots[c][:self.strategy.groups[g].n]
+
     def prefetch(self, g: int) -> None:
-        """Start group ``g``'s allgather into a new buffer (collective, nonblocking): the next
+        """Start group ``g``'s allgather into its slot (collective, nonblocking): the next
         group's parameters move while this one computes; ``gather`` waits for it."""
         if g in self.live or g in self.pending:
             return
+        self._open()
         st = self.strategy
         group = st.groups[g]
-        buf = np.empty(group.n, group.dtype)
+        buf = self._slot(g)
         buf[group.lo:group.hi] = group.mine(st.param_shard)
-        self.pending[g] = (st.comm.iallgatherv(buf, group.counts), buf)
+        self.pending[g] = st.comm.iallgatherv(buf, group.counts)
         st.bytes_sent += group.mine(st.param_shard).nbytes if st.comm.size > 1 else 0
 
     def gather(self, g: int) -> np.ndarray:
-        """Group ``g``'s parameters all-gathered into a new buffer (or the prefetched one),
+        """Group ``g``'s parameters all-gathered into its slot (or the prefetch waited for),
         which the groups that read them point at (collective)."""
-        st = self.strategy
-        group = st.groups[g]
         self.prefetch(g)
-        request, buf = self.pending.pop(g)
-        st.comm.waitall([request])
-        views = FlatBuffer(group.shapes, group.dtype, buffer=buf).views
-        for s in self._readers(g):
-            inits = self.stage_graphs[s].initializers
-            for name, view in views.items():
-                if name in inits:
-                    inits[name] = view
-        self.live[g] = buf
-        return buf
+        self.strategy.comm.waitall([self.pending.pop(g)])
+        self.live[g] = self.param_slots[self.colors[g]][:self.strategy.groups[g].n]
+        self._touch(g)
+        return self.live[g]
 
-    def free(self, g: int, tapes: dict[int, list]) -> None:
-        """Group ``g``'s gathered parameters dropped: placeholders in the graphs, and any view
-        of them a saved context holds stashed until the next gather."""
-        buf = self.live.pop(g)
-        group = self.strategy.groups[g]
+    def _touch(self, g: int) -> None:
+        """The graphs reading group ``g`` have new values in place: an inference plan of
+        theirs reorders its weights again (``Graph.touch``)."""
         for s in self._readers(g):
-            inits = self.stage_graphs[s].initializers
-            for name, shape in group.shapes.items():
-                if name in inits:
-                    inits[name] = _placeholder(shape, group.dtype)
-            if s in tapes:
-                self._stash(tapes[s], g, buf)
+            self.stage_graphs[s].touch()
+
+    def free(self, g: int) -> None:
+        """Group ``g``'s slot free for another group (its values stay until overwritten; a
+        backward that reads them gathers the group again first)."""
+        self.live.pop(g)
 
     def _ensure(self, stage: int) -> None:
         for g in sorted(self.strategy.needs[stage]):
-            if g not in self.live:
+            if self.materialized:
+                if self.pointed:  # the whole model is here: copied in, nothing moves
+                    self._slot(g)[...] = self.whole[g]
+                    self._touch(g)
+            elif g not in self.live:
                 self.gather(g)
                 self._lap("communicate")
 
-    @staticmethod
-    def _swap(ctx: Any, swap: Any) -> None:
-        for key, value in list(vars(ctx).items()):
-            if isinstance(value, (tuple, list)):
-                setattr(ctx, key, type(value)(swap(v) for v in value))
-            else:
-                setattr(ctx, key, swap(value))
-
-    def _stash(self, tape: list, g: int, buf: np.ndarray) -> None:
-        start = buf.__array_interface__["data"][0]
-
-        def swap(v: Any) -> Any:
-            if isinstance(v, np.ndarray) and _base_of(v) is buf:
-                return _Stashed(g, v.__array_interface__["data"][0] - start, v)
-            return v
-
-        for _, ctx in tape:
-            self._swap(ctx, swap)
-
-    def _restore(self, tape: list) -> None:
-        def swap(v: Any) -> Any:
-            if isinstance(v, _Stashed):
-                return np.ndarray(v.shape, v.dtype, buffer=self.live[v.group], offset=v.offset,
-                                  strides=v.strides)
-            return v
-
-        for _, ctx in tape:
-            self._swap(ctx, swap)
+    def _detached(self, value: Any) -> Any:
+        """A value one group hands the next, copied if it is a view of a slot (a weight's
+        transpose, on the reference executor), which another group may overwrite."""
+        if isinstance(value, np.ndarray) and id(_base_of(value)) in self._slot_bases:
+            return value.copy()
+        return value
 
     # -- the groups in turn -------------------------------------------------------------------
 
     def _forward(self, feeds: dict, names: list[str], training: bool
-                 ) -> tuple[dict, dict[int, list]]:
+                 ) -> tuple[dict, dict[int, SavedForward]]:
         stages = self.partition.stages
         unknown = [n for n in names if n not in self.partition.outputs]
         if unknown:
             raise ValueError(f"ZeRO-3: {unknown} are not outputs of graph {self.graph.name!r}; "
                              f"it returns its graph outputs {self.partition.outputs}")
-        tapes: dict[int, list] = {}
+        saved: dict[int, SavedForward] = {}
         out: dict = {}
         last = len(stages) - 1
         for s, stage in enumerate(stages):
-            if not self.materialized:
-                self._ensure(s)
-                if s < last:  # the next group's parameters move while this one computes
-                    for g in sorted(self.strategy.needs[s + 1]):
-                        self.prefetch(g)
+            self._ensure(s)
+            if not self.materialized and s < last:  # the next group's move while this runs
+                for g in sorted(self.strategy.needs[s + 1]):
+                    self.prefetch(g)
             given = {t: out[t] for t in stage.receives}
             given.update({t: feeds[t] for t in stage.feeds if t in feeds})
             wanted = names if s == last else stage.sends
-            grads_for = None
+            executor = self.executors[s]
             if training:
-                grads_for = set(self.stage_graphs[s].parameters) | {
-                    t for t in stage.receives if np.issubdtype(np.asarray(given[t]).dtype,
-                                                               np.floating)}
-            out, tape = self.executors[s]._forward(given, wanted, grads_for)
+                wrt = [t for t in stage.receives
+                       if np.issubdtype(np.asarray(given[t]).dtype, np.floating)]
+                if self.hooked[s]:
+                    out, saved[s] = executor.forward_saving(given, wanted, wrt,
+                                                            hook=self.hooks[s])
+                else:
+                    out, saved[s] = executor.forward_saving(given, wanted, wrt)
+            else:
+                out = executor.inference(given, wanted)
+            out = {t: self._detached(v) for t, v in out.items()}
             self._lap("forward")
-            if training:
-                tapes[s] = tape
-            del tape
             if not self.materialized:
                 keep = self.strategy.needs[s + 1] if s < last else (
                     self.strategy.needs[last] if training else set())
                 for g in [g for g in self.live if g not in keep]:
-                    self.free(g, tapes)
-        return {t: out[t] for t in names}, tapes
+                    self.free(g)
+        return {t: out[t] for t in names}, saved
 
-    def _backward(self, tapes: dict[int, list], seeds: dict) -> None:
+    def _backward(self, saved: dict[int, SavedForward], seeds: dict) -> None:
         st = self.strategy
         stages = self.partition.stages
-        grads: dict[int, FlatBuffer] = {}
-        requests: list[tuple[Any, int]] = []
+        sending: dict[int, Any] = {}  # gradient slot -> its reduce-scatter under way
+        others: dict[int, FlatBuffer] = {}  # group -> what later groups added (a tied head)
         for s in range(len(stages) - 1, -1, -1):
             self._ensure(s)
             if s > 0:  # the group before moves while this one's backward runs
                 for g in sorted(st.needs[s - 1]):
                     self.prefetch(g)
-            tape = tapes.pop(s)
-            self._restore(tape)
-            stage = stages[s]
-            params = set(self.stage_graphs[s].parameters)
-            got = self.executors[s]._run_tape(tape, seeds, params | set(stage.receives))
+            c, group = s % 2, st.groups[s]
+            if c in sending:  # the gradient slot's last group has left it
+                st.comm.waitall([sending.pop(c)])
+            got = self.executors[s].backward_seeded(saved.pop(s), seeds)
             self._lap("backward")
-            del tape
-            for name in params:
-                if name in got:
-                    g = st.home[name]
-                    if g not in grads:  # allocated when first written, dropped once sent
-                        grads[g] = FlatBuffer(st.groups[g].shapes, st.groups[g].dtype)
-                    grads[g].views[name] += got[name]
-            seeds = {t: got[t] for t in stage.receives if t in got}
-            del got
-            for g in sorted(st.needs[s]):
-                if st.earliest[g] == s:  # every reader has added to its gradients
-                    group = st.groups[g]
-                    if g not in grads:  # a group the loss does not reach: zero gradients
-                        grads[g] = FlatBuffer(group.shapes, group.dtype)
-                    requests.append((st.comm.ireduce_scatter(
-                        grads[g].buffer, group.mine(st.grad_shard), group.counts), g))
-                    st.bytes_sent += grads[g].nbytes if st.comm.size > 1 else 0
-            still = []
-            for request, g in requests:  # a sent group's gradients go as soon as MPI is done
-                if st.comm.test(request):
-                    del grads[g]
+            own = self.grad_views[s]
+            for name in self.stage_graphs[s].parameters:
+                g = st.home[name]
+                if g == s:
+                    if got[name] is not own[name]:  # not written there by the plan
+                        np.copyto(own[name], got[name])
                 else:
-                    still.append((request, g))
-            requests = still
+                    if g not in others:
+                        others[g] = FlatBuffer(st.groups[g].shapes, st.groups[g].dtype)
+                    others[g].views[name] += got[name]
+            seeds = {t: got[t] for t in stages[s].receives if t in got}
+            del got
+            buf = self.grad_slots[c][:group.n]
+            if s in others:  # every reader has added to its gradients
+                buf += others.pop(s).buffer
+            sending[c] = st.comm.ireduce_scatter(buf, group.mine(st.grad_shard), group.counts)
+            st.bytes_sent += buf.nbytes if st.comm.size > 1 else 0
             keep = st.needs[s - 1] if s > 0 else set()
             for g in [g for g in self.live if g not in keep]:
-                self.free(g, tapes)
-        st.comm.waitall([r for r, _ in requests])
+                self.free(g)
+        st.comm.waitall(list(sending.values()))
         self._lap("communicate")
 
     def materialize(self) -> None:
-        """Every group gathered and kept, and the whole graph pointed at it (evaluation,
-        checkpoints, export; a collective)."""
+        """Every group gathered into a buffer of its own and the whole graph pointed at them
+        (evaluation, checkpoints, export; a collective)."""
         if self.materialized:
             return
-        for g in range(len(self.strategy.groups)):
-            if g not in self.live:
-                self.gather(g)
-        for g, buf in self.live.items():
-            views = FlatBuffer(self.strategy.groups[g].shapes, buf.dtype, buffer=buf).views
-            for name, view in views.items():
+        st = self.strategy
+        for g, group in enumerate(st.groups):
+            buf = np.empty(group.n, group.dtype)
+            buf[group.lo:group.hi] = group.mine(st.param_shard)
+            st.comm.waitall([st.comm.iallgatherv(buf, group.counts)])
+            self.whole[g] = buf
+            for name, view in FlatBuffer(group.shapes, buf.dtype, buffer=buf).views.items():
                 self.graph.initializers[name] = view
+                if not self.pointed:  # no slots (reference executors): read it in place
+                    for s in self._readers(g):
+                        self.stage_graphs[s].initializers[name] = view
         self.graph.touch()
         self.materialized = True
 
     def dematerialize(self) -> None:
         """The gathered model dropped again (the next training step); what was written into
-        it meanwhile (a restored checkpoint's parameters) is taken into the shards first."""
+        it meanwhile (a restored checkpoint's parameters) is taken into the shards first, and
+        the groups' graphs are pointed at their slots (``_open``)."""
         if not self.materialized:
             return
         self.strategy.take_graph_values()
-        self.live.clear()
+        self.whole.clear()
         home = self.strategy.home
-        for graph in [self.graph, *self.stage_graphs]:
-            inits = graph.initializers
-            for name in [n for n in inits if n in home]:
-                inits[name] = _placeholder(inits[name].shape, inits[name].dtype)
+        inits = self.graph.initializers
+        for name in [n for n in inits if n in home]:
+            inits[name] = _placeholder(inits[name].shape, inits[name].dtype)
+        self._open()
         self.materialized = False
 
 
@@ -462,6 +583,7 @@ class Zero3(Strategy):
         """Step with this rank's whole gradients (a caller that ran the backward itself):
         reduce-scattered group by group, the mean stepped on this rank's shard."""
         self.executor.dematerialize()
+        self.executor._close()  # no group runs here
         self.timeline.begin()
         requests = []
         for group in self.groups:

@@ -199,3 +199,18 @@ def test_a_zero3_checkpoint_from_4_ranks_resumes_at_2_and_in_one_process(
         np.testing.assert_allclose(finals["two"][name], finals["one"][name], rtol=0,
                                    atol=1e-6, err_msg=name)
         assert not np.array_equal(finals["two"][name], saved.params[name]), name
+
+
+def test_zero3_slots_never_hold_two_groups_live_together() -> None:
+    """A chain of groups alternates two slots; a last group that also reads the first
+    (a head tied to the embedding) puts the first in a slot of its own, since it is live
+    beside the last two; groups live together (one stage's and the next's) never share."""
+    from meta.lv3.data_parallel.zero3 import slot_colors
+
+    assert slot_colors([{0}, {1}, {2}, {3}, {4}], 5) == [0, 1, 0, 1, 0]
+    needs = [{0}, {1}, {2}, {3, 0}]
+    colors = slot_colors(needs, 4)
+    assert colors == [0, 1, 2, 1]
+    for s in range(len(needs) - 1):
+        window = sorted(needs[s] | needs[s + 1])
+        assert len({colors[g] for g in window}) == len(window), window
