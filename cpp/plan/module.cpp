@@ -16,6 +16,7 @@ PYBIND11_MODULE(_plan, m) {
   bind_rnn(m);
   bind_attention(m);
   bind_embedding(m);
+  bind_fused(m);
   m.attr("onednn_version") = [] {
     const auto* v = dnnl::version();
     return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +

@@ -139,6 +139,7 @@ void bind_loss(py::module_& m);
 void bind_rnn(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_embedding(py::module_& m);
+void bind_fused(py::module_& m);
 
 // Shared by the builders.
 dnnl::algorithm eltwise_algorithm(const std::string& name, bool use_dst);

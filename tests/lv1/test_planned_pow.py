@@ -44,9 +44,15 @@ def gelu_tanh_graph(exponent, reciprocal=False, dtype=np.float32):
     return b.build()
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("exponent,dtype", [(3, np.float32), (2, np.float32), (3, np.int64),
                                             (1.5, np.float32)])
-def test_pow_by_a_constant_runs_in_the_plan_forward_and_backward(exponent, dtype):
+def test_pow_by_a_constant_runs_in_the_plan_forward_and_backward(exponent, dtype, fuse,
+                                                                 monkeypatch):
+    """oneDNN's pow with pointwise groups off; with them on, in the group's fused step."""
+    from meta.lv1.plan.lowering import fused
+
+    monkeypatch.setattr(fused, "ENABLED", fuse)
     graph = gelu_tanh_graph(exponent, reciprocal=True, dtype=dtype)
     rng = np.random.default_rng(2)
     x = (rng.standard_normal(SHAPE) * 2).astype(np.float32)
@@ -56,7 +62,10 @@ def test_pow_by_a_constant_runs_in_the_plan_forward_and_backward(exponent, dtype
     planned = PlannedExecutor(graph).train()
     ours = planned.inference_and_backprop({"x": x}, wrt=["x"])
     place = planned.placement()
-    assert place["pow"] == "onednn" and place["recip"] == "onednn", place
+    if fuse:
+        assert place["pow"].startswith("fused into") and place["recip"].startswith("fused into")
+    else:
+        assert place["pow"] == "onednn" and place["recip"] == "onednn", place
     np.testing.assert_allclose(ours[0]["loss"], ref[0]["loss"], rtol=1e-5, atol=1e-3)
     g, r = ours[1]["x"], ref[1]["x"]
     assert np.abs(g - r).max() <= 1e-5 * max(1.0, np.abs(r).max()), np.abs(g - r).max()

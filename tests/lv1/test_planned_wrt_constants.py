@@ -53,7 +53,7 @@ def test_clips_bounds():
     # asked for or not, the same plan otherwise: the bounds still fold when nobody asks
     planned = PlannedExecutor(graph)
     planned.inference_and_backprop({"x": X}, "loss")
-    assert planned.placement()["clip"] == "onednn", planned.placement()
+    assert not planned.placement()["clip"].startswith("python"), planned.placement()
 
 
 def test_div_of_initializers_and_the_quotient_by_name():

@@ -44,6 +44,7 @@ from meta.lv1.plan.lowering.eltwise import (
     reduce_mean,
     sum_node,
 )
+from meta.lv1.plan.lowering.fused import fused
 from meta.lv1.plan.lowering.loss import cross_entropy
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
@@ -57,6 +58,9 @@ __all__ = ["F32", "KERNELS", "Context", "lower", "py_step", "python_node"]
 
 
 def lower(ctx: Context, node: Node) -> Lowered:
+    grouped = fused(ctx, node, ctx.ops[node.name])  # a pointwise group (lowering/fused.py)
+    if grouped is not None:
+        return grouped
     kernel = KERNELS.get(node.op_type)
     if kernel is not None:
         lowered = kernel(ctx, node, ctx.ops[node.name])

@@ -79,6 +79,15 @@ def _chain(ctx: Context, node: Node) -> tuple[list[Node], float, np.ndarray | No
                     m.reshape(m.shape[-2:] if m.ndim >= 2 else m.shape), (t_q, t_k)), F32)
             except ValueError:
                 return None
+        elif nxt.op_type == "Where" and mask is None and len(nxt.inputs) == 3 \
+                and out in nxt.inputs[1:] and out not in (nxt.inputs[0], ):
+            # masked_fill(cond, -inf) before the softmax: an additive mask of -inf and 0
+            # (equal after the softmax, forward and backward: the masked scores' gradient
+            # is 0 either way)
+            m = _where_mask(ctx, nxt, out, t_q, t_k)
+            if m is None:
+                return None
+            mask = m
         elif nxt.op_type == "Softmax":
             rank = len(ctx.shape(out))  # opset < 13 flattens at axis: the same when last
             if int(ctx.ops[nxt.name].axis) % rank != rank - 1:
@@ -103,6 +112,28 @@ def _chain(ctx: Context, node: Node) -> tuple[list[Node], float, np.ndarray | No
         out = nxt.outputs[0]
         if not ctx.float32(out):
             return None
+
+
+def _where_mask(ctx: Context, node: Node, scores: str, t_q: int, t_k: int
+                ) -> np.ndarray | None:
+    """The additive (t_q, t_k) mask equal to ``Where(cond, scores, -inf)`` (or
+    ``Where(cond, -inf, scores)``) with a constant condition, before a softmax; None for any
+    other Where."""
+    cond, a, b = node.inputs
+    fill = b if a == scores else a
+    c, f = ctx.constant(cond), ctx.constant(fill)
+    if c is None or f is None or f.size != 1 or c.dtype != np.bool_ or a == b \
+            or float(np.asarray(f).reshape(())) != -np.inf or not ctx.float32(fill):
+        return None
+    hidden = ~c if a == scores else c
+    if hidden.ndim > 2 and any(d != 1 for d in hidden.shape[:-2]):
+        return None
+    try:
+        hidden = np.broadcast_to(hidden.reshape(hidden.shape[-2:] if hidden.ndim >= 2
+                                                else hidden.shape), (t_q, t_k))
+    except ValueError:
+        return None
+    return np.where(hidden, np.float32(-np.inf), np.float32(0)).astype(F32)
 
 
 def _causal(mask: np.ndarray | None) -> bool:
