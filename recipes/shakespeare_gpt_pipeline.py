@@ -9,18 +9,19 @@ LayerNorm and the output head. The head is tied to the token embedding (``wte``)
 stages therefore read: each holds a copy, their gradients are summed over the stages every
 step (one allreduce of the embedding) and both copies take the same update (``Partition.tied``
 in ``meta.lv3.pipeline``). The causal mask is a Constant node that each stage computes.
-The stages run the native executor (the pipeline drives an executor's tape directly).
+The stages run the one-process recipe's planned executor: each stage a compiled plan, one
+executor (plan and arena) per micro-batch the schedule holds in flight (stage 0: 2 under 1F1B),
+the activations and their gradients sent between the plans' calls by MPI.
 """
 
 from meta.recipe import AtMost
 from recipes.shakespeare_gpt import FIXED as SINGLE
 from recipes.shakespeare_gpt import MUTABLE as SINGLE_MUTABLE
 
-FIXED = {**SINGLE, "executor": "native"}
+FIXED = SINGLE  # the planned executor
 
 MUTABLE = {
-    # precision is the planned executor's option; this recipe runs on the native one
-    **{k: v for k, v in SINGLE_MUTABLE.items() if k != "precision"},
+    **SINGLE_MUTABLE,
     "distributed": {"name": "pipeline", "stages": 2, "micro_batches": 4, "schedule": "1f1b",
                     "cuts": ["h0.mlp.residual"]},  # after block 0 (with 2 layers)
 }

@@ -7,8 +7,10 @@ Each rank holds half of every block's attention heads and of its MLP's hidden fe
 Q, K, V and first MLP weights by columns (column-parallel), the attention and MLP output
 projections by rows (row-parallel), so every block makes one allreduce of its attention's
 output and one of its MLP's forward, and one of each LayerNorm output's gradient backward.
-The embeddings, LayerNorms and the tied output head stay whole on every rank. The ranks run
-the native executor; every rank takes every batch. ``model.dropout`` must stay 0 (each rank
+The embeddings, LayerNorms and the tied output head stay whole on every rank. Each rank runs
+its part on the planned executor, as one compiled plan whose allreduces are steps of it (the
+collectives' own code, ``meta.lv3.tensor_parallel.ops``); every rank takes every batch.
+``model.dropout`` must stay 0 (each rank
 would draw its own masks for the values all ranks hold alike: refused).
 """
 
@@ -16,11 +18,10 @@ from meta.recipe import AtMost
 from recipes.shakespeare_gpt import FIXED as SINGLE
 from recipes.shakespeare_gpt import MUTABLE as SINGLE_MUTABLE
 
-FIXED = {**SINGLE, "executor": "native"}
+FIXED = SINGLE  # the planned executor
 
 MUTABLE = {
-    # precision is the planned executor's option; this recipe runs on the native one
-    **{k: v for k, v in SINGLE_MUTABLE.items() if k != "precision"},
+    **SINGLE_MUTABLE,
     "distributed": {"name": "partitioned", "param_budget_mb": 0.0},
 }
 

@@ -81,10 +81,12 @@ class Workload:
         """Executors of the trainer's kind (backends, profiling, memory) for other graphs: a
         pipeline's stages, a partition's parts."""
         executor, kind = self.executor, type(self.executor)
+        # the planned executor's precision too (its recompute is the whole graph's: not passed)
+        extra = {"precision": executor.precision} if hasattr(executor, "precision") else {}
 
         def make(graph: Graph) -> ReferenceExecutor:
             return kind(graph, executor.backends, executor.profile,  # type: ignore[call-arg]
-                        executor.free_intermediates)
+                        executor.free_intermediates, **extra)
 
         return make
 

@@ -21,6 +21,19 @@ looks like, so every receiver knows a tensor's shape for any micro-batch size (o
 the batch on axis 0 may cross). Sends never block, so no order of the schedules can deadlock;
 a stage posts the receive of its next operation before computing the current one.
 
+A stage runs through the executor's stage interface (``forward_saving`` / ``backward_seeded``,
+``meta.lv1.executor``), so any executor kind runs it, the planned one as a compiled plan per
+stage. A planned executor keeps ONE forward's saved activations in its plan's arena (the next
+forward overwrites them), while a schedule holds up to ``in_flight`` micro-batches' forwards
+before their backwards (GPipe: all of them; 1F1B: at most p - s). So the stage has one executor
+per in-flight slot (``slots``), all over the same stage graph (the weights are the graph's
+arrays, shared; each compiles its own plan and arena): a micro-batch's forward takes a free
+slot and its backward frees it. Recomputing the forward at the backward instead would hold one
+arena but run every forward twice (a third more compute per step), which is what pipelining is
+meant to save; the slots cost one arena per in-flight micro-batch, the memory the schedule's
+stored activations cost anyway. The parameters' gradients a planned backward returns are its
+plan's arrays: they are added into the step's sums at once, before that slot runs again.
+
 Every rank measures per training step its busy time (forward and backward), the span of the
 step's operations, and the bytes its tapes hold: the bubble and the stored activations.
 """
@@ -34,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from meta.common import threads as _threads
-from meta.lv1.executor import Executor
+from meta.lv1.executor import Executor, SavedForward
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError
 from meta.lv1.roles import differentiable
@@ -49,6 +62,17 @@ Tensors = dict[str, np.ndarray]
 TAG_PROBE, TAG_VALUES = tags.PIPELINE
 # micro-batch i's forward and backward tags (2i, 2i + 1) stay in tags.PIPELINE_MICRO_BATCHES
 MAX_MICRO_BATCHES = len(tags.PIPELINE_MICRO_BATCHES) // 2
+
+
+def stage_executor_kinds() -> tuple[type, ...]:
+    """The executor classes that run a stage or a part of a split graph (pipeline, partitioned):
+    exactly these, as their forward and backward are meta's own graph semantics (the stage
+    interface, and the collectives as operators of the graph). A subclass that computes its own
+    way (the pytorch executor) is not among them."""
+    from meta.lv1.executor import NativeExecutor, ReferenceExecutor
+    from meta.lv1.plan.executor import PlannedExecutor
+
+    return (ReferenceExecutor, NativeExecutor, PlannedExecutor)
 
 
 def _base(a: np.ndarray) -> np.ndarray:
@@ -102,6 +126,16 @@ def tape_bytes(tape: Sequence[tuple[Any, Any]], exclude: set[int]) -> int:
     return total
 
 
+def saved_bytes(saved: SavedForward, exclude: set[int]) -> int:
+    """Bytes a saved forward holds: its tape's saved arrays (``tape_bytes``), or the arena of
+    the plan whose activations it is (a planned stage's slot holds it until the backward)."""
+    state = saved.state
+    if isinstance(state, list):
+        return tape_bytes(state, exclude)
+    arena = getattr(state, "arena", None)
+    return int(arena.nbytes) if arena is not None else 0
+
+
 @dataclass
 class StageStats:
     """What one rank measured over the training steps (the first step is a warm-up, left out)."""
@@ -121,9 +155,10 @@ class StageStats:
     backwards: int = 0
     """Backward operations run (one per micro-batch)."""
     peak_stored_bytes: int = 0
-    """the most bytes the live tapes held at once"""
+    """the most bytes the live saved forwards held at once (a tape's saved arrays; a plan's
+    arena)"""
     peak_in_flight: int = 0
-    """the most micro-batches with a live tape"""
+    """the most micro-batches with a live saved forward"""
     bytes_sent: int = 0
     """Bytes of activations and gradients this stage handed to MPI."""
     rows: int = 0
@@ -143,10 +178,9 @@ class StageStats:
 class PipelineExecutor(Executor):
     """This rank's stage of ``partition`` over ``comm`` (rank ``s`` runs stage ``s``), built
     collectively: the shapes of what crosses the cuts are agreed on ``sample`` (graph inputs
-    with at least three examples). ``make_executor(graph)`` runs a stage's sub-graph (it must
-    be a ``ReferenceExecutor``: the pipeline drives its tape directly, ``_forward`` recording
-    and ``_run_tape`` from the received output gradients, as ``SubgraphScope`` does for the
-    bodies of If and Loop; ``inference_and_backprop`` only seeds a scalar loss).
+    with at least three examples). ``make_executor(graph)`` makes the executors of a stage's
+    sub-graph (any kind with the stage interface, ``forward_saving`` / ``backward_seeded``: the
+    reference, native or planned one), one per micro-batch the schedule holds in flight.
     """
 
     def __init__(self, graph: Graph, partition: Partition, comm: Communicator,
@@ -168,8 +202,13 @@ class PipelineExecutor(Executor):
         """This rank's stage of the partition."""
         self.stage_graph = partition.stage_graph(graph, self.rank)
         """The graph of this stage's nodes alone."""
+        self.make_executor = make_executor
+        """Makes an executor of this stage's graph (one per in-flight slot)."""
         self.executor = make_executor(self.stage_graph)
-        """The executor running this stage's graph."""
+        """The executor running this stage's graph (inference, and the first slot)."""
+        self.slots: list[Executor] = [self.executor]
+        """One executor per micro-batch in flight (its saved forward lives in it until its
+        backward): made as the schedule first needs them."""
         self.micro_batches, self.schedule_name = micro_batches, schedule_name
         """``micro_batches``: the slices a batch is cut into. ``schedule_name``: the order stages
         run them in (GPipe or 1F1B)."""
@@ -205,7 +244,19 @@ class PipelineExecutor(Executor):
         return list(self.stage_graph.parameters)
 
     def _mode_changed(self) -> None:
-        self.executor.train(bool(self.training))
+        for ex in self.slots:
+            ex.train(bool(self.training))
+
+    def _slot(self, busy: set[int]) -> int:
+        """A slot whose executor holds no saved forward (a new one if all are busy)."""
+        free = next((k for k in range(len(self.slots)) if k not in busy), None)
+        if free is not None:
+            return free
+        ex = self.make_executor(self.stage_graph)
+        if self.training is not None:
+            ex.train(bool(self.training))
+        self.slots.append(ex)
+        return len(self.slots) - 1
 
     def placement(self) -> dict[str, str]:
         """Where this rank's stage runs its nodes (the other stages' run elsewhere)."""
@@ -360,7 +411,7 @@ class PipelineExecutor(Executor):
         exclude = {id(_base(v)) for v in self.stage_graph.initializers.values()} | {
             id(_base(feeds[t])) for t in self.stage.feeds
             if isinstance(feeds.get(t), np.ndarray)}
-        wanted = set(self.params) | set(self.grad_sends)
+        busy: set[int] = set()  # slots holding a saved forward
         forward_s = backward_s = wait_s = 0.0
         peak = live = peak_flight = sent = 0
         values: Tensors = {}
@@ -382,8 +433,14 @@ class PipelineExecutor(Executor):
                 # inference may leave out what it does not need (generation: no labels)
                 given.update({t: feeds[t][bounds[i]:bounds[i + 1]] for t in self.stage.feeds
                               if t in feeds})
-                out, tape = self.executor._forward(given, names if self.last else self.outputs,
-                                                   set(wanted) if training else None)
+                wanted_out = names if self.last else self.outputs
+                if training:
+                    slot = self._slot(busy)
+                    busy.add(slot)
+                    out, saved = self.slots[slot].forward_saving(given, wanted_out,
+                                                                 self.grad_sends)
+                else:
+                    out, saved = self.executor.inference(given, wanted_out), None
                 if self.last:
                     parts[i] = {t: out[t] for t in names}
                     if len(parts) == m:
@@ -393,24 +450,25 @@ class PipelineExecutor(Executor):
                     sent += self._send(pending, [out[t] for t in self.stage.sends],
                                        self.rank + 1, 2 * i)
                 if training:
-                    tapes[i] = (tape, out.get(loss) if self.last else None)
-                    stored[i] = tape_bytes(tape, exclude)
+                    tapes[i] = (slot, saved, out.get(loss) if self.last else None)
+                    stored[i] = saved_bytes(saved, exclude)
                     live += stored[i]
                     peak, peak_flight = max(peak, live), max(peak_flight, len(tapes))
-                del out, tape, given
+                del out, saved, given
                 t2 = time.perf_counter()
                 forward_s += t2 - t1
                 if timeline is not None:
                     timeline.lap("forward")
             else:
-                tape, loss_value = tapes.pop(i)
+                slot, saved, loss_value = tapes.pop(i)
                 if self.last:
                     seeds = {loss: np.full_like(loss_value, rows[i] / n)}
                 else:
                     seeds = dict(buffers)
-                g = self.executor._run_tape(tape, seeds, wanted)
-                del tape, seeds
-                for p in grads:
+                g = self.slots[slot].backward_seeded(saved, seeds)
+                busy.discard(slot)
+                del saved, seeds
+                for p in grads:  # a plan's own arrays: summed before the slot runs again
                     if p in g:
                         grads[p] += g[p]
                 if self.grad_sends:

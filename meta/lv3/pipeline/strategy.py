@@ -30,7 +30,7 @@ import numpy as np
 
 from meta.common import threads as _threads
 from meta.common.component import ComponentError, Option
-from meta.lv1.executor import NativeExecutor, ReferenceExecutor
+from meta.lv1.executor import ReferenceExecutor
 from meta.lv1.graph import Graph
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
@@ -51,7 +51,12 @@ from meta.lv3.pipeline.schedule import (
     schedule,
     simulate,
 )
-from meta.lv3.pipeline.stage import MAX_MICRO_BATCHES, PipelineExecutor, StageStats
+from meta.lv3.pipeline.stage import (
+    MAX_MICRO_BATCHES,
+    PipelineExecutor,
+    StageStats,
+    stage_executor_kinds,
+)
 from meta.lv3.strategy import Strategy
 from meta.lv3.workload import Workload, required
 
@@ -128,12 +133,10 @@ class Pipeline(Strategy):
             raise ComponentError(f"distributed 'pipeline' updates each stage with a Level 2 "
                                  f"gradient transformation (sgd, adam, ...), not "
                                  f"{type(optimizer).__name__}")
-        # exactly these: a subclass (pytorch) computes its own way, not through the tape the
-        # pipeline drives
         executor = workload.executor if workload is not None else None
-        if executor is not None and type(executor) not in (ReferenceExecutor, NativeExecutor):
-            raise ComponentError(f"distributed 'pipeline' runs its stages with the reference "
-                                 f"or native executor, not {type(executor).__name__}")
+        if executor is not None and type(executor) not in stage_executor_kinds():
+            raise ComponentError(f"distributed 'pipeline' runs its stages with the reference, "
+                                 f"native or planned executor, not {type(executor).__name__}")
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,

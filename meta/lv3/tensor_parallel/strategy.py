@@ -34,7 +34,7 @@ import numpy as np
 
 from meta.common import threads as _threads
 from meta.common.component import ComponentError, Option
-from meta.lv1.executor import Executor, NativeExecutor, ReferenceExecutor
+from meta.lv1.executor import Executor, ReferenceExecutor
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError
 from meta.lv2.optimizers import Optimizer, Params
@@ -42,6 +42,7 @@ from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
 from meta.lv3.comm.costmodel import Link, measure_link, ring_allreduce
 from meta.lv3.comm.polling import poll_barrier
 from meta.lv3.pipeline.partition import node_costs
+from meta.lv3.pipeline.stage import stage_executor_kinds
 from meta.lv3.strategy import Strategy
 from meta.lv3.tensor_parallel.ops import Group, bind, groups
 from meta.lv3.tensor_parallel.plan import Plan, PlanError, Shapes, plan, probe
@@ -194,9 +195,9 @@ class Partitioned(Strategy):
                                  f"{type(optimizer).__name__}")
         if workload is None:
             return
-        if type(workload.executor) not in (ReferenceExecutor, NativeExecutor):
+        if type(workload.executor) not in stage_executor_kinds():
             raise ComponentError(f"distributed 'partitioned' runs each rank's part with the "
-                                 f"reference or native executor, not "
+                                 f"reference, native or planned executor, not "
                                  f"{type(workload.executor).__name__}")
         refuse_dropout(workload.graph)
 

@@ -17,6 +17,7 @@ import pytest
 from meta.common.component import ComponentError
 from meta.lv0 import Context
 from meta.lv1 import ReferenceExecutor, mlp
+from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv1.builder import GraphBuilder
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator
@@ -269,9 +270,11 @@ def test_executors_that_compute_their_own_way_are_refused() -> None:
     graph = mlp(input_shape=(1, 4, 4), hidden=[8], classes=3)
     optimizer = Optimizer(sgd(0.1), graph.parameters)
     workload = SimpleNamespace(executor=Elsewhere(graph))  # what check reads of a Workload
-    with pytest.raises(ComponentError, match="reference or native executor, not Elsewhere"):
+    with pytest.raises(ComponentError, match="reference, native or planned executor, not Elsewhere"):
         Pipeline.check(optimizer, SingleProcessCommunicator(), workload)
     workload.executor = ReferenceExecutor(graph)
+    Pipeline.check(optimizer, SingleProcessCommunicator(), workload)
+    workload.executor = PlannedExecutor(graph)  # the stage interface: a plan per stage
     Pipeline.check(optimizer, SingleProcessCommunicator(), workload)
 
 
