@@ -321,19 +321,22 @@ class PlannedExecutor(ReferenceExecutor):
         return values, grads
 
     # -- a stage ----------------------------------------------------------------------------
-    def forward_saving(self, feeds: Tensors, outputs: Iterable[str], wrt: Sequence[str] = ()
-                       ) -> tuple[Tensors, SavedForward]:
-        """See ``Executor.forward_saving``. The plan (compiled once per shapes, outputs and
-        ``wrt``, its backward starting from a seed per output) runs its forward; the arena
-        keeps what the backward reads. A later forward in the same arena (this plan again, or
-        another sharing it) overwrites that: ``backward_seeded`` then refuses the handle,
+    def forward_saving(self, feeds: Tensors, outputs: Iterable[str], wrt: Sequence[str] = (),
+                       hook: GradientHook | None = None) -> tuple[Tensors, SavedForward]:
+        """See ``Executor.forward_saving``. The plan (compiled once per shapes, outputs,
+        ``wrt`` and ``hook``, its backward starting from a seed per output) runs its forward;
+        with a ``hook`` its backward writes the parameters' gradients into the hook's arrays
+        (``layout``, asked once per plan; its ``seed`` is not applied: the seeds are the
+        caller's), so the plan owns none (ZeRO-3's layer groups write into a shared slot). The
+        arena keeps what the backward reads. A later forward in the same arena (this plan
+        again, or another sharing it) overwrites that: ``backward_seeded`` then refuses the handle,
         so run each stage's backward before its next forward. The plan points into the
         graph's arrays as they were when it was compiled: replacing one (``graph.initializers
         [name] = new``) makes the next call compile again; writing into it in place does not
         (do not change weights between the forward and its backward)."""
         names = list(dict.fromkeys(outputs))
-        plan, feeds, wrt = self._plan(feeds, names, None, wrt, seeded=True)
-        if plan is None:
+        plan, feeds, wrt = self._plan(feeds, names, None, wrt, hook, seeded=True)
+        if plan is None:  # the reference path: its gradients are arrays of its own
             return super().forward_saving(feeds, names, wrt)
         self._forward_plan(plan, feeds, backward=True)
         out = {n: plan.array(plan.fetch[n]).copy() for n in names}
@@ -343,7 +346,9 @@ class PlannedExecutor(ReferenceExecutor):
             v = feeds[w] if w in feeds else plan.array(w) if w in plan.values else \
                 self.graph.initializers.get(w, np.zeros(()))
             zeros[w] = (np.shape(v), np.asarray(v).dtype)
-        return out, SavedForward(self, names, shapes, wrt, zeros, plan, plan.arena.generation)
+        saved = SavedForward(self, names, shapes, wrt, zeros, plan, plan.arena.generation)
+        saved.hook = hook
+        return out, saved
 
     def backward_seeded(self, saved: SavedForward, seeds: Tensors) -> Tensors:
         """See ``Executor.backward_seeded``. The parameters' gradients are the plan's own
@@ -363,7 +368,7 @@ class PlannedExecutor(ReferenceExecutor):
                 np.copyto(array, seeds[name])
             else:
                 array[...] = 0
-        self._run(plan, "backward")
+        self._run(plan, "backward", getattr(saved, "hook", None))
         plan.arena.generation += 1  # the backward reused the saved values' bytes
         grads: Tensors = {}
         for name in plan.parameters:
