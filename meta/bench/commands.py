@@ -376,6 +376,9 @@ def cmd_bench_op(args: argparse.Namespace) -> int:
         out / OP_PLOT, f"{title}: {args.repeat} calls each", "time per call (µs)"))
     print("\n".join([op_table(result, args.repeat, args.warmup),
                      *([crossbench.table(cross)] if cross is not None else []),
+                     *([f"--precision {args.precision} applies to the first table; the "
+                        f"planned row across backends is the float32 plan"]
+                       if cross is not None and precisions != ("f32",) else []),
                      *reports.load_note(report["environment"])]))
     print(f"meta: wrote {', '.join(str(p) for p in written)}")
     return EXIT_OK
