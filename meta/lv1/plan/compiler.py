@@ -208,14 +208,17 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
 def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                  loss: str | None, wrt: list[str], training: bool | None, backends,
                  rt, hook: GradientHook | None = None, precision: str = "f32",
-                 seeded: bool = False, arena: Arena | None = None) -> Plan:
+                 seeded: bool = False, arena: Arena | None = None,
+                 inputs_outside: bool = False) -> Plan:
     """The plan computing ``outputs`` (and, with ``loss``, the gradients of the parameters and
     of ``wrt``) from ``feeds``: the module docstring's phases, one function each, in order.
 
     ``seeded`` (no ``loss``): a stage's plan, whose backward starts from a seed array of each
     output's shape (``Plan.seeds``, written by the caller before the backward). ``arena``: the
     bytes to lay the arena in, shared with other plans (grown, and they rebound, when this one
-    needs more); default: an arena of its own."""
+    needs more); default: an arena of its own. ``inputs_outside``: the fed inputs in arrays
+    of the plan's own (``Plan.inputs``), which hold them until the next call (a shared arena
+    does not)."""
     if seeded and loss is not None:
         raise ValueError("a plan starts its backward from a loss or from seeds, not both")
     wanted = list(dict.fromkeys([*outputs, *([loss] if loss else [])]))
@@ -229,7 +232,8 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     seed_names = seed if isinstance(seed, dict) else {}
     arena = arena if arena is not None else Arena()
     order, cuts, hook_names, arena_bytes, owned_bytes, offsets = memory_phase(
-        graph, feeds, pb, values, gradients, fetch, hook, list(seed_names.values()), arena)
+        graph, feeds, pb, values, gradients, fetch, hook, list(seed_names.values()), arena,
+        inputs_outside)
     programs, records, segments = bind_phase(rt, order, values, cuts)
     external = {n: v.array for n, v in values.items() if v.storage == "external"}
     grads = {name: values[g].array for name, g in gradients.items()}
@@ -493,16 +497,21 @@ def _backward_steps(graph: Graph, wrt: list[str], pb: PlanBuilder, values: dict[
 
 def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
                  values: dict[str, Value], gradients: dict[str, str], fetch: dict[str, str],
-                 hook: GradientHook | None, seeds: list[str] = (), arena: Arena | None = None
-                 ) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int,
+                 hook: GradientHook | None, seeds: list[str] = (), arena: Arena | None = None,
+                 inputs_outside: bool = False) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int,
                             dict[str, int]]:
     """5. Memory: the steps in program order, every value's array (arena offsets from the
     lifetimes, owned arrays, graph arrays, views of their bases), the gradient hook's cuts;
     returns (order, cuts, hook names, arena bytes, owned bytes, arena offsets). ``seeds``
     (a stage's) are written before the backward's first step: alive from there; a stage's
-    outputs, copied out before it, need not live through the backward."""
+    outputs, copied out before it, need not live through the backward. ``inputs_outside``:
+    the fed inputs are arrays of the plan's own, not in the arena."""
     order = [s for phase in ("prepare", "forward", "backward") for s in pb.steps
              if s.phase == phase]
+    if inputs_outside:  # the plan keeps its fed inputs in arrays of its own
+        for name in feeds:
+            if name in values and values[name].storage == "arena":
+                values[name].storage = "owned"
     params = set(graph.parameters)
     # A stage's gradients of wrt tensors (its inputs: activation-sized) are copied out by
     # backward_seeded as soon as the backward ends: in the arena, alive to its end.

@@ -191,6 +191,9 @@ class PlannedExecutor(ReferenceExecutor):
     arena = None
     """The ``memory.Arena`` this executor's plans share (None: each plan has its own). Set
     before the first call; activation recomputation gives its segments' executors one."""
+    inputs_outside = False
+    """Whether its plans keep their fed inputs in arrays of their own, outside the arena,
+    where they stay until the next call (recomputation keeps a segment's input there)."""
 
     def _plan(self, feeds: Tensors, outputs: list[str], loss: str | None,
               wrt: Sequence[str], hook=None, seeded: bool = False
@@ -219,7 +222,7 @@ class PlannedExecutor(ReferenceExecutor):
         try:
             plan = compile_plan(self.graph, feeds, outputs, loss, list(wrt), self.training,
                                 self.backends, self.rt, hook, self.plan_precision, seeded,
-                                self.arena)
+                                self.arena, self.inputs_outside)
         except NotPlannable as err:
             self._plans[key] = str(err)
             self.unplanned = str(err)

@@ -179,14 +179,19 @@ class Segments:
         self.executors = [make(g) for g in self.graphs]
         for ex in self.executors:
             ex.arena = self.arena
+        for ex in self.executors[1:-1]:  # their inputs are what a step keeps (the last's
+            ex.inputs_outside = True  # is used at once, the first's is the batch)
         self.readers: dict[str, list[int]] = {}
         """parameter -> the segments that read it, first to last"""
         for s, g in enumerate(self.graphs):
             for name in g.initializers:
                 self.readers.setdefault(name, []).append(s)
         self.kept_bytes = 0
-        """The most bytes held outside the arena at once in the last step: the kept segment
-        inputs and the input gradients one segment hands the one before."""
+        """The most bytes held outside the arena at once in the last step: the segment
+        plans' inputs (the kept segment inputs, and the batch), and the most in flight
+        between segments (an output until the next segment takes it in, the input
+        gradients one segment hands the one before)."""
+        self._inputs: dict[int, np.ndarray] = {}
         self._sums: dict[str, np.ndarray] = {}  # a tied parameter's summed gradient
         self._layouts: dict[tuple, dict[str, np.ndarray]] = {}  # a hook's arrays per batch
 
@@ -224,32 +229,28 @@ class Segments:
         stages, exs = self.partition.stages, self.executors
         last = len(stages) - 1
         kept: dict[str, np.ndarray] = {}
+        self._inputs: dict[int, np.ndarray] = {}  # the plans' own input arrays, by id
         peak = 0
         for s in range(last):  # the forward, keeping only what crosses the cuts
-            given = self._given(s, kept, feeds)
-            out, _ = exs[s].forward_saving(given, stages[s].sends, wrt=self._floats(s, given))
+            out, _ = self._forward(s, kept, feeds, stages[s].sends)
             kept.update(out)
-            peak = max(peak, sum(v.nbytes for v in kept.values()))
+            peak = max(peak, self._held(kept))
         layout = self._hook_layout(feeds, hook) if hook is not None else None
         pending: list[str] = []
         grads: dict[str, np.ndarray] = {}
-        given = self._given(last, kept, feeds)
-        values, saved = exs[last].forward_saving(given, names, wrt=self._floats(last, given))
+        values, saved = self._forward(last, kept, feeds, names)
         seeds = {loss: np.full(saved.shapes[loss][0], seed * (hook.seed if hook else 1.0),
                                saved.shapes[loss][1])}
         for s in range(last, -1, -1):
             if s < last:
-                given = self._given(s, kept, feeds)
                 restore = self._state(s)
-                _, saved = exs[s].forward_saving(given, stages[s].sends,
-                                                 wrt=self._floats(s, given))
+                _, saved = self._forward(s, kept, feeds, stages[s].sends)
                 for name, before in restore:
                     np.copyto(self.graphs[s].initializers[name], before)
                 seeds = {t: back[t] for t in stages[s].sends if t in back}
-            peak = max(peak, sum(v.nbytes for v in kept.values())
-                       + sum(v.nbytes for k, v in seeds.items() if k != loss))
+            peak = max(peak, self._held(kept, seeds))
             back = exs[s].backward_seeded(saved, seeds)
-            del saved, given
+            del saved, seeds
             self._add(s, back, grads, layout)
             for t in stages[s].receives:  # kept inputs no earlier segment reads
                 if not any(t in stages[k].receives for k in range(s)):
@@ -260,12 +261,34 @@ class Segments:
                 if pending and (size >= hook.bucket_bytes or s == 0):
                     hook.ready(pending)
                     pending = []
-        self.kept_bytes = peak
+        self.kept_bytes = peak + sum(a.nbytes for a in self._inputs.values())
         out = {}
         for name, array in self.graph.parameters.items():
             out[name] = layout[name] if layout is not None else \
                 grads[name] if name in grads else np.zeros_like(array)
         return values, out
+
+    def _forward(self, s: int, kept: dict, feeds: dict, outputs: list[str]):
+        """Segment ``s``'s forward, saving for its backward; a plan that keeps its inputs in
+        arrays of its own (``inputs_outside``) holds the kept inputs from then on: the copy
+        made when the segment before computed them goes."""
+        stage = self.partition.stages[s]
+        given = self._given(s, kept, feeds)
+        out, saved = self.executors[s].forward_saving(given, outputs,
+                                                      wrt=self._floats(s, given))
+        inputs = getattr(saved.state, "inputs", None) or {}  # a plan's (not a tape's)
+        if not self.executors[s].inputs_outside:
+            inputs = {}
+        for t in stage.receives:
+            if t in inputs:
+                kept[t] = inputs[t]
+        self._inputs.update((id(a), a) for a in inputs.values())
+        return out, saved
+
+    def _held(self, *arrays: dict) -> int:
+        """Bytes of the arrays held outside the plans (copies in flight between segments)."""
+        return sum(a.nbytes for group in arrays for a in group.values()
+                   if id(a) not in self._inputs and np.ndim(a))
 
     def _given(self, s: int, kept: dict, feeds: dict) -> dict:
         stage = self.partition.stages[s]
@@ -322,10 +345,11 @@ class Segments:
 
     # -- what it holds -----------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
-        """Bytes: the shared arena, the kept segment inputs (at most, last step), and what
-        the segments' plans own (gradients, the segments' input gradients, constants)."""
+        """Bytes: the shared arena, what the last step held outside it at most (``kept_bytes``)
+        and what the segments' plans own besides (gradients, constants)."""
         from meta.lv1.plan.compiler import Plan
 
-        owned = sum(p.owned_bytes for ex in self.executors for p in ex._plans.values()
-                    if isinstance(p, Plan))
+        owned = sum(p.owned_bytes - sum(a.nbytes for a in p.inputs.values())
+                    * ex.inputs_outside for ex in self.executors for p in ex._plans.values()
+                    if isinstance(p, Plan))  # the inputs a plan keeps are counted as kept
         return {"arena": self.arena.nbytes, "kept": self.kept_bytes, "owned": owned}
