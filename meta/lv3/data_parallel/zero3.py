@@ -37,7 +37,6 @@ process.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
@@ -172,9 +171,7 @@ class ShardedExecutor(Executor):
         self.colors = slot_colors(strategy.needs, len(groups))
         """Group -> its parameter slot (``slot_colors``); its gradient slot: its parity (the
         backward visits the groups one after another, each slot reused two groups later)."""
-        self.hooked = [ex.supports_gradient_hook
-                       and "hook" in inspect.signature(ex.forward_saving).parameters
-                       for ex in self.executors]
+        self.hooked = [ex.supports_gradient_hook for ex in self.executors]
         """Per group: whether its executor writes a stage's gradients where a hook says (the
         planned executor's ``forward_saving(..., hook=)``); otherwise they are copied into
         the gradient slot from the executor's own arrays."""
