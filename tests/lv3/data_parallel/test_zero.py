@@ -115,8 +115,9 @@ def test_a_killed_rank_ends_a_zero3_job_with_the_one_line(tmp_path: Path, mnist_
 
 
 # Full-batch Adam on 64 synthetic examples (one step an epoch at any rank count: the same
-# examples' mean gradient at 4, 2 and 1 ranks). The event gathers what a run begins training
-# from out of its ZeRO-3 shards (a collective on every rank) and rank 0 writes it.
+# examples' mean gradient at 4, 2 and 1 ranks), on the planned executor (its groups' plans bound
+# to the slots, evaluations copying the gathered model into them). The event gathers what a run
+# begins training from out of its ZeRO-3 shards (a collective on every rank); rank 0 writes it.
 CHECKPOINT_RECIPE = '''
 import json
 from pathlib import Path
@@ -148,7 +149,7 @@ class ShardProbe(Event):
 
 
 FIXED = {"dataset": "synthetic", "hidden": [16, 8], "optimizer": "adam",
-         "events": [{"name": "shard_probe"}]}
+         "executor": "planned", "events": [{"name": "shard_probe"}]}
 MUTABLE = {"epochs": 2, "train_examples": 64, "test_examples": 16, "batch_size": 64,
            "lr": 0.01, "seed": 3, "distributed": "allreduce"}
 METRICS = {"test_accuracy": AtLeast(0.0)}
