@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from meta.lv1 import ReferenceExecutor
+from meta.lv1 import Graph, ReferenceExecutor, mlp
+from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
 from meta.lv3.hybrid.allreduce import HybridAllreduce
@@ -42,18 +43,26 @@ def _stages(comm: Communicator) -> int:
     return 2 if comm.size % 2 == 0 else 1
 
 
-def _hybrid(comm: Communicator, m: int, schedule: str, lr: float = 0.1, momentum: float = 0.0
+def _hybrid(comm: Communicator, m: int, schedule: str, lr: float = 0.1, momentum: float = 0.0,
+            kind: type = ReferenceExecutor, graph: Graph | None = None
             ) -> tuple[HybridAllreduce, ReplicaGrid]:
-    graph = small_mlp()
+    graph = small_mlp() if graph is None else graph
     grid = ReplicaGrid(comm.size, _stages(comm), 0, "hybrid_allreduce")
     part = partition(graph, grid.stages, balance="params")
     pipeline_comm, data_comm = grid.split(comm)
-    pipe = PipelineExecutor(graph, part, pipeline_comm, ReferenceExecutor, _batch(graph, 3),
+    pipe = PipelineExecutor(graph, part, pipeline_comm, kind, _like(graph, _batch(graph, 3)),
                             m, schedule).train(True)
     strategy = HybridAllreduce(Optimizer(sgd(lr, momentum=momentum),
                                          pipe.stage_graph.parameters), pipe, grid, comm,
                                data_comm)
     return strategy, grid
+
+
+def _like(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` in the dtypes of ``graph``'s inputs (a float32 graph's from float64 data)."""
+    dtypes = {t.name: t.dtype for t in graph.inputs}
+    return {k: v.astype(dtypes[k]) if dtypes.get(k) is not None else v
+            for k, v in feeds.items()}
 
 
 def _shard(feeds: dict[str, np.ndarray], replica: int) -> dict[str, np.ndarray]:
@@ -78,6 +87,26 @@ def check_allreduce_gradients_match_the_global_batch(comm: Communicator) -> None
             np.testing.assert_allclose(g, want[p], rtol=0, atol=TOLERANCE, err_msg=f"{where}: {p}")
         if grid.replicas > 1:  # a shard's gradient alone is not the global batch's
             assert max(np.abs(grads[p] - want[p]).max() for p in grads) > 1e-3, where
+
+
+def check_planned_allreduce_gradients_match_the_global_batch(comm: Communicator) -> None:
+    """The stages on the planned executor (float32, a plan per stage and in-flight
+    micro-batch), 4 micro-batches, both schedules: every stage's averaged gradients are the
+    single process's within 1e-5."""
+    def graph() -> Graph:
+        return mlp(input_shape=(1, 4, 4), hidden=(12, 10, 8), classes=5, seed=3)
+
+    reference = ReferenceExecutor(graph()).train(True)
+    for schedule in SCHEDULES:
+        strategy, grid = _hybrid(comm, 4, schedule, kind=PlannedExecutor, graph=graph())
+        replica = grid.position(comm.rank)[0]
+        feeds = _like(graph(), _batch(graph(), ROWS * grid.replicas, seed=7))
+        _, want = reference.inference_and_backprop(feeds)
+        strategy.step(strategy.pipe.inference_and_backprop(_shard(feeds, replica))[1])
+        assert all(isinstance(ex, PlannedExecutor) for ex in strategy.pipe.slots)
+        for p, g in strategy.flat_grads.views.items():
+            np.testing.assert_allclose(g, want[p], rtol=0, atol=1e-5,
+                                       err_msg=f"rank {comm.rank}, {schedule} (planned): {p}")
 
 
 def check_allreduce_steps_match_the_global_batch(comm: Communicator) -> None:
@@ -149,6 +178,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
     for f in (
         check_allreduce_gradients_match_the_global_batch,
         check_allreduce_steps_match_the_global_batch,
+        check_planned_allreduce_gradients_match_the_global_batch,
         check_downpour_recipe_trains,
     )
 }
