@@ -157,10 +157,13 @@ def chosen(preds: list) -> list:
     return out
 
 
-def run_config(recipe_path: Path, ranks: int, sets: dict[str, str], steps: int) -> list[dict]:
+def run_config(recipe_path: Path, ranks: int, sets: dict[str, str], steps: int,
+               malloc: str = "default") -> list[dict]:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
+    if malloc == "fixed":  # glibc gives every array of 64 KiB and more back when freed
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     out = subprocess.run([str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(ranks),
                           sys.executable, __file__, "--worker", str(recipe_path),
                           "--sets", json.dumps(sets), "--steps", str(steps)],
@@ -190,6 +193,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--only", default="", help="only the configurations whose label contains one of these (comma-separated)")
     parser.add_argument("--verbose", action="store_true", help="each rank's figures")
+    parser.add_argument("--malloc", choices=("default", "fixed"), default="default",
+                        help="glibc's allocator as meta run has it, or with its mmap "
+                        "threshold fixed at 64 KiB (freed arrays leave the resident set)")
     parser.add_argument("--json", metavar="OUT", help="write the rows here")
     parser.add_argument("--markdown", metavar="OUT", help="write the table here")
     parser.add_argument("--worker", metavar="RECIPE", help=argparse.SUPPRESS)
@@ -212,7 +218,7 @@ def main() -> None:
             if args.only and not any(w in pr.label for w in args.only.split(",")):
                 continue
             sets = {**base, **pr.sets}
-            measured = run_config(recipe_path, ranks, sets, args.steps)
+            measured = run_config(recipe_path, ranks, sets, args.steps, args.malloc)
             worst = max(measured, key=lambda r: r["peak_mb"])
             predicted = pr.memory.total / MB
             error = predicted / worst["peak_mb"] - 1

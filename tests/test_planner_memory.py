@@ -198,10 +198,14 @@ def test_step_facts_ask_the_planned_executor_for_its_arrays():
     ex.inference_and_backprop(feeds(16), loss="loss")
     assert f.activations(16) == pytest.approx(_plan_bytes(ex), rel=0.01)
     assert (f.state_slots, f.update_whole, f.elementwise) == pytest.approx((2, 4, True), abs=0.05)
-    # the ZeRO-3 rows use the reference path (its layer groups run it)
+    # the ZeRO-3 rows: its layer groups' own plans and slots, asked from the strategy
     n = float(sum(p.nbytes for p in graph.parameters.values()))
     m3 = rank_memory(f, n, 16, 4, 3)
-    assert m3.activations == f.activations(16, planned=False)
+    if f.zero3 is not None:
+        assert m3.activations == pytest.approx(f.zero3[0] + 16 * f.zero3[1])
+        assert m3.buffers == f.zero3_slots > 0
+    else:  # its groups run the reference path (not planned): the traced figure
+        assert m3.activations == f.activations(16, planned=False)
     assert rank_memory(f, n, 16, 4, 2).activations == f.activations(16)
 
 

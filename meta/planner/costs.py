@@ -514,8 +514,9 @@ def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Predi
         return []
     out = []
     for pr in predictions:
-        if pr.strategy not in ("allreduce", "zero2", "zero3") or "recompute" in pr.sets or (
-                pr.strategy == "zero3" and not facts.zero3_planned):
+        # ZeRO-3's layer groups run as stages (forward_saving, backward_seeded), which the
+        # executor's recompute does not segment
+        if pr.strategy not in ("allreduce", "zero2") or "recompute" in pr.sets:
             continue
         hooked = pr.sets.get("distributed.overlap") != "false"  # all but plain allreduce
         act = facts.recomputed(work.batch, work.param_bytes, hooked)

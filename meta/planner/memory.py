@@ -125,7 +125,8 @@ class StepFacts:
     reference: tuple[float, float]
     largest_param_bytes: float
     recompute: tuple[float, float] | None = None  # the planned path with recompute="blocks"
-    zero3_planned: bool = False  # ZeRO-3's layer groups run the planned path
+    zero3: tuple[float, float] | None = None  # ZeRO-3's planned layer groups (else reference)
+    zero3_slots: float | None = None  # ZeRO-3's gathered groups and their gradients, bytes
 
     def activations(self, batch: int, planned: bool = True, recompute: bool = False) -> float:
         """Bytes of activations at ``batch`` on the planned path (where the recipe's executor
@@ -217,7 +218,41 @@ def _linear(at2: float, at4: float) -> tuple[float, float]:
     return at2 - 2 * per, per
 
 
-def _plan_bytes(executor: Any) -> float:
+def zero3_activations(graph: Any, feeds_at: Callable[[int], dict],
+                      make_executor: Callable[[Any], Any]
+                      ) -> tuple[tuple[float, float], float] | None:
+    """((fixed, per sample) bytes of ZeRO-3's layer groups' activations, its slots' bytes):
+    the strategy itself (``Zero3``, on a copy of the graph, one rank) takes a step at batches
+    2 and 4 with the recipe's executor; each group's executor is asked what its compiled
+    plans hold (every group's forward keeps its arrays until its backward), the strategy
+    what its slots take (``ShardedExecutor.slot_bytes``: the gathered groups and their
+    gradients). None where its groups do not plan or it cannot take the step here."""
+    import copy
+
+    from meta.lv2.optimizers import Optimizer, sgd
+    from meta.lv3.comm.communicator import SingleProcessCommunicator
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    out, slots = [], 0.0
+    for batch in (2, 4):
+        g = copy.deepcopy(graph)
+        zero3 = Zero3(Optimizer(sgd(1e-12), g.parameters), SingleProcessCommunicator(), g,
+                      make_executor)
+        ex = zero3.executor
+        ex.train()
+        groups = getattr(ex, "executors", [])
+        if not groups or not all(hasattr(e, "_plans") for e in groups):
+            return None  # not planned: the reference path's traced figure serves
+        zero3.step_with(ex, feeds_at(batch))
+        held = [_plan_bytes(e, every_plan=True) for e in groups]
+        if not hasattr(ex, "slot_bytes") or not all(held):  # groups run unplanned
+            return None
+        out.append(sum(held))
+        slots = float(ex.slot_bytes())
+    return _linear(*out), slots
+
+
+def _plan_bytes(executor: Any, every_plan: bool = False) -> float:
     """The arrays the planned executor's last step allocated (its arena, the values it keeps
     apart; with ``recompute``, the segments' shared arena, their plans' own arrays and the
     kept segment inputs), less the parameters' gradients it hands out (a strategy's own
@@ -228,6 +263,8 @@ def _plan_bytes(executor: Any) -> float:
         plans = [p for ex in segments.executors for p in ex._plans.values()
                  if hasattr(p, "values")]
         extra = float(getattr(segments, "kept_bytes", 0))
+    elif every_plan:  # a stage's: its forward's and its backward's plans, both kept
+        plans = [p for p in getattr(executor, "_plans", {}).values() if hasattr(p, "values")]
     else:
         plans = [executor._last] if getattr(executor, "_last", None) is not None else []
     params = set(executor.graph.parameters)
@@ -300,8 +337,15 @@ def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Call
         recompute = step_activations(lambda: make_executor(graph, recompute=RECOMPUTE),
                                      feeds_at, True)
     reference = step_activations(lambda: ReferenceExecutor(graph), feeds_at, False)
+    zero3 = None
+    if planned is not None:
+        try:
+            zero3 = zero3_activations(graph, feeds_at, make_executor)
+        except Exception:  # noqa: BLE001  (a graph ZeRO-3 refuses: it is ranked on the
+            zero3 = None  # reference path's figure and the formula's buffers)
     largest = max((float(np.asarray(p).nbytes) for p in graph.parameters.values()), default=0.0)
-    return StepFacts(state, whole, tensor, elementwise, planned, reference, largest, recompute)
+    return StepFacts(state, whole, tensor, elementwise, planned, reference, largest, recompute,
+                     zero3[0] if zero3 else None, zero3[1] if zero3 else None)
 
 def zero3_groups(param_count: int, nodes: int) -> int:
     """The layer groups ``Zero3`` cuts a graph into when its ``groups`` option is 0."""
@@ -312,7 +356,7 @@ def zero3_groups(param_count: int, nodes: int) -> int:
 def zero_memory(param_bytes: float, state_slots: float, activations: float, ranks: int,
                 stage: int, groups: int = 2, shared_buffer: bool = True,
                 update_slots: float = 0.0, elementwise: bool = True,
-                overlapped: bool = False) -> Memory:
+                overlapped: bool = False, slots: float | None = None) -> Memory:
     """A data-parallel rank's memory under ZeRO ``stage`` (0: plain allreduce over MPI, 1:
     allreduce in shared memory, ``NodeExchange``) at ``ranks`` ranks: ``param_bytes`` of
     parameters (4Ψ in float32), ``state_slots`` arrays of state the size of the parameters
@@ -322,7 +366,9 @@ def zero_memory(param_bytes: float, state_slots: float, activations: float, rank
     besides the executor's (not ``overlapped``: there the backward writes into the buckets,
     whose allreduces in flight hold one gradient's worth in MPI). ``elementwise``: whether
     stage 1 can step a slice (``ShardedOptimizer.takes``; else every rank steps the whole
-    mean, which the ranks share, with the whole state)."""
+    mean, which the ranks share, with the whole state). ``slots``: stage 3's gathered groups
+    and their gradients as the strategy reports them (``ShardedExecutor.slot_bytes``), else
+    two groups and one group's gradients."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {stage}: must be 0, 1, 2 or 3")
     p = max(1, ranks)
@@ -343,7 +389,7 @@ def zero_memory(param_bytes: float, state_slots: float, activations: float, rank
         temporaries += SCATTER_SLOTS * n if p > 1 else 0.0
     else:  # two groups gathered and one group's gradients; its reduce-scatter in flight
         g = max(1, groups)
-        buffers = 3 * n / g if p > 1 else 0.0
+        buffers = (3 * n / g if slots is None else slots) if p > 1 else 0.0
         temporaries += SCATTER_SLOTS * n / g if p > 1 else 0.0
     return Memory(params, grads, state, float(activations), buffers, temporaries)
 
@@ -360,10 +406,13 @@ def rank_memory(facts: StepFacts | None, param_bytes: float, batch: int, ranks: 
         return zero_memory(param_bytes, state_slots, activation_bytes * batch, ranks, stage,
                            groups, shared_buffer, overlapped=overlapped)
     flat = stage >= 2 or (stage == 1 and facts.elementwise)
-    act = facts.activations(batch, stage != 3 or facts.zero3_planned, recompute)
+    act = facts.activations(batch, True, recompute)
+    if stage == 3:  # its layer groups run as stages: their own plans, or the reference path
+        fixed, per = facts.zero3 if facts.zero3 is not None else facts.reference
+        act = max(0.0, fixed + per * batch)
     return zero_memory(param_bytes, facts.state_slots, act,
                        ranks, stage, groups, shared_buffer, facts.update_slots(param_bytes, flat),
-                       facts.elementwise, overlapped)
+                       facts.elementwise, overlapped, facts.zero3_slots)
 
 
 def mb(nbytes: float) -> str:
