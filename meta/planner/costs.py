@@ -483,23 +483,33 @@ def pipeline_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]
 
 
 def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
-    """``partitioned``: every rank holds 1/P of each fully connected layer and takes the
-    whole batch; Megatron's pairing, one allreduce of a pair's output forward and one
-    backward."""
+    """``partitioned``: every rank takes the whole batch and runs its share of each node as
+    the strategy's plan splits the graph (``Workload.partitioned``: Megatron's pairs, attention
+    by heads; each allreduce the plan makes); where that plan is not known, every weighted
+    layer split 1/P in pairs, one allreduce of a pair's output forward and one backward."""
     if p < 2 or p > 64:
         return []
-    gemms = [x for x in work.layers if x.param_bytes]
-    split = sum(x.forward_s + x.backward_s for x in gemms) / p
-    rest = sum(x.forward_s + x.backward_s for x in work.layers if not x.param_bytes)
-    pairs = gemms[1::2]
-    volume = [x.activation_bytes * work.batch for x in pairs]
-    comm = sum(2 * allreduce_s(machine, p, v) for v in volume) + work.sync_s(p)
-    compute = split + rest + work.extra_s + work.update_s / p
+    shape = work.partitioned(p) if work.partitioned is not None else None
+    if shape is not None:
+        # the strategy's own plan (``step_shape``): each node at the share the busiest rank
+        # runs (attention split by heads, LayerNorms and embeddings whole), each allreduce
+        # the plan makes once
+        compute = sum((x.forward_s + x.backward_s) * shape.shares.get(x.name, 1.0)
+                      for x in work.layers)
+        volume = [b * work.batch for b in shape.allreduce_bytes]
+        comm = sum(allreduce_s(machine, p, v) for v in volume) + work.sync_s(p)
+    else:  # by layer kind: every weighted layer split, pairs of them, one allreduce each way
+        gemms = [x for x in work.layers if x.param_bytes]
+        compute = sum(x.forward_s + x.backward_s for x in gemms) / p + sum(
+            x.forward_s + x.backward_s for x in work.layers if not x.param_bytes)
+        volume = [2 * x.activation_bytes * work.batch for x in gemms[1::2]]
+        comm = sum(allreduce_s(machine, p, v / 2) * 2 for v in volume) + work.sync_s(p)
+    compute += work.extra_s + work.update_s / p
     n = work.param_bytes
     memory = Memory(n / p, n / p, n / p * work.state_slots, work.activation_bytes * work.batch)
     return [Prediction("partitioned", f"tensor parallel over {p} ranks",
                        {"distributed": "partitioned"}, p, work.batch, compute + comm, compute,
-                       comm, memory, sum(2 * 2 * (p - 1) / p * v for v in volume))]
+                       comm, memory, sum(2 * (p - 1) / p * v for v in volume))]
 
 
 def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Prediction]:

@@ -11,8 +11,8 @@ the step is attributed per node, so a pipeline cut or a tensor-parallel split ca
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,6 +78,10 @@ class Workload:
     # what the step holds besides the parameters, asked from the recipe's optimizer and
     # executor (``meta.planner.memory.step_facts``); None: the name table and node outputs
     facts: StepFacts | None = None
+    # ranks -> what a partitioned (tensor-parallel) step does at that many ranks: each node's
+    # share on the busiest rank and the allreduces (``meta.lv3.tensor_parallel.plan.
+    # step_shape``, the strategy's own plan); None: not known (an estimate by layer kind)
+    partitioned: Callable[[int], Any] | None = field(default=None, compare=False)
 
     def busy(self, active: int, cores: int) -> Workload:
         """This step with ``active`` ranks computing at once on a node of ``cores`` cores,
@@ -226,6 +230,7 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     opt = d.choices["optimizer"]
     slots = state_slots(opt.name, opt.values())
     facts = recipe_facts(recipe, graph, train, slots)
+    split = partitioned_shape(graph, train)
     costs: RecipeCosts | None = machine.costs.get(recipe.name)
     if costs is not None and costs.signature == graph_signature(graph):
         f = batch / costs.batch
@@ -244,7 +249,7 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
                         f"measured on {costs.executor} at batch {costs.batch}",
                         scale(extra, costs.extra_fixed_s, f), min(costs.extra_fixed_s, extra),
                         costs.step_spread, costs.ranks_measured, costs.pattern, costs.step_s,
-                        facts)
+                        facts, split)
     # 2 flops per multiply-add; a weight is used once per sample (convolutions: once per
     # output position, which this estimate misses: it errs low for them)
     layers = []
@@ -255,7 +260,30 @@ def make_workload(recipe: Recipe, machine: Machine, graph: Any = None,
     update = 4 * total_params / 4 / machine.flops  # a few flops per weight
     return Workload(recipe.name, batch, tuple(layers), total_params, slots, update,
                     f"estimated from {machine.flops:.3g} flop/s (no measured costs for "
-                    f"{recipe.name!r}: run meta plan --calibrate)", facts=facts)
+                    f"{recipe.name!r}: run meta plan --calibrate)", facts=facts,
+                    partitioned=split)
+
+
+def partitioned_shape(graph: Any, train: Any) -> Callable[[int], Any]:
+    """ranks -> the ``StepShape`` of ``graph`` split over that many ranks as the
+    ``partitioned`` strategy splits it (each computed once, when asked; None where the graph
+    cannot be probed or planned: the planner then estimates by layer kind)."""
+    made: dict[int, Any] = {}
+    shapes: list[Any] = []
+
+    def shape(ranks: int) -> Any:
+        if ranks not in made:
+            from meta.lv3.tensor_parallel.plan import probe, step_shape
+
+            try:
+                if not shapes:
+                    shapes.append(probe(graph, feeds_for(graph, train, 2)))
+                made[ranks] = step_shape(graph, shapes[0], ranks)
+            except Exception:  # noqa: BLE001  (a graph the split cannot run: the estimate)
+                made[ranks] = None
+        return made[ranks]
+
+    return shape
 
 
 def recipe_facts(recipe: Recipe, graph: Any, train: Any, slots: float) -> StepFacts | None:

@@ -669,3 +669,26 @@ def plan(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int = 0) ->
             if not blocked.origins & columns:  # cannot happen: every split has an origin
                 raise PlanError(str(blocked)) from blocked
             columns -= blocked.origins
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a partitioned step at ``ranks`` ranks does, for a model of its time (``meta
+    plan``'s ``tensor_parallel_costs``, the strategy's ``predicted``): per node the share of
+    its work the busiest rank runs (rank 0: it takes the first of uneven splits and the
+    row-parallel biases), and the bytes per example of each allreduce one step makes."""
+
+    ranks: int
+    """The ranks the graph is split over."""
+    shares: dict[str, float]
+    """node -> the fraction of its work rank 0 does (1.0: replicated)."""
+    allreduce_bytes: tuple[int, ...]
+    """Per allreduce of a step (forward and backward), its buffer's bytes per example."""
+
+
+def step_shape(graph: Graph, shapes: Shapes, ranks: int) -> StepShape:
+    """The ``StepShape`` of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s): the same
+    plan the strategy makes, so the model splits exactly the nodes a run splits."""
+    mine = plan(graph, shapes, 0, ranks)
+    return StepShape(ranks, {n: layer.share for n, layer in mine.layers.items()},
+                     tuple(c.nbytes(1) for c in mine.collectives))

@@ -20,7 +20,7 @@ from meta.lv3.tensor_parallel.plan import plan, probe
 from meta.lv3.tensor_parallel.strategy import refuse_dropout
 
 from . import gpt_parallel_checks
-from .gpt_parallel_checks import batch, small_gpt
+from .gpt_parallel_checks import CONTEXT, batch, small_gpt
 
 SCRIPT = str(Path(gpt_parallel_checks.__file__))
 
@@ -91,3 +91,30 @@ def test_dropout_is_refused_under_tensor_parallelism() -> None:
     refuse_dropout(small_gpt())
     with pytest.raises(ComponentError, match="node 'emb.dropout' \\(Dropout\\)"):
         refuse_dropout(gpt((8,), classes=11, layers=1, heads=2, width=8, dropout=0.1))
+
+
+def test_meta_plan_costs_the_split_the_strategy_makes() -> None:
+    """``meta plan``'s tensor-parallel row runs each node at the share the strategy's own plan
+    gives it (attention split by heads, LayerNorms, embedding and head whole) and makes the
+    plan's 8 allreduces; without that plan it falls back to its estimate by layer kind."""
+    from meta.lv3.tensor_parallel.plan import step_shape
+    from meta.planner.costs import tensor_parallel_costs
+    from meta.planner.machine import Machine
+    from meta.planner.workload import Layer, Workload
+
+    graph = small_gpt()
+    shapes = probe(graph, batch(2))
+    shape = step_shape(graph, shapes, 2)
+    assert shape.shares["h0.attn.softmax"] == shape.shares["h1.mlp.fc.matmul"] == 0.5
+    assert shape.shares["h0.ln1"] == shape.shares["tok_emb"] == shape.shares["loss"] == 1.0
+    assert shape.allreduce_bytes == (CONTEXT * 16 * 8,) * 8  # float64 width 16 per example
+    layers = tuple(Layer(n.name, n.op_type, 1e-3, 2e-3, 0, 0) for n in graph.nodes)
+    work = Workload("gpt", 4, layers, 1, 2, 0.0, "test",
+                    partitioned=lambda ranks: step_shape(graph, shapes, ranks))
+    row = tensor_parallel_costs(work, Machine(), 2)[0]
+    want = sum(3e-3 * shape.shares[n.name] for n in graph.nodes)
+    assert row.compute_s == pytest.approx(want) and want < 3e-3 * len(graph.nodes)
+    assert row.bytes_sent == pytest.approx(8 * 4 * CONTEXT * 16 * 8)  # 2(p-1)/p = 1 at p=2
+    by_kind = tensor_parallel_costs(Workload("gpt", 4, layers, 1, 2, 0.0, "test"), Machine(),
+                                    2)[0]
+    assert by_kind.compute_s != pytest.approx(want)
