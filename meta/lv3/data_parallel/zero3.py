@@ -121,7 +121,9 @@ class StageHook:
     bucket: the group's reduce-scatter starts once its backward is done."""
 
     bucket_bytes = 1 << 62
+    """More than any group: one bucket, the whole backward."""
     seed = 1.0
+    """Unused by a stage (its seeds are the step's, already 1/P)."""
 
     def __init__(self, own: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
                  dtype: np.dtype) -> None:
@@ -130,6 +132,7 @@ class StageHook:
         self.shapes = shapes
         """Every parameter the group's graph reads -> its shape."""
         self.dtype = dtype
+        """The parameters' dtype."""
         self.other: dict[str, np.ndarray] = {}
         """Another group's parameter -> the array this group's plans write its gradient to."""
 
