@@ -122,7 +122,7 @@ class StepFacts:
     update_tensor: float  # ... and with its largest tensor (freed tensor by tensor)
     elementwise: bool  # a slice of the parameters can be stepped alone (ZeRO-1 shares it)
     planned: tuple[float, float] | None  # (fixed, per sample) bytes; None: not planned
-    reference: tuple[float, float]
+    reference: tuple[float, float]  # (the planned path's where no row needs it)
     largest_param_bytes: float
     recompute: tuple[float, float] | None = None  # the planned path with recompute="blocks"
     zero3: tuple[float, float] | None = None  # ZeRO-3's planned layer groups (else reference)
@@ -336,16 +336,20 @@ def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Call
     if planned is not None and "recompute" in getattr(executor, "options", {}):
         recompute = step_activations(lambda: make_executor(graph, recompute=RECOMPUTE),
                                      feeds_at, True)
-    reference = step_activations(lambda: ReferenceExecutor(graph), feeds_at, False)
     zero3 = None
     if planned is not None:
         try:
             zero3 = zero3_activations(graph, feeds_at, make_executor)
         except Exception:  # noqa: BLE001  (a graph ZeRO-3 refuses: it is ranked on the
             zero3 = None  # reference path's figure and the formula's buffers)
+    # the reference path serves where the executor or ZeRO-3's groups do not plan: traced
+    # only then (each figure costs steps at two batches)
+    reference = planned if planned is not None and zero3 is not None else \
+        step_activations(lambda: ReferenceExecutor(graph), feeds_at, False)
     largest = max((float(np.asarray(p).nbytes) for p in graph.parameters.values()), default=0.0)
     return StepFacts(state, whole, tensor, elementwise, planned, reference, largest, recompute,
                      zero3[0] if zero3 else None, zero3[1] if zero3 else None)
+
 
 def zero3_groups(param_count: int, nodes: int) -> int:
     """The layer groups ``Zero3`` cuts a graph into when its ``groups`` option is 0."""
