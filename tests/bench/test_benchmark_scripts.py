@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -105,3 +106,23 @@ def test_time_to_accuracy_against_pytorch(mnist_dir):
     assert re.search(r"median time to 50%: meta planned \d+\.\d\d s, meta native \d+\.\d\d s, "
                      r"pytorch \d+\.\d\d s; pytorch / meta planned \d+\.\d\d", out), out
 
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_model_parallel_prints_ratios_predictions_and_equality(mpirun, tinyshakespeare_dir,
+                                                                tmp_path):
+    if tinyshakespeare_dir is None:
+        pytest.skip("no Tiny Shakespeare (set $META_TINYSHAKESPEARE_DIR)")
+    out = mpirun(2, [sys.executable, str(BENCHMARKS / "model_parallel.py"), "--steps", "1",
+                     "--repeats", "1", "--calibration-steps", "1",
+                     "--json", str(tmp_path / "mp.json")], timeout=300)
+    for name in ("tensor_parallel", "pipeline"):  # float32, planned: within 1e-5
+        assert re.search(rf"{name}: largest difference from one process: .* bound 1e-05: met",
+                         out), out
+    assert re.search(r"tensor parallel, 2 ranks\s+\d+\.\d\s+\d\.\d{3}\s+0\.65\s+\d+\.\d", out), out
+    assert re.search(r"pipeline 2 x 4 micro-batches \(1f1b\)\s+\d+\.\d\s+\d\.\d{3}\s+0\.75", out)
+    assert "load average" in out and "CPU " in out, out
+    figures = json.loads((tmp_path / "mp.json").read_text())
+    assert set(figures["ratio"]) == {"single", "tensor_parallel", "pipeline"}, figures
+    assert all(v > 0 for v in figures["predicted_ms"].values()), figures
