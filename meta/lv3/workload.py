@@ -17,9 +17,10 @@ those that cut the graph refuse that in one line.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -77,16 +78,47 @@ class Workload:
         names = self.names
         return {k: v for k, v in ((names["input"], x), (names["labels"], y)) if k in declared}
 
-    def executor_maker(self) -> Callable[[Graph], ReferenceExecutor]:
-        """Executors of the trainer's kind (backends, profiling, memory) for other graphs: a
-        pipeline's stages, a partition's parts."""
+    def executor_options(self) -> dict[str, Any]:
+        """The run's executor's options as it runs them: every option its kind declares
+        (``options``, its bases' too: ``meta.common.component``), read from the executor. The
+        one list of what an executor of the run's kind is made with (``executor_maker``)."""
+        kind = type(self.executor)
+        declared = dict.fromkeys(k for c in reversed(kind.__mro__)
+                                 for k in getattr(c, "options", {}))
+        return {k: getattr(self.executor, k) for k in declared if hasattr(self.executor, k)}
+
+    @property
+    def recompute(self) -> Any:
+        """The run's activation recomputation (the planned executor's ``recompute``: "blocks"
+        or node-name patterns), None when off or where the executor has none."""
+        return self.executor_options().get("recompute") or None
+
+    def executor_maker(self, strategy: str = "", recomputes: bool = False
+                       ) -> Callable[[Graph], ReferenceExecutor]:
+        """Executors of the trainer's kind for other graphs (a pipeline's stages, a
+        partition's parts, ZeRO-3's layer groups), made with every option the run's executor
+        was (``executor_options``: backends, profiling, memory, precision, ...), so a part
+        never runs otherwise than the whole would (bf16 stays bf16).
+
+        Parts run as stages (``forward_saving``/``backward_seeded``), which do not recompute:
+        a run asking for ``recompute`` is refused in one line, unless the caller recomputes
+        its parts itself (``recomputes``: ZeRO-3 recomputes each layer group), whose parts
+        are then made without it."""
         executor, kind = self.executor, type(self.executor)
-        # the planned executor's precision too (its recompute is the whole graph's: not passed)
-        extra = {"precision": executor.precision} if hasattr(executor, "precision") else {}
+        options = self.executor_options()
+        if options.get("recompute"):
+            if not recomputes:
+                who = f"distributed {strategy!r}" if strategy else "this distributed strategy"
+                raise ComponentError(
+                    f"{who} runs the graph's parts as stages, which do not recompute "
+                    f"activations: recompute={options['recompute']!r} cannot be honoured "
+                    f"(drop recompute, or use allreduce, zero1, zero2 or zero3)")
+            options["recompute"] = None
+        if "backends" in inspect.signature(kind).parameters:  # not an option: the kind's own
+            options["backends"] = executor.backends
 
         def make(graph: Graph) -> ReferenceExecutor:
-            return kind(graph, executor.backends, executor.profile,  # type: ignore[call-arg]
-                        executor.free_intermediates, **extra)
+            return kind(graph, **options)  # type: ignore[call-arg]
 
         return make
 

@@ -26,6 +26,12 @@ to the same buffers' twins. The whole model is never resident; what the slots co
 good, is about 2 x 2 groups of float32 (``ShardedExecutor.slot_bytes``): with the default
 groups of 2 M parameters 32 MB, next to 4 bytes a parameter of shards at P = 4 with Adam.
 
+With the run's ``recompute`` (any spec: ZeRO-3's segments are its layer groups) a training
+forward keeps only each group's inputs; every group but the last runs its forward again
+(gathered for its backward anyway) just before its backward, and the planned groups share one
+arena: one group's activations at a time, not every group's. The groups' executors are made
+with every other option of the run's executor (``Workload.executor_maker``: bf16 stays bf16).
+
 A parameter read by two groups (a language model's head tied to its token embedding) lives in
 the first group that reads it; the other gathers that group too, and both add to its gradient.
 Before an evaluation (``sync_state``) and at ``finish`` the whole model is gathered into
@@ -44,6 +50,9 @@ import numpy as np
 from meta.common.component import ComponentError, Option
 from meta.lv1.executor import Executor, SavedForward
 from meta.lv1.gradient_hook import GradientHook
+from meta.lv1.plan.memory import Arena
+from meta.lv1.plan.precision import say_once
+from meta.lv1.plan.recompute import RANDOM
 from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
@@ -149,13 +158,25 @@ class StageHook:
         """Nothing to start early: the step reduce-scatters the group after its backward."""
 
 
+class Recompute:
+    """What a step keeps of a group's forward under ``recompute``: its inputs and the outputs
+    asked, to run it again just before its backward."""
+
+    def __init__(self, given: dict, wanted: list[str]) -> None:
+        self.given = given
+        """The group's inputs (feeds and the groups before's outputs)."""
+        self.wanted = wanted
+        """The outputs its forward was asked for."""
+
+
 class ShardedExecutor(Executor):
     """The trainer's executor under ZeRO-3: the graph's layer groups run in turn, each with
     its parameters all-gathered just before (into its slot) and released just after (see the
     module). Every call is a collective over the strategy's ranks, except inference while the
     model is gathered whole (``materialize``: evaluations)."""
 
-    def __init__(self, strategy: Zero3, graph: Any, part: Partition, make: Any) -> None:
+    def __init__(self, strategy: Zero3, graph: Any, part: Partition, make: Any,
+                 recompute: bool = False) -> None:
         self.strategy = strategy
         """The ZeRO-3 strategy whose shards the groups gather from and reduce into."""
         self.graph = graph
@@ -170,6 +191,17 @@ class ShardedExecutor(Executor):
         ``backward_seeded``): on the planned executor each group is a compiled plan."""
         self.ops = {k: op for ex in self.executors for k, op in ex.ops.items()}
         """Every group's operators (their random state goes into checkpoints)."""
+        self.recompute = recompute
+        """Whether a training step recomputes each group's forward in its backward (the run's
+        ``recompute``): the forward keeps only each group's inputs, and every group but the
+        last runs its forward again (gathered for its backward anyway) just before its
+        backward. Planned groups then share one arena (``memory.Arena``): no group's
+        activations need survive another group's forward."""
+        if recompute:
+            arena = Arena()
+            for ex in self.executors:
+                if hasattr(ex, "arena"):
+                    ex.arena = arena
         groups = strategy.groups
         self.colors = slot_colors(strategy.needs, len(groups))
         """Group -> its parameter slot (``slot_colors``); its gradient slot: its parity (the
@@ -391,13 +423,9 @@ class ShardedExecutor(Executor):
             wanted = names if s == last else stage.sends
             executor = self.executors[s]
             if training:
-                wrt = [t for t in stage.receives
-                       if np.issubdtype(np.asarray(given[t]).dtype, np.floating)]
-                if self.hooked[s]:
-                    out, saved[s] = executor.forward_saving(given, wanted, wrt,
-                                                            hook=self.hooks[s])
-                else:
-                    out, saved[s] = executor.forward_saving(given, wanted, wrt)
+                out, saved[s] = self._forward_saving(s, given, wanted)
+                if self.recompute and s < last:  # its backward runs this forward again
+                    saved[s] = Recompute(given, wanted)
             else:
                 out = executor.inference(given, wanted)
             out = {t: self._detached(v) for t, v in out.items()}
@@ -409,7 +437,26 @@ class ShardedExecutor(Executor):
                     self.free(g)
         return {t: out[t] for t in names}, saved
 
-    def _backward(self, saved: dict[int, SavedForward], seeds: dict) -> None:
+    def _forward_saving(self, s: int, given: dict, wanted: list[str]
+                        ) -> tuple[dict, SavedForward]:
+        """Group ``s``'s training forward, saving for its backward (its gradients into its
+        slot: ``StageHook``, where its executor takes one)."""
+        wrt = [t for t in self.partition.stages[s].receives
+               if np.issubdtype(np.asarray(given[t]).dtype, np.floating)]
+        if self.hooked[s]:
+            return self.executors[s].forward_saving(given, wanted, wrt, hook=self.hooks[s])
+        return self.executors[s].forward_saving(given, wanted, wrt)
+
+    def _recomputed(self, s: int, kept: Recompute) -> SavedForward:
+        """Group ``s``'s forward run again for its backward (``recompute``), the state a
+        training forward updates (running statistics) put back: updated once a step."""
+        state = [(n, a.copy()) for n, a in self.stage_graphs[s].state.items()]
+        _, saved = self._forward_saving(s, kept.given, kept.wanted)
+        for name, before in state:
+            np.copyto(self.stage_graphs[s].initializers[name], before)
+        return saved
+
+    def _backward(self, saved: dict[int, Any], seeds: dict) -> None:
         st = self.strategy
         stages = self.partition.stages
         sending: dict[int, Any] = {}  # gradient slot -> its reduce-scatter under way
@@ -422,7 +469,11 @@ class ShardedExecutor(Executor):
             c, group = s % 2, st.groups[s]
             if c in sending:  # the gradient slot's last group has left it
                 st.comm.waitall([sending.pop(c)])
-            got = self.executors[s].backward_seeded(saved.pop(s), seeds)
+            handle = saved.pop(s)
+            if isinstance(handle, Recompute):
+                handle = self._recomputed(s, handle)
+            got = self.executors[s].backward_seeded(handle, seeds)
+            del handle
             self._lap("backward")
             own = self.grad_views[s]
             for name in self.stage_graphs[s].parameters:
@@ -504,11 +555,19 @@ class Zero3(Strategy):
                     groups: int = 0, **options: Any) -> Zero3:
         workload = required(workload, cls.name)
         cls.check(optimizer, comm, workload)
-        return cls(optimizer, comm, workload.graph, workload.executor_maker(), groups,
-                   **options)
+        return cls(optimizer, comm, workload.graph,
+                   workload.executor_maker(cls.name, recomputes=True), groups,
+                   recompute=workload.recompute, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None, graph: Any,
-                 make: Any, groups: int = 0, **options: Any) -> None:
+                 make: Any, groups: int = 0, recompute: Any = None, **options: Any) -> None:
+        if recompute:
+            random = [n for n in graph.nodes if n.op_type in RANDOM]
+            if random:
+                raise ComponentError(
+                    f"distributed 'zero3' with recompute={recompute!r}: node "
+                    f"{random[0].name!r} ({random[0].op_type}) draws random numbers, which "
+                    f"the recomputed forward would draw differently; drop recompute")
         super().__init__(optimizer, comm, **options)  # every rank starts from rank 0's values
         params = self.flat_params.views
         total = len(self.flat_params)
@@ -552,8 +611,12 @@ class Zero3(Strategy):
         """The run's optimizer over this rank's shard, as one flat parameter."""
         self.shard.state = self._shard_of(named_state)
         optimizer.state = None
-        self.executor = ShardedExecutor(self, graph, part, make)
+        self.executor = ShardedExecutor(self, graph, part, make, bool(recompute))
         """The executor the trainer runs: the groups in turn, gathered and freed."""
+        if recompute:  # its own granularity, whatever the patterns: said once
+            say_once(f"meta: zero3 recomputes each of its {len(part.stages)} layer groups "
+                     f"(recompute={recompute!r}): a group's activations live only while its "
+                     f"backward runs")
         self.trainer_executor = self.executor
         """The trainer runs the sharded executor."""
         # The graph keeps the whole model until the first training step (a checkpoint may be

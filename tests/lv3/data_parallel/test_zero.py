@@ -13,6 +13,7 @@ import pytest
 from meta.common.component import ComponentError
 from meta.lv2.optimizers import (
     Optimizer,
+    adam,
     chain,
     clip_by_global_norm,
     global_sum,
@@ -215,3 +216,52 @@ def test_zero3_slots_never_hold_two_groups_live_together() -> None:
     for s in range(len(needs) - 1):
         window = sorted(needs[s] | needs[s + 1])
         assert len({colors[g] for g in window}) == len(window), window
+
+
+def _planned_workload(**options):
+    from meta.lv1 import PlannedExecutor, gpt
+    from meta.lv3.workload import Workload
+
+    graph = gpt((8,), classes=11, layers=2, heads=2, width=16, seed=1)
+    executor = PlannedExecutor(graph, **options).train()
+    return Workload(executor, {"input": "input", "labels": "labels", "logits": "logits",
+                               "loss": "loss"}, None, 4, 0, False, 1)
+
+
+def test_zero3_groups_run_with_every_option_of_the_runs_executor() -> None:
+    """The executor maker passes every option the run's executor declares: a bf16 run's
+    layer groups run bf16 (their plans' placement says "onednn bf16"), not float32."""
+    from meta.lv1.plan import runtime
+    from meta.lv1.plan.precision import effective
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    if not runtime.available():
+        pytest.skip("no planned executor here")
+    workload = _planned_workload(precision="bf16", profile=True, free_intermediates=False)
+    graph = workload.graph
+    zero = Zero3.from_recipe(Optimizer(adam(1e-3), graph.parameters),
+                             SingleProcessCommunicator(), workload, groups=2)
+    for ex in zero.executor.executors:
+        assert (ex.precision, ex.profile, ex.free_intermediates) == ("bf16", True, False)
+    feeds = {"input": np.arange(16).reshape(2, 8) % 11, "labels": np.ones((2, 8), np.int64)}
+    zero.step_with(zero.executor.train(), feeds)
+    places = set(zero.executor.placement().values())
+    assert ("onednn bf16" in places) == (effective("bf16") == "bf16"), places
+
+
+def test_stages_that_cannot_recompute_refuse_it_in_one_line() -> None:
+    """A strategy whose parts run as stages (no recomputation there) refuses ``recompute``
+    rather than dropping it; ZeRO-3 takes it (it recomputes its groups)."""
+    from meta.lv1.plan import runtime
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    if not runtime.available():
+        pytest.skip("no planned executor here")
+    workload = _planned_workload(recompute="blocks")
+    with pytest.raises(ComponentError, match=r"'pipeline' runs the graph's parts as stages, "
+                                             r"which do not recompute .*recompute='blocks'"):
+        workload.executor_maker("pipeline")
+    zero = Zero3.from_recipe(Optimizer(adam(1e-3), workload.graph.parameters),
+                             SingleProcessCommunicator(), workload, groups=2)
+    assert zero.executor.recompute
+    assert all(ex.recompute is None for ex in zero.executor.executors)

@@ -247,6 +247,35 @@ def _zero3_against_allreduce(comm: Communicator, model: str, groups: int, rule: 
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=what)
 
 
+def check_zero3_recompute_equals_without(comm: Communicator) -> None:
+    """ZeRO-3 with ``recompute`` (each group's forward run again before its backward; planned
+    groups sharing one arena) gives bit-identical losses and parameters to ZeRO-3 without it
+    (the same plans on the same inputs), on the GPT under Adam, reference and planned."""
+    from meta.lv1 import PlannedExecutor, ReferenceExecutor
+    from meta.lv1.plan import runtime
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    for kind in ((ReferenceExecutor, PlannedExecutor) if runtime.available()
+                 else (ReferenceExecutor,)):
+        runs = []
+        for recompute in (None, "blocks"):
+            graph = _model("gpt")
+            zero = Zero3(Optimizer(RULES["adam"](), graph.parameters), comm, graph,
+                         lambda g: kind(g), groups=3, recompute=recompute)
+            executor = zero.executor.train()
+            losses = [float(zero.step_with(executor, feeds)["loss"])
+                      for feeds in _batches(comm, "gpt")[:5]]
+            if recompute and kind is PlannedExecutor:  # one arena, one plan per group
+                assert len({id(ex.arena) for ex in executor.executors}) == 1
+                assert all(len(ex._plans) == 1 for ex in executor.executors)
+            zero.finish()
+            runs.append((losses, {k: np.array(v) for k, v in graph.parameters.items()}))
+        (losses, params), (again, recomputed) = runs
+        assert losses == again, (kind.__name__, losses, again)
+        for k, v in params.items():
+            np.testing.assert_array_equal(recomputed[k], v, err_msg=f"{kind.__name__} {k}")
+
+
 def check_zero3_checkpoint_resumes_at_another_rank_count(comm: Communicator) -> None:
     """What ZeRO-3 saves (the whole model and the whole state per parameter name, rank 0)
     resumes both in one process (a plain optimizer) and in a new ZeRO-3 run (restored the
@@ -333,6 +362,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_zero2_equals_allreduce,
         check_zero2_state_resumes_at_another_rank_count,
         check_zero3_equals_allreduce,
+        check_zero3_recompute_equals_without,
         check_zero3_checkpoint_resumes_at_another_rank_count,
     )
 }
