@@ -196,6 +196,8 @@ def main() -> None:
     parser.add_argument("--malloc", choices=("default", "fixed"), default="default",
                         help="glibc's allocator as meta run has it, or with its mmap "
                         "threshold fixed at 64 KiB (freed arrays leave the resident set)")
+    parser.add_argument("--also-default", action="store_true", help="with --malloc fixed: "
+                        "each configuration measured again with glibc's defaults")
     parser.add_argument("--json", metavar="OUT", help="write the rows here")
     parser.add_argument("--markdown", metavar="OUT", help="write the table here")
     parser.add_argument("--worker", metavar="RECIPE", help=argparse.SUPPRESS)
@@ -224,16 +226,26 @@ def main() -> None:
             error = predicted / worst["peak_mb"] - 1
             row = {"recipe": "shakespeare_gpt", "layers": args.layers, "width": args.width,
                    "batch": args.batch, "ranks": ranks, "configuration": pr.label,
-                   "sets": sets, "predicted_mb": round(predicted, 2),
+                   "sets": sets, "malloc": args.malloc, "predicted_mb": round(predicted, 2),
                    "predicted_parts_mb": pr.memory.parts_mb(),
                    "measured_mb": round(worst["peak_mb"], 2), "error": round(error, 4),
-                   "within": abs(error) <= BOUND, "ranks_measured": measured,
-                   "machine": machine_line(), "load": round(os.getloadavg()[0], 2),
-                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                   "within": abs(error) <= BOUND,
+                   "with_compile_mb": round(worst["with_compile_mb"], 2),
+                   "ranks_measured": measured}
+            if args.also_default:  # the same run under glibc's default allocator settings
+                again = run_config(recipe_path, ranks, sets, args.steps, "default")
+                top = max(r["peak_mb"] for r in again)
+                row.update(default_mb=round(top, 2), default_error=round(predicted / top - 1, 4),
+                           default_ranks=again)
+            row.update(machine=machine_line(), load=round(os.getloadavg()[0], 2),
+                       date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
             rows.append(row)
+            extra = (f"  (glibc default: {row['default_mb']:.1f} MB, "
+                     f"{row['default_error']:+.1%})" if args.also_default else "")
             print(f"{ranks:>2} {pr.label:44} {predicted:>12.1f} {worst['peak_mb']:>11.1f} "
                   f"{error:>+7.1%} {worst['with_compile_mb']:>15.1f}  "
-                  f"{pr.memory.parts_mb()}{'' if row['within'] else '  BEYOND'}", flush=True)
+                  f"{pr.memory.parts_mb()}{'' if row['within'] else '  BEYOND'}{extra}",
+                  flush=True)
             if args.verbose:
                 for r in measured:
                     print("   ", {k: round(v, 2) if isinstance(v, float) else v
@@ -256,7 +268,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         "# `meta plan`'s memory per rank against the measured high-water mark", "",
         f"Produced by `python benchmarks/memory_validation.py --ranks {args.ranks} --steps "
-        f"{args.steps}` on {head.get('machine', '?')}, {head.get('date', '?')} (load average "
+        f"{args.steps} --malloc {args.malloc}{' --also-default' if args.also_default else ''}"
+        f"` on {head.get('machine', '?')}, {head.get('date', '?')} (load average "
         f"{min(r['load'] for r in rows) if rows else 0:.1f} to "
         f"{max(r['load'] for r in rows) if rows else 0:.1f}; memory does not depend on it).",
         "",
@@ -265,16 +278,23 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         f"parameters), AdamW with clipping, batch {args.batch} of 64 characters per rank, the "
         f"planned executor. Measured: each rank's `VmHWM` over {args.steps} training steps "
         f"after a warm-up step, less its `VmRSS` before the model was built; the largest "
-        f"rank's. Predicted: `meta plan`'s MB/rank for the same configuration (its --set "
+        f"rank's; glibc's mmap threshold {'fixed at 64 KiB (a freed array leaves the resident set: the resident set is what is live)' if args.malloc == 'fixed' else 'as meta run has it'}"
+        f"{'; again with glibc defaults (freed arrays of up to 32 MB may stay in its heap, resident)' if args.also_default else ''}. "
+        f"First step: the high-water mark including the warm-up step (the plan's compile). "
+        f"Predicted: `meta plan`'s MB/rank for the same configuration (its --set "
         f"lines ran), parts params+grads+state+activations+buffers+temporaries. "
         f"**{within} of {len(rows)} rows within ±{BOUND:.0%}.**", "",
-        "| P | configuration | predicted MB | measured MB | error | predicted parts MB |",
-        "|---:|---|---:|---:|---:|---|"]
+        "| P | configuration | predicted MB | measured MB | error | glibc default MB | its "
+        "error | first step MB | predicted parts MB |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         flag = "" if r["within"] else " (beyond)"
+        default = (f"{r['default_mb']:.1f} | {r['default_error']:+.1%}"
+                   f"{'' if abs(r['default_error']) <= BOUND else ' (beyond)'}"
+                   if "default_mb" in r else "- | -")
         lines.append(f"| {r['ranks']} | {r['configuration']} | {r['predicted_mb']:.1f} | "
-                     f"{r['measured_mb']:.1f} | {r['error']:+.1%}{flag} | "
-                     f"{r['predicted_parts_mb']} |")
+                     f"{r['measured_mb']:.1f} | {r['error']:+.1%}{flag} | {default} | "
+                     f"{r['with_compile_mb']:.1f} | {r['predicted_parts_mb']} |")
     return "\n".join(lines) + "\n"
 
 
