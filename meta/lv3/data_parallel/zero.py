@@ -143,6 +143,11 @@ class Zero2(Strategy):
         self._gathered_at = -1
         self.steps = 0
         """Steps taken: the gathered state is stale when taken after fewer."""
+        self._ends: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, view in self.flat_params.views.items():
+            self._ends[name] = (offset, offset + view.size)
+            offset += view.size
         self.hook = ZeroBuckets(self, bucket_bytes)
         """The gradient hook the planned executor's backward hands its buckets to."""
 
@@ -153,14 +158,32 @@ class Zero2(Strategy):
         all-gather the updated parameters."""
         t = self.timeline
         t.begin()
-        buffer = self.flat_grads.pack(grads)
-        t.lap("pack")
-        self._wait(self._reduce_scatter(a, b) for a, b in self.chunks)
-        self.bytes_sent += buffer.nbytes if self.comm.size > 1 else 0
+        self._reduce_scatter_chunks(grads)
+        self.bytes_sent += self.flat_grads.nbytes if self.comm.size > 1 else 0
         t.lap("communicate")
         self.grad_shard *= 1.0 / self.comm.size
         t.lap("unpack")
         self._update()
+
+    def _reduce_scatter_chunks(self, grads: Params) -> None:
+        """``grads`` reduce-scattered into ``grad_shard`` chunk by chunk, each chunk packed
+        into a buffer of its own that goes once its reduce-scatter is done (two under way at
+        a time): the rank never holds a whole flat copy of the gradients besides the
+        executor's (``flat_grads`` is left untouched, so its zeroed pages take no memory),
+        as DeepSpeed's ZeRO-2 keeps only its buckets."""
+        self.flat_grads._check(grads, "pack")
+        flat = [(np.ravel(grads[n]), lo, hi) for n, (lo, hi) in self._ends.items()]
+        flying: list[tuple[Any, np.ndarray]] = []
+        for a, b in self.chunks:
+            buf = np.empty(b - a, self.flat_grads.dtype)
+            for g, lo, hi in flat:
+                if lo < b and a < hi:
+                    s, e = max(lo, a), min(hi, b)
+                    buf[s - a:e - a] = g[s - lo:e - lo]
+            flying.append((self._reduce_scatter(a, b, buf), buf))
+            if len(flying) > 2:
+                self._wait([flying.pop(0)[0]])
+        self._wait([r for r, _ in flying])
 
     def step_with(self, executor: Any, feeds: dict, loss: str = "loss",
                   outputs: list[str] | None = None) -> dict:
@@ -176,9 +199,7 @@ class Zero2(Strategy):
         t = self.timeline
         t.begin()  # forward and backward, the overlapped reduce-scatters under way
         if not h.used:  # the executor ran unplanned: no bucket was handed over
-            self.flat_grads.pack(grads)  # into the flat buffer the chunks read
-            t.lap("pack")
-            self._wait(self._reduce_scatter(a, b) for a, b in self.chunks)
+            self._reduce_scatter_chunks(grads)
             self.grad_shard *= 1.0 / self.comm.size
         else:
             h.finish()  # the seed was 1/P: the sums are the means
@@ -187,13 +208,15 @@ class Zero2(Strategy):
         self._update()
         return values
 
-    def _reduce_scatter(self, a: int, b: int) -> Any:
-        """Start the reduce-scatter of gradient bucket [a, b): each rank receives the sum of
-        the part of it in its shard."""
+    def _reduce_scatter(self, a: int, b: int, source: np.ndarray | None = None) -> Any:
+        """Start the reduce-scatter of gradient bucket [a, b) (of ``flat_grads``, or
+        ``source`` holding it): each rank receives the sum of the part of it in its
+        shard."""
         counts = [max(0, min(b, hi) - max(a, lo)) for lo, hi in self.bounds]
         start = max(a, self.lo) - self.lo
         mine = self.grad_shard[start:start + counts[self.comm.rank]]
-        return self.comm.ireduce_scatter(self.flat_grads.buffer[a:b], mine, counts)
+        send = self.flat_grads.buffer[a:b] if source is None else source
+        return self.comm.ireduce_scatter(send, mine, counts)
 
     def _wait(self, requests: Any) -> None:
         self.comm.waitall(list(requests))
