@@ -94,9 +94,10 @@ def test_training_steps_follow_the_updates():
 
 def test_patterns_name_the_segment_ends():
     g = _gpt()
-    ex = PlannedExecutor(g, recompute="h*.mlp.residual").train()
+    ex = PlannedExecutor(g, recompute="h*.mlp.residual", profile=True).train()
     _, got = ex.inference_and_backprop(_batch())
     assert len(ex.segments().executors) == 3
+    assert "MatMul" in str(ex.profile_table())  # the segments' steps, recorded
     _, want = PlannedExecutor(g).train().inference_and_backprop(_batch())
     _assert_same(got, want)
 

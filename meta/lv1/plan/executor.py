@@ -417,8 +417,9 @@ class PlannedExecutor(ReferenceExecutor):
 
     def profile_table(self) -> profile_share.PlannedProfile:
         """The recorded times per op type (``profile=True``), and the share in Python steps."""
-        placement = {n: w for plan in self._plans.values() if isinstance(plan, Plan)
-                     for n, w in plan.placement.items()}
+        executors = [self, *(self._segments.executors if self._segments else [])]
+        placement = {n: w for ex in executors for plan in ex._plans.values()
+                     if isinstance(plan, Plan) for n, w in plan.placement.items()}
         return profile_share.PlannedProfile.from_plan_records(self.records, placement)
 
     def plan_summary(self) -> str:
