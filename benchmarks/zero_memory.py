@@ -1,7 +1,8 @@
 """Memory per rank under ZeRO-2 and ZeRO-3 against allreduce: a ~22 M-parameter GPT under Adam.
 
 Run:  python benchmarks/zero_memory.py [--ranks 4 --steps 3 --layers 7 --width 512]
-                                       [--executor reference|planned]
+                                       [--executor reference|planned] [--groups N]
+                                       [--recompute]
 
 For each strategy (allreduce without shared memory, zero2, zero3) it launches
 ``mpiexec -n RANKS`` of this file as workers. Each worker builds the GPT (7 blocks of width
@@ -17,7 +18,9 @@ names (ZeRO-3's groups too), so activations are alike. On the planned executor t
 their arenas (activations and the backward's temporaries) between steps: the resident set
 then holds them too, so the workers also report the plans' arena bytes and the model state is
 the resident set less them; ZeRO-3 reports its slots (the persistent buffers its groups are
-gathered into and their gradients written to). The workers run with glibc's mmap threshold
+gathered into and their gradients written to). ``--recompute``: ZeRO-3
+recomputes each group's forward before its backward and its planned groups share one arena
+(the other strategies run without). The workers run with glibc's mmap threshold
 fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): by default glibc raises it after the first large
 free, and arrays freed later stay in the heap, counted in RSS though free (ZeRO-3's freed
 groups read 90 MB more). Prints per rank, the ratios of the ranks' means against allreduce's
@@ -58,7 +61,8 @@ def _arena_bytes(executors: list) -> int:
     return sum(arenas.values()) + owned
 
 
-def worker(name: str, steps: int, layers: int, width: int, kind: str, groups: int) -> None:
+def worker(name: str, steps: int, layers: int, width: int, kind: str, groups: int,
+           recompute: bool) -> None:
     import numpy as np
 
     from meta.lv1 import PlannedExecutor, ReferenceExecutor, gpt
@@ -79,7 +83,8 @@ def worker(name: str, steps: int, layers: int, width: int, kind: str, groups: in
     if name == "zero3":
         from meta.lv3.data_parallel.zero3 import Zero3
 
-        strategy = Zero3(optimizer, comm, graph, lambda g: make(g), groups=groups)
+        strategy = Zero3(optimizer, comm, graph, lambda g: make(g), groups=groups,
+                         recompute="blocks" if recompute else None)
         executor = strategy.executor
         executors = executor.executors
         slots = executor.slot_bytes()
@@ -120,10 +125,14 @@ def main() -> None:
                         help="the executor every strategy (and ZeRO-3's groups) runs")
     parser.add_argument("--groups", type=int, default=0,
                         help="ZeRO-3's layer groups (0: its default, one per 2 M parameters)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="ZeRO-3 recomputes each group's forward before its backward (its "
+                        "planned groups then share one arena); the others run as without")
     parser.add_argument("--worker", choices=STRATEGIES)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.layers, args.width, args.executor, args.groups)
+        worker(args.worker, args.steps, args.layers, args.width, args.executor, args.groups,
+               args.recompute)
         return
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -134,7 +143,8 @@ def main() -> None:
                               str(args.ranks), sys.executable, __file__, "--worker", name,
                               "--steps", str(args.steps), "--layers", str(args.layers),
                               "--width", str(args.width), "--executor", args.executor,
-                              "--groups", str(args.groups)],
+                              "--groups", str(args.groups),
+                              *(["--recompute"] if args.recompute else [])],
                              env=env, capture_output=True, text=True, check=False)
         rows = [json.loads(line[4:]) for line in out.stdout.splitlines()
                 if line.startswith("ROW ")]
@@ -143,7 +153,9 @@ def main() -> None:
         results[name] = rows
     first = results[STRATEGIES[0]][0]
     print(f"GPT of {first['parameters'] / 1e6:.1f} M parameters, Adam, {args.ranks} ranks, "
-          f"{args.steps} steps of 2 x 64 tokens, {args.executor} executor; load average "
+          f"{args.steps} steps of 2 x 64 tokens, {args.executor} executor"
+          f"{', ZeRO-3 recomputing' if args.recompute else ''}, ZeRO-3 groups "
+          f"{args.groups or 'default'}; load average "
           f"{os.getloadavg()[0]:.1f} (1 min) {os.getloadavg()[1]:.1f} (5 min) on "
           f"{os.cpu_count()} cores")
     print("MB above the worker's RSS before the model was built:")

@@ -10,7 +10,10 @@ state (Adam: two arrays the size of the model) and its update cost each rank 1/P
 The gradients are exchanged in buckets of ``bucket_bytes`` along the flat buffer, each one
 reduce-scattered (nonblocking) as soon as the backward has finished every parameter it
 overlaps (the planned executor's gradient hook), as the allreduce strategy overlaps its
-allreduces. Only an elementwise optimizer (``GradientTransformation.elementwise``: SGD, with
+allreduces. Where the executor returns the gradients instead (reference, native), each chunk
+of them is packed into a buffer of its own and dropped once reduce-scattered: the rank keeps
+no whole flat copy of the gradients (the planned executor's plans bind ``flat_grads`` and
+write into it: there it is kept). Only an elementwise optimizer (``GradientTransformation.elementwise``: SGD, with
 momentum, Adam, RMSProp, Adagrad, weight decay, schedules) can be stepped a shard at a time,
 and a global-norm clip (``grad_clip``), whose norm is summed over the ranks
 (``meta.lv2.optimizers.summed_over``); another (a rule by parameter name) is refused in one
