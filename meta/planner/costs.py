@@ -517,19 +517,24 @@ def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Predi
     recomputation (``recompute=blocks``, ``meta.lv1.plan.recompute``), where the recipe's
     executor takes it: the activations its segmented step holds (``StepFacts.recomputed``:
     one segment's working set, the segments' inputs, under a gradient hook the segments'
-    own gradients), and one more forward of every segment but the last (about the whole
-    forward) in each step."""
+    own gradients; ZeRO-3 recomputes its own layer groups: ``StepFacts.zero3_recompute``),
+    and one more forward of every segment but the last (about the whole forward) in each
+    step."""
     facts = work.facts
     if facts is None or facts.recompute is None:
         return []
     out = []
     for pr in predictions:
-        # ZeRO-3's layer groups run as stages (forward_saving, backward_seeded), which the
-        # executor's recompute does not segment
-        if pr.strategy not in ("allreduce", "zero2") or "recompute" in pr.sets:
+        if pr.strategy not in ("allreduce", "zero2", "zero3") or "recompute" in pr.sets:
             continue
-        hooked = pr.sets.get("distributed.overlap") != "false"  # all but plain allreduce
-        act = facts.recomputed(work.batch, work.param_bytes, hooked)
+        if pr.strategy == "zero3":  # its own recompute: its layer groups are the segments
+            if facts.zero3_recompute is None:
+                continue
+            fixed, per = facts.zero3_recompute
+            act = max(0.0, fixed + per * work.batch)
+        else:
+            hooked = pr.sets.get("distributed.overlap") != "false"  # all but plain allreduce
+            act = facts.recomputed(work.batch, work.param_bytes, hooked)
         out.append(replace(
             pr, label=f"{pr.label} + recompute {RECOMPUTE}",
             sets={**pr.sets, "recompute": RECOMPUTE}, step_s=pr.step_s + work.forward_s,

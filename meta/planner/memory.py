@@ -127,6 +127,7 @@ class StepFacts:
     recompute: tuple[float, float] | None = None  # the planned path with recompute="blocks"
     zero3: tuple[float, float] | None = None  # ZeRO-3's planned layer groups (else reference)
     zero3_slots: float | None = None  # ZeRO-3's gathered groups and their gradients, bytes
+    zero3_recompute: tuple[float, float] | None = None  # ZeRO-3's groups with its recompute
 
     def activations(self, batch: int, planned: bool = True, recompute: bool = False) -> float:
         """Bytes of activations at ``batch`` on the planned path (where the recipe's executor
@@ -219,14 +220,16 @@ def _linear(at2: float, at4: float) -> tuple[float, float]:
 
 
 def zero3_activations(graph: Any, feeds_at: Callable[[int], dict],
-                      make_executor: Callable[[Any], Any]
+                      make_executor: Callable[[Any], Any], recompute: str | None = None
                       ) -> tuple[tuple[float, float], float] | None:
     """((fixed, per sample) bytes of ZeRO-3's layer groups' activations, its slots' bytes):
     the strategy itself (``Zero3``, on a copy of the graph, one rank) takes a step at batches
     2 and 4 with the recipe's executor; each group's executor is asked what its compiled
     plans hold (every group's forward keeps its arrays until its backward), the strategy
     what its slots take (``ShardedExecutor.slot_bytes``: the gathered groups and their
-    gradients). None where its groups do not plan or it cannot take the step here."""
+    gradients). ``recompute``: ZeRO-3's own (each group's forward run again for its backward,
+    the groups' plans in one shared arena). None where its groups do not plan or it cannot
+    take the step here."""
     import copy
 
     from meta.lv2.optimizers import Optimizer, sgd
@@ -236,23 +239,26 @@ def zero3_activations(graph: Any, feeds_at: Callable[[int], dict],
     out, slots = [], 0.0
     for batch in (2, 4):
         g = copy.deepcopy(graph)
+        options = {"recompute": recompute} if recompute else {}
         zero3 = Zero3(Optimizer(sgd(1e-12), g.parameters), SingleProcessCommunicator(), g,
-                      make_executor)
+                      make_executor, **options)
         ex = zero3.executor
         ex.train()
         groups = getattr(ex, "executors", [])
         if not groups or not all(hasattr(e, "_plans") for e in groups):
             return None  # not planned: the reference path's traced figure serves
         zero3.step_with(ex, feeds_at(batch))
-        held = [_plan_bytes(e, every_plan=True) for e in groups]
+        seen: dict[int, float] = {}  # the groups' plans may share one arena: counted once
+        held = [_plan_bytes(e, every_plan=True, seen=seen) for e in groups]
         if not hasattr(ex, "slot_bytes") or not all(held):  # groups run unplanned
             return None
-        out.append(sum(held))
+        out.append(sum(seen.values()))
         slots = float(ex.slot_bytes())
     return _linear(*out), slots
 
 
-def _plan_bytes(executor: Any, every_plan: bool = False) -> float:
+def _plan_bytes(executor: Any, every_plan: bool = False,
+                seen: dict[int, float] | None = None) -> float:
     """The arrays the planned executor's last step allocated (its arena, the values it keeps
     apart; with ``recompute``, the segments' shared arena, their plans' own arrays and the
     kept segment inputs), less the parameters' gradients it hands out (a strategy's own
@@ -272,13 +278,15 @@ def _plan_bytes(executor: Any, every_plan: bool = False) -> float:
             if isinstance(a, np.ndarray)}
     skip |= {id(_root(a)) for p in plans for name, a in p.gradients.items()
              if name in params and isinstance(a, np.ndarray)}
-    seen: dict[int, float] = {}
+    seen = {} if seen is None else seen  # root array id -> bytes, shared with other calls
+    found = 0.0
     for plan in plans:
         for v in plan.values.values():
             a = getattr(v, "array", None)
             if isinstance(a, np.ndarray) and id(_root(a)) not in skip:
                 seen[id(_root(a))] = float(_root(a).nbytes)
-    return sum(seen.values()) + extra
+                found += float(_root(a).nbytes)
+    return (found and sum(seen.values())) + extra
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -342,13 +350,21 @@ def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Call
             zero3 = zero3_activations(graph, feeds_at, make_executor)
         except Exception:  # noqa: BLE001  (a graph ZeRO-3 refuses: it is ranked on the
             zero3 = None  # reference path's figure and the formula's buffers)
+    zero3_recompute = None
+    if zero3 is not None and recompute is not None:
+        try:
+            again = zero3_activations(graph, feeds_at, make_executor, RECOMPUTE)
+        except Exception:  # noqa: BLE001  (ZeRO-3 refuses recompute here: not ranked)
+            again = None
+        zero3_recompute = again[0] if again else None
     # the reference path serves where the executor or ZeRO-3's groups do not plan: traced
     # only then (each figure costs steps at two batches)
     reference = planned if planned is not None and zero3 is not None else \
         step_activations(lambda: ReferenceExecutor(graph), feeds_at, False)
     largest = max((float(np.asarray(p).nbytes) for p in graph.parameters.values()), default=0.0)
     return StepFacts(state, whole, tensor, elementwise, planned, reference, largest, recompute,
-                     zero3[0] if zero3 else None, zero3[1] if zero3 else None)
+                     zero3[0] if zero3 else None, zero3[1] if zero3 else None,
+                     zero3_recompute)
 
 
 def zero3_groups(param_count: int, nodes: int) -> int:
@@ -413,6 +429,8 @@ def rank_memory(facts: StepFacts | None, param_bytes: float, batch: int, ranks: 
     act = facts.activations(batch, True, recompute)
     if stage == 3:  # its layer groups run as stages: their own plans, or the reference path
         fixed, per = facts.zero3 if facts.zero3 is not None else facts.reference
+        if recompute and facts.zero3_recompute is not None:
+            fixed, per = facts.zero3_recompute
         act = max(0.0, fixed + per * batch)
     return zero_memory(param_bytes, facts.state_slots, act,
                        ranks, stage, groups, shared_buffer, facts.update_slots(param_bytes, flat),
