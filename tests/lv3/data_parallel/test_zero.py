@@ -265,3 +265,14 @@ def test_stages_that_cannot_recompute_refuse_it_in_one_line() -> None:
                              SingleProcessCommunicator(), workload, groups=2)
     assert zero.executor.recompute
     assert all(ex.recompute is None for ex in zero.executor.executors)
+
+
+def test_zero3_refuses_to_recompute_a_graph_that_draws_random_numbers() -> None:
+    from meta.lv1 import ReferenceExecutor, gpt
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    graph = gpt((8,), classes=11, layers=1, heads=2, width=16, seed=1, dropout=0.1)
+    with pytest.raises(ComponentError, match=r"zero3' with recompute='blocks': node .*"
+                                             r"\(Dropout\) draws random numbers"):
+        Zero3(Optimizer(sgd(0.1), graph.parameters), SingleProcessCommunicator(), graph,
+              lambda g: ReferenceExecutor(g), groups=2, recompute="blocks")
