@@ -95,6 +95,10 @@ class Operator:
     constant_inputs: ClassVar[tuple[int, ...]] = ()
     state_inputs: ClassVar[tuple[int, ...]] = ()
     learnable_inputs: ClassVar[tuple[int, ...] | None] = None
+    communicates: ClassVar[bool] = False
+    """Whether the operator's work is a collective over ranks (tensor parallelism's
+    allreduce): the planned executor still runs it as a Python step, but places it as
+    ``"communication"``, so its wait for the other ranks is not reported as Python time."""
 
     def __init__(self, **attrs: Any) -> None:
         unknown = sorted(set(attrs) - set(self.attributes))

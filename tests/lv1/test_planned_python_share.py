@@ -176,3 +176,29 @@ def test_meta_run_prints_one_line_when_python_steps_take_the_step(tmp_path, mnis
     assert code == EXIT_PASS, err
     lines = [line for line in err.splitlines() if "Python steps take" in line]
     assert len(lines) == 1 and "'slow'" in lines[0], err
+
+
+def test_a_collective_is_placed_as_communication_not_python(capsys):
+    """An operator that declares ``communicates`` (tensor parallelism's allreduce, which waits
+    for the other ranks) is placed "communication": its wait is not called Python time, so
+    the executor prints no Python-share line for it and announces no Python step."""
+    with registry.scratch():
+        @register("Slow", domain=DOMAIN)
+        class Slow(Operator):
+            communicates = True
+
+            def forward(self, ctx, x):
+                time.sleep(0.02)
+                return 2 * x
+
+            def backward(self, ctx, dy):
+                time.sleep(0.02)
+                return (2 * dy,)
+
+        g, loss = graph("slow")
+        ex = PlannedExecutor(g).train()
+        train(ex, loss, 5)
+    assert ex.placement()["user"] == "communication"
+    share = ex.python_watch.result
+    assert share is not None and share.python_share < profile_share.THRESHOLD, share
+    assert "Python" not in capsys.readouterr().err

@@ -89,6 +89,7 @@ def python_node(ctx: Context, node: Node) -> Lowered:
     needs = [bool(x) and ctx.needs(x) and i not in op.no_grad_inputs
              for i, x in enumerate(node.inputs)]
     record = ctx.backprop and any(needs)
+    kind = "communication" if op.communicates else "python"
     updates = [i for i, x in enumerate(node.inputs) if x in ctx.state and i in op.state_inputs]
     slot: dict = {}
 
@@ -127,7 +128,7 @@ def python_node(ctx: Context, node: Node) -> Lowered:
 
     pb.step(node.op_type, ins, [o for o in outs if o], build)
     if not record:
-        return Lowered(node, None, "python")
+        return Lowered(node, None, kind)
 
     def backward(pb: PlanBuilder) -> None:
         grads = [pb.grad(o) if o else None for o in outs]
@@ -160,7 +161,7 @@ def python_node(ctx: Context, node: Node) -> Lowered:
         # what forward kept (in its context) must outlive this step
         pb.step(f"{node.op_type} backward", [*ins, *outs, *(g for g in grads if g)], writes,
                 build, "backward")
-    return Lowered(node, backward, "python")
+    return Lowered(node, backward, kind)
 
 
 KERNELS: dict[str, Callable] = {

@@ -105,6 +105,9 @@ def release(key: int) -> None:
 class CopyToParallel(Operator):
     """y = x; the gradient of x is the sum of every rank's gradient of y."""
 
+    communicates = True
+    """A collective: the planned executor places it as communication, not Python time."""
+
     attributes = {"group": 0}
     """``group``: which registered Group it communicates on."""
 
@@ -117,6 +120,9 @@ class CopyToParallel(Operator):
 
 class AllReduceSum(Operator):
     """y = the sum of x over the ranks; the gradient of x is the gradient of y."""
+
+    communicates = True
+    """A collective: the planned executor places it as communication, not Python time."""
 
     attributes = {"group": 0}
     """``group``: which registered Group it communicates on."""
