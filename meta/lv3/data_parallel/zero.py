@@ -12,8 +12,10 @@ reduce-scattered (nonblocking) as soon as the backward has finished every parame
 overlaps (the planned executor's gradient hook), as the allreduce strategy overlaps its
 allreduces. Where the executor returns the gradients instead (reference, native), each chunk
 of them is packed into a buffer of its own and dropped once reduce-scattered: the rank keeps
-no whole flat copy of the gradients (the planned executor's plans bind ``flat_grads`` and
-write into it: there it is kept). Only an elementwise optimizer (``GradientTransformation.elementwise``: SGD, with
+no whole flat copy of the gradients. A plan binds the gradient arrays it writes, so this
+one-plan path keeps ``flat_grads`` whole on the planned executor; a recipe's ``zero2`` there
+runs through ZeRO-3's layer groups with the parameters whole instead (``from_recipe``:
+``zero3.Zero2Grouped``), holding two groups' gradients. Only an elementwise optimizer (``GradientTransformation.elementwise``: SGD, with
 momentum, Adam, RMSProp, Adagrad, weight decay, schedules) can be stepped a shard at a time,
 and a global-norm clip (``grad_clip``), whose norm is summed over the ranks
 (``meta.lv2.optimizers.summed_over``); another (a rule by parameter name) is refused in one
@@ -110,7 +112,16 @@ class Zero2(Strategy):
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
                     **options: Any) -> Strategy:
+        """ZeRO-2; on an executor whose plans bind their gradient arrays (planned) through
+        ZeRO-3's layer groups with the parameters kept whole (``Zero2Grouped``), so no rank
+        keeps the whole model's gradients."""
         cls.check(optimizer, comm, workload)
+        if workload is not None and workload.executor.supports_gradient_hook:
+            from meta.lv3.data_parallel.zero3 import Zero2Grouped
+
+            options.pop("overlap", None)  # always: each group's reduce-scatter starts at once
+            options.pop("bucket_bytes", None)  # a group is a bucket
+            return Zero2Grouped.from_recipe(optimizer, comm, workload, **options)
         return cls(optimizer, comm, **options)
 
     def __init__(self, optimizer: Optimizer, comm: Communicator | None = None,

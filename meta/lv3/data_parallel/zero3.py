@@ -203,9 +203,11 @@ class ShardedExecutor(Executor):
                 if hasattr(ex, "arena"):
                     ex.arena = arena
         groups = strategy.groups
-        self.colors = slot_colors(strategy.needs, len(groups))
+        self.colors = list(range(len(groups))) if strategy.whole else \
+            slot_colors(strategy.needs, len(groups))
         """Group -> its parameter slot (``slot_colors``); its gradient slot: its parity (the
-        backward visits the groups one after another, each slot reused two groups later)."""
+        backward visits the groups one after another, each slot reused two groups later).
+        Whole (``Zero2Grouped``): every group a slot of its own."""
         self.hooked = [ex.supports_gradient_hook for ex in self.executors]
         """Per group: whether its executor writes a stage's gradients where a hook says (the
         planned executor's ``forward_saving(..., hook=)``); otherwise they are copied into
@@ -296,6 +298,7 @@ class ShardedExecutor(Executor):
                 inits[name] = _placeholder(inits[name].shape, inits[name].dtype)
         self.param_slots, self.grad_slots, self.param_views, self.grad_views = [], [], [], []
         self.hooks, self._slot_bases = [], set()
+        self.live.clear()
         self.pointed = False
 
     def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict:
@@ -381,8 +384,20 @@ class ShardedExecutor(Executor):
 
     def free(self, g: int) -> None:
         """Group ``g``'s slot free for another group (its values stay until overwritten; a
-        backward that reads them gathers the group again first)."""
-        self.live.pop(g)
+        backward that reads them gathers the group again first). Whole: kept."""
+        if not self.strategy.whole:
+            self.live.pop(g)
+
+    def regather(self) -> None:
+        """Every group all-gathered again into its slot after an update (whole: ZeRO-2's
+        allgather of the updated parameters; a collective)."""
+        self.live.clear()
+        if not self.pointed or self.materialized:
+            return
+        for g in range(len(self.strategy.groups)):
+            self.prefetch(g)
+        for g in range(len(self.strategy.groups)):
+            self.gather(g)
 
     def _ensure(self, stage: int) -> None:
         for g in sorted(self.strategy.needs[stage]):
@@ -525,6 +540,7 @@ class ShardedExecutor(Executor):
             return
         self.strategy.take_graph_values()
         self.whole.clear()
+        self.live.clear()  # whole: gathered again from the shards (a restored checkpoint)
         home = self.strategy.home
         inits = self.graph.initializers
         for name in [n for n in inits if n in home]:
@@ -544,6 +560,8 @@ class Zero3(Strategy):
                "groups": Option(0, "layer groups the graph is cut into, gathered one at a "
                                 "time (0: one per 2 M parameters, at least 2)", low=0)}
     pretraining = "average"
+    whole = False
+    """Whether every rank keeps the whole parameters between steps (``Zero2Grouped``)."""
 
     @classmethod
     def check(cls, optimizer: Any, comm: Communicator, workload: Workload | None) -> None:
@@ -640,6 +658,9 @@ class Zero3(Strategy):
             self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         self.timeline.lap("update")
+        if self.whole:  # the updated parameters to every rank now (ZeRO-2)
+            self.executor.regather()
+            self.timeline.lap("communicate")
         return values
 
     def step(self, grads: Params) -> None:
@@ -751,3 +772,17 @@ class Zero3(Strategy):
     def predict_comm_s(self, link: Link) -> float:
         # two allgathers (forward, backward) and a reduce-scatter: 1.5 ring allreduces
         return 1.5 * ring_allreduce(link, self.comm.size, self.flat_params.nbytes)
+
+
+class Zero2Grouped(Zero3):
+    """ZeRO-2 on the planned executor: the parameters whole on every rank (each group in a
+    slot of its own, all-gathered after each update), the gradients and the optimizer state
+    sharded, run through ZeRO-3's layer groups. A plan binds its gradient arrays, so ZeRO-2's
+    one-plan path keeps a flat buffer of the whole model's gradients on every rank; here each
+    group's plan writes its gradients into one of two alternating gradient slots, which are
+    reduce-scattered into this rank's shard as soon as the group's backward is done: two groups'
+    gradients instead of the whole model's (``Zero2.from_recipe`` takes this path where the
+    run's executor takes a gradient hook)."""
+
+    name = "zero2"
+    whole = True

@@ -276,3 +276,26 @@ def test_zero3_refuses_to_recompute_a_graph_that_draws_random_numbers() -> None:
                                              r"\(Dropout\) draws random numbers"):
         Zero3(Optimizer(sgd(0.1), graph.parameters), SingleProcessCommunicator(), graph,
               lambda g: ReferenceExecutor(g), groups=2, recompute="blocks")
+
+
+def test_a_recipes_zero2_on_the_planned_executor_runs_through_the_groups() -> None:
+    """On an executor whose plans bind their gradient arrays, ZeRO-2 runs through ZeRO-3's
+    groups with the parameters whole (no whole-model gradient buffer); elsewhere as before."""
+    import dataclasses
+
+    from meta.lv1 import ReferenceExecutor
+    from meta.lv1.plan import runtime
+    from meta.lv3.data_parallel.zero import Zero2
+    from meta.lv3.data_parallel.zero3 import Zero2Grouped
+
+    if not runtime.available():
+        pytest.skip("no planned executor here")
+    workload = _planned_workload()
+    params = workload.graph.parameters
+    zero = Zero2.from_recipe(Optimizer(adam(1e-3), params), SingleProcessCommunicator(),
+                             workload, bucket_bytes=4096, overlap=True)
+    assert type(zero) is Zero2Grouped and zero.name == "zero2"
+    assert zero.executor.colors == list(range(len(zero.groups)))  # every group its own slot
+    reference = dataclasses.replace(workload, executor=ReferenceExecutor(workload.graph))
+    assert type(Zero2.from_recipe(Optimizer(adam(1e-3), params), SingleProcessCommunicator(),
+                                  reference)) is Zero2

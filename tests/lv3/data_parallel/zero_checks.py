@@ -140,17 +140,17 @@ def check_zero2_state_resumes_at_another_rank_count(comm: Communicator) -> None:
         np.testing.assert_allclose(again.params[k], plain.params[k], rtol=1e-12, atol=1e-14)
 
 
-def _train_zero3(comm: Communicator, rule: str, model: str, groups: int, planned: bool = False
-                 ) -> tuple[list[float], dict[str, np.ndarray], object, int]:
+def _train_zero3(comm: Communicator, rule: str, model: str, groups: int, planned: bool = False,
+                 whole: bool = False) -> tuple[list[float], dict[str, np.ndarray], object, int]:
     """20 steps of ``model`` under ZeRO-3 (the groups on reference or planned executors): the
     losses, the final parameters, the strategy and the most groups ever gathered at once. On
     the planned executor each group's plan is compiled at the first step and never again."""
     from meta.lv1 import PlannedExecutor, ReferenceExecutor
-    from meta.lv3.data_parallel.zero3 import Zero3
+    from meta.lv3.data_parallel.zero3 import Zero2Grouped, Zero3
 
     graph = _model(model)
     kind = PlannedExecutor if planned else ReferenceExecutor
-    strategy = Zero3(Optimizer(RULES[rule](), graph.parameters), comm, graph,
+    strategy = (Zero2Grouped if whole else Zero3)(Optimizer(RULES[rule](), graph.parameters), comm, graph,
                      lambda g: kind(g), groups=groups)
     executor = strategy.executor.train()
     most, prefetched = [0], [0]
@@ -170,7 +170,8 @@ def _train_zero3(comm: Communicator, rule: str, model: str, groups: int, planned
         comm.allreduce(loss)
         losses.append(float(loss[0]) / comm.size)
     executor.gather = gather  # finish gathers the whole model, on purpose
-    assert prefetched[0] >= 2 * STEPS * (groups - 1) - STEPS, prefetched  # forward, backward
+    if not whole:  # forward, backward (whole: gathered once, after each update)
+        assert prefetched[0] >= 2 * STEPS * (groups - 1) - STEPS, prefetched
     # the slots stay where the executors bind them (planned), else are freed between steps
     assert executor.persistent == planned and executor.pointed == planned
     if planned:  # one plan per group, bound to its slot: compiled once, never stale
@@ -211,8 +212,19 @@ def check_zero3_equals_allreduce(comm: Communicator) -> None:
                 _zero3_against_allreduce(comm, model, groups, rule, planned)
 
 
+def check_zero2_grouped_equals_allreduce(comm: Communicator) -> None:
+    """ZeRO-2 through ZeRO-3's layer groups with the parameters kept whole (what a recipe's
+    zero2 runs on the planned executor): 20 steps equal allreduce's as ZeRO-3's do, on the
+    GPT with its tied head, SGD-momentum and Adam, planned; every group live all along."""
+    from meta.lv1.plan import runtime
+
+    if runtime.available():
+        for rule in RULES:
+            _zero3_against_allreduce(comm, "gpt", 4, rule, True, whole=True)
+
+
 def _zero3_against_allreduce(comm: Communicator, model: str, groups: int, rule: str,
-                             planned: bool) -> None:
+                             planned: bool, whole: bool = False) -> None:
     from meta.lv1 import PlannedExecutor, ReferenceExecutor
 
     graph = _model(model)
@@ -225,9 +237,10 @@ def _zero3_against_allreduce(comm: Communicator, model: str, groups: int, rule: 
         comm.allreduce(loss)
         ref_losses.append(float(loss[0]) / comm.size)
     ref.finish()
-    what = f"{model} {rule} planned={planned}"
-    losses, params, zero, most = _train_zero3(comm, rule, model, groups, planned)
-    assert most <= 2, (what, most)  # never the whole model (tied: a group and the head)
+    what = f"{model} {rule} planned={planned} whole={whole}"
+    losses, params, zero, most = _train_zero3(comm, rule, model, groups, planned, whole)
+    # never the whole model (tied: a group and the head); whole: every group
+    assert most == groups if whole else most <= 2, (what, most)
     phases = {e[0] for e in zero.timeline.events}
     assert {"communicate", "forward", "backward", "update"} <= phases, phases
     assert len(zero.groups) == groups
@@ -362,6 +375,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_zero2_equals_allreduce,
         check_zero2_state_resumes_at_another_rank_count,
         check_zero3_equals_allreduce,
+        check_zero2_grouped_equals_allreduce,
         check_zero3_recompute_equals_without,
         check_zero3_checkpoint_resumes_at_another_rank_count,
     )
