@@ -200,8 +200,9 @@ def trace(graph: Graph, feeds: dict, nodes: list[Node], static: set[str], backen
                 if left[name] <= 0 and name not in kept:
                     del values[name]
     for name, value in values.items():
-        if name not in info:
-            info[name] = value
+        if name not in info:  # a fed array is kept as its shape and dtype: a plan holding
+            info[name] = Traced(value.shape, value.dtype) \
+                if name in feeds and isinstance(value, np.ndarray) else value  # it held a copy
     return info, folded
 
 
@@ -559,9 +560,14 @@ def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
             if b.array is None:  # the view of a value no step touches (an unread gradient)
                 b.array = view_of(aligned_empty(max(b.nbytes, 64)), b)
             v.array = _view_array(values, name)
-    for v in values.values():
-        if v.array is None and v.storage == "arena":  # declared, never touched by a step
-            v.array = view_of(aligned_empty(max(v.nbytes, 64)), v)
+    # Declared, never touched by a step (the Transposes fused attention absorbs): no step
+    # reads or writes them, so they share one buffer, as large as the largest (each its own
+    # array held 16 MiB of the GPT's step at sequence 256 for nothing).
+    untouched = [v for v in values.values() if v.array is None and v.storage == "arena"]
+    if untouched:
+        scratch = aligned_empty(max(64, *(v.nbytes for v in untouched)))
+        for v in untouched:
+            v.array = view_of(scratch, v)
     return order, cuts, hook_names, arena_bytes, owned_bytes, offsets
 
 
