@@ -18,9 +18,11 @@ names (ZeRO-3's groups too), so activations are alike. On the planned executor t
 their arenas (activations and the backward's temporaries) between steps: the resident set
 then holds them too, so the workers also report the plans' arena bytes and the model state is
 the resident set less them; ZeRO-3 reports its slots (the persistent buffers its groups are
-gathered into and their gradients written to). ``--recompute``: ZeRO-3
-recomputes each group's forward before its backward and its planned groups share one arena
-(the other strategies run without). The workers run with glibc's mmap threshold
+gathered into and their gradients written to). ZeRO-2 on the planned executor runs as a
+recipe's does there: through ZeRO-3's groups with the parameters whole (``Zero2Grouped``).
+``--recompute``: ZeRO-3 (and ZeRO-2 on the planned executor, which runs through its groups)
+recomputes each group's forward before its backward and the planned groups share one arena
+(allreduce runs without). The workers run with glibc's mmap threshold
 fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): by default glibc raises it after the first large
 free, and arrays freed later stay in the heap, counted in RSS though free (ZeRO-3's freed
 groups read 90 MB more). Prints per rank, the ratios of the ranks' means against allreduce's
@@ -80,11 +82,13 @@ def worker(name: str, steps: int, layers: int, width: int, kind: str, groups: in
     optimizer = Optimizer(adam(1e-3), graph.parameters)
     make = PlannedExecutor if kind == "planned" else ReferenceExecutor
     slots = 0
-    if name == "zero3":
-        from meta.lv3.data_parallel.zero3 import Zero3
+    if name == "zero3" or (name == "zero2" and kind == "planned"):
+        from meta.lv3.data_parallel.zero3 import Zero2Grouped, Zero3
 
-        strategy = Zero3(optimizer, comm, graph, lambda g: make(g), groups=groups,
-                         recompute="blocks" if recompute else None)
+        # a recipe's zero2 on the planned executor runs through the groups (Zero2.from_recipe)
+        cls = Zero3 if name == "zero3" else Zero2Grouped
+        strategy = cls(optimizer, comm, graph, lambda g: make(g), groups=groups,
+                       recompute="blocks" if recompute else None)
         executor = strategy.executor
         executors = executor.executors
         slots = executor.slot_bytes()
@@ -126,8 +130,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=0,
                         help="ZeRO-3's layer groups (0: its default, one per 2 M parameters)")
     parser.add_argument("--recompute", action="store_true",
-                        help="ZeRO-3 recomputes each group's forward before its backward (its "
-                        "planned groups then share one arena); the others run as without")
+                        help="ZeRO-3 (and planned ZeRO-2, through its groups) recomputes each "
+                        "group's forward before its backward (planned groups then share one "
+                        "arena); allreduce runs without")
     parser.add_argument("--worker", choices=STRATEGIES)
     args = parser.parse_args()
     if args.worker:
@@ -154,7 +159,7 @@ def main() -> None:
     first = results[STRATEGIES[0]][0]
     print(f"GPT of {first['parameters'] / 1e6:.1f} M parameters, Adam, {args.ranks} ranks, "
           f"{args.steps} steps of 2 x 64 tokens, {args.executor} executor"
-          f"{', ZeRO-3 recomputing' if args.recompute else ''}, ZeRO-3 groups "
+          f"{', ZeRO groups recomputing' if args.recompute else ''}, ZeRO-3 groups "
           f"{args.groups or 'default'}; load average "
           f"{os.getloadavg()[0]:.1f} (1 min) {os.getloadavg()[1]:.1f} (5 min) on "
           f"{os.cpu_count()} cores")
