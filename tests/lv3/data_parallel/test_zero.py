@@ -299,3 +299,30 @@ def test_a_recipes_zero2_on_the_planned_executor_runs_through_the_groups() -> No
     reference = dataclasses.replace(workload, executor=ReferenceExecutor(workload.graph))
     assert type(Zero2.from_recipe(Optimizer(adam(1e-3), params), SingleProcessCommunicator(),
                                   reference)) is Zero2
+
+
+def test_a_recipe_trains_zero2_on_the_planned_executor_as_allreduce(tmp_path: Path) -> None:
+    """The recipe path of ``Zero2Grouped`` (one process): two epochs with their evaluations
+    and epoch-end checkpoints, the same weights as allreduce's."""
+    import io
+
+    from meta.lv1.plan import runtime
+    from meta.run.recipe import AtMost, make_recipe
+    from meta.run.runner import run_recipe
+    from tests.test_training_features import _data
+
+    if not runtime.available():
+        pytest.skip("no planned executor here")
+    params = {}
+    for dist in ("allreduce", "zero2"):
+        recipe = make_recipe("z2", {
+            "dataset": {"name": "arrays", "path": _data(tmp_path), "test_fraction": 0.2,
+                        "normalize": False},
+            "model": {"name": "mlp", "hidden": [16]}, "executor": "planned",
+            "optimizer": {"name": "adam", "lr": 0.01}, "distributed": dist},
+            {"epochs": 2, "batch_size": 64, "seed": 0}, {"test_loss": AtMost(1e9)})
+        params[dist] = run_recipe(recipe, SingleProcessCommunicator(), stream=io.StringIO(),
+                                  progress=False, export_onnx=False,
+                                  output_dir=tmp_path / dist).parameters
+    for k, v in params["allreduce"].items():
+        np.testing.assert_allclose(params["zero2"][k], v, rtol=0, atol=1e-6, err_msg=k)
