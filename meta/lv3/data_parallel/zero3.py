@@ -786,3 +786,7 @@ class Zero2Grouped(Zero3):
 
     name = "zero2"
     whole = True
+
+    def predict_comm_s(self, link: Link) -> float:
+        # a reduce-scatter and one allgather (after the update): one ring allreduce, as ZeRO-2
+        return ring_allreduce(link, self.comm.size, self.flat_params.nbytes)
