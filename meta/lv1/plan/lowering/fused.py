@@ -3,7 +3,7 @@
 ``Tanh``, ``Erf``, ``Sigmoid``, ``Softplus``, ``Neg``, ``Abs``, ``Min``/``Max``/``Clip``,
 ``Where``, comparisons, ``Not``/``And``/``Or``, ``Cast`` between float32 and bool; inputs
 broadcast to it) becomes one step of ``cpp/plan/fused.cpp``, a register program evaluated
-over blocks of 256 elements at a time on every thread. The values between the group's nodes
+over blocks of 1024 elements at a time on every thread. The values between the group's nodes
 never exist as tensors, so a chain such as GPT-2's tanh-GELU (eight nodes: eight passes over
 memory and eight tensors kept for the backward) costs one pass; and ops with no oneDNN
 kernel (``Where``, ``Erf``, comparisons, a tensor exponent) no longer leave the plan as
@@ -43,7 +43,7 @@ BOOL = np.dtype(np.bool_)
 OPCODES = ("load", "const", "add", "sub", "mul", "div", "pow", "powc", "min", "max", "sqrt",
            "recip", "exp", "log", "tanh", "erf", "sigmoid", "softplus", "neg", "abs", "where",
            "eq", "lt", "le", "gt", "ge", "not", "and", "or", "ne0", "sign", "erf_deriv",
-           "log_safe")
+           "log_safe", "addc", "mulc", "rsubc", "divc", "rdivc")
 CODE = {name: i for i, name in enumerate(OPCODES)}
 
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
@@ -75,9 +75,31 @@ class Program:
     def const(self, value: float) -> int:
         return self.emit("const", imm=float(np.float32(value)))
 
+    def _immediates(self) -> None:
+        """Binary instructions with a constant operand as their immediate forms (no register
+        filled with the constant each block): a - c as a + (-c), exact in IEEE arithmetic."""
+        consts = {i: imm for i, (op, _, imm) in enumerate(self.code) if op == "const"}
+        for i, (op, args, _) in enumerate(self.code):
+            if op not in ("add", "mul", "sub", "div") or not any(a in consts for a in args):
+                continue
+            a, b = args
+            if op in ("add", "mul") and a in consts and b not in consts:
+                a, b = b, a
+            if b in consts and a not in consts:
+                c = consts[b]
+                form = {"add": ("addc", c), "mul": ("mulc", c), "sub": ("addc", -c),
+                        "div": ("divc", c)}[op]
+            elif a in consts and b not in consts:
+                form = {"sub": ("rsubc", consts[a]), "div": ("rdivc", consts[a])}[op]
+                a = b
+            else:
+                continue
+            self.code[i] = (form[0], (a,), form[1])
+
     def compile(self, stores: list[int]) -> tuple[list[tuple], int, list[int]]:
         """(instructions for fused.cpp, registers, the register of each store): only what
         the stores need, each register reused once its value is read for the last time."""
+        self._immediates()
         live = set(stores)
         for i in range(len(self.code) - 1, -1, -1):
             if i in live:
@@ -374,7 +396,8 @@ def _forward(ctx: Context, members: list[Node], inputs: list[str]
 
 def fused(ctx: Context, node: Node, op) -> Lowered | None:
     """``node`` and the group fused with it as one pointwise step (None: not fused)."""
-    if not ENABLED or not hasattr(ctx.rt, "pointwise") or not eligible(ctx, node):
+    if not ENABLED or getattr(ctx.rt, "pointwise_opcodes", None) != len(OPCODES) \
+            or not eligible(ctx, node):  # (a build of meta._plan older than this module)
         return None
     members = group_of(ctx, node)
     if len(members) == 1 and not _alone(ctx, node):
