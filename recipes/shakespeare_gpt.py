@@ -29,6 +29,7 @@ MUTABLE = {
     "eval_batch_size": 64,  # 256 held 650 MB of activations at once (64: about 210 MB)
     "seed": 0,
     "precision": "f32",  # bf16: products in bf16, float32 accumulation and masters (issue 42)
+    "recompute": "",  # blocks: keep only the residual blocks' inputs, recompute in the backward
     "distributed": "allreduce",  # under mpiexec: --set distributed=zero2|zero3 shards the model
 }
 
