@@ -34,6 +34,7 @@ import numpy as np
 
 from meta.common.component import ComponentError, Option
 from meta.lv1.gradient_hook import GradientHook
+from meta.lv1.plan.precision import say_once
 from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
@@ -119,8 +120,12 @@ class Zero2(Strategy):
         if workload is not None and workload.executor.supports_gradient_hook:
             from meta.lv3.data_parallel.zero3 import Zero2Grouped
 
-            options.pop("overlap", None)  # always: each group's reduce-scatter starts at once
-            options.pop("bucket_bytes", None)  # a group is a bucket
+            overlap = options.pop("overlap", True)  # always: each group's starts at once
+            bucket = options.pop("bucket_bytes", cls.options["bucket_bytes"].default)
+            if not overlap or bucket != cls.options["bucket_bytes"].default:
+                say_once(f"meta: zero2 on the {type(workload.executor).__name__} runs through "
+                         f"layer groups, a group a bucket, overlapped: overlap={overlap} and "
+                         f"bucket_bytes={bucket} do not apply")
             return Zero2Grouped.from_recipe(optimizer, comm, workload, **options)
         return cls(optimizer, comm, **options)
 

@@ -278,7 +278,7 @@ def test_zero3_refuses_to_recompute_a_graph_that_draws_random_numbers() -> None:
               lambda g: ReferenceExecutor(g), groups=2, recompute="blocks")
 
 
-def test_a_recipes_zero2_on_the_planned_executor_runs_through_the_groups() -> None:
+def test_a_recipes_zero2_on_the_planned_executor_runs_through_the_groups(capsys) -> None:
     """On an executor whose plans bind their gradient arrays, ZeRO-2 runs through ZeRO-3's
     groups with the parameters whole (no whole-model gradient buffer); elsewhere as before."""
     import dataclasses
@@ -295,6 +295,7 @@ def test_a_recipes_zero2_on_the_planned_executor_runs_through_the_groups() -> No
     zero = Zero2.from_recipe(Optimizer(adam(1e-3), params), SingleProcessCommunicator(),
                              workload, bucket_bytes=4096, overlap=True)
     assert type(zero) is Zero2Grouped and zero.name == "zero2"
+    assert "bucket_bytes=4096 do not apply" in capsys.readouterr().err  # said, not dropped
     assert zero.executor.colors == list(range(len(zero.groups)))  # every group its own slot
     reference = dataclasses.replace(workload, executor=ReferenceExecutor(workload.graph))
     assert type(Zero2.from_recipe(Optimizer(adam(1e-3), params), SingleProcessCommunicator(),
