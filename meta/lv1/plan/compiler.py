@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -498,8 +499,9 @@ def _backward_steps(graph: Graph, wrt: list[str], pb: PlanBuilder, values: dict[
 
 def memory_phase(graph: Graph, feeds: dict[str, np.ndarray], pb: PlanBuilder,
                  values: dict[str, Value], gradients: dict[str, str], fetch: dict[str, str],
-                 hook: GradientHook | None, seeds: list[str] = (), arena: Arena | None = None,
-                 inputs_outside: bool = False) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int,
+                 hook: GradientHook | None, seeds: Sequence[str] = (),
+                 arena: Arena | None = None, inputs_outside: bool = False
+                 ) -> tuple[list[PlannedStep], dict[int, list[str]], list[str], int, int,
                             dict[str, int]]:
     """5. Memory: the steps in program order, every value's array (arena offsets from the
     lifetimes, owned arrays, graph arrays, views of their bases), the gradient hook's cuts;
