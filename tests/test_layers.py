@@ -102,7 +102,7 @@ LV3 = META / "lv3"
 # part ("strategy" is meta/lv3/strategy.py). strategies, report and pretraining may import
 # every part: they are the registry and the runner's view of Level 3.
 WINGS = {
-    "comm": set(),
+    "comm": {"flat"},  # bf16: the chunks a reduce-scatter gives each rank (flat imports nothing)
     "flat": set(),
     "sampler": set(),
     "timeline": {"comm"},

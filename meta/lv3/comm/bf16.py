@@ -97,11 +97,17 @@ class Bf16Sum:
             raise TypeError(f"bf16 exchange: expected a 1-D float32 buffer, got shape "
                             f"{buf.shape} and dtype {buf.dtype}")
         p, r = comm.size, comm.rank
-        self.comm, self.gather_comm, self.buf = comm, gather_comm, buf
+        self.comm = comm
+        """The communicator of step 1 (the reduce-scatter)."""
+        self.gather_comm = gather_comm
+        """A second communicator for step 2 (allgathers start in their own order there)."""
+        self.buf = buf
+        """The float32 buffer summed: the result is written back into it (``done``)."""
         bounds = shard_bounds(buf.size, p)
         self.counts = [hi - lo for lo, hi in bounds]
         """Values of the buffer each rank sums (near-equal, consecutive)."""
         self.lo, self.hi = bounds[r]
+        """This rank's chunk [lo, hi) of the buffer: the values it sums."""
         self.words = to_bf16(buf)
         """The buffer in bf16: sent in step 1, then (this rank's chunk replaced by its sum)
         gathered into in place in step 2."""
@@ -112,10 +118,13 @@ class Bf16Sum:
         send = [0 if q == r else c for q, c in enumerate(self.counts)]
         recv = [0 if q == r else mine for q in range(p)]
         self.bytes_sent = 2 * (sum(send) + mine)
+        """Bytes of send buffers handed to MPI for this sum (2 per value of the buffer)."""
         self.began = time.perf_counter_ns()
+        """When step 1 started (ns, for the strategy's communication time)."""
         self.request: Any = comm.ialltoallv(self.words, send, self.rows, recv,
                                             [lo for lo, _ in bounds],
                                             [q * mine for q in range(p)])
+        """The nonblocking collective under way: step 1's, then step 2's."""
         self.reduced = False
         """Whether step 1 is over and the allgather (``request`` now) started."""
 
@@ -141,8 +150,12 @@ class Bf16Queue:
     and its reduce-scatter is done; ``progress`` never blocks, ``finish`` waits for all."""
 
     def __init__(self, comm: Communicator, gather_comm: Communicator) -> None:
-        self.comm, self.gather_comm = comm, gather_comm
+        self.comm = comm
+        """The communicator the sums' reduce-scatters run on."""
+        self.gather_comm = gather_comm
+        """The communicator their allgathers run on, started in the order the sums started."""
         self.pending: list[Bf16Sum] = []
+        """The sums under way, oldest first."""
         self.bytes_sent = 0
         """Bytes of send buffers handed to MPI by the sums started since ``take_bytes``."""
 

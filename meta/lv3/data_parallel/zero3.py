@@ -56,7 +56,7 @@ from meta.lv1.plan.recompute import RANDOM
 from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
-from meta.lv3.data_parallel.zero import FLAT, _walk, gathered_state_dict, require_shardable
+from meta.lv3.data_parallel.shards import FLAT, _walk, gathered_state_dict, require_shardable
 from meta.lv3.flat import FlatBuffer, shard_bounds
 from meta.lv3.pipeline.partition import Partition, partition
 from meta.lv3.strategy import Strategy
