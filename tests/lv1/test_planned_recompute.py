@@ -165,3 +165,18 @@ def test_a_gradient_hook_gets_every_bucket_once():
     assert sorted(hooks[1].ready_names) == sorted(g.parameters)
     assert all(got[n] is hooks[1].arrays[n] for n in g.parameters)
     _assert_same(got, want)
+
+
+def test_a_larger_batch_grows_the_shared_arena_and_rebinds_the_plans():
+    g = _gpt()
+    whole = PlannedExecutor(g).train()
+    segmented = PlannedExecutor(g, recompute="blocks").train()
+    sizes = []
+    for n in (2, 3, 2):  # the second batch's plans need more: the first ones are rebound
+        feeds = _batch(seed=n, n=n)
+        _, want = whole.inference_and_backprop(feeds)
+        want = {k: v.copy() for k, v in want.items()}
+        _, got = segmented.inference_and_backprop(feeds)
+        _assert_same(got, want)
+        sizes.append(segmented.segments().arena.nbytes)
+    assert sizes[0] < sizes[1] == sizes[2]

@@ -126,6 +126,7 @@ class Plan:
     order: list = field(default_factory=list)  # its steps in program order (for rebind)
     cuts: dict = field(default_factory=dict)  # the gradient hook's cuts (for rebind)
     seed_names: dict[str, str] = field(default_factory=dict)  # output -> its seed value
+    gradient_values: dict[str, str] = field(default_factory=dict)  # name -> its gradient value
 
     def array(self, name: str) -> np.ndarray:
         return self.values[name].array
@@ -246,7 +247,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     plan.parameters = tuple(p for p in graph.parameters)
     plan.segments = segments
     plan.hook_names, plan.hook = hook_names, hook
-    plan.seed_names = seed_names
+    plan.seed_names, plan.gradient_values = seed_names, dict(gradients)
     plan.seeds = {n: values[s].array for n, s in seed_names.items()}
     plan.arena, plan.offsets, plan.order, plan.cuts = arena, offsets, order, cuts
     arena.bind(plan, rebind)
@@ -271,6 +272,7 @@ def rebind(plan: Plan) -> None:
         program.profile = profile.get(phase, False)
     plan.inputs = {n: values[n].array for n in plan.inputs}
     plan.seeds = {n: values[s].array for n, s in plan.seed_names.items()}
+    plan.gradients = {n: values[g].array for n, g in plan.gradient_values.items()}
 
 
 def _view_array(values: dict[str, Value], name: str) -> np.ndarray:
