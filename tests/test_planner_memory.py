@@ -17,6 +17,7 @@ from meta.planner.memory import (
     SCATTER_SLOTS,
     Memory,
     _plan_bytes,
+    quiet,
     rank_memory,
     step_facts,
     update_footprint,
@@ -175,7 +176,7 @@ def test_update_temporaries_follow_what_each_strategy_steps(stage, elementwise, 
 
 def test_step_facts_ask_the_planned_executor_for_its_arrays():
     """The planned path's activations are the compiled plan's own arrays (arena and values
-    kept apart, gradients excluded), measured at batches 2 and 4 and extended linearly:
+    kept apart, gradients excluded), measured at batches 1 and 2 and extended linearly:
     a plan compiled at batch 16 holds what the facts predict for 16."""
     import numpy as np
 
@@ -209,8 +210,24 @@ def test_step_facts_ask_the_planned_executor_for_its_arrays():
     assert rank_memory(f, n, 16, 4, 2).activations == f.activations(16)
 
 
+def test_probes_say_nothing_and_leave_the_run_s_messages_unsaid(capsys):
+    """The planner's probes are its own steps: what they say once (a strategy's note, an
+    operator leaving oneDNN, a warning) is dropped, and still said by the user's run."""
+    import warnings
+
+    from meta.lv1.plan.precision import say_once
+
+    line = "meta: a note a probe would say (test)"
+    with quiet():
+        say_once(line)
+        warnings.warn("meta: a probe's warning (test)", RuntimeWarning)
+    assert capsys.readouterr().err == ""
+    say_once(line)
+    assert capsys.readouterr().err == line + "\n"
+
+
 @pytest.mark.slow  # 12 s on the loaded 2-core machine: the segments' plans compiled twice
-def test_recompute_rows_hold_the_segmented_step_s_activations():
+def test_recompute_rows_hold_the_segmented_step_s_activations(capsys):
     """With the planned executor's ``recompute=blocks`` the facts hold the segmented step's
     arrays (one segment's working set and the kept segment inputs), and ``meta plan`` ranks
     every data-parallel configuration again with them, one forward longer."""
@@ -233,6 +250,7 @@ def test_recompute_rows_hold_the_segmented_step_s_activations():
     f = step_facts(graph, feeds, lambda p: Optimizer(adam(1e-3), p),
                    lambda g, **o: PlannedExecutor(g, **o), 2)
     assert f.recompute is not None
+    assert capsys.readouterr().err == ""  # zero3's "recomputes each of its groups": unsaid
     assert f.activations(16, recompute=True) < 0.8 * f.activations(16)
     ex = PlannedExecutor(graph, recompute="blocks")
     ex.train()

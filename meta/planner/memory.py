@@ -41,8 +41,11 @@ The same model serves ``meta plan`` (its ranking, ``--memory``) and the run's
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import tracemalloc
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -160,6 +163,9 @@ class StepFacts:
 # the next: the reference path's peak is rounded up to this, so two plans of one recipe agree
 TRACE_GRAIN = 1 << 16
 RECOMPUTE = "blocks"  # the planned executor's recomputation the planner ranks
+# the batches a step is probed at: the smallest two (a trace and a compile cost about their
+# batch); every figure asked is fixed + per sample * batch, so two points give it exactly
+PROBE_BATCHES = (1, 2)
 FOOTPRINT_VALUES = 1 << 16  # float32 values the optimizer is stepped on to measure it
 
 
@@ -214,17 +220,39 @@ def update_footprint(make: Callable[[dict], Any]) -> tuple[float, float, float, 
             bool(one.transform.elementwise))
 
 
-def _linear(at2: float, at4: float) -> tuple[float, float]:
-    per = max(0.0, (at4 - at2) / 2)
-    return at2 - 2 * per, per
+def _linear(low: float, high: float) -> tuple[float, float]:
+    """(fixed, per sample) from a figure at each of ``PROBE_BATCHES``."""
+    b1, b2 = PROBE_BATCHES
+    per = max(0.0, (high - low) / (b2 - b1))
+    return low - b1 * per, per
+
+
+@contextlib.contextmanager
+def quiet():
+    """The planner's probes without their messages: what a strategy or the executor says
+    once on stderr (``say_once``, an operator leaving oneDNN, a warning) is about the user's
+    run, not the planner's internal steps, so it is dropped here and left unsaid, to be
+    said by the run that does it."""
+    from meta.lv1.plan import custom, precision
+
+    said, announced = set(precision._said), set(custom._announced)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        precision._said.clear()
+        precision._said.update(said)
+        custom._announced.clear()
+        custom._announced.update(announced)
 
 
 def zero3_activations(graph: Any, feeds_at: Callable[[int], dict],
                       make_executor: Callable[[Any], Any], recompute: str | None = None
                       ) -> tuple[tuple[float, float], float] | None:
     """((fixed, per sample) bytes of ZeRO-3's layer groups' activations, its slots' bytes):
-    the strategy itself (``Zero3``, on a copy of the graph, one rank) takes a step at batches
-    2 and 4 with the recipe's executor; each group's executor is asked what its compiled
+    the strategy itself (``Zero3``, on a copy of the graph, one rank) takes a step at each of
+    ``PROBE_BATCHES`` with the recipe's executor; each group's executor is asked what its compiled
     plans hold (every group's forward keeps its arrays until its backward), the strategy
     what its slots take (``ShardedExecutor.slot_bytes``: the gathered groups and their
     gradients). ``recompute``: ZeRO-3's own (each group's forward run again for its backward,
@@ -237,7 +265,7 @@ def zero3_activations(graph: Any, feeds_at: Callable[[int], dict],
     from meta.lv3.data_parallel.zero3 import Zero3
 
     out, slots = [], 0.0
-    for batch in (2, 4):
+    for batch in PROBE_BATCHES:
         g = copy.deepcopy(graph)
         options = {"recompute": recompute} if recompute else {}
         zero3 = Zero3(Optimizer(sgd(1e-12), g.parameters), SingleProcessCommunicator(), g,
@@ -299,13 +327,13 @@ def step_activations(make_executor: Callable[[], Any], feeds_at: Callable[[int],
                      planned: bool) -> tuple[float, float]:
     """(fixed, per sample) bytes of a training step's activations: on the planned path the
     compiled plan's arrays (``_plan_bytes``), on the reference path the traced peak of a
-    step less the gradients it returns; each at batches 2 and 4, extended linearly."""
+    step less the gradients it returns; each at ``PROBE_BATCHES``, extended linearly."""
     out = []
     if not planned:  # once untraced: what a first call imports or caches is not the step's
         ex = make_executor()
         ex.train()
-        ex.inference_and_backprop(feeds_at(2), loss="loss")
-    for batch in (2, 4):
+        ex.inference_and_backprop(feeds_at(PROBE_BATCHES[0]), loss="loss")
+    for batch in PROBE_BATCHES:
         ex = make_executor()
         ex.train()
         if planned:
@@ -331,7 +359,14 @@ def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Call
     """``StepFacts`` of a recipe: its optimizer (``make_optimizer(params)``) stepped by
     ``update_footprint`` (``slots``, the name table's, where it cannot be), its executor
     (``make_executor(graph, **options)``; again with ``recompute=RECOMPUTE`` where it takes
-    that option) and the reference executor run on ``feeds_at(batch)``."""
+    that option) and the reference executor run on ``feeds_at(batch)``. The probes are the
+    planner's own steps: they say nothing (``quiet``)."""
+    with quiet():
+        return _step_facts(graph, feeds_at, make_optimizer, make_executor, slots)
+
+
+def _step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Callable[[dict],
+                Any], make_executor: Callable[..., Any], slots: float) -> StepFacts:
     from meta.lv1.executor import ReferenceExecutor
 
     found = update_footprint(make_optimizer)
@@ -341,7 +376,9 @@ def step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Call
     if getattr(executor, "supports_gradient_hook", False):  # the planned executor
         planned = step_activations(lambda: make_executor(graph), feeds_at, True)
     recompute = None
-    if planned is not None and "recompute" in getattr(executor, "options", {}):
+    if planned is not None and "recompute" in getattr(executor, "options", {}) \
+            and make_executor(graph, recompute=RECOMPUTE).segments() is not None:
+        # (a graph recompute cannot segment steps as without it: no probe, the same figure)
         recompute = step_activations(lambda: make_executor(graph, recompute=RECOMPUTE),
                                      feeds_at, True)
     zero3 = None
