@@ -54,7 +54,7 @@ from meta.lv1.plan.executor import PlannedExecutor  # noqa: E402
 from meta.lv2 import build_optimizer  # noqa: E402
 from meta.lv3 import world  # noqa: E402
 from meta.lv3.comm.polling import poll_barrier  # noqa: E402
-from meta.lv3.pipeline.partition import partition  # noqa: E402
+from meta.lv1.partition import partition  # noqa: E402
 from meta.lv3.pipeline.stage import PipelineExecutor  # noqa: E402
 from meta.lv3.tensor_parallel.ops import bind, groups  # noqa: E402
 from meta.lv3.tensor_parallel.plan import plan, probe  # noqa: E402

@@ -108,7 +108,7 @@ WINGS = {
     "timeline": {"comm"},
     "workload": set(),  # what a strategy is built from (never the trainer)
     "strategy": {"comm", "flat", "timeline", "workload"},
-    "data_parallel": {"comm", "flat", "strategy", "workload", "pipeline"},  # zero3: partition
+    "data_parallel": {"comm", "flat", "strategy", "workload"},
     "parameter_server": {"comm", "flat", "strategy", "timeline", "workload"},
     "pipeline": {"comm", "strategy", "timeline", "workload"},
     "tensor_parallel": {"comm", "strategy", "pipeline", "workload"},

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds ``package.<old>`` for every old name of ``moved`` (old -> new, both relative to
-    ``package``) and loads it as the new module, warning once (then ``sys.modules`` has it)."""
+    ``package``, or new absolute when it starts with ``meta.``: a module that moved to another
+    level) and loads it as the new module, warning once (then ``sys.modules`` has it)."""
 
     def __init__(self, package: str, moved: Mapping[str, str]) -> None:
         self.package, self.moved = package, dict(moved)
@@ -36,11 +37,16 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None  # a placeholder: exec_module puts the real module in its place
 
     def exec_module(self, module: ModuleType) -> None:
-        new = f"{self.package}.{self.moved[module.__name__.removeprefix(self.package + '.')]}"
+        new = absolute(self.package, self.moved[module.__name__.removeprefix(self.package + '.')])
         warnings.warn(f"{module.__name__} moved to {new}; the old name goes in the next "
                       "release", DeprecationWarning, stacklevel=2)
         # the import system returns whatever sys.modules holds under the name once this ends
         sys.modules[module.__name__] = importlib.import_module(new)
+
+
+def absolute(package: str, new: str) -> str:
+    """A ``moved`` entry's module name: relative to ``package``, or absolute (``meta.``...)."""
+    return new if new.startswith("meta.") else f"{package}.{new}"
 
 
 def alias_modules(package: str, moved: Mapping[str, str]) -> None:

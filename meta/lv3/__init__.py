@@ -125,7 +125,8 @@ MOVED = {
     "node_exchange": "data_parallel.node_exchange",
     "partitioned": "tensor_parallel.strategy",
     "pipeline_executor": "pipeline.stage",
-    "pipeline_partition": "pipeline.partition",
+    "pipeline_partition": "meta.lv1.partition",
+    "pipeline.partition": "meta.lv1.partition",  # a graph operation: Level 1 (recompute cuts too)
     "pipeline_schedule": "pipeline.schedule",
     "polling": "comm.polling",
     "quantization": "data_parallel.quantization",

@@ -13,7 +13,7 @@ import pytest
 from meta.lv1 import ReferenceExecutor, gpt, mlp
 from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv1.plan.runtime import available
-from meta.lv3.pipeline.partition import partition
+from meta.lv1.partition import partition
 
 pytestmark = pytest.mark.skipif(not available(), reason="meta._plan (oneDNN) not built")
 

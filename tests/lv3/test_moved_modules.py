@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 import meta.lv3
+from meta.common.moved import absolute
 from meta.lv3 import MOVED
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
 def test_old_path_is_the_new_module(old):
-    new = importlib.import_module(f"meta.lv3.{MOVED[old]}")
+    new = importlib.import_module(absolute("meta.lv3", MOVED[old]))
     sys.modules.pop(f"meta.lv3.{old}", None)
     with pytest.warns(DeprecationWarning, match=f"meta.lv3.{old} moved to {new.__name__}"):
         moved = importlib.import_module(f"meta.lv3.{old}")

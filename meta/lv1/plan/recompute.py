@@ -161,7 +161,7 @@ class Segments:
     def __init__(self, graph: Graph, spec: str | tuple[str, ...],
                  make: Callable[[Graph], object]) -> None:
         from meta.common.component import ComponentError
-        from meta.lv3.pipeline.partition import partition
+        from meta.lv1.partition import partition
 
         random = [n for n in graph.nodes if n.op_type in RANDOM]
         if random:

@@ -58,7 +58,7 @@ from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.costmodel import Link, ring_allreduce
 from meta.lv3.data_parallel.shards import FLAT, _walk, gathered_state_dict, require_shardable
 from meta.lv3.flat import FlatBuffer, shard_bounds
-from meta.lv3.pipeline.partition import Partition, partition
+from meta.lv1.partition import Partition, partition
 from meta.lv3.strategy import Strategy
 from meta.lv3.workload import Workload, required
 

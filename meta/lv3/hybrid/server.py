@@ -46,7 +46,7 @@ from meta.lv3.parameter_server.shard_server import (
     Roster,
     StalenessLog,
 )
-from meta.lv3.pipeline.partition import Partition
+from meta.lv1.partition import Partition
 from meta.lv3.strategy import Strategy
 from meta.lv3.timeline import Timeline
 

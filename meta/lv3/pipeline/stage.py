@@ -54,7 +54,7 @@ from meta.lv1.roles import differentiable
 from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import poll_all, test_all
-from meta.lv3.pipeline.partition import Partition, PartitionError
+from meta.lv1.partition import Partition, PartitionError
 from meta.lv3.pipeline.schedule import SCHEDULES, schedule
 from meta.lv3.timeline import Timeline
 

@@ -2,7 +2,7 @@
 
 ``distributed: {"name": "pipeline", "stages": 2, "micro_batches": 4, "schedule": "1f1b"}``
 cuts the recipe's network into stages (at ``cuts``, or balanced by a per-node ``balance``
-cost: ``meta.lv3.pipeline.partition``), and rank ``s`` trains stage ``s``: each batch is split
+cost: ``meta.lv1.partition``), and rank ``s`` trains stage ``s``: each batch is split
 into micro-batches that flow forward through the stages and back (``meta.lv3.
 pipeline_executor``), under GPipe's fill-drain or the one-forward-one-backward schedule
 (``meta.lv3.pipeline.schedule``). The gradients of one step are those of the whole batch on
@@ -36,7 +36,7 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
 from meta.lv3.comm.costmodel import Link, measure_link
 from meta.lv3.comm.polling import POLL_S, poll_barrier
-from meta.lv3.pipeline.partition import (
+from meta.lv1.partition import (
     BALANCES,
     Partition,
     PartitionError,

@@ -41,7 +41,7 @@ from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
 from meta.lv3.comm.costmodel import Link, measure_link, ring_allreduce
 from meta.lv3.comm.polling import poll_barrier
-from meta.lv3.pipeline.partition import node_costs
+from meta.lv1.partition import node_costs
 from meta.lv3.pipeline.stage import stage_executor_kinds
 from meta.lv3.strategy import Strategy
 from meta.lv3.tensor_parallel.ops import Group, bind, groups

@@ -26,7 +26,7 @@ from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
 from meta.lv3.hybrid.allreduce import HybridAllreduce
 from meta.lv3.hybrid.grid import ReplicaGrid
-from meta.lv3.pipeline.partition import partition
+from meta.lv1.partition import partition
 from meta.lv3.pipeline.schedule import SCHEDULES
 from meta.lv3.pipeline.stage import PipelineExecutor
 from meta.run.recipe import AtLeast, make_recipe

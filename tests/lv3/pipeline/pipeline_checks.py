@@ -19,7 +19,7 @@ from meta.lv1 import Graph, ReferenceExecutor, mlp
 from meta.lv1.builder import GraphBuilder
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
-from meta.lv3.pipeline.partition import partition
+from meta.lv1.partition import partition
 from meta.lv3.pipeline.schedule import SCHEDULES, bubble_estimate
 from meta.lv3.pipeline.stage import PipelineExecutor
 from meta.lv3.pipeline.strategy import Pipeline

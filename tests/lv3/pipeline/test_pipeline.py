@@ -21,7 +21,7 @@ from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv1.builder import GraphBuilder
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import STRATEGIES, SingleProcessCommunicator
-from meta.lv3.pipeline.partition import (
+from meta.lv1.partition import (
     PartitionError,
     balanced_bounds,
     node_costs,

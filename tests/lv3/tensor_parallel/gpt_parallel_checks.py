@@ -21,7 +21,7 @@ from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv1.language_models import gpt
 from meta.lv2.optimizers import Optimizer, adam, chain, clip_by_global_norm
 from meta.lv3 import Communicator
-from meta.lv3.pipeline.partition import partition
+from meta.lv1.partition import partition
 from meta.lv3.pipeline.stage import PipelineExecutor
 from meta.lv3.pipeline.strategy import Pipeline
 from meta.lv3.tensor_parallel.ops import bind, groups

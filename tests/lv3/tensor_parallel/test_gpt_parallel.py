@@ -15,7 +15,7 @@ import pytest
 from meta.common.component import ComponentError
 from meta.lv1.language_models import gpt
 from meta.lv3 import SingleProcessCommunicator
-from meta.lv3.pipeline.partition import PartitionError, partition
+from meta.lv1.partition import PartitionError, partition
 from meta.lv3.tensor_parallel.plan import plan, probe
 from meta.lv3.tensor_parallel.strategy import refuse_dropout
 

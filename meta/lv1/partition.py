@@ -1,4 +1,7 @@
-"""Cutting a graph into consecutive pipeline stages (GPipe's partitions, PipeDream's stages).
+"""Cutting a graph into consecutive stages (GPipe's partitions, PipeDream's stages).
+
+A graph operation of Level 1: the pipeline (Level 3) cuts a model into stages with it, ZeRO-3
+into layer groups, and the planned executor's activation recomputation into segments.
 
 A stage is a run of consecutive nodes of the graph's topological order, so every stage reads
 only what earlier stages (or the data) produced. ``partition`` cuts after the nodes the user
