@@ -64,24 +64,31 @@ def eltwise_of(ctx: Context, node: Node, op) -> Eltwise | None:
             return None
         return Eltwise("pow", 1.0, float(np.asarray(exponent, np.float64).reshape(())))
     if t == "Clip":
-        if hasattr(op, "min") and "min" in op.attributes:  # opset 6: attributes
-            lo, hi = float(op.min), float(op.max)
-        else:
-            bounds = []
-            for i, default in ((1, -np.inf), (2, np.inf)):
-                name = node.inputs[i] if len(node.inputs) > i else ""
-                if not name:
-                    bounds.append(default)
-                    continue
-                value = ctx.constant(name)
-                if value is None or value.size != 1:
-                    return None
-                bounds.append(float(value.reshape(())))
-            lo, hi = bounds
-        if lo > hi:
+        bounds = clip_bounds(ctx, node, op)
+        if bounds is None or bounds[0] > bounds[1]:
             return None
+        lo, hi = bounds
         return Eltwise("clip", lo, hi)
     return None
+
+
+def clip_bounds(ctx: Context, node: Node, op) -> tuple[float, float] | None:
+    """Clip's (min, max) when both are known at plan build (opset 6's attributes, or constant
+    scalar inputs; an absent one unbounded), else None: the oneDNN clip and the fused
+    pointwise groups read them here."""
+    if "min" in getattr(op, "attributes", {}):  # opset 6: attributes
+        return float(op.min), float(op.max)
+    bounds = []
+    for i, default in ((1, -np.inf), (2, np.inf)):
+        name = node.inputs[i] if len(node.inputs) > i else ""
+        if not name:
+            bounds.append(default)
+            continue
+        value = ctx.constant(name)
+        if value is None or value.size != 1 or value.dtype.kind not in "fiu":
+            return None
+        bounds.append(float(np.asarray(value, np.float64).reshape(())))
+    return bounds[0], bounds[1]
 
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Exp", "Log", "Sqrt", "Abs", "Neg",

@@ -35,6 +35,7 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
+from meta.lv1.plan.lowering.eltwise import clip_bounds
 
 ENABLED = True
 BOOL = np.dtype(np.bool_)
@@ -220,22 +221,6 @@ def _scalar_constant(ctx: Context, name: str) -> float | None:
     return float(np.asarray(v, np.float64).reshape(()))
 
 
-def _clip_bounds(ctx: Context, node: Node, op) -> tuple[float, float] | None:
-    if "min" in getattr(op, "attributes", {}):  # opset 6: attributes
-        return float(op.min), float(op.max)
-    bounds = []
-    for i, default in ((1, -np.inf), (2, np.inf)):
-        name = node.inputs[i] if len(node.inputs) > i else ""
-        if not name:
-            bounds.append(default)
-            continue
-        value = _scalar_constant(ctx, name)
-        if value is None:
-            return None
-        bounds.append(value)
-    return bounds[0], bounds[1]
-
-
 def eligible(ctx: Context, node: Node) -> bool:
     """Whether ``node`` can be part of a fused group (its op and dtypes are covered)."""
     t = node.op_type
@@ -256,7 +241,7 @@ def eligible(ctx: Context, node: Node) -> bool:
         return ctx.float32(ins[1]) or _scalar_constant(ctx, ins[1]) is not None
     if t == "Clip":
         return dt == F32 and ctx.float32(node.inputs[0]) \
-            and _clip_bounds(ctx, node, ctx.ops[node.name]) is not None
+            and clip_bounds(ctx, node, ctx.ops[node.name]) is not None
     if t == "Where":
         return len(ins) == 3 and dt == F32 and ctx.dtype(node.inputs[0]) == BOOL \
             and ctx.float32(*node.inputs[1:])
@@ -373,7 +358,7 @@ def _forward(ctx: Context, members: list[Node], inputs: list[str]
             v = p.emit("powc", args[0], imm=float(np.float32(c))) if c is not None \
                 else p.emit("pow", args[0], args[1])
         elif t == "Clip":
-            lo, hi = _clip_bounds(ctx, n, op)
+            lo, hi = clip_bounds(ctx, n, op)
             v = args[0]
             if lo != -np.inf:
                 v = p.emit("max", v, p.const(lo))
