@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -174,13 +173,14 @@ def run_config(recipe_path: Path, ranks: int, sets: dict[str, str], steps: int,
     sys.exit(f"{sets}: the workers failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (meta.bench.environment's; imported late, as meta is here)."""
+    from meta.bench.environment import cpu_model as model
+    return model()
+
+
 def machine_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{cpu}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def main() -> None:

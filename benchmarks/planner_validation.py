@@ -50,6 +50,7 @@ import statistics
 import time
 from pathlib import Path
 
+from meta.bench.environment import cpu_model
 from meta.common.files import write_text
 from meta.lv3 import Allreduce, world
 from meta.planner.calibrate import TWO_NODES_ENV, TrainingStep, calibrate
@@ -312,21 +313,9 @@ def asynchronous(args) -> list[dict]:
     return rows
 
 
-def cpu_name() -> str:
-    """The processor's model name (Linux), else the platform's word for it."""
-    import platform
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "an unknown CPU"
-
-
 def here() -> str:
     """This machine, as a row records it."""
-    return f"{cpu_name()}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def _ranks_of(rows: list[dict], recipes: tuple[str, ...], two_nodes: bool = False) -> str:

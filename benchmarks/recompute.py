@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,21 +43,17 @@ from pathlib import Path
 VARIANTS = ("off", "blocks")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (meta.bench.environment's; imported late, as meta is here)."""
+    from meta.bench.environment import cpu_model as model
+    return model()
+
+
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _model(args):
@@ -124,7 +119,7 @@ def main() -> None:
     import numpy as np
 
     load_before = os.getloadavg()
-    print(f"machine: {_cpu()}, {os.cpu_count()} logical CPUs; load average "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs; load average "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
     print(f"GPT: {args.layers} layers, width {args.width}, {args.heads} heads, context "
           f"{args.context}, batch {args.batch}, float32, planned executor, "
@@ -182,7 +177,7 @@ def main() -> None:
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     if args.json:
         result = {
-            "benchmark": "benchmarks/recompute.py", "machine": _cpu(),
+            "benchmark": "benchmarks/recompute.py", "machine": cpu_model(),
             "logical_cpus": os.cpu_count(), "threads": args.threads or os.cpu_count(),
             "load_before": load_before, "load_after": load_after,
             "model": {"layers": args.layers, "width": args.width, "heads": args.heads,
