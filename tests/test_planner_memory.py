@@ -16,9 +16,12 @@ from meta.planner.memory import (
     MB,
     SCATTER_SLOTS,
     Memory,
+    StepFacts,
     _plan_bytes,
     quiet,
     rank_memory,
+    resident_bytes,
+    runtime_bytes,
     step_facts,
     update_footprint,
     zero3_groups,
@@ -123,7 +126,7 @@ def test_meta_plan_memory_drops_the_rows_that_do_not_fit(capsys, mnist_dir):
     shown = [re.split(r"\s{2,}", x.strip())[1].split(" [")[0] for x in out.splitlines()
              if re.match(r"\s*\d+\s{2}\S", x)]
     assert shown == [pr.label for pr in fit]
-    assert "params+grads+state+act+buf+tmp MB" in out
+    assert "params+grads+state+act+buf+tmp+run MB" in out
 
 
 def test_meta_plan_memory_that_nothing_fits_is_one_line_and_exit_2(capsys, mnist_dir):
@@ -208,6 +211,27 @@ def test_step_facts_ask_the_planned_executor_for_its_arrays():
     else:  # its groups run the reference path (not planned): the traced figure
         assert m3.activations == f.activations(16, planned=False)
     assert rank_memory(f, n, 16, 4, 2).activations == f.activations(16)
+    # the process's own bytes beyond its arrays, measured at its first probe, on every row
+    assert f.runtime == runtime_bytes() >= 0 and m3.runtime == f.runtime
+
+
+def test_runtime_is_measured_from_the_resident_set_and_counted_in_the_total():
+    """``resident_bytes`` sees what the process holds (an array written: its pages resident),
+    and a row's total carries the facts' measured runtime as a part of its own."""
+    import numpy as np
+
+    before = resident_bytes()
+    if before is None:
+        pytest.skip("no /proc/self/statm or glibc here")
+    held = np.ones(8 * MB // 4, np.float32)  # 8 MB, written
+    assert resident_bytes() - before >= 7 * MB
+    del held
+    facts = StepFacts(2, 5, 0, True, (0.0, 1000.0), (0.0, 1000.0), 4.0, runtime=3 * MB)
+    with_it = rank_memory(facts, 4 * PSI, 16, 4, 1)
+    without = rank_memory(StepFacts(2, 5, 0, True, (0.0, 1000.0), (0.0, 1000.0), 4.0),
+                          4 * PSI, 16, 4, 1)
+    assert with_it.runtime == 3 * MB and with_it.total == without.total + 3 * MB
+    assert with_it.parts_mb().endswith("+3.0")
 
 
 def test_probes_say_nothing_and_leave_the_run_s_messages_unsaid(capsys):

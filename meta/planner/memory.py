@@ -30,6 +30,13 @@ Beyond the paper's parts, two things a step holds for a moment were measured to 
   hold temporaries the size of what is in flight: one gradient's worth for the allreduce, two
   for the reduce-scatters (``EXCHANGE_SLOTS``, ``SCATTER_SLOTS``: measured, not derived).
 
+And one thing no array holds: the process's runtime (``runtime_bytes``), the resident set
+its first compiled step leaves beyond every array (oneDNN's code and JIT kernels it touches, the
+primitives, the plan's own objects), measured around the planner's first probe, not written
+down. A ZeRO-3 rank of ``benchmarks/memory_validation.py`` (P = 2, recompute) held 134 MB
+resident after its warm-up step against 92 MB of arrays (``tracemalloc``, less the strategy's
+never-written zero buffers): 41 MB of runtime, on every row alike.
+
 Activations are what the executor keeps for the backward and the workspace of the backward
 itself: the planned executor's arrays (its arena and the values it allocates apart), asked from
 a compiled plan, or, on the reference path (ZeRO-3's layer groups run it), the traced peak of a
@@ -42,6 +49,7 @@ The same model serves ``meta plan`` (its ranking, ``--memory``) and the run's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import tracemalloc
@@ -71,11 +79,12 @@ class Memory:
     activations: float = 0.0
     buffers: float = 0.0
     temporaries: float = 0.0  # the update's and the exchange's, during the step only
+    runtime: float = 0.0  # the process's own beyond its arrays (``runtime_bytes``)
 
     @property
     def total(self) -> float:
         return (self.parameters + self.gradients + self.state + self.activations + self.buffers
-                + self.temporaries)
+                + self.temporaries + self.runtime)
 
     @property
     def model_state(self) -> float:
@@ -84,11 +93,11 @@ class Memory:
         return self.total - self.activations - self.temporaries
 
     def parts_mb(self) -> str:
-        """``params+grads+state+activations+buffers+temporaries`` in MB (2^20 bytes), for a
-        table."""
+        """``params+grads+state+activations+buffers+temporaries+runtime`` in MB (2^20 bytes),
+        for a table."""
         return "+".join(mb(v).replace(",", "") for v in (
             self.parameters, self.gradients, self.state, self.activations, self.buffers,
-            self.temporaries))
+            self.temporaries, self.runtime))
 
     def larger(self, other: Memory) -> Memory:
         """The one of two ranks' memories with the larger total (the busiest rank)."""
@@ -131,6 +140,7 @@ class StepFacts:
     zero3: tuple[float, float] | None = None  # ZeRO-3's planned layer groups (else reference)
     zero3_slots: float | None = None  # ZeRO-3's gathered groups and their gradients, bytes
     zero3_recompute: tuple[float, float] | None = None  # ZeRO-3's groups with its recompute
+    runtime: float = 0.0  # the process's resident bytes beyond its arrays (``runtime_bytes``)
 
     def activations(self, batch: int, planned: bool = True, recompute: bool = False) -> float:
         """Bytes of activations at ``batch`` on the planned path (where the recipe's executor
@@ -218,6 +228,40 @@ def update_footprint(make: Callable[[dict], Any]) -> tuple[float, float, float, 
     whole = max(0.0, peak1 / nbytes - tensor)
     return (round(_state_bytes(one.state, n) / nbytes, 2), round(whole, 2), round(tensor, 2),
             bool(one.transform.elementwise))
+
+
+def resident_bytes() -> float | None:
+    """This process's resident set in bytes after glibc has given back its free pages
+    (``malloc_trim``), so that what is counted is what is held; None where ``/proc`` or
+    glibc is not there to ask."""
+    import ctypes
+    import os
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/statm") as f:
+            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, AttributeError, ValueError, IndexError):
+        return None
+
+
+# the process's runtime bytes, measured once, at its first compiled step (``runtime_bytes``)
+_RUNTIME: list[float] = []
+
+
+def runtime_bytes() -> float:
+    """What a training process holds beyond every array once its first plan is compiled and
+    stepped: the libraries' code and data it touches (oneDNN's, its JIT kernels, the
+    primitives' caches) and the plan's own objects. Measured, not written down: the resident
+    set (``resident_bytes``) around the planner's first probe (``step_activations``), less
+    the arrays the plan holds and the gradients it hands out. It is the first use that costs:
+    the GPT of ``benchmarks/memory_validation.py`` left 39 MB in a fresh process, a second
+    compile in it 2-3 MB more; in ``meta plan``, whose preparations (``node_shapes``'s
+    reference forward, the model built) have touched part of it first, the probe finds 17 MB,
+    what a training rank holds beyond its arrays being about 41 MB: the term is a lower
+    bound, low by what the process paid before the probe. Kept for the process: a later
+    probe finds it resident already. 0 where the resident set cannot be read."""
+    return _RUNTIME[0] if _RUNTIME else 0.0
 
 
 def _linear(low: float, high: float) -> tuple[float, float]:
@@ -334,11 +378,18 @@ def step_activations(make_executor: Callable[[], Any], feeds_at: Callable[[int],
         ex.train()
         ex.inference_and_backprop(feeds_at(PROBE_BATCHES[0]), loss="loss")
     for batch in PROBE_BATCHES:
+        before = resident_bytes() if planned and not _RUNTIME else None
         ex = make_executor()
         ex.train()
         if planned:
             ex.inference_and_backprop(feeds_at(batch), loss="loss")
             out.append(_plan_bytes(ex))
+            after = resident_bytes() if before is not None else None
+            if after is not None:  # the process's first compiled step: what it left
+                grads = {id(_root(a)): float(_root(a).nbytes) for a in
+                         getattr(getattr(ex, "_last", None), "gradients", {}).values()
+                         if isinstance(a, np.ndarray)}
+                _RUNTIME.append(max(0.0, after - before - out[-1] - sum(grads.values())))
             continue
         was = tracemalloc.is_tracing()
         if not was:
@@ -401,7 +452,7 @@ def _step_facts(graph: Any, feeds_at: Callable[[int], dict], make_optimizer: Cal
     largest = max((float(np.asarray(p).nbytes) for p in graph.parameters.values()), default=0.0)
     return StepFacts(state, whole, tensor, elementwise, planned, reference, largest, recompute,
                      zero3[0] if zero3 else None, zero3[1] if zero3 else None,
-                     zero3_recompute)
+                     zero3_recompute, runtime_bytes() if planned is not None else 0.0)
 
 
 def zero3_groups(param_count: int, nodes: int) -> int:
@@ -469,9 +520,10 @@ def rank_memory(facts: StepFacts | None, param_bytes: float, batch: int, ranks: 
         if recompute and facts.zero3_recompute is not None:
             fixed, per = facts.zero3_recompute
         act = max(0.0, fixed + per * batch)
-    return zero_memory(param_bytes, facts.state_slots, act,
-                       ranks, stage, groups, shared_buffer, facts.update_slots(param_bytes, flat),
-                       facts.elementwise, overlapped, facts.zero3_slots)
+    memory = zero_memory(param_bytes, facts.state_slots, act, ranks, stage, groups,
+                         shared_buffer, facts.update_slots(param_bytes, flat),
+                         facts.elementwise, overlapped, facts.zero3_slots)
+    return dataclasses.replace(memory, runtime=facts.runtime)
 
 
 def mb(nbytes: float) -> str:

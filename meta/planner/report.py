@@ -48,7 +48,7 @@ def table(predictions: list[Prediction], top: int = 15,
     """The ranking; with ``validation`` (measured rows), each configuration's model error
     where it was measured, marked "beyond" past ``bound``."""
     rows = [("#", "configuration", "samples/s", "step ms", "comm ms", "MB/rank",
-             "params+grads+state+act+buf+tmp MB", "MB sent", "batch")
+             "params+grads+state+act+buf+tmp+run MB", "MB sent", "batch")
             + (("measured error",) if validation is not None else ())]
     for i, pr in enumerate(predictions[:top], 1):
         name = pr.label + ("" if pr.fits else " (does not fit)") + (
