@@ -300,3 +300,17 @@ def test_recompute_rows_hold_the_segmented_step_s_activations(capsys):
             work.param_bytes if hooked else 0)
         assert pr.step_s == pytest.approx(plain.step_s + work.forward_s)
     assert {pr.strategy for pr in again} >= {"allreduce", "zero2"}
+
+
+
+def test_every_row_carries_the_same_runtime_part():
+    """The process's runtime (what no array holds) is every rank's, whatever its strategy:
+    model averaging, Downpour and the pipeline rows carry it as allreduce's do."""
+    facts = StepFacts(2, 5, 0, True, (0.0, 1000.0), (0.0, 1000.0), 4.0, runtime=3 * MB)
+    work = synthetic()
+    work = Workload(work.recipe, 16, work.layers, work.param_bytes, 2, work.update_s, "given",
+                    facts=facts)
+    rows = predict_all(work, Machine(nodes=1, ranks_per_node=4, memory_bytes=1 << 40), 4)
+    assert {r.strategy for r in rows} >= {"allreduce", "model_averaging", "downpour"}
+    assert {r.memory.runtime for r in rows} == {3 * MB}, {r.label: r.memory.runtime
+                                                        for r in rows}

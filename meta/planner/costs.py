@@ -553,6 +553,9 @@ def predict_all(work: Workload, machine: Machine, p: int,
     out += parameter_server_costs(work, machine, p)
     out += pipeline_costs(work, machine, p) + tensor_parallel_costs(work, machine, p)
     out += recompute_costs(work, out)
+    # the process's own resident bytes beyond its arrays: every rank of every row has them
+    runtime = work.facts.runtime if work.facts is not None else 0.0
+    out = [replace(pr, memory=replace(pr.memory, runtime=runtime)) for pr in out]
     return [pr if pr.memory_bytes <= machine.memory_bytes else
             Prediction(**{**pr.__dict__, "fits": False}) for pr in out]
 
