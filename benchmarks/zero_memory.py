@@ -17,9 +17,10 @@ gradients, moments, the strategy's buffers). Every strategy runs the executor ``
 names (ZeRO-3's groups too), so activations are alike. On the planned executor the plans keep
 their arenas (activations and the backward's temporaries) between steps: the resident set
 then holds them too, so the workers also report the plans' arena bytes and the model state is
-the resident set less them; ZeRO-3 reports its slots (the persistent buffers its groups are
-gathered into and their gradients written to). ZeRO-2 on the planned executor runs as a
-recipe's does there: through ZeRO-3's groups with the parameters whole (``Zero2Grouped``).
+the resident set less them; ZeRO-3 reports its slots (the buffers its groups are gathered
+into and their gradients written to: held during a step; on the planned executor they keep
+their addresses between steps but give their pages back, so the resident set holds none).
+ZeRO-2 on the planned executor runs as a recipe's does there: through ZeRO-3's groups with the parameters whole (``Zero2Grouped``).
 ``--recompute``: ZeRO-3 (and ZeRO-2 on the planned executor, which runs through its groups)
 recomputes each group's forward before its backward and the planned groups share one arena
 (allreduce runs without). The workers run with glibc's mmap threshold

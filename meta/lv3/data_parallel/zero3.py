@@ -22,9 +22,12 @@ group gathered into a new buffer each time would compile again at every step. Ea
 gathered into the same persistent buffer every time instead, one of a few slots shared by the
 groups that are never live together (``slot_colors``: a chain of groups alternates two, a head
 tied to the embedding adds a third), each as large as its largest group, and its gradients go
-to the same buffers' twins. The whole model is never resident; what the slots cost, held for
-good, is about 2 x 2 groups of float32 (``ShardedExecutor.slot_bytes``): with the default
-groups of 2 M parameters 32 MB, next to 4 bytes a parameter of shards at P = 4 with Adam.
+to the same buffers' twins. The whole model is never resident; the slots, about 2 x 2 groups
+of float32 (``ShardedExecutor.slot_bytes``: with the default groups of 2 M parameters 32 MB,
+next to 4 bytes a parameter of shards at P = 4 with Adam), keep their addresses for good but
+hold memory only while in use: each is an anonymous mapping (``Pages``) whose pages go back to
+the kernel when its group is freed (the gradient slots once the step's reduce-scatters are
+done), to come back zero-filled at the next gather into it.
 
 With the run's ``recompute`` (any spec: ZeRO-3's segments are its layer groups) a training
 forward keeps only each group's inputs; every group but the last runs its forward again
@@ -43,6 +46,7 @@ process.
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
@@ -73,6 +77,25 @@ def _base_of(a: np.ndarray) -> np.ndarray:
     while isinstance(a.base, np.ndarray):
         a = a.base
     return a
+
+
+class Pages:
+    """A buffer whose address stays while its memory can be given back: an anonymous mapping
+    viewed by numpy. A plan compiled against ``array`` stays bound to it; ``release`` hands
+    the kernel its pages (``MADV_DONTNEED``), which come back zero-filled when next written,
+    so a slot's memory is held only while a group is gathered into it."""
+
+    def __init__(self, n: int, dtype: np.dtype) -> None:
+        dtype = np.dtype(dtype)
+        self.map = mmap.mmap(-1, max(n * dtype.itemsize, 1), flags=mmap.MAP_PRIVATE)
+        """The anonymous private mapping (a shared one keeps its pages: shmem; at least one
+        byte: mmap takes no empty one)."""
+        self.array = np.frombuffer(self.map, dtype, count=n)
+        """Its ``n`` values (the slot)."""
+
+    def release(self) -> None:
+        """The pages given back: the values read as zeros until written again."""
+        self.map.madvise(mmap.MADV_DONTNEED)
 
 
 def slot_colors(needs: Sequence[set[int]], count: int) -> list[int]:
@@ -226,6 +249,12 @@ class ShardedExecutor(Executor):
         """Group -> its parameters' gradients' views of its gradient slot."""
         self.hooks: list[StageHook] = []
         """Each group's gradient hook (planned executors: their gradients into the slots)."""
+        self.param_pages: list[Pages] = []
+        """Where ``persistent`` and not ``whole``: the parameter slots' mappings, whose pages
+        go back to the kernel when their group is ``free``d (the slot keeps its address)."""
+        self.grad_pages: list[Pages] = []
+        """Where ``persistent``: the gradient slots' mappings, whose pages go back to the
+        kernel once a step's reduce-scatters are done."""
         self._slot_bases: set[int] = set()
         self.materialized = True
         """Whether ``graph`` holds the whole model (at first, and after ``materialize``)."""
@@ -271,8 +300,14 @@ class ShardedExecutor(Executor):
         for g, c in enumerate(self.colors):
             params[c] = max(params[c], groups[g].n)
             grads[g % 2] = max(grads[g % 2], groups[g].n)
-        self.param_slots = [np.empty(n, dtype) for n in params]
-        self.grad_slots = [np.empty(n, dtype) for n in grads]
+        if self.persistent:  # held for good: their pages given back between uses
+            if not st.whole:
+                self.param_pages = [Pages(n, dtype) for n in params]
+            self.grad_pages = [Pages(n, dtype) for n in grads]
+        self.param_slots = [p.array for p in self.param_pages] or \
+            [np.empty(n, dtype) for n in params]
+        self.grad_slots = [p.array for p in self.grad_pages] or \
+            [np.empty(n, dtype) for n in grads]
         self._slot_bases = {id(b) for b in self.param_slots}
         self.param_views = [FlatBuffer(g.shapes, dtype, self.param_slots[c][:g.n]).views
                             for g, c in zip(groups, self.colors)]
@@ -384,9 +419,12 @@ class ShardedExecutor(Executor):
 
     def free(self, g: int) -> None:
         """Group ``g``'s slot free for another group (its values stay until overwritten; a
-        backward that reads them gathers the group again first). Whole: kept."""
+        backward that reads them gathers the group again first; where the slot is ``Pages``
+        its memory goes back to the kernel, its values read as zeros). Whole: kept."""
         if not self.strategy.whole:
             self.live.pop(g)
+            if self.param_pages:
+                self.param_pages[self.colors[g]].release()
 
     def regather(self) -> None:
         """Every group all-gathered again into its slot after an update (whole: ZeRO-2's
@@ -511,6 +549,8 @@ class ShardedExecutor(Executor):
             for g in [g for g in self.live if g not in keep]:
                 self.free(g)
         st.comm.waitall(list(sending.values()))
+        for pages in self.grad_pages:  # reduce-scattered: nothing reads them before the next
+            pages.release()
         self._lap("communicate")
 
     def materialize(self) -> None:

@@ -249,6 +249,30 @@ def test_zero3_groups_run_with_every_option_of_the_runs_executor() -> None:
     assert ("onednn bf16" in places) == (effective("bf16") == "bf16"), places
 
 
+def test_zero3_planned_slots_give_their_pages_back_between_steps() -> None:
+    """On the planned executor the slots keep their addresses (the plans stay bound to them)
+    but give their pages back after each step: they read as zeros (``MADV_DONTNEED``) until
+    the next gather, and the next step reads the gathered values, not the zeros."""
+    from meta.lv1.plan import runtime
+    from meta.lv3.data_parallel.zero3 import Zero3
+
+    if not runtime.available():
+        pytest.skip("no planned executor here")
+    workload = _planned_workload()
+    zero = Zero3.from_recipe(Optimizer(adam(1e-3), workload.graph.parameters),
+                             SingleProcessCommunicator(), workload, groups=2)
+    ex = zero.executor.train()
+    feeds = {"input": np.arange(16).reshape(2, 8) % 11, "labels": np.ones((2, 8), np.int64)}
+    losses = [float(zero.step_with(ex, feeds)["loss"])]
+    slots = [s.ctypes.data for s in ex.param_slots + ex.grad_slots]
+    assert ex.param_pages and ex.grad_pages
+    assert all(not s.any() for s in ex.param_slots + ex.grad_slots)
+    assert zero.param_shard.any()
+    losses.append(float(zero.step_with(ex, feeds)["loss"]))
+    assert [s.ctypes.data for s in ex.param_slots + ex.grad_slots] == slots
+    assert losses[1] < losses[0], losses
+
+
 def test_stages_that_cannot_recompute_refuse_it_in_one_line() -> None:
     """A strategy whose parts run as stages (no recomputation there) refuses ``recompute``
     rather than dropping it; ZeRO-3 takes it (it recomputes its groups)."""
