@@ -114,7 +114,7 @@ def graph_flops(graph, feeds: dict[str, np.ndarray], training: bool = True) -> i
     total = 0
     for node in nodes:
         if node.op_type == "MatMul":
-            a, b = shape[node.inputs[0]], shape[node.inputs[1]]
+            a = shape[node.inputs[0]]
             out = shape[node.outputs[0]]
             total += 2 * int(np.prod(out)) * a[-1]
         elif node.op_type == "Gemm":

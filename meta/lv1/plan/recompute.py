@@ -247,6 +247,7 @@ class Segments:
         values, saved = self._forward(last, kept, feeds, names)
         seeds = {loss: np.full(saved.shapes[loss][0], seed * (hook.seed if hook else 1.0),
                                saved.shapes[loss][1])}
+        back: dict[str, np.ndarray] = {}  # the later segment's gradients of what it received
         for s in range(last, -1, -1):
             if s < last:
                 restore = self._state(s)
