@@ -21,19 +21,27 @@ DOMAIN = "my.slow"
 SHAPE = (8, 16)
 
 
+def register_slow(communicates: bool = False) -> None:
+    """Register ``my.slow::Slow``: y = 2x in Python, 20 ms per call each way (most of any step
+    here); ``communicates``: declared a collective, as tensor parallelism's allreduce is."""
+    @register("Slow", domain=DOMAIN)
+    class Slow(Operator):
+        def forward(self, ctx, x):
+            time.sleep(0.02)
+            return 2 * x
+
+        def backward(self, ctx, dy):
+            time.sleep(0.02)
+            return (2 * dy,)
+
+    Slow.communicates = communicates
+
+
 @pytest.fixture
 def slow():
-    """``my.slow::Slow``: y = 2x in Python, 20 ms per call each way (most of any step here)."""
+    """``my.slow::Slow`` registered for the test (``register_slow``)."""
     with registry.scratch():
-        @register("Slow", domain=DOMAIN)
-        class Slow(Operator):
-            def forward(self, ctx, x):
-                time.sleep(0.02)
-                return 2 * x
-
-            def backward(self, ctx, dy):
-                time.sleep(0.02)
-                return (2 * dy,)
+        register_slow()
         yield
 
 
@@ -183,18 +191,7 @@ def test_a_collective_is_placed_as_communication_not_python(capsys):
     for the other ranks) is placed "communication": its wait is not called Python time, so
     the executor prints no Python-share line for it and announces no Python step."""
     with registry.scratch():
-        @register("Slow", domain=DOMAIN)
-        class Slow(Operator):
-            communicates = True
-
-            def forward(self, ctx, x):
-                time.sleep(0.02)
-                return 2 * x
-
-            def backward(self, ctx, dy):
-                time.sleep(0.02)
-                return (2 * dy,)
-
+        register_slow(communicates=True)
         g, loss = graph("slow")
         ex = PlannedExecutor(g).train()
         train(ex, loss, 5)
