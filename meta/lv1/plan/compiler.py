@@ -15,7 +15,8 @@
    first contribution writes it, later ones add to it. The backward starts from the scalar
    loss's seed (d loss / d loss), or, for a stage (``seeded``: ``forward_saving`` /
    ``backward_seeded``), from a seed array of each seeded output's shape (a vector-Jacobian
-   product of several non-scalar outputs).
+   product of several non-scalar outputs). A collective split into a start and a wait
+   (``overlap``) gets the steps that do not need it moved in between.
 5. **Memory**: every computed value gets its place in one arena from its lifetime across the
    forward and the backward (``memory.assign_offsets``); parameter gradients get arrays of
    their own, handed to the caller.
@@ -50,6 +51,7 @@ import numpy as np
 
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
+from meta.lv1.plan import overlap
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
 from meta.lv1.plan.memory import (
     Arena,
@@ -233,6 +235,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     seed, gradients = backward_phase(graph, loss, wrt, rt, pb, values,
                                      fetch if seeded else None)
     seed_names = seed if isinstance(seed, dict) else {}
+    pb.steps = overlap.schedule(pb.steps, values)  # compute between collectives' start, wait
     arena = arena if arena is not None else Arena()
     order, cuts, hook_names, arena_bytes, owned_bytes, offsets = memory_phase(
         graph, feeds, pb, values, gradients, fetch, hook, list(seed_names.values()), arena,

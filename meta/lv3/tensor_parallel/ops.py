@@ -135,6 +135,12 @@ class AllReduceSum(Operator):
 
 
 def register_operators() -> None:
-    """Make the two operators known to the executors (once; later calls do nothing)."""
+    """Make the two operators known to the executors (once; later calls do nothing), and
+    their lowerings to the planned executor's kernel table (``lowering``: in place, the
+    backward's allreduces overlapped with the weight gradients)."""
+    from meta.lv1.plan.kernels import KERNELS
+    from meta.lv3.tensor_parallel.lowering import KERNELS as LOWERINGS
+
     for cls in (CopyToParallel, AllReduceSum):
         register(cls.__name__, domain=DOMAIN)(cls)
+        KERNELS[f"{DOMAIN}::{cls.__name__}"] = LOWERINGS[cls.__name__]

@@ -6,7 +6,8 @@
 Each rank compares the loss, the logits and the gradients of the parameters it holds with
 the whole GPT run on one process (float64, the same weights and batch), and the weights after
 a few optimizer steps; the ``planned`` checks do so in float32 with every stage and part on
-the planned executor (compiled plans; the collectives Python steps of them), within 1e-5.
+the planned executor (compiled plans; the collectives steps of them, in place, the backward's
+overlapped with the weight gradients), within 1e-5.
 """
 
 from __future__ import annotations
@@ -181,8 +182,9 @@ def check_pipelined_adam_steps_keep_the_tied_copies_equal(comm: Communicator) ->
 
 
 def check_planned_tensor_parallel_gpt_matches_single_process(comm: Communicator) -> None:
-    """Float32, each rank's part a compiled plan (the allreduces Python steps inside it): two
-    steps' loss, logits and this rank's gradients within 1e-5 of one reference process."""
+    """Float32, each rank's part a compiled plan (the allreduces steps inside it, the
+    backward's overlapped with the weight gradients): two steps' loss, logits and this rank's
+    gradients within 1e-5 of one reference process."""
     graph = small_gpt(dtype=np.float32)
     feeds = batch(5, seed=1)
     want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
@@ -195,12 +197,29 @@ def check_planned_tensor_parallel_gpt_matches_single_process(comm: Communicator)
     assert placement["h0.attn.scores"] != "python", placement  # the blocks run in the plan
     if comm.size > 1:
         assert placement["h0.attn.proj.matmul/allreduce"] == "communication", placement
+        _check_overlapped(part.executor._last.records["backward"], where)
     assert sorted(grads) == sorted(part.local_graph.parameters), where
     for name, g in grads.items():
         _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}",
                PLANNED_TOLERANCE)
     for k in ("loss", "logits"):
         _close(values[k], want_values[k], f"{where}: {k}", PLANNED_TOLERANCE)
+
+
+def _check_overlapped(steps: list, where: str) -> None:
+    """Every backward allreduce of the plan started before, and waited after, the weight
+    gradients of the column-parallel layers that read its copy (``tensor_parallel.lowering``,
+    ``lv1.plan.overlap``), with no Python copy of a gradient around it."""
+    names = [(s.name, s.node) for s in steps]
+    for block in ("h0", "h1"):
+        for copy, layers in ((f"{block}.ln1/copy", ("attn.q", "attn.k", "attn.v")),
+                             (f"{block}.ln2/copy", ("mlp.fc",))):
+            start = names.index((f"{copy} allreduce start", copy))
+            wait = names.index((f"{copy} allreduce wait", copy))
+            between = {node for _, node in names[start + 1:wait]}
+            assert {f"{block}.{x}.matmul" for x in layers} <= between, (where, copy, between)
+    assert not any("copy" in name and "allreduce" not in name for name, _ in names), \
+        (where, names)
 
 
 def check_planned_pipelined_gpt_matches_single_process(comm: Communicator) -> None:

@@ -1,0 +1,183 @@
+"""Tensor parallelism's collectives as steps of a plan (the planned executor).
+
+``CopyToParallel`` and ``AllReduceSum`` (``ops``) run in a plan without copies and with the
+backward's allreduces overlapped:
+
+* ``CopyToParallel`` forward is a view of its input (no step). Its backward sums the
+  gradient of its output over the ranks **in place** (no copy: the input's gradient is that
+  buffer, or that buffer is added into it), as a nonblocking allreduce in two steps, a
+  ``Start`` and a ``Wait`` (``meta.lv1.plan.overlap``). The plan's scheduler puts between them
+  the steps the sum does not need: the weight gradients of the column-parallel layers that
+  read the copy (Q, K, V; the MLP's first layer) and of the layers after them, computed while
+  the partial input gradients travel, with a test of the request after each (MPICH moves a
+  nonblocking collective only inside calls that test it).
+* ``AllReduceSum`` forward sums the row-parallel layer's partial output in place: its
+  output is a view of the partial sum (no copy in, none out). Its backward passes the gradient
+  through (a view where it can be, else a copy). Nothing in a forward can run while it waits
+  (everything after reads it), but it goes through the same pair of steps.
+
+The steps are Python steps calling mpi4py (a few microseconds each); the bytes and the seconds
+inside them are counted on the ``Group`` as its blocking ``allreduce`` counts them, so the
+executor's report is the same on every path. Registered into the plan's kernel table (keyed by
+the operators' domain) by ``ops.register_operators``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from meta.lv1.graph import Node
+from meta.lv1.plan.builder import Lowered, PlanBuilder
+from meta.lv1.plan.context import Context, py_step
+from meta.lv1.plan.memory import root
+from meta.lv1.plan.overlap import add_pair
+from meta.lv3.comm.polling import poll_all
+
+PLACEMENT = "communication"  # as kernels.python_node places a communicating operator
+
+
+class Allreduce:
+    """One collective of a plan: an in-place nonblocking sum of ``buffer`` over the group's
+    ranks, started, tested and waited by three kinds of step (their build functions below),
+    counted and timed on the group."""
+
+    def __init__(self, group: Any, name: str, buffer: str) -> None:
+        self.group = group
+        """The ``ops.Group`` it sums over (and counts its bytes and seconds on)."""
+        self.name = name
+        """Its steps' names: the node's."""
+        self.buffer = buffer
+        """The plan value summed in place."""
+        self.request: Any = None
+        """MPI's request, between a start and its wait (None otherwise)."""
+
+    def _call(self, fn) -> Any:
+        """``fn()``, its seconds counted as the group's time in collectives."""
+        began = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.group.seconds += time.perf_counter() - began
+
+    def start(self, a) -> list:
+        buf, group = a(self.buffer), self.group
+
+        def run() -> None:
+            group.bytes_sent += buf.nbytes
+            group.calls += 1
+            if group.comm.size > 1:
+                self.request = self._call(lambda: group.comm.iallreduce(buf))
+        return [py_step(run, f"{self.name} start")]
+
+    def progress(self, a) -> list:
+        def run() -> None:
+            if self.request is not None:
+                self._call(lambda: self.group.comm.test(self.request))
+        return [py_step(run, f"{self.name} progress")]
+
+    def wait(self, a) -> list:
+        comm, poll = self.group.comm, self.group.poll
+
+        def run() -> None:
+            request, self.request = self.request, None
+            if request is not None:  # polled where ranks outnumber cores (Group.poll)
+                self._call(lambda: poll_all(comm, [request]) if poll else comm.wait(request))
+        return [py_step(run, f"{self.name} wait")]
+
+    def add(self, pb: PlanBuilder, phase: str) -> None:
+        add_pair(pb, self.name, self.buffer, self.start, self.wait, self.progress, phase)
+
+
+def _in_place(pb: PlanBuilder, name: str) -> bool:
+    """Whether ``name``'s bytes are the plan's own to overwrite (the arena's)."""
+    return pb.values[root(pb.values, name)].storage == "arena"
+
+
+def _float(ctx: Context, node: Node) -> bool:
+    return all(np.dtype(ctx.dtype(x)).kind == "f" for x in (*node.inputs, *node.outputs) if x)
+
+
+def _copy_step(pb: PlanBuilder, src: str, dest: str, add: bool, name: str) -> None:
+    """``dest`` = (or +=) ``src``, both plain and of one shape."""
+    def build(a):
+        s, d = a(src), a(dest)
+
+        def run() -> None:
+            if add:
+                np.add(d, s, out=d)
+            else:
+                np.copyto(d, s)
+        return [py_step(run, name)]
+    pb.step(name, [src, dest] if add else [src], [dest], build, "backward")
+
+
+def copy_to_parallel(ctx: Context, node: Node, op) -> Lowered | None:
+    """Forward: a view. Backward: the output's gradient summed over the ranks in place,
+    overlapped (the module docstring)."""
+    from meta.lv3.tensor_parallel.ops import groups
+
+    if not _float(ctx, node):
+        return None
+    pb = ctx.pb
+    x, y = node.inputs[0], node.outputs[0]
+    src = pb.require_layout(x, "plain")
+    pb.view(y, src, ctx.shape(y))
+    if not ctx.needs(x):
+        return Lowered(node, None, PLACEMENT)
+    group = groups(op.group)
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        summed = g
+        if not _in_place(pb, g):  # not the plan's bytes to overwrite: sum a copy
+            summed = pb.temp(g)
+            _copy_step(pb, g, summed, False, f"{node.name} backward copy")
+        Allreduce(group, f"{node.name} allreduce", summed).add(pb, "backward")
+        if summed == g and pb.alias_grad(src, y):
+            return  # the input's gradient is the summed buffer itself
+        target = pb.grad_target(src, can_accumulate=True)
+        if target is not None:
+            _copy_step(pb, summed, target[0], target[1], f"{node.name} backward")
+    return Lowered(node, backward, PLACEMENT)
+
+
+def allreduce_sum(ctx: Context, node: Node, op) -> Lowered | None:
+    """Forward: the partial sum reduced in place, the output a view of it. Backward: the
+    gradient passed through (the module docstring)."""
+    from meta.lv3.tensor_parallel.ops import groups
+
+    if not _float(ctx, node):
+        return None
+    pb = ctx.pb
+    x, y = node.inputs[0], node.outputs[0]
+    src = pb.require_layout(x, "plain")
+    group = groups(op.group)
+    if _in_place(pb, src) and len(ctx.consumers.get(x, [])) == 1 and x not in ctx.protected:
+        pb.view(y, src, ctx.shape(y))
+    else:  # read elsewhere too (or not the plan's bytes): the sum in an output of its own
+        pb.output(y, ctx.shape(y), ctx.dtype(y))
+        def build(a):
+            s, d = a(src), a(y)
+            return [py_step(lambda: np.copyto(d, s), f"{node.name} copy")]
+        pb.step("AllReduceSum copy", [src], [y], build)
+    Allreduce(group, node.name, y).add(pb, "forward")
+    if not ctx.needs(x):
+        return Lowered(node, None, PLACEMENT)
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None or pb.alias_grad(src, y):
+            return
+        target = pb.grad_target(src, can_accumulate=True)
+        if target is not None:
+            _copy_step(pb, g, target[0], target[1], f"{node.name} backward")
+    return Lowered(node, backward, PLACEMENT)
+
+
+KERNELS = {"CopyToParallel": copy_to_parallel, "AllReduceSum": allreduce_sum}
+"""op type -> its lowering (``ops.register_operators`` enters them in the plan's table)."""
