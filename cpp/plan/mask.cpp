@@ -104,6 +104,25 @@ StepPtr range(const py::array& start, const py::array& limit, const py::array& d
   throw std::invalid_argument("range: dtype must be float32, float64, int32 or int64");
 }
 
+// A step that checks an int32/int64 array read at run time holds `expected` (a Tile's fed
+// repeats: the plan's shapes were traced from them), raising with `what` otherwise.
+StepPtr expect_ints(const py::array& a, const std::vector<std::int64_t>& expected,
+                    const std::string& what) {
+  if (a.dtype().kind() != 'i' || (a.itemsize() != 4 && a.itemsize() != 8))
+    throw std::invalid_argument("expect_ints: the array must be int32 or int64");
+  const std::size_t size = a.itemsize();
+  const char* p = static_cast<const char*>(address(a, expected.size() * size, "checked ints"));
+  return std::make_shared<LambdaStep>("check", [=] {
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      if (read_int(p + i * size, size) != expected[i])
+        throw std::runtime_error(what + ": entry " + std::to_string(i) + " is " +
+                                 std::to_string(read_int(p + i * size, size)) +
+                                 " where the plan was traced with " +
+                                 std::to_string(expected[i]) +
+                                 " (a shape that depends on the data cannot be planned)");
+  });
+}
+
 }  // namespace
 
 void bind_mask(py::module_& m) {
@@ -111,6 +130,7 @@ void bind_mask(py::module_& m) {
         py::arg("upper"), py::arg("x"), py::arg("y"));
   m.def("range", &range, py::arg("start"), py::arg("limit"), py::arg("delta"), py::arg("y"),
         py::arg("n"), py::arg("node"));
+  m.def("expect_ints", &expect_ints, py::arg("a"), py::arg("expected"), py::arg("what"));
 }
 
 }  // namespace meta::plan

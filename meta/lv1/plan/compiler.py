@@ -353,6 +353,8 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     live = [as_planned(n) for n in live]
     live, made, merged = patterns.gelu(live, {n: traced[n] for n in static if n in traced},
                                        set(wanted) | set(feeds) | set(wrt), backends)
+    live, decomposed, parts = patterns.decompose(live, traced, static, values, backends)
+    made.update(decomposed)
     ops = {n.name: made.get(n.name) or make_operator(originals.get(n.name, n), graph.opset,
                                                      backends) for n in live}
     placement.update((old, f"fused into {new}") for old, new in merged.items())
@@ -396,6 +398,7 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
         for name in context.fused_into.pop(node.name, []):
             placement[name] = f"fused into {node.name}"
         placement[node.name] = lowered.kind
+    patterns.place(placement, parts)
     fetch = {}
     pb.current = None
     for name in outputs:

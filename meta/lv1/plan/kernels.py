@@ -34,7 +34,7 @@ from meta.lv1.graph import Node
 from meta.lv1.plan import custom
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
-from meta.lv1.plan.lowering.broadcast import div, expand
+from meta.lv1.plan.lowering.broadcast import div, expand, tile
 from meta.lv1.plan.lowering.conv import conv
 from meta.lv1.plan.lowering.eltwise import (
     ACTIVATIONS,
@@ -46,10 +46,13 @@ from meta.lv1.plan.lowering.eltwise import (
 )
 from meta.lv1.plan.lowering.fused import fused
 from meta.lv1.plan.lowering.loss import cross_entropy
+from meta.lv1.plan.lowering.mask import range_node, trilu
 from meta.lv1.plan.lowering.matmul import gemm, matmul
 from meta.lv1.plan.lowering.norm import batchnorm, layernorm
 from meta.lv1.plan.lowering.pool import pool
 from meta.lv1.plan.lowering.rnn import recurrent
+from meta.lv1.plan.lowering.scan import cumsum
+from meta.lv1.plan.lowering.scatter import scatter_nd
 from meta.lv1.plan.lowering.slicing import slice_node, split
 from meta.lv1.plan.lowering.tensor import concat, softmax
 from meta.lv1.plan.lowering.views import gather, transpose, view_node
@@ -190,6 +193,11 @@ KERNELS: dict[str, Callable] = {
     **{t: binary for t in BINARY},
     "Div": div,  # Div(c, x): RMSNorm's rsqrt (lowering/broadcast.py)
     "Expand": expand,  # one run of broadcast axes: grouped-query attention's K and V
+    "Tile": tile,  # a broadcast copy (lowering/broadcast.py)
+    "CumSum": cumsum,  # cpp/plan/scan.cpp
+    "ScatterND": scatter_nd,  # cpp/plan/scatter.cpp
+    "Trilu": trilu,  # cpp/plan/mask.cpp
+    "Range": range_node,
     **{t: eltwise for t in ACTIVATIONS},
     **{t: view_node for t in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
                               "Dropout")},

@@ -95,3 +95,197 @@ def gelu(nodes: list[Node], static: dict[str, np.ndarray], protected: set[str],
         elif n.name not in removed:
             out.append(n)
     return out, ops, merged
+
+
+# -- operators that opset 23 gives one node, spelled as the nodes the plan has kernels for ----
+# RMSNormalization, RotaryEmbedding and Attention have no kernel of their own: each becomes the
+# chain of nodes its ONNX function body computes (Mul, ReduceMean, Sqrt, ...; Slice, Gather,
+# Concat; MatMul, Softmax), whose kernels (the fused pointwise groups, the reductions, the
+# slices, the embedding's gather, the fused attention) then run it forward and backward. The
+# original node's placement() says what its parts run as (``place``).
+class Emitter:
+    """The nodes standing for one node, named ``<node>/<op>_<i>``, with the shape and dtype
+    of each tensor between them (the trace never saw them) and their constants (plan
+    constants, as a folded node's outputs are)."""
+
+    def __init__(self, node: Node, traced: dict, static: set[str], values: dict,
+                 backends: Sequence[str]) -> None:
+        self.prefix = node.name
+        self.traced, self.static, self.values, self.backends = traced, static, values, backends
+        self.nodes: list[Node] = []
+        self.ops: dict[str, Operator] = {}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.traced[name].shape)
+
+    def dtype(self, name: str) -> np.dtype:
+        return self.traced[name].dtype
+
+    def const(self, hint: str, value) -> str:
+        from meta.lv1.plan.memory import Value
+
+        name = f"{self.prefix}/{hint}"
+        array = np.array(value, order="C")
+        self.traced[name] = array
+        self.static.add(name)
+        self.values[name] = Value(name, array.shape, array.dtype, storage="owned", array=array)
+        return name
+
+    def ints(self, hint: str, values) -> str:
+        return self.const(hint, np.asarray(values, np.int64))
+
+    def node(self, op_type: str, inputs: list[str], shape, dtype=None, since: int = 13,
+             **attrs) -> str:
+        from meta.lv1.plan.compiler import Traced
+
+        i = len(self.nodes)
+        out = f"{self.prefix}/{op_type.lower()}_{i}"
+        node = Node(op_type, list(inputs), [out], f"{self.prefix}/{op_type}_{i}", attrs=attrs)
+        self.ops[node.name] = lookup(op_type, since, "", self.backends)(**attrs)
+        self.traced[out] = Traced(tuple(int(d) for d in shape),
+                                  np.dtype(dtype or self.dtype(inputs[0])))
+        self.nodes.append(node)
+        return out
+
+    def binary(self, op_type: str, a: str, b: str) -> str:
+        return self.node(op_type, [a, b], np.broadcast_shapes(self.shape(a), self.shape(b)))
+
+    def slice(self, x: str, axis: int, start: int, stop: int) -> str:
+        shape = list(self.shape(x))
+        axis %= len(shape)
+        shape[axis] = stop - start
+        tag = f"{len(self.nodes)}"
+        return self.node("Slice", [x, self.ints(f"starts_{tag}", [start]),
+                                   self.ints(f"ends_{tag}", [stop]),
+                                   self.ints(f"axes_{tag}", [axis])], shape)
+
+    def reshape(self, x: str, shape) -> str:
+        return self.node("Reshape", [x, self.ints(f"shape_{len(self.nodes)}", shape)], shape)
+
+    def unsqueeze(self, x: str, axis: int) -> str:
+        shape = list(self.shape(x))
+        shape.insert(axis % (len(shape) + 1), 1)
+        return self.node("Unsqueeze", [x, self.ints(f"axes_{len(self.nodes)}", [axis])], shape)
+
+    def concat(self, parts: list[str], axis: int) -> str:
+        shape = list(self.shape(parts[0]))
+        axis %= len(shape)
+        shape[axis] = sum(self.shape(p)[axis] for p in parts)
+        return self.node("Concat", parts, shape, axis=axis)
+
+    def transpose(self, x: str, perm: list[int]) -> str:
+        shape = self.shape(x)
+        return self.node("Transpose", [x], [shape[p] for p in perm], perm=list(perm))
+
+    def finish(self, output: str) -> None:
+        """The last node writes ``output`` (the replaced node's, which the trace saw)."""
+        last = self.nodes[-1]
+        del self.traced[last.outputs[0]]
+        last.outputs[0] = output
+
+
+def _rms_normalization(em: Emitter, node: Node, op) -> bool:
+    x, scale = node.inputs[:2]
+    if em.dtype(x) != np.float32 or em.dtype(scale) != np.float32:
+        return False
+    shape = em.shape(x)
+    axis = int(op.axis) % len(shape)
+    reduced = [*shape[:axis], *[1] * (len(shape) - axis)]
+    square = em.node("Mul", [x, x], shape)
+    mean = em.node("ReduceMean", [square], reduced, axes=list(range(axis, len(shape))),
+                   keepdims=1)
+    eps = em.const("epsilon", np.float32(op.epsilon))
+    inv = em.node("Reciprocal", [em.node("Sqrt", [em.binary("Add", mean, eps)], reduced)],
+                  reduced)
+    em.binary("Mul", em.binary("Mul", x, inv), scale)
+    em.finish(node.outputs[0])
+    return True
+
+
+def _rotary_embedding(em: Emitter, node: Node, op) -> bool:
+    x, cos, sin = node.inputs[:3]
+    ids = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+    if any(em.dtype(t) != np.float32 for t in (x, cos, sin)):
+        return False
+    shape = em.shape(x)
+    if len(shape) == 3:
+        if not op.num_heads:
+            return False
+        b, s, hidden = shape
+        h = em.reshape(x, [b, s, int(op.num_heads), hidden // int(op.num_heads)])
+        head_axis = 2  # (B, S, H, D): the caches broadcast over H
+    elif len(shape) == 4:
+        h, head_axis = x, 1  # (B, H, S, D)
+    else:
+        return False
+    d = em.shape(h)[3]
+    dim = int(op.rotary_embedding_dim) or d
+    half = dim // 2
+    if dim % 2 or dim > d:
+        return False
+
+    def cache(c: str) -> str:
+        if ids is not None:
+            if len(em.shape(c)) != 2:
+                return ""
+            c = em.node("Gather", [c, ids], [*em.shape(ids), em.shape(c)[1]], axis=0)
+        if em.shape(c)[-1] != half or len(em.shape(c)) != 3:
+            return ""
+        c = em.unsqueeze(c, head_axis)
+        return em.unsqueeze(c, 4) if op.interleaved else c
+    cos4, sin4 = cache(cos), cache(sin)
+    if not cos4 or not sin4:
+        return False
+    rot = em.slice(h, 3, 0, dim) if dim < d else h
+    if op.interleaved:  # (..., dim) as (..., dim/2, 2): the pairs' halves along the last axis
+        pairs = em.reshape(rot, [*em.shape(rot)[:3], half, 2])
+        x1, x2 = em.slice(pairs, 4, 0, 1), em.slice(pairs, 4, 1, 2)
+    else:
+        x1, x2 = em.slice(rot, 3, 0, half), em.slice(rot, 3, half, dim)
+    real = em.binary("Sub", em.binary("Mul", x1, cos4), em.binary("Mul", x2, sin4))
+    imag = em.binary("Add", em.binary("Mul", x1, sin4), em.binary("Mul", x2, cos4))
+    y = em.concat([real, imag], -1)
+    if op.interleaved:
+        y = em.reshape(y, [*em.shape(y)[:3], dim])
+    if dim < d:
+        y = em.concat([y, em.slice(h, 3, dim, d)], 3)
+    if len(shape) == 3:
+        y = em.reshape(y, list(shape))
+    em.finish(node.outputs[0])
+    return True
+
+
+DECOMPOSED = {"RMSNormalization": _rms_normalization, "RotaryEmbedding": _rotary_embedding}
+
+
+def decompose(nodes: list[Node], traced: dict, static: set[str], values: dict,
+              backends: Sequence[str]) -> tuple[list[Node], dict[str, Operator], dict[str, list[str]]]:
+    """``nodes`` with each node of ``DECOMPOSED`` whose case its function takes replaced by
+    the nodes it emits; their operators; each replaced node -> the names of its parts.
+    ``traced``, ``static`` and ``values`` gain the new tensors and constants."""
+    out: list[Node] = []
+    made: dict[str, Operator] = {}
+    parts: dict[str, list[str]] = {}
+    for n in nodes:
+        rule = DECOMPOSED.get(n.op_type)
+        if rule is not None and len(n.outputs) >= 1 and n.outputs[0] \
+                and not any(n.outputs[1:]):
+            em = Emitter(n, traced, static, values, backends)
+            op = lookup(n.op_type, 23, "", backends)(**n.attrs)
+            if rule(em, n, op):
+                out.extend(em.nodes)
+                made.update(em.ops)
+                parts[n.name] = [m.name for m in em.nodes]
+                continue
+        out.append(n)
+    return out, made, parts
+
+
+def place(placement: dict[str, str], parts: dict[str, list[str]]) -> None:
+    """A decomposed node's placement: "python (...)" naming its parts that run as Python
+    steps, or "decomposed: " with its parts' op types."""
+    for name, names in parts.items():
+        where = [placement.get(p, "") for p in names]
+        python = [p.split("/")[-1] for p, w in zip(names, where) if w.startswith("python")]
+        placement[name] = f"python (its parts {', '.join(python)})" if python else \
+            f"decomposed into {len(names)} nodes run by the plan's kernels"

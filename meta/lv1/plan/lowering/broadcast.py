@@ -5,8 +5,14 @@ which ``binary`` cannot put first), and grouped-query attention's ``Expand`` of 
 
 ``Div(c, x)``: oneDNN's pow, c * x^-1, forward and backward (as ``Reciprocal``).
 ``Expand`` with one contiguous run of broadcast axes: a copy of each row into its ``mid``
-places (``broadcast_mid``), backward their sum (``reduce_mid``). Anything else: ``None``,
-and the caller's kernel (``binary``) or the operator's own code runs it.
+places (``broadcast_mid``), backward their sum (``reduce_mid``); any other expansion of a
+float32 or bool tensor (a mask broadcast over heads and queries), and ``Tile``, as one copy of
+the fused pointwise kernel (cpp/plan/fused.cpp) reading the input through broadcast strides,
+backward the sum over the repeated axes (``eltwise.reduction``). Tile is seen as the input's
+axes interleaved with their repeats, (r0, d0, r1, d1, ...), which is the output's bytes. A
+shape or repeats fed at run time: Expand runs the operator (its shape could change); Tile
+checks the fed repeats equal the traced ones when it runs (``expect_ints``). Anything else:
+``None``, and the caller's kernel (``binary``) or the operator's own code runs it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
-from meta.lv1.plan.lowering.eltwise import binary
+from meta.lv1.plan.lowering.eltwise import binary, reduction
+from meta.lv1.plan.lowering.fused import BOOL, Program, _coalesce, _strides
 
 
 def div(ctx: Context, node: Node, op) -> Lowered | None:
@@ -72,11 +79,14 @@ def expand(ctx: Context, node: Node, op) -> Lowered | None:
     """``Expand`` of a float32 tensor along one run of axes to a constant (or folded)
     shape (see the module)."""
     x, out = node.inputs[0], node.outputs[0]
-    if not ctx.float32(x, out) or ctx.constant(node.inputs[1]) is None:
+    if ctx.dtype(x) not in (F32, BOOL) or ctx.constant(node.inputs[1]) is None:
         return None  # a shape fed at run time may differ from the traced one: the operator's
     run = broadcast_run(ctx.shape(x), ctx.shape(out))
-    if run is None:
-        return None
+    if run is None or ctx.dtype(x) == BOOL:
+        rank = len(ctx.shape(out))
+        padded = [1] * (rank - len(ctx.shape(x))) + list(ctx.shape(x))
+        strides = _strides(ctx.shape(x), ctx.shape(out))
+        return broadcast_copy(ctx, node, list(ctx.shape(out)), strides, padded)
     outer, mid, inner = run
     pb = ctx.pb
     x_in = pb.require_layout(x, "plain")
@@ -95,3 +105,59 @@ def expand(ctx: Context, node: Node, op) -> Lowered | None:
                 lambda a: [pb.rt.reduce_mid(outer, mid, inner, 1.0, a(g), a(dest))],
                 "backward")
     return Lowered(node, backward, "native")
+
+
+def broadcast_copy(ctx: Context, node: Node, dims: list[int], strides: list[int],
+                   reduced: list[int]) -> Lowered | None:
+    """``node``'s output (``dims``, contiguous) = its first input read through ``strides``
+    (0 along a repeated axis), by the fused pointwise kernel; backward the output's gradient
+    summed to ``reduced`` (dims with 1 where repeated), which is the input's bytes."""
+    x, out = node.inputs[0], node.outputs[0]
+    dtype = ctx.dtype(x)
+    if dtype not in (F32, BOOL) or ctx.dtype(out) != dtype or prod(dims) == 0 \
+            or getattr(ctx.rt, "pointwise", None) is None:
+        return None
+    p = Program()
+    code, registers, regs = p.compile([p.emit("load", 0)])
+    cdims, (cstrides,) = _coalesce(tuple(dims), [strides])
+    kind = 1 if dtype == BOOL else 0
+    pb = ctx.pb
+    x_in = pb.require_layout(x, "plain")
+    y = pb.output(out, ctx.shape(out), dtype)
+    label = f"{node.op_type} (broadcast copy)"
+    pb.step(node.op_type, [x_in], [y], lambda a: [pb.rt.pointwise(
+        label, cdims, [(a(x_in), kind, cstrides)], [(a(y), kind, False, regs[0])], code,
+        registers)])
+    if not ctx.needs(x):
+        return Lowered(node, None, "native")
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        dest, _ = pb.grad_target(x_in)
+        pb.step(f"{node.op_type} backward", [g], [dest],
+                lambda a: [reduction(pb.rt, dims, reduced, "plain", a(g), a(dest))],
+                "backward")
+    return Lowered(node, backward, "native")
+
+
+def tile(ctx: Context, node: Node, op) -> Lowered | None:
+    """``Tile`` of a float32 or bool tensor (see the module): constant repeats, or fed ones
+    checked against the traced repeats when the step runs."""
+    x, repeats = node.inputs[:2]
+    shape, out = ctx.shape(x), ctx.shape(node.outputs[0])
+    if not shape or any(d == 0 for d in shape) or len(out) != len(shape):
+        return None
+    reps = [o // d for o, d in zip(out, shape)]
+    dims, strides, reduced = [], [], []
+    inner = 1
+    for r, d in reversed(list(zip(reps, shape))):
+        dims[:0], strides[:0], reduced[:0] = [r, d], [0, inner], [1, d]
+        inner *= d
+    lowered = broadcast_copy(ctx, node, dims, strides, reduced)
+    if lowered is not None and ctx.constant(repeats) is None:
+        pb = ctx.pb
+        pb.step("Tile (check repeats)", [repeats], [], lambda a: [pb.rt.expect_ints(
+            a(repeats), reps, f"node {node.name!r}: Tile's repeats")])
+    return lowered

@@ -1,6 +1,7 @@
 """Fused pointwise groups: a connected group of elementwise nodes of one output shape
 (arithmetic, ``Pow`` by a constant or a tensor, ``Sqrt``, ``Reciprocal``, ``Exp``, ``Log``,
 ``Tanh``, ``Erf``, ``Sigmoid``, ``Softplus``, ``Neg``, ``Abs``, ``Min``/``Max``/``Clip``,
+``Sum`` (any number of inputs: a lone one, or broadcast, which oneDNN's sum does not take),
 ``Where``, comparisons, ``Not``/``And``/``Or``, ``Cast`` between float32 and bool; inputs
 broadcast to it) becomes one step of ``cpp/plan/fused.cpp``, a register program evaluated
 over blocks of 1024 elements at a time on every thread. The values between the group's nodes
@@ -233,7 +234,7 @@ def eligible(ctx: Context, node: Node) -> bool:
         return False
     if t in BINARY or t in UNARY:
         return dt == F32 and ctx.float32(*ins) and len(ins) == (2 if t in BINARY else 1)
-    if t in ("Min", "Max"):
+    if t in ("Min", "Max", "Sum"):
         return dt == F32 and ctx.float32(*ins)
     if t == "Pow":
         if len(ins) != 2 or dt != F32 or not ctx.float32(ins[0]):
@@ -347,11 +348,11 @@ def _forward(ctx: Context, members: list[Node], inputs: list[str]
             v = p.emit(BINARY[t], args[0], args[1])
         elif t in UNARY:
             v = p.emit(UNARY[t], args[0])
-        elif t in ("Min", "Max"):
+        elif t in ("Min", "Max", "Sum"):
             v = args[0]
             for a in args[1:]:
                 if a >= 0:
-                    v = p.emit(t.lower(), v, a)
+                    v = p.emit("add" if t == "Sum" else t.lower(), v, a)
         elif t == "Pow":
             c = _scalar_constant(ctx, n.inputs[1]) if not ctx.float32(n.inputs[1]) \
                 or n.inputs[1] in ctx.static else None
@@ -472,6 +473,9 @@ def _alone(ctx: Context, node: Node) -> bool:
         return _scalar_constant(ctx, node.inputs[1]) is None or node.inputs[1] not in ctx.static
     if t == "Clip":
         return False
+    if t == "Sum":  # sum_node takes two or more inputs of the output's shape
+        ins = [x for x in node.inputs if x]
+        return len(ins) == 1 or any(ctx.shape(x) != ctx.shape(node.outputs[0]) for x in ins)
     if t in BINARY:  # binary() takes a full-shape first operand (Add, Mul: either)
         out = ctx.shape(node.outputs[0])
         a, b = (ctx.shape(x) for x in node.inputs[:2])
