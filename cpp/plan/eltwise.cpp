@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include "meta/activations.hpp"
+#include <cstring>
+
 #include "plan.hpp"
 
 namespace meta::plan {
@@ -336,6 +338,41 @@ META_CLONES void gelu_forward_derivative_chunk(const float* x, float* y, float* 
   }
 }
 
+// float32 -> bf16, rounded to nearest even (a NaN stays a quiet NaN); bf16 -> float32.
+inline std::uint16_t to_bf16(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;  // a select, not a branch: the loops vectorise
+  return std::uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t(h) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// float32 -> bf16 over n elements (vectorised: the rounding is integer arithmetic and a select).
+META_CLONES void to_bf16_chunk(const float* x, std::uint16_t* y, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
+}
+
+// The same in bf16 (mixed precision): y and d computed in float32 in blocks on the stack
+// (the float32 loop vectorises), then rounded to bf16.
+void gelu_forward_derivative_bf16_chunk(const float* x, std::uint16_t* y, std::uint16_t* d,
+                                        std::int64_t n) {
+  constexpr std::int64_t kBlock = 512;
+  alignas(64) float fy[kBlock], fd[kBlock];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const std::int64_t len = std::min(kBlock, n - i0);
+    gelu_forward_derivative_chunk(x + i0, fy, fd, len);
+    to_bf16_chunk(fy, y + i0, len);
+    to_bf16_chunk(fd, d + i0, len);
+  }
+}
+
 // dx (+)= dy * gelu'(x); ``accumulate`` is tested once, outside each vectorised loop.
 META_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx,
                                      std::int64_t n, bool accumulate) {
@@ -361,6 +398,20 @@ META_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx,
 StepPtr gelu(std::int64_t n, const py::array& x, std::optional<py::array> dy,
              const py::array& out, bool accumulate, std::optional<py::array> derivative) {
   const float* px = static_cast<const float*>(address(x, n * 4, "gelu input"));
+  if (!dy && derivative && out.itemsize() == 2) {  // bf16 y and d (mixed precision)
+    if (derivative->itemsize() != 2)
+      throw std::invalid_argument("meta._plan.gelu: a bf16 output needs a bf16 derivative");
+    auto* py_ = static_cast<std::uint16_t*>(address(out, n * 2, "gelu output"));
+    auto* pd = static_cast<std::uint16_t*>(address(*derivative, n * 2, "gelu derivative"));
+    return std::make_shared<LambdaStep>("gelu bf16", [=] {
+      constexpr std::int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+        const std::int64_t i0 = c * kChunk;
+        gelu_forward_derivative_bf16_chunk(px + i0, py_ + i0, pd + i0, std::min(kChunk, n - i0));
+      }
+    });
+  }
   const float* pg = dy ? static_cast<const float*>(address(*dy, n * 4, "gelu dy")) : nullptr;
   float* po = static_cast<float*>(address(out, n * 4, "gelu output"));
   float* pd =
@@ -382,10 +433,34 @@ StepPtr gelu(std::int64_t n, const py::array& x, std::optional<py::array> dy,
   });
 }
 
+// out (+)= a * b with b in bf16 (widened exactly to float32).
+META_CLONES void multiply_bf16_chunk(const float* a, const std::uint16_t* b, float* out,
+                                     std::int64_t n, bool accumulate) {
+  if (accumulate) {
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) out[i] += a[i] * from_bf16(b[i]);
+  } else {
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] * from_bf16(b[i]);
+  }
+}
+
 // out (+)= a * b over n elements (an activation's backward from its kept derivative).
 StepPtr multiply(std::int64_t n, const py::array& a, const py::array& b, const py::array& out,
                  bool accumulate) {
   const float* pa = static_cast<const float*>(address(a, n * 4, "multiply a"));
+  if (b.itemsize() == 2) {  // b in bf16 (a derivative kept in bf16): float32 products
+    const auto* pb16 = static_cast<const std::uint16_t*>(address(b, n * 2, "multiply b"));
+    float* po = static_cast<float*>(address(out, n * 4, "multiply output"));
+    return std::make_shared<LambdaStep>("multiply bf16", [=] {
+      constexpr std::int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > (1 << 17))
+      for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+        const std::int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
+        multiply_bf16_chunk(pa + i0, pb16 + i0, po + i0, i1 - i0, accumulate);
+      }
+    });
+  }
   const float* pb = static_cast<const float*>(address(b, n * 4, "multiply b"));
   float* po = static_cast<float*>(address(out, n * 4, "multiply output"));
   return std::make_shared<LambdaStep>("multiply", [=] {

@@ -4,9 +4,11 @@
 // activation, and an optional accumulate into the output (y += a.b, for summed gradients).
 // An operand or the output may be a strided numpy view (row blocks and key prefixes of
 // attention's per-head arrays): its own strides then describe it, so no copy is made.
-// With `bf16`, both operands are converted to bf16 (each as it lies, into a dense copy in the
-// shared staging buffers) just before the product, which accumulates and writes float32:
-// the plan's mixed precision (a bias and the output stay float32).
+// With `bf16`, each float32 operand is converted to bf16 (as it lies, into a dense copy in the
+// shared staging buffers) just before the product, which accumulates in float32: the plan's
+// mixed precision. An operand or output array that is bf16 already (ml_dtypes.bfloat16: an
+// activation the plan keeps in bf16, meta/lv1/plan/precision.py) is read or written as bf16
+// where it lies, with no copy; a bias stays float32.
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -15,19 +17,28 @@ namespace meta::plan {
 
 namespace {
 
+// The element type of a plan array: float32, or bf16 (numpy's ml_dtypes.bfloat16: 2-byte
+// elements of kind 'V', what meta/lv1/plan/precision.py stores bf16 activations as).
+dt element_type(const py::array& a, const char* what) {
+  if (a.itemsize() == 4) return dt::f32;
+  if (a.itemsize() == 2 && a.dtype().kind() == 'V') return dt::bf16;
+  throw std::invalid_argument(std::string("meta._plan.matmul: ") + what +
+                              " is neither float32 nor bf16");
+}
+
 // True when `a` is a view that is not dense row-major over `phys`: it must then have exactly
 // those dims, and its own strides describe it.
 bool strided(const py::array& a, const Dims& phys, const char* what) {
   if (a.flags() & py::array::c_style) return false;
   bool same = std::size_t(a.ndim()) == phys.size();
   for (std::size_t i = 0; same && i < phys.size(); ++i) same = a.shape(i) == phys[i];
-  if (!same || a.itemsize() != 4)
+  if (!same)
     throw std::invalid_argument(std::string("meta._plan.matmul: ") + what +
                                 " is a strided view whose shape is not the operand's dims");
   for (std::size_t i = 0; i < phys.size(); ++i)
-    if (a.strides(i) % 4 != 0 || a.strides(i) < 0)
+    if (a.strides(i) % a.itemsize() != 0 || a.strides(i) < 0)
       throw std::invalid_argument(std::string("meta._plan.matmul: ") + what +
-                                  " has strides that are not whole floats");
+                                  " has strides that are not whole elements");
   return true;
 }
 
@@ -38,20 +49,20 @@ void* view_address(const py::array& a, const memory::desc& md, const char* what)
 }
 
 // Logical (..., rows, cols) view of an array of physical dims (row-major, or the strided view
-// `a`), transposed or not.
+// `a`), transposed or not; its element type is `type` (default: the array's own).
 memory::desc operand(Dims phys, bool transposed, const py::array& a, const char* what,
-                     bool dense = false, dt type = dt::f32) {
+                     bool dense = false, std::optional<dt> type = std::nullopt) {
   const std::size_t n = phys.size();
   Dims strides(n, 1);
   if (!dense && strided(a, phys, what))
-    for (std::size_t i = 0; i < n; ++i) strides[i] = a.strides(i) / 4;
+    for (std::size_t i = 0; i < n; ++i) strides[i] = a.strides(i) / a.itemsize();
   else
     for (int i = int(n) - 2; i >= 0; --i) strides[i] = strides[i + 1] * phys[i + 1];
   if (transposed) {
     std::swap(phys[n - 1], phys[n - 2]);
     std::swap(strides[n - 1], strides[n - 2]);
   }
-  return strided_md(phys, strides, type);
+  return strided_md(phys, strides, type ? *type : element_type(a, what));
 }
 
 StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_b,
@@ -80,12 +91,16 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
       {DNNL_ARG_SRC, memory(ma, engine(), view_address(a, ma, "matmul a"))},
       {DNNL_ARG_WEIGHTS, memory(mb, engine(), view_address(b, mb, "matmul b"))},
       {DNNL_ARG_DST, memory(my, engine(), view_address(y, my, "matmul output"))}};
-  // bf16: each operand as it lies (physical dims, its strides) -> a dense bf16 copy, read
-  // transposed through strides as the float32 operand is
-  const memory::desc pa = operand(a_dims, false, a, "matmul a"),
-                     pb_ = operand(b_dims, false, b, "matmul b");
-  const memory::desc src = bf16 ? operand(a_dims, trans_a, a, "matmul a", true, dt::bf16) : ma,
-                     wei = bf16 ? operand(b_dims, trans_b, b, "matmul b", true, dt::bf16) : mb;
+  // bf16: a float32 operand as it lies (physical dims, its strides) -> a dense bf16 copy,
+  // read transposed through strides as the float32 operand is; a bf16 operand (an array the
+  // plan already holds in bf16) is read where it is. One bf16 operand makes the product bf16.
+  const bool a16 = ma.get_data_type() == dt::bf16, b16 = mb.get_data_type() == dt::bf16;
+  bf16 = bf16 || a16 || b16;
+  const bool convert_a = bf16 && !a16, convert_b = bf16 && !b16;
+  const memory::desc src = convert_a ? operand(a_dims, trans_a, a, "matmul a", true, dt::bf16)
+                                     : ma,
+                     wei = convert_b ? operand(b_dims, trans_b, b, "matmul b", true, dt::bf16)
+                                     : mb;
   dnnl::matmul::primitive_desc pd;
   if (bias) {
     Dims bd(n, 1);
@@ -96,17 +111,24 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
   } else {
     pd = dnnl::matmul::primitive_desc(engine(), src, wei, my, attr);
   }
-  if (!bf16)
-    return primitive_step("matmul", dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
-  std::vector<Bf16Input> in{
-      bf16_input(DNNL_ARG_SRC, pa, make_md(a_dims, "plain", dt::bf16),
-                 view_address(a, pa, "matmul a")),
-      bf16_input(DNNL_ARG_WEIGHTS, pb_, make_md(b_dims, "plain", dt::bf16),
-                 view_address(b, pb_, "matmul b"))};
-  args.erase(DNNL_ARG_SRC);
-  args.erase(DNNL_ARG_WEIGHTS);
-  return std::make_shared<Bf16Step>("matmul bf16 (" + impl(pd) + ")", dnnl::matmul(pd),
-                                    std::move(args), pd.scratchpad_desc(), std::move(in));
+  const std::string label = bf16 ? "matmul bf16 (" + impl(pd) + ")" : "matmul";
+  if (!convert_a && !convert_b)
+    return primitive_step(label, dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+  std::vector<Bf16Input> in;
+  if (convert_a) {
+    const memory::desc pa = operand(a_dims, false, a, "matmul a");
+    in.push_back(bf16_input(DNNL_ARG_SRC, pa, make_md(a_dims, "plain", dt::bf16),
+                            view_address(a, pa, "matmul a")));
+    args.erase(DNNL_ARG_SRC);
+  }
+  if (convert_b) {
+    const memory::desc pb_ = operand(b_dims, false, b, "matmul b");
+    in.push_back(bf16_input(DNNL_ARG_WEIGHTS, pb_, make_md(b_dims, "plain", dt::bf16),
+                            view_address(b, pb_, "matmul b")));
+    args.erase(DNNL_ARG_WEIGHTS);
+  }
+  return std::make_shared<Bf16Step>(label, dnnl::matmul(pd), std::move(args),
+                                    pd.scratchpad_desc(), std::move(in));
 }
 
 }  // namespace

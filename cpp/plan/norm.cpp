@@ -238,15 +238,19 @@ struct LayerNormKernel {
   float *mean = nullptr, *var = nullptr;
   std::string info;
 
-  LayerNormKernel(std::int64_t r, std::int64_t c, float eps, bool train, bool shift)
+  memory::desc dst_md;  // md, or its bf16 twin when the output is kept in bf16
+
+  LayerNormKernel(std::int64_t r, std::int64_t c, float eps, bool train, bool shift,
+                  bool bf16_output)
       : rows(r), cols(c), training(train), has_shift(shift) {
     md = make_md({rows, cols}, "plain");
+    dst_md = make_md({rows, cols}, "plain", bf16_output ? dt::bf16 : dt::f32);
     stat_md = make_md({rows}, "plain");
     c_md = make_md({cols}, "plain");
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     const auto prop = training ? dnnl::prop_kind::forward_training
                                : dnnl::prop_kind::forward_inference;
-    fwd = dnnl::layer_normalization_forward::primitive_desc(engine(), prop, md, md, stat_md, eps,
+    fwd = dnnl::layer_normalization_forward::primitive_desc(engine(), prop, md, dst_md, stat_md, eps,
                                                             flags, scratch_attr());
     mean = mean_buf.floats(rows);
     var = var_buf.floats(rows);
@@ -275,7 +279,7 @@ StepPtr ln_forward(const LayerNormPtr& k, const py::array& x, const py::array& s
                    std::optional<py::array> b, const py::array& y) {
   return primitive_step("layernorm forward", dnnl::layer_normalization_forward(k->fwd),
                         {{DNNL_ARG_SRC, bind(k->md, x, "layernorm input")},
-                         {DNNL_ARG_DST, bind(k->md, y, "layernorm output")},
+                         {DNNL_ARG_DST, bind(k->dst_md, y, "layernorm output")},
                          {DNNL_ARG_SCALE, bind(k->c_md, scale, "layernorm scale")},
                          {DNNL_ARG_SHIFT, k->shift_or_zero(b)},
                          {DNNL_ARG_MEAN, memory(k->stat_md, engine(), k->mean)},
@@ -320,8 +324,10 @@ void bind_norm(py::module_& m) {
            py::arg("dx"), py::arg("dscale"), py::arg("db"), py::arg("b") = py::none());
   py::class_<LayerNormKernel, LayerNormPtr>(m, "LayerNorm",
                                             "LayerNormalization over rows of (rows, cols).")
-      .def(py::init<std::int64_t, std::int64_t, float, bool, bool>(), py::arg("rows"),
-           py::arg("cols"), py::arg("epsilon"), py::arg("training"), py::arg("has_bias"))
+      .def(py::init<std::int64_t, std::int64_t, float, bool, bool, bool>(), py::arg("rows"),
+           py::arg("cols"), py::arg("epsilon"), py::arg("training"), py::arg("has_bias"),
+           py::arg("bf16_output") = false,
+           "bf16_output: y written in bf16 (statistics and the backward stay float32)")
       .def_readonly("info", &LayerNormKernel::info)
       .def("forward", &ln_forward, py::arg("x"), py::arg("scale"), py::arg("b"), py::arg("y"))
       .def("backward", &ln_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),

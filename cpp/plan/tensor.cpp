@@ -1,5 +1,6 @@
-// Softmax, LogSoftmax and Concat in a plan (oneDNN), forward and backward. The fused softmax
-// cross-entropy loss is in loss.cpp.
+// Softmax, LogSoftmax and Concat in a plan (oneDNN), forward and backward, and the conversion
+// of a tensor between float32 and bf16 (mixed precision). The fused softmax cross-entropy
+// loss is in loss.cpp.
 #include <cmath>
 #include <stdexcept>
 
@@ -86,9 +87,30 @@ std::vector<StepPtr> concat_backward(const std::vector<Dims>& dims, const std::s
   return steps;
 }
 
+// y = x converted between float32 and bf16 (a oneDNN reorder: round to nearest even), n
+// elements of dense arrays; the direction follows the arrays' element sizes (4: float32,
+// 2: bf16). The plan's bf16 copy of a tensor read by several bf16 products is made once.
+StepPtr convert(const py::array& x, const py::array& y, std::int64_t n) {
+  auto type = [](const py::array& a, const char* what) {
+    if (a.itemsize() == 4) return dt::f32;
+    if (a.itemsize() == 2 && a.dtype().kind() == 'V') return dt::bf16;
+    throw std::invalid_argument(std::string("meta._plan.convert: ") + what +
+                                " is neither float32 nor bf16");
+  };
+  const dt from = type(x, "source"), to = type(y, "destination");
+  const memory::desc src({n}, from, tag::a), dst({n}, to, tag::a);
+  auto pd = dnnl::reorder::primitive_desc(engine(), src, engine(), dst, scratch_attr());
+  return primitive_step(to == dt::bf16 ? "to bf16" : "to float32", dnnl::reorder(pd),
+                        {{DNNL_ARG_FROM, bind(src, x, "convert source")},
+                         {DNNL_ARG_TO, bind(dst, y, "convert destination")}},
+                        pd.scratchpad_desc());
+}
+
 }  // namespace
 
 void bind_tensor(py::module_& m) {
+  m.def("convert", &convert, py::arg("x"), py::arg("y"), py::arg("n"),
+        "y = x between float32 and bf16 (the arrays' element sizes say which way).");
   m.def("softmax", &softmax, py::arg("dims"), py::arg("axis"), py::arg("log"), py::arg("x"),
         py::arg("y"));
   m.def("softmax_backward", &softmax_backward, py::arg("dims"), py::arg("axis"), py::arg("log"),

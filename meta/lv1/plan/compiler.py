@@ -53,6 +53,7 @@ from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
 from meta.lv1.plan import overlap
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
+from meta.lv1.plan.precision import check_unwritten
 from meta.lv1.plan.memory import (
     Arena,
     Value,
@@ -234,6 +235,7 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
                                      placement, precision, seeded)
     seed, gradients = backward_phase(graph, loss, wrt, rt, pb, values,
                                      fetch if seeded else None)
+    check_unwritten(context)  # a bf16-only value read as float32 would be garbage
     seed_names = seed if isinstance(seed, dict) else {}
     pb.steps = overlap.schedule(pb.steps, values)  # compute between collectives' start, wait
     arena = arena if arena is not None else Arena()

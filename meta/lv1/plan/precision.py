@@ -1,13 +1,28 @@
-"""The planned executor's precision policy (issue 42): which steps of a plan compute in bf16.
+"""The planned executor's precision policy (issue 42): which steps of a plan compute in bf16,
+and which of its tensors it keeps in bf16.
 
 Precision is a property of a plan step, decided at lowering (``Context.precision``). With
 ``precision="bf16"`` the matrix products (MatMul and Gemm, forward and both backward
-products) and the convolutions (forward, backward-data, backward-weights) read their operands
-in bf16 and accumulate and write float32, as PyTorch's CPU autocast does: each step converts
-its float32 operands into shared bf16 staging buffers just before its oneDNN primitive
-(``cpp/plan/runtime.cpp``, ``Bf16Step``). Everything else (softmax, losses, normalizations,
-reductions, the optimizer) stays float32, and so do the plan's buffers, the parameters and
-the optimizer's state: they are the float32 masters, which the float32 update moves.
+products), the fused attention's products and the convolutions read their operands in bf16
+and accumulate in float32, as PyTorch's CPU autocast does. Softmax, losses, normalizations'
+statistics, reductions and the optimizer compute in float32; the parameters and the
+optimizer's state are float32 masters, which the float32 update moves.
+
+Like autocast, the plan keeps tensors in bf16 between the ops that read bf16:
+
+* **One bf16 copy per tensor** (``bf16_operand``): a float32 tensor that bf16 products read
+  (an activation, a weight, an activation's gradient) is converted once, into a bf16 value of
+  the plan, which every product reading it uses, forward and backward: a linear layer's input
+  and weight are converted once a step, not once per product (forward, and each backward
+  product again), and what the backward reads of them is saved in bf16. The float32 original
+  is then free as soon as nothing float32 reads it.
+* **bf16 outputs** (``keeps_bf16``, ``bf16_holder``): a tensor whose every reader is a bf16
+  product is written in bf16 by the op producing it (LayerNorm, Gelu, a matrix product or
+  the attention: each computes in float32 and rounds its output once), and never exists in
+  float32: autocast's bf16 activations between its bf16 ops. Its gradient stays float32
+  (the products' float32 accumulation writes it), as autocast's gradient of its float32
+  input is; a Gelu kept in bf16 keeps its derivative in bf16 too, as autocast saves Gelu's
+  bf16 input.
 
 bf16 pays only where the CPU multiplies it natively (``avx512_bf16``, AMX): elsewhere oneDNN
 would emulate it, slower than float32. Such a CPU (or ``META_NO_NATIVE_BF16=1``, which
@@ -19,10 +34,18 @@ from __future__ import annotations
 
 import os
 import sys
+from math import prod
+
+import ml_dtypes  # onnx's dependency: numpy's bf16 element type
+import numpy as np
 
 PRECISIONS = ("f32", "bf16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of a native bf16 product
 SIMULATE_ENV = "META_NO_NATIVE_BF16"
+
+BF16 = np.dtype(ml_dtypes.bfloat16)  # how the plan stores a bf16 tensor (2 bytes)
+COPIES = "bf16 copies"  # Context.objects: float32 value -> the bf16 value holding it
+ONLY = "bf16 only"  # Context.objects: float32 values never written (their bf16 holder is)
 
 _said: set[str] = set()
 
@@ -100,3 +123,58 @@ def of_placement(where: str) -> str:
     if where in ("view", "folded", "not run") or where.startswith("fused into"):
         return ""
     return "f32"
+
+
+def bf16_operand(ctx, name: str, phase: str = "forward") -> str:
+    """The bf16 value a bf16 product reads for ``name``: ``name`` itself when the plan stores
+    it in bf16, its bf16 holder or copy when it has one, else a copy made now by one
+    conversion step in ``phase`` and kept for every later reader (the backward's products
+    read the forward's copy). A blocked layout is left to the product to convert."""
+    pb = ctx.pb
+    v = pb.value(name)
+    if v.dtype == BF16:
+        return name
+    copies = ctx.objects.setdefault(COPIES, {})
+    if name in copies:
+        return copies[name]
+    if v.layout != "plain" or v.dtype != np.float32:
+        return name
+    copy = pb.output(pb.fresh(f"{name}@bf16"), v.shape, BF16)
+    n = prod(v.shape)
+    pb.step("to bf16", [name], [copy], lambda a: [pb.rt.convert(a(name), a(copy), n)], phase)
+    copies[name] = copy
+    return copy
+
+
+def keeps_bf16(ctx, name: str) -> bool:
+    """Whether the plan keeps ``name`` in bf16 only: a bf16 plan, ``name`` neither fetched nor
+    fed, and every node reading it a bf16 product reading it as an operand
+    (``lowering.matmul.reads_bf16``)."""
+    from meta.lv1.plan.lowering.matmul import reads_bf16
+
+    readers = ctx.consumers.get(name, [])
+    return bool(ctx.bf16 and readers and name not in ctx.protected
+                and all(reads_bf16(ctx, node, name) for node in readers))
+
+
+def bf16_holder(ctx, name: str) -> str:
+    """The bf16 value a producer writes instead of the float32 value ``name`` (declared,
+    never written: its readers take the holder through ``bf16_operand``; its gradient keeps
+    the float32 name)."""
+    pb = ctx.pb
+    v = pb.value(name)
+    holder = pb.output(pb.fresh(f"{name}@bf16"), v.shape, BF16)
+    ctx.objects.setdefault(COPIES, {})[name] = holder
+    ctx.objects.setdefault(ONLY, set()).add(name)
+    return holder
+
+
+def check_unwritten(ctx) -> None:
+    """No step reads a float32 value the plan keeps only in bf16 (it is never written): a
+    lowering that read it anyway would compute on garbage, so the plan is refused instead."""
+    only = ctx.objects.get(ONLY, set())
+    for step in ctx.pb.steps:
+        wrong = only.intersection(step.reads)
+        if wrong:
+            raise AssertionError(f"step {step.name!r} of node {step.node!r} reads "
+                                 f"{sorted(wrong)[0]!r}, which the plan keeps in bf16 only")

@@ -1,7 +1,9 @@
 """Matrix-product lowerings: Gemm and MatMul on oneDNN's matmul (transposes read through
 strides, a fused bias and activation) and their backward products. C++ side:
 cpp/plan/matmul.cpp. With the plan's precision "bf16" (``Context.bf16``) every product here,
-forward and backward, reads its operands in bf16 and accumulates float32."""
+forward and backward, reads its operands in bf16 and accumulates float32: each operand's one
+bf16 copy (``precision.bf16_operand``), shared by the forward and the backward products, and
+the output written in bf16 when only bf16 products read it (``precision.keeps_bf16``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,57 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
 from meta.lv1.plan.lowering.attention import attention
 from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_activation
+from meta.lv1.plan.precision import bf16_holder, bf16_operand, keeps_bf16
+
+
+def gemm_shapes_ok(ctx: Context, node: Node, op) -> bool:
+    """Whether ``gemm`` lowers this Gemm (2-D float32 operands, alpha 1, beta 1 with C)."""
+    a, b = node.inputs[0], node.inputs[1]
+    c = node.inputs[2] if len(node.inputs) > 2 else ""
+    out = node.outputs[0]
+    if not ctx.float32(a, b, c, out) or len(ctx.shape(a)) != 2 or len(ctx.shape(b)) != 2:
+        return False
+    if float(op.alpha) != 1.0 or (c and float(op.beta) != 1.0):
+        return False
+    return not c or ctx.shape(c) in ((ctx.shape(out)[1],), (1, ctx.shape(out)[1]))
+
+
+def matmul_dims(ctx: Context, node: Node) -> tuple[list[int], list[int]] | None:
+    """The (a, b) dims ``matmul`` computes a MatMul's product with, None when it does not."""
+    a, b = node.inputs
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    if not ctx.float32(a, b, node.outputs[0]) or len(sa) < 2 or len(sb) < 2:
+        return None
+    if len(sb) == 2:  # (..., M, K) . (K, N): one product of (prod(...) * M, K) rows
+        return [prod(sa[:-1]), sa[-1]], list(sb)
+    if sa[:-2] == sb[:-2]:
+        return list(sa), list(sb)
+    return None
+
+
+def reads_bf16(ctx: Context, node: Node, name: str) -> bool:
+    """Whether this lowering reads ``name`` as a bf16 operand of ``node``'s product (a bf16
+    plan's Gemm, or MatMul by a 2-D weight: never the attention's, which reads its operands
+    through strided views): the producer of ``name`` may then write it in bf16 only."""
+    if not ctx.bf16 or node.name in ctx.absorbed or list(node.inputs[:2]).count(name) != 1:
+        return False
+    if node.op_type == "Gemm":
+        return name in node.inputs[:2] and gemm_shapes_ok(ctx, node, ctx.ops[node.name])
+    if node.op_type == "MatMul":
+        return node.inputs[0] == name and len(ctx.shape(node.inputs[1])) == 2 \
+            and matmul_dims(ctx, node) is not None
+    return False
+
+
+def product_output(ctx: Context, y: str) -> str:
+    """Where a product writes its output ``y``: ``y``, or its bf16 holder when only bf16
+    products read it."""
+    return bf16_holder(ctx, y) if keeps_bf16(ctx, y) else y
+
+
+def bf16_operands(ctx: Context, phase: str, *names: str) -> list[str]:
+    """``names`` as a product reads them: their bf16 copies in a bf16 plan, else themselves."""
+    return [bf16_operand(ctx, n, phase) if ctx.bf16 and n else n for n in names]
 
 
 def matmul_step(pb: PlanBuilder, a_name: str, a_dims, trans_a: bool, b_name: str, b_dims,
@@ -27,22 +80,27 @@ def matmul_step(pb: PlanBuilder, a_name: str, a_dims, trans_a: bool, b_name: str
 
 
 def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, trans_a: bool,
-                     b: str, b_dims, trans_b: bool) -> None:
-    """Gradients of y = op(a) . op(b) (batched over leading dims of equal size) from dy."""
+                     b: str, b_dims, trans_b: bool, keys: tuple[str, str] | None = None
+                     ) -> None:
+    """Gradients of y = op(a) . op(b) (batched over leading dims of equal size) from dy; the
+    gradients are ``keys``' (default: a's and b's), where a and b are the values the forward
+    read (in a bf16 plan their bf16 copies; dy then is read through its own)."""
+    key_a, key_b = keys or (a, b)
+    (g,) = bf16_operands(ctx, "backward", g)
     n = len(a_dims)
     m_dim = a_dims[n - 1] if trans_a else a_dims[n - 2]
     n_dim = b_dims[n - 2] if trans_b else b_dims[n - 1]
     g_dims = [*a_dims[:n - 2], m_dim, n_dim]
-    if ctx.needs(a):
-        dest, add = pb.grad_target(a, can_accumulate=True)
+    if ctx.needs(key_a):
+        dest, add = pb.grad_target(key_a, can_accumulate=True)
         if not trans_a:  # da = dy . op(b)^T
             matmul_step(pb, g, g_dims, False, b, b_dims, not trans_b, dest, accumulate=add,
                         phase="backward", bf16=ctx.bf16)
         else:  # da = op(b) . dy^T
             matmul_step(pb, b, b_dims, trans_b, g, g_dims, True, dest, accumulate=add,
                         phase="backward", bf16=ctx.bf16)
-    if ctx.needs(b):
-        dest, add = pb.grad_target(b, can_accumulate=True)
+    if ctx.needs(key_b):
+        dest, add = pb.grad_target(key_b, can_accumulate=True)
         if not trans_b:  # db = op(a)^T . dy
             matmul_step(pb, a, a_dims, not trans_a, g, g_dims, False, dest, accumulate=add,
                         phase="backward", bf16=ctx.bf16)
@@ -56,13 +114,9 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
     a, b = node.inputs[0], node.inputs[1]
     c = node.inputs[2] if len(node.inputs) > 2 else ""
     out = node.outputs[0]
-    if not ctx.float32(a, b, c, out) or len(ctx.shape(a)) != 2 or len(ctx.shape(b)) != 2:
-        return None
-    if float(op.alpha) != 1.0 or (c and float(op.beta) != 1.0):
+    if not gemm_shapes_ok(ctx, node, op):
         return None
     n_out = ctx.shape(out)[1]
-    if c and ctx.shape(c) not in ((n_out,), (1, n_out)):
-        return None
     trans_a, trans_b = bool(op.transA), bool(op.transB)
     act = fused_activation(ctx, node, out)
     last = out
@@ -71,8 +125,10 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
         last = act[0].outputs[0]
     y = pb.output(last, ctx.shape(out))
     a_in = pb.require_layout(a, "plain")
-    matmul_step(pb, a_in, ctx.shape(a), trans_a, b, ctx.shape(b), trans_b, y, c,
-                act[1] if act else None, bf16=ctx.bf16)
+    a16, b16 = bf16_operands(ctx, "forward", a_in, b)
+    matmul_step(pb, a16, ctx.shape(a), trans_a, b16, ctx.shape(b), trans_b,
+                y if act else product_output(ctx, y), c, act[1] if act else None,
+                bf16=ctx.bf16)
     kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not any(ctx.needs(v) for v in (a, b, c)):
         return Lowered(node, None, kind)
@@ -83,7 +139,8 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
             return
         if act is not None:
             g = activation_backward(pb, y, g, act[1])
-        product_backward(pb, ctx, g, a_in, ctx.shape(a), trans_a, b, ctx.shape(b), trans_b)
+        product_backward(pb, ctx, g, a16, ctx.shape(a), trans_a, b16, ctx.shape(b), trans_b,
+                         (a_in, b))
         if ctx.needs(c):
             dest, add = pb.grad_target(c, can_accumulate=True)
             m = ctx.shape(out)[0]
@@ -97,14 +154,10 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
     a, b = node.inputs
     out = node.outputs[0]
     sa, sb, so = ctx.shape(a), ctx.shape(b), ctx.shape(out)
-    if not ctx.float32(a, b, out) or len(sa) < 2 or len(sb) < 2:
+    dims = matmul_dims(ctx, node)
+    if dims is None:
         return None
-    if len(sb) == 2:  # (..., M, K) . (K, N): one product of (prod(...) * M, K) rows
-        a_dims, b_dims = [prod(sa[:-1]), sa[-1]], list(sb)
-    elif sa[:-2] == sb[:-2]:
-        a_dims, b_dims = list(sa), list(sb)
-    else:
-        return None
+    a_dims, b_dims = dims
     fused = attention(ctx, node)  # scores . softmax . V as one chunked node
     if fused is not None:
         return fused
@@ -125,7 +178,9 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
     a_in = pb.require_layout(a, "plain")
     y = pb.output(last, so)
     rows, n_out = a_dims[0], so[-1]
-    matmul_step(pb, a_in, a_dims, False, b, b_dims, False, y, bias, act[1] if act else None,
+    a16, b16 = bf16_operands(ctx, "forward", a_in, b)
+    matmul_step(pb, a16, a_dims, False, b16, b_dims, False,
+                y if act else product_output(ctx, y), bias, act[1] if act else None,
                 bf16=ctx.bf16)
     kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not (ctx.needs(a) or ctx.needs(b) or ctx.needs(bias)):
@@ -137,7 +192,7 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
             return
         if act is not None:
             g = activation_backward(pb, y, g, act[1])
-        product_backward(pb, ctx, g, a_in, a_dims, False, b, b_dims, False)
+        product_backward(pb, ctx, g, a16, a_dims, False, b16, b_dims, False, (a_in, b))
         if ctx.needs(bias):
             dest, add = pb.grad_target(bias, can_accumulate=True)
             pb.step("bias gradient", [g], [dest],

@@ -1,6 +1,8 @@
 """Normalization lowerings: BatchNormalization (training with batch statistics, eval-mode as
 one per-channel affine pass) and LayerNormalization, forward and backward. C++ side:
-cpp/plan/norm.cpp (and eltwise.cpp's affine_fold)."""
+cpp/plan/norm.cpp (and eltwise.cpp's affine_fold). In a bf16 plan a LayerNorm read only by
+bf16 products writes its output in bf16 (``precision.keeps_bf16``); its statistics and
+backward stay float32."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.lowering.eltwise import broadcast_dims, fused_activation
+from meta.lv1.plan.precision import bf16_holder, keeps_bf16
 
 
 def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
@@ -146,12 +149,14 @@ def layernorm(ctx: Context, node: Node, op) -> Lowered | None:
         return None
     rows, cols = prod(shape[:axis]), prod(inner)
     train = any(ctx.needs(v) for v in (x, scale, bias))
-    k = ctx.rt.LayerNorm(rows, cols, float(op.epsilon), train, bool(bias))
+    low = keeps_bf16(ctx, out)  # read by bf16 products only: written in bf16 (float32 stats)
+    k = ctx.rt.LayerNorm(rows, cols, float(op.epsilon), train, bool(bias), low)
     ctx.kernels.append(k)
     xin = pb.require_layout(x, "plain")
     y = pb.output(out, shape)
-    pb.step("LayerNormalization", [xin, scale, bias], [y],
-            lambda a: [k.forward(a(xin), a(scale), a(bias) if bias else None, a(y))])
+    y_out = bf16_holder(ctx, y) if low else y
+    pb.step("LayerNormalization", [xin, scale, bias], [y_out],
+            lambda a: [k.forward(a(xin), a(scale), a(bias) if bias else None, a(y_out))])
     if not train:
         return Lowered(node, None, "onednn")
 
