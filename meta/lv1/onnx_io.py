@@ -243,6 +243,7 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
                 f"into the convolutions (weights scaled by γ/σ, biases β - μγ/σ folded or "
                 f"dropped), so the convolutions' weights and BatchNorm's weight and bias "
                 f"cannot train apart as in PyTorch; {REEXPORT}")
+    notes += _gathered_notes(initializers, signature, folded)
     sources = {s for names in folded.values() for s in names}
     # (a parameter no node read, by the exporter's fx records, is a tied one's other name)
     lost = sorted(p for p in signature if p not in initializers and p not in sources
@@ -257,6 +258,33 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
         notes.append(f"kept apart {len(unmerged)} parameters the exporter's optimizer had merged "
                      f"because they were equal at export ({', '.join(unmerged[:4])}"
                      f"{', ...' if len(unmerged) > 4 else ''}): equal is not tied")
+    return notes
+
+
+def _gathered_notes(initializers: dict[str, np.ndarray], signature: set[str],
+                    folded: dict[str, list[str]]) -> list[str]:
+    """A parameter the exporter's optimizer gathered with repeated indices into a new
+    initializer (T5's relative position bias: ``Gather(table, buckets)`` of a fixed sequence,
+    many (query, key) pairs reading one bucket's row) cannot train as its source: PyTorch
+    trains the table, each row's gradient summed over the pairs that read it; the file holds
+    only the gathered copies, which would train apart. Told by the values: an initializer
+    folded from one parameter whose values repeat (more than one distinct value, fewer than
+    its size), where a transpose or a gather of distinct rows (a position embedding by
+    ``arange``) repeats none. The table itself is not in the file: nothing to restore."""
+    notes = []
+    for name, names in sorted(folded.items()):
+        params = [s for s in names if s in signature and s not in initializers]
+        value = initializers[name]
+        if len(params) != 1 or value.size < 2 or not np.issubdtype(value.dtype, np.floating):
+            continue
+        distinct = np.unique(value).size
+        if 1 < distinct < value.size:
+            notes.append(
+                f"{CANNOT_TRAIN}: the exporter's optimizer gathered parameter {params[0]} "
+                f"with repeated indices into {name} {list(value.shape)} ({distinct} distinct "
+                f"values in {value.size}; e.g. a relative position bias of a fixed sequence), "
+                f"so its copies would train apart, not as the one table PyTorch trains; "
+                f"{REEXPORT}")
     return notes
 
 
