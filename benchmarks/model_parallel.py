@@ -24,8 +24,12 @@ One run, in this order:
    each measured step against its prediction (bound +-20 %).
 
 Every stage and part runs on the planned executor: the tensor-parallel part one plan whose
-allreduces are Python steps of it, the pipeline's stages one plan per in-flight micro-batch
-(``meta.lv3.pipeline.stage``). Under 2 ranks per 2 cores the one-process step has a core of
+allreduces are steps of it (``meta.lv3.tensor_parallel.lowering``: in place, without copies;
+each backward one a nonblocking start and a wait with the weight gradients scheduled between
+them, ``meta.lv1.plan.overlap``), the pipeline's stages one plan per in-flight micro-batch
+(``meta.lv3.pipeline.stage``). The tensor-parallel line after the table splits its step into
+the time inside the allreduces and the rest, beside ``meta plan``'s communication and
+compute. Under 2 ranks per 2 cores the one-process step has a core of
 its own only if nothing else runs: the load is printed with the figures, which are not held
 in a unit test.
 """
@@ -50,11 +54,11 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import busy_seconds, environment, print_environment  # noqa: E402
 
+from meta.lv1.partition import partition  # noqa: E402
 from meta.lv1.plan.executor import PlannedExecutor  # noqa: E402
 from meta.lv2 import build_optimizer  # noqa: E402
 from meta.lv3 import world  # noqa: E402
 from meta.lv3.comm.polling import poll_barrier  # noqa: E402
-from meta.lv1.partition import partition  # noqa: E402
 from meta.lv3.pipeline.stage import PipelineExecutor  # noqa: E402
 from meta.lv3.tensor_parallel.ops import bind, groups  # noqa: E402
 from meta.lv3.tensor_parallel.plan import plan, probe  # noqa: E402
@@ -153,6 +157,8 @@ def main(argv: list[str]) -> int:
         opts[name].step(runs[name].inference_and_backprop(feeds)[1])
 
     samples: dict[str, list[float]] = {name: [] for name in runs}
+    group = groups(key)
+    inside: list[float] = []  # TP: seconds a step spent in its collectives (this rank)
     for _ in range(args.repeats):
         for name in runs:
             poll_barrier(comm)
@@ -160,10 +166,12 @@ def main(argv: list[str]) -> int:
             took = 0.0
             if root or not alone:
                 step(name)  # untimed
-                t0 = time.perf_counter()
+                t0, s0 = time.perf_counter(), group.seconds
                 for _ in range(args.steps):
                     step(name)
                 took = (time.perf_counter() - t0) / args.steps
+                if name == "tensor_parallel":
+                    inside.append((group.seconds - s0) / args.steps)
             if not alone:
                 took = float(comm.allgather(np.array([took]))[:, 0].max())
             samples[name].append(took)
@@ -198,6 +206,17 @@ def main(argv: list[str]) -> int:
         say(f"{label:<32} {ms:>11.1f} {ratio:>10.3f} "
             f"{'' if bound is None else f'{bound:.2f}':>6} {pred:>12.1f} {err:>+7.1%} "
             f"{verdict}{off}")
+    comm_ms = statistics.median(inside) * 1e3
+    figures["tensor_parallel_parts_ms"] = {
+        "measured_in_collectives": comm_ms, "measured_rest": measured["tensor_parallel"] * 1e3
+        - comm_ms, "predicted_comm": tp_pred.comm_s * 1e3,
+        "predicted_compute": tp_pred.compute_s * 1e3}
+    say(f"tensor parallel, rank 0: {comm_ms:.1f} ms of its step inside the allreduces (8: 4 "
+        f"forward, summed in place; 4 backward, started before and waited after the weight "
+        f"gradients, tested between them; the time is transfers and waits for the peer), "
+        f"{measured['tensor_parallel'] * 1e3 - comm_ms:.1f} ms outside; meta plan: "
+        f"communication {tp_pred.comm_s * 1e3:.1f} ms, compute and update "
+        f"{tp_pred.compute_s * 1e3:.1f} ms ({'; '.join(tp_pred.notes)})")
     say(f"load average {env['load_average']:.2f} at the start, {os.getloadavg()[0]:.2f} at "
         f"the end; other processes kept {other:.2f} of the {env['cores']} cores busy over the "
         f"run" + ("; the figures are unreliable" if other > 0.1 else ""))

@@ -482,6 +482,10 @@ def pipeline_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]
     return out
 
 
+WEIGHT_GRADIENT_SHARE = 0.5  # of a matrix product's backward: dW = x^T dy, as many
+# multiply-adds as dX = dy W^T
+
+
 def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Prediction]:
     """``partitioned``: every rank takes the whole batch and runs its share of each node as
     the strategy's plan splits the graph (``Workload.partitioned``: Megatron's pairs, attention
@@ -490,26 +494,60 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
     if p < 2 or p > 64:
         return []
     shape = work.partitioned(p) if work.partitioned is not None else None
+    notes: tuple[str, ...] = ()
     if shape is not None:
         # the strategy's own plan (``step_shape``): each node at the share the busiest rank
         # runs (attention split by heads, LayerNorms and embeddings whole), each allreduce
-        # the plan makes once
+        # the plan makes once, the update of the parameters that rank holds
         compute = sum((x.forward_s + x.backward_s) * shape.shares.get(x.name, 1.0)
                       for x in work.layers)
         volume = [b * work.batch for b in shape.allreduce_bytes]
-        comm = sum(allreduce_s(machine, p, v) for v in volume) + work.sync_s(p)
+        comm, hidden = _partitioned_comm(work, machine, p, shape, volume)
+        # the ranks meet at every allreduce: each waits for the other's lateness over the
+        # work since the last one, the measured steps' relative spread of this rank's compute
+        # (not of the whole graph's, which no rank runs)
+        comm += work.sync_fraction(p) * compute
+        compute += work.update_s * shape.held_fraction
+        notes = (f"backward allreduces overlapped with weight gradients: "
+                 f"{hidden * 1e3:.2f} ms hidden",)
     else:  # by layer kind: every weighted layer split, pairs of them, one allreduce each way
         gemms = [x for x in work.layers if x.param_bytes]
         compute = sum(x.forward_s + x.backward_s for x in gemms) / p + sum(
             x.forward_s + x.backward_s for x in work.layers if not x.param_bytes)
         volume = [2 * x.activation_bytes * work.batch for x in gemms[1::2]]
         comm = sum(allreduce_s(machine, p, v / 2) * 2 for v in volume) + work.sync_s(p)
-    compute += work.extra_s + work.update_s / p
+        compute += work.update_s / p
+    compute += work.extra_s
     n = work.param_bytes
     memory = Memory(n / p, n / p, n / p * work.state_slots, work.activation_bytes * work.batch)
     return [Prediction("partitioned", f"tensor parallel over {p} ranks",
                        {"distributed": "partitioned"}, p, work.batch, compute + comm, compute,
-                       comm, memory, sum(2 * (p - 1) / p * v for v in volume))]
+                       comm, memory, sum(2 * (p - 1) / p * v for v in volume), notes=notes)]
+
+
+def _partitioned_comm(work: Workload, machine: Machine, p: int, shape: Any,
+                      volume: list[float]) -> tuple[float, float]:
+    """(seconds of the plan's allreduces a step waits for, seconds the overlap hides). A
+    forward one is waited for whole. A backward one travels while the weight gradients of
+    the layers reading its copy are computed (``StepShape.overlapped``): it costs what they
+    do not cover, and at least, without a progress thread (``Machine.progress``), its
+    transfer's bandwidth term, which MPI then moves inside the tests between those products,
+    on this rank's core."""
+    layers = {x.name: x for x in work.layers}
+    link = machine.link(p)
+    total = hidden = 0.0
+    for i, v in enumerate(volume):
+        t = allreduce_s(machine, p, v)
+        nodes = shape.overlapped[i] if i < len(shape.overlapped) else ()
+        if nodes:
+            cover = sum(layers[n].backward_s * shape.shares.get(n, 1.0)
+                        for n in nodes if n in layers) * WEIGHT_GRADIENT_SHARE
+            floor = 0.0 if machine.progress else 2 * (p - 1) / p * v * link.beta
+            exposed = min(t, max(t - cover, floor))
+            hidden += t - exposed
+            t = exposed
+        total += t
+    return total, hidden
 
 
 def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Prediction]:

@@ -676,7 +676,8 @@ class StepShape:
     """What a partitioned step at ``ranks`` ranks does, for a model of its time (``meta
     plan``'s ``tensor_parallel_costs``, the strategy's ``predicted``): per node the share of
     its work the busiest rank runs (rank 0: it takes the first of uneven splits and the
-    row-parallel biases), and the bytes per example of each allreduce one step makes."""
+    row-parallel biases), the bytes per example of each allreduce one step makes, and for each
+    the nodes whose work can hide it."""
 
     ranks: int
     """The ranks the graph is split over."""
@@ -684,11 +685,33 @@ class StepShape:
     """node -> the fraction of its work rank 0 does (1.0: replicated)."""
     allreduce_bytes: tuple[int, ...]
     """Per allreduce of a step (forward and backward), its buffer's bytes per example."""
+    phases: tuple[str, ...] = ()
+    """Per allreduce, "forward" or "backward"."""
+    overlapped: tuple[tuple[str, ...], ...] = ()
+    """Per allreduce, the nodes whose weight gradients the planned executor computes while
+    it travels (a backward allreduce: the column-parallel layers that read its copy; the
+    plan's scheduler, ``meta.lv1.plan.overlap``, moves them between its start and its wait);
+    empty for a forward one (everything after it reads its sum)."""
+    held_fraction: float = 1.0
+    """Rank 0's parameter bytes over the whole graph's: the share of the update it runs."""
 
 
 def step_shape(graph: Graph, shapes: Shapes, ranks: int) -> StepShape:
     """The ``StepShape`` of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s): the same
     plan the strategy makes, so the model splits exactly the nodes a run splits."""
     mine = plan(graph, shapes, 0, ranks)
+    readers: dict[str, list[str]] = {}
+    for node in mine.nodes:
+        for x in node.inputs:
+            readers.setdefault(x, []).append(node.name)
+    # each backward allreduce is one CopyToParallel's (made together, in the same order):
+    # the column layers reading that copy
+    copies = iter([tuple(readers.get(n.outputs[0], ())) for n in mine.nodes
+                   if n.op_type == "CopyToParallel" and n.domain == DOMAIN])
+    overlapped = tuple(next(copies) if c.phase == "backward" else ()
+                       for c in mine.collectives)
+    total = graph.parameters.nbytes()
     return StepShape(ranks, {n: layer.share for n, layer in mine.layers.items()},
-                     tuple(c.nbytes(1) for c in mine.collectives))
+                     tuple(c.nbytes(1) for c in mine.collectives),
+                     tuple(c.phase for c in mine.collectives), overlapped,
+                     mine.bytes_of(graph) / total if total else 1.0)

@@ -14,8 +14,8 @@ import pytest
 
 from meta.common.component import ComponentError
 from meta.lv1.language_models import gpt
-from meta.lv3 import SingleProcessCommunicator
 from meta.lv1.partition import PartitionError, partition
+from meta.lv3 import SingleProcessCommunicator
 from meta.lv3.tensor_parallel.plan import plan, probe
 from meta.lv3.tensor_parallel.strategy import refuse_dropout
 
@@ -118,3 +118,40 @@ def test_meta_plan_costs_the_split_the_strategy_makes() -> None:
     by_kind = tensor_parallel_costs(Workload("gpt", 4, layers, 1, 2, 0.0, "test"), Machine(),
                                     2)[0]
     assert by_kind.compute_s != pytest.approx(want)
+
+
+def test_meta_plan_hides_the_backward_allreduces_behind_the_weight_gradients() -> None:
+    """Each backward allreduce travels while the weight gradients of the column layers that
+    read its copy are computed (the plan's scheduler): the model charges what they do not
+    cover, and without a progress thread at least the transfer's bandwidth term (MPI moves
+    it inside the tests, on the rank's core); a forward one is charged whole. The update is
+    the parameters rank 0 holds."""
+    from meta.lv3.comm.costmodel import Link
+    from meta.lv3.tensor_parallel.plan import step_shape
+    from meta.planner.costs import allreduce_s, tensor_parallel_costs
+    from meta.planner.machine import Machine
+    from meta.planner.workload import Layer, Workload
+
+    graph = small_gpt()
+    shapes = probe(graph, batch(2))
+    shape = step_shape(graph, shapes, 2)
+    assert shape.phases == ("backward", "forward") * 4
+    assert shape.overlapped[:4] == (("h0.attn.q.matmul", "h0.attn.k.matmul",
+                                     "h0.attn.v.matmul"), (), ("h0.mlp.fc.matmul",), ())
+    assert shape.held_fraction == pytest.approx(
+        plan(graph, shapes, 0, 2).bytes_of(graph) / graph.parameters.nbytes())
+    layers = tuple(Layer(n.name, n.op_type, 1e-3, 2e-3, 0, 0) for n in graph.nodes)
+    work = Workload("gpt", 4, layers, 1, 2, 0.01, "test",
+                    partitioned=lambda ranks: step_shape(graph, shapes, ranks))
+    nbytes = 4 * shape.allreduce_bytes[0]
+    for link, progress in ((Link(1e-4, 1e-9), False), (Link(1e-4, 1e-9), True),
+                           (Link(1e-3, 1e-9), False)):  # the last: more than they cover
+        machine = Machine(intra=link, progress=progress)
+        whole = allreduce_s(machine, 2, nbytes)
+        floor = 0.0 if progress else nbytes * link.beta
+        attention = max(whole - 3 * 2e-3 * 0.5 * 0.5, floor)  # q, k, v: dW half, rank's half
+        mlp = max(whole - 2e-3 * 0.5 * 0.5, floor)
+        row = tensor_parallel_costs(work, machine, 2)[0]
+        assert row.comm_s == pytest.approx(4 * whole + 2 * (attention + mlp)), (link, progress)
+        assert row.compute_s == pytest.approx(
+            sum(3e-3 * shape.shares[n.name] for n in graph.nodes) + 0.01 * shape.held_fraction)
