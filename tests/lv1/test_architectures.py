@@ -7,7 +7,9 @@ The fixtures in ``tests/fixtures/pytorch/architectures`` (made by
 attention), a T5 encoder (relative position bias), a ViT, a ConvNeXt and a MobileNetV3
 (hardswish, squeeze-excite, BatchNorm), and what PyTorch computed training each: 20 SGD steps
 with momentum and weight decay. Each file is loaded as a user's file is (the ``onnx`` model
-component: the file and a mean cross-entropy on its output).
+component: the file and a mean cross-entropy on its output). Two default exports cannot train
+as PyTorch does (``REFUSED``): meta refuses them in one line, and their exports without the
+exporter's optimizer train instead.
 
 Where the plan leaves a node to Python (``placement()`` says "python"), the step pays
 numpy's speed for it; issue 41 asks that none do. The test says which nodes still do, and
@@ -33,19 +35,15 @@ from .test_pytorch_training import FIXTURES
 FOLDER = FIXTURES / "architectures"
 NAMES = ("gpt2", "llama_tied", "llama_untied", "t5", "vit", "convnext", "mobilenetv3")
 TOLERANCE = 1e-5
-# The export that trains: the defaults, but MobileNetV3's defaults fold BatchNorm into its
-# convolutions (meta refuses that file in one line, tested below), so its dynamo export
-# without the optimizer stands in.
-TRAINED = {name: "default" for name in NAMES} | {"mobilenetv3": "dynamo"}
+# The export that trains: the defaults, but two defaults cannot train as PyTorch does and
+# meta refuses them in one line (tested below): MobileNetV3's folds BatchNorm into the
+# convolutions, T5's gathers its relative position bias table into one copy per (query, key)
+# pair. Their dynamo exports without the optimizer stand in.
+REFUSED = {"mobilenetv3": "folded BatchNorm", "t5": "gathered parameter"}
+TRAINED = {name: "dynamo" if name in REFUSED else "default" for name in NAMES}
 # Nodes the planned executor still runs as Python steps, per model (none at this commit);
 # strict, so a model the plan comes to cover fails here.
 PYTHON_STEPS: dict[str, str] = {}
-# Models that do not train as in PyTorch, and why; strict.
-DIFFERS = {
-    "t5": "the exporter's optimizer folded Gather(block.0.relative_attention_bias.weight, "
-          "constant buckets) into initializer unsqueeze_2 (1, H, T, T): meta trains its "
-          "entries apart, PyTorch the (buckets, H) table they share (requests.md, issue 41)",
-}
 
 
 def info(name: str) -> dict:
@@ -89,9 +87,6 @@ def case(name: str, check: str):
     marks = [pytest.mark.slow] if check == "train" else []  # 20 steps: 1-6 s each
     if check == "plan" and name in PYTHON_STEPS:
         marks.append(pytest.mark.xfail(strict=True, reason=PYTHON_STEPS[name]))
-    if check == "train" and name in DIFFERS:
-        marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
-                                       reason=DIFFERS[name]))
     return pytest.param(name, marks=marks, id=name)
 
 
@@ -132,12 +127,16 @@ def test_every_node_runs_inside_the_plan(name):
     assert python_nodes(graph, run.placement()) == []
 
 
-def test_mobilenetv3s_default_export_is_refused_in_one_line():
-    """``torch.onnx.export``'s optimizer folds BatchNorm into the convolutions with the running
-    statistics even from train mode: PyTorch trains the convolution and BatchNorm apart, so
-    meta refuses the file, naming the remedy."""
-    assert info("mobilenetv3")["exports"]["default"]["folded_batchnorm"]
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_default_export_that_cannot_train_as_pytorch_is_refused_in_one_line(name):
+    """``torch.onnx.export``'s optimizer folds MobileNetV3's BatchNorm into the convolutions
+    with the running statistics even from train mode (PyTorch trains them apart), and T5's
+    relative position bias ``table[buckets]`` of the fixed sequence into a (1, H, T, T)
+    initializer (PyTorch trains the table, each row shared by many pairs): meta refuses both
+    files, naming the remedy."""
+    assert info(name)["exports"]["default"]["folded_batchnorm"] == (name == "mobilenetv3")
     with pytest.raises(ONNXLoadError, match="cannot train as its source did") as caught:
-        from_onnx(FOLDER / "mobilenetv3_default.onnx")
+        from_onnx(FOLDER / f"{name}_default.onnx")
     line = str(caught.value)
+    assert REFUSED[name] in line
     assert "\n" not in line and "optimize=False" in line and "as_exported=True" in line
