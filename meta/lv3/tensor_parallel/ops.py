@@ -3,9 +3,9 @@
 A layer split across ranks is an ordinary node of each rank's local graph; what joins the
 ranks are two operators of the domain ``ai.meta.parallel`` that the executor runs and
 differentiates like any other, so forward and backward of a partitioned step are the
-executor's own (reference or native, tape and all; planned: Python steps of its plan). Two are
-enough, because the planner splits only chains that begin at a column-parallel and end at a
-row-parallel layer:
+executor's own (reference or native, tape and all; planned: steps of its plan, in place and
+overlapped, ``lowering``). Two are enough, because the planner splits only chains that begin
+at a column-parallel and end at a row-parallel layer:
 
 * ``CopyToParallel`` (Megatron's f): the identity forward; backward sums the gradient over
   the ranks. It feeds a replicated tensor into a column-parallel layer, whose ranks each
