@@ -8,8 +8,9 @@ Q, K, V and first MLP weights by columns (column-parallel), the attention and ML
 projections by rows (row-parallel), so every block makes one allreduce of its attention's
 output and one of its MLP's forward, and one of each LayerNorm output's gradient backward.
 The embeddings, LayerNorms and the tied output head stay whole on every rank. Each rank runs
-its part on the planned executor, as one compiled plan whose allreduces are steps of it (the
-collectives' own code, ``meta.lv3.tensor_parallel.ops``); every rank takes every batch.
+its part on the planned executor, as one compiled plan whose allreduces are steps of it (in
+place; each backward one overlapped with the weight gradients: ``meta.lv3.tensor_parallel.
+lowering``); every rank takes every batch.
 ``model.dropout`` must stay 0 (each rank
 would draw its own masks for the values all ranks hold alike: refused).
 """
