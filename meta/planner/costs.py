@@ -508,8 +508,7 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
         # (not of the whole graph's, which no rank runs)
         comm += work.sync_fraction(p) * compute
         compute += work.update_s * shape.held_fraction
-        notes = (f"backward allreduces overlapped with weight gradients: "
-                 f"{hidden * 1e3:.2f} ms hidden",)
+        notes = (f"overlap hides {hidden * 1e3:.2f} ms",)  # backward allreduces behind dW
     else:  # by layer kind: every weighted layer split, pairs of them, one allreduce each way
         gemms = [x for x in work.layers if x.param_bytes]
         compute = sum(x.forward_s + x.backward_s for x in gemms) / p + sum(
