@@ -230,17 +230,68 @@ def test_rotary_embedding(interleaved, rotary_dim, fed_ids, rank):
         .startswith("decomposed")
 
 
+@pytest.mark.parametrize("causal,mask", [(1, None), (0, "bool"), (1, "float")])
+def test_attention_grouped_query(causal, mask):
+    """4 query heads on 2 K/V heads; a fed bool mask with a row hiding every key (the
+    operator gives it zero weights, and zero gradients, not NaN)."""
+    bsz, hq, hk, seq, e = 2, 4, 2, 5, 8
+    b = GraphBuilder("attention", 23)
+    q = b.input("q", np.float32, (bsz, hq, seq, e))
+    k = b.initializer("k", np.random.default_rng(6).standard_normal((bsz, hk, seq, e))
+                      .astype(np.float32))
+    v = b.input("v", np.float32, (bsz, hk, seq, e))
+    inputs, extra = [q, k, v], {}
+    if mask == "bool":
+        inputs.append(b.input("m", np.bool_, (seq, seq)))
+        allowed = np.random.default_rng(7).uniform(size=(seq, seq)) < 0.6
+        allowed[2] = False
+        extra["m"] = allowed
+    elif mask == "float":
+        inputs.append(b.input("m", np.float32, (bsz, 1, seq, seq)))
+    y = b.node("Attention", inputs, name="op", is_causal=causal)
+    feeds = feeds_from_another_process({"q": (bsz, hq, seq, e), "v": (bsz, hk, seq, e),
+                                        **({"m": (bsz, 1, seq, seq)} if mask == "float"
+                                           else {})})
+    wrt = ["q", "k", "v", *(["m"] if mask == "float" else [])]
+    assert check(b, y, (bsz, hq, seq, e), feeds, wrt, "op", extra).startswith("decomposed")
+
+
+def test_attention_3d_inputs():
+    bsz, seq, hq, hk, e = 2, 4, 4, 1, 6
+    b = GraphBuilder("attention3d", 23)
+    q = b.input("q", np.float32, (bsz, seq, hq * e))
+    k = b.input("k", np.float32, (bsz, seq, hk * e))
+    v = b.initializer("v", np.random.default_rng(8).standard_normal((bsz, seq, hk * e))
+                      .astype(np.float32))
+    y = b.node("Attention", [q, k, v], name="op", q_num_heads=hq, kv_num_heads=hk,
+               scale=0.3)
+    feeds = feeds_from_another_process({"q": (bsz, seq, hq * e), "k": (bsz, seq, hk * e)})
+    assert check(b, y, (bsz, seq, hq * e), feeds, ["q", "k", "v"], "op") \
+        .startswith("decomposed")
+
+
 # -- the ONNX node suite's cases --------------------------------------------------------------
 COVERED = {"CumSum", "ScatterND", "Trilu", "Range", "Tile", "Expand", "RMSNormalization",
-           "RotaryEmbedding", "Sum"}
-PATTERN = (r"^test_(cumsum|scatternd|tril|triu|range|tile|expand|rms_normalization|"
-           r"rotary_embedding|sum)_")
-# A float32 node of these may run the operator's own code only for: ScatterND's mul/max/min
-# gradients ("no plan gradient"), an Expand to a fed shape (the output could change).
+           "RotaryEmbedding", "Sum", "Attention"}
+# (the _expanded cases run the operators' function bodies, not these operators)
+PATTERNS = {"attention": r"^test_attention_(?!.*_expanded$)",
+            "others": r"^test_(cumsum|scatternd|tril|triu|range|tile|expand|rms_normalization|"
+                      r"rotary_embedding|sum)_(?!.*_expanded$)"}
 
 
-@pytest.mark.slow  # about a minute of CPU: ~110 cases, each planned twice
-def test_the_node_suite_cases_pass_with_the_op_in_the_plan(monkeypatch):
+def attention_left(node, values) -> bool:
+    """An Attention node the decomposition leaves to the operator (patterns._attention says
+    why): past/present or the QK output, nonpad_kv_seqlen, windows (opset 25), a mask
+    shorter than the keys."""
+    ins = list(node.inputs) + [""] * 7
+    mask, k = ins[3], ins[1]
+    return any(node.outputs[1:]) or any(ins[4:7]) or any("window" in a for a in node.attrs) \
+        or bool(mask) and values[mask].shape[-1] != values[k].shape[-2]  # 3-D or 4-D K
+
+
+@pytest.mark.slow  # 10-20 s of CPU each: the cases planned twice (inference, gradients)
+@pytest.mark.parametrize("which", sorted(PATTERNS))
+def test_the_node_suite_cases_pass_with_the_op_in_the_plan(which, monkeypatch):
     spec = importlib.util.spec_from_file_location("onnx_node_suite",
                                                   ROOT / "tools" / "onnx_node_suite.py")
     suite = importlib.util.module_from_spec(spec)
@@ -255,8 +306,8 @@ def test_the_node_suite_cases_pass_with_the_op_in_the_plan(monkeypatch):
 
         def recording(self, *args, _original=original, **kwargs):
             result = _original(self, *args, **kwargs)
-            place, values = self.placement(), self._last.values
-            for n in self.graph.nodes:
+            place, values = self.placement(), getattr(self._last, "values", None)
+            for n in self.graph.nodes if values is not None else ():  # None: not planned
                 where = place.get(n.name, "")
                 if n.op_type not in COVERED or not where:
                     continue
@@ -264,13 +315,15 @@ def test_the_node_suite_cases_pass_with_the_op_in_the_plan(monkeypatch):
                     lowered.add(n.op_type)
                 elif values[n.inputs[0]].dtype == np.float32 and "no plan gradient" not in \
                         where and not (n.op_type == "Expand" and n.inputs[1] in
-                                       {i.name for i in self.graph.inputs}):
+                                       {i.name for i in self.graph.inputs}) \
+                        and not (n.op_type == "Attention" and attention_left(n, values)):
                     python[f"{n.op_type}/{n.name}"] = where  # float32: must be planned
             return result
         monkeypatch.setattr(executor.PlannedExecutor, method, recording)
-    report = suite.planned_report(PATTERN)
+    report = suite.planned_report(PATTERNS[which])
     assert not report["failed"], report["failed"]
-    assert len(report["passed"]) > 60 and len(report["graded"]) > 40, \
+    assert len(report["passed"]) > 40 and len(report["graded"]) > 30, \
         {k: len(v) for k, v in report.items()}
-    assert COVERED <= lowered, lowered
+    assert (COVERED - {"Attention"} if which == "others" else {"Attention"}) <= lowered, \
+        lowered
     assert not python, python

@@ -255,7 +255,108 @@ def _rotary_embedding(em: Emitter, node: Node, op) -> bool:
     return True
 
 
-DECOMPOSED = {"RMSNormalization": _rms_normalization, "RotaryEmbedding": _rotary_embedding}
+def _attention(em: Emitter, node: Node, op) -> bool:
+    """ONNX Attention (opset 23) as MatMul, scale, mask, Softmax, MatMul (the chain the fused
+    attention takes when its mask is a constant (T, T) one), grouped-query K and V expanded to
+    the query heads (Unsqueeze, Expand along one axis, Reshape: the GQA kernel), 3-D inputs
+    split into heads. A mask that may hide a whole row of keys (fed, or constant with such a
+    row) gets the operator's zeros there: rows with no key allowed are given 0 logits before
+    the softmax and 0 weights after it (its gradient then 0, not NaN). Not taken (the
+    operator's own code): past_key/past_value, nonpad_kv_seqlen, the extra outputs,
+    a softmax precision other than float32, a mask shorter than the keys when fed, other
+    dtypes."""  # softcap: Tanh between the scale and the mask (the fused pointwise group)
+    q, k, v = node.inputs[:3]
+    mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+    if any(x for x in node.inputs[4:]) or float(op.softcap or 0) < 0 \
+            or op.softmax_precision not in (None, 1) \
+            or any(em.dtype(t) != np.float32 for t in (q, k, v)) \
+            or mask is not None and em.dtype(mask) not in (np.float32, np.bool_):
+        return False
+    flat = len(em.shape(q)) == 3
+    if len(em.shape(q)) not in (3, 4) or any(len(em.shape(t)) != len(em.shape(q))
+                                             for t in (k, v)):
+        return False
+    if flat:
+        if not op.q_num_heads or not op.kv_num_heads:
+            return False
+
+        def heads(x: str, n: int) -> str:
+            b, length, hidden = em.shape(x)
+            return em.transpose(em.reshape(x, [b, length, n, hidden // n]), [0, 2, 1, 3])
+        q, k, v = heads(q, int(op.q_num_heads)), heads(k, int(op.kv_num_heads)), \
+            heads(v, int(op.kv_num_heads))
+    b, hq, q_len, e = em.shape(q)
+    hk, kv_len = em.shape(k)[1], em.shape(k)[2]
+    if hq % hk or em.shape(v)[1] != hk or em.shape(v)[2] != kv_len:
+        return False
+    if hq != hk:  # grouped-query attention: each K/V head serves hq / hk query heads
+
+        def repeat(x: str) -> str:
+            shape = em.shape(x)
+            wide = [shape[0], hk, hq // hk, *shape[2:]]
+            grown = em.node("Expand", [em.unsqueeze(x, 2), em.ints(f"to_{len(em.nodes)}", wide)],
+                            wide)
+            return em.reshape(grown, [shape[0], hq, *shape[2:]])
+        k, v = repeat(k), repeat(v)
+    scale = float(op.scale) if op.scale is not None else 1 / np.sqrt(e)
+    scores = em.node("MatMul", [q, em.transpose(k, [0, 1, 3, 2])], [b, hq, q_len, kv_len])
+    scores = em.binary("Mul", scores, em.const("scale", np.float32(scale)))
+    if float(op.softcap or 0) > 0:  # softcap * tanh(logits / softcap)
+        cap = em.const("softcap", np.float32(op.softcap))
+        scores = em.binary("Mul", em.node("Tanh", [em.binary("Div", scores, cap)],
+                                          em.shape(scores)), cap)
+    ninf = None
+    constant = em.traced.get(mask) if mask is not None and mask in em.static else None
+    if mask is None or constant is not None:
+        from meta.ops.attention import _bias
+
+        bias, _ = _bias(q_len, kv_len, np.dtype(np.float32), constant, bool(op.is_causal), 0,
+                        (-1, -1), None, b)
+        if not np.isneginf(np.max(bias, axis=-1)).any():  # every query sees a key
+            if mask is not None or op.is_causal:
+                scores = em.binary("Add", scores, em.const("bias", bias.astype(np.float32)))
+            probs = em.node("Softmax", [scores], em.shape(scores), axis=-1)
+            return _attention_end(em, node, probs, v, flat)
+        if em.shape(mask)[-1] != kv_len:
+            return False
+    elif em.shape(mask)[-1] != kv_len:
+        return False
+    ninf = em.const("ninf", np.float32(-np.inf))
+    if em.dtype(mask) == np.bool_:
+        allowed = mask
+        scores = em.node("Where", [mask, scores, ninf],
+                         np.broadcast_shapes(em.shape(mask), em.shape(scores)), np.float32)
+    else:
+        allowed = em.node("Greater", [mask, ninf], em.shape(mask), np.bool_)
+        scores = em.binary("Add", scores, mask)
+    if op.is_causal:
+        tril = em.const("causal", np.tril(np.ones((q_len, kv_len), np.bool_)))
+        allowed = em.node("And", [allowed, tril],
+                          np.broadcast_shapes(em.shape(allowed), (q_len, kv_len)), np.bool_)
+        scores = em.node("Where", [tril, scores, ninf], em.shape(scores), np.float32)
+    count = em.node("Cast", [allowed], em.shape(allowed), np.float32, to=1)
+    rows = [*em.shape(count)[:-1], 1]
+    count = em.node("ReduceSum", [count, em.ints("last_axis", [-1])], rows, keepdims=1)
+    valid = em.node("Greater", [count, em.const("zero", np.float32(0))], rows, np.bool_)
+    zero = em.const("zero_logit", np.float32(0))
+    scores = em.node("Where", [valid, scores, zero], em.shape(scores), np.float32)
+    probs = em.node("Softmax", [scores], em.shape(scores), axis=-1)
+    probs = em.node("Where", [valid, probs, zero], em.shape(probs), np.float32)
+    return _attention_end(em, node, probs, v, flat)
+
+
+def _attention_end(em: Emitter, node: Node, probs: str, v: str, flat: bool) -> bool:
+    """Y = probs . V (as (B, S, H*Dv) for 3-D inputs), written to the node's output."""
+    b, h, q_len, _ = em.shape(probs)
+    y = em.node("MatMul", [probs, v], [b, h, q_len, em.shape(v)[3]])
+    if flat:
+        y = em.reshape(em.transpose(y, [0, 2, 1, 3]), [b, q_len, h * em.shape(v)[3]])
+    em.finish(node.outputs[0])
+    return True
+
+
+DECOMPOSED = {"RMSNormalization": _rms_normalization, "RotaryEmbedding": _rotary_embedding,
+              "Attention": _attention}
 
 
 def decompose(nodes: list[Node], traced: dict, static: set[str], values: dict,
@@ -271,7 +372,11 @@ def decompose(nodes: list[Node], traced: dict, static: set[str], values: dict,
         if rule is not None and len(n.outputs) >= 1 and n.outputs[0] \
                 and not any(n.outputs[1:]):
             em = Emitter(n, traced, static, values, backends)
-            op = lookup(n.op_type, 23, "", backends)(**n.attrs)
+            try:
+                op = lookup(n.op_type, 23, "", backends)(**n.attrs)
+            except TypeError:  # an attribute of a later opset (Attention's windows)
+                out.append(n)
+                continue
             if rule(em, n, op):
                 out.extend(em.nodes)
                 made.update(em.ops)
