@@ -36,7 +36,8 @@ step reaches, and the load average (the machine may be shared).
 
 ``--memory`` measures instead the peak resident memory a training step adds over the process
 before its first step (parameters, data and imports already there), each variant in a fresh
-process with 1 thread: Linux's peak-RSS counter is reset after the first step, so what that
+process with 1 thread (with ``--precision f32,bf16`` also meta's bf16 plan and PyTorch
+under autocast, and bf16's figure over float32's): Linux's peak-RSS counter is reset after the first step, so what that
 step leaves (meta's plan and arena, gradients, optimizer state) counts but not its one-time
 transients (meta's compile traces a forward on numpy; PyTorch's lazy set-up).
 
@@ -364,8 +365,14 @@ def memory_child(model: str, variant: str, steps: int) -> None:
     if torch is not None:
         torch.set_num_threads(1)
     x, y = synthetic_batch(MODELS[model][1], model)
-    step = (torch_step(model, x, y) if variant == "pytorch"
-            else meta_step(model, variant.split()[1], x, y))
+    if variant == "pytorch":
+        step = torch_step(model, x, y)
+    elif variant == "pytorch autocast":
+        step = torch_step(model, x, y, autocast=True)
+    elif variant == "meta planned bf16":
+        step = meta_step(model, "planned", x, y, precision="bf16")
+    else:
+        step = meta_step(model, variant.split()[1], x, y)
     with open("/proc/self/status") as f:
         before = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) * 1024
     step()  # what lasts (plan arena, gradients, optimizer state) counts: RSS is read before
@@ -401,6 +408,13 @@ def memory(args: argparse.Namespace) -> dict:
                     and (v != "pytorch" or torch is not None)]
         if MODELS[model][0] is None or language_model(model):
             variants.remove("meta reference")
+        if "f32" not in args.precision.split(","):
+            variants = ["pytorch"] if torch is not None else []
+        if "bf16" in args.precision.split(","):  # beside the float32 variants' figures
+            variants[-1:-1] = ["meta planned bf16", *(["meta planned"] if "meta planned"
+                                                      not in variants else [])]
+            if torch is not None:
+                variants.append("pytorch autocast")
         results[model] = {}
         for variant in variants:
             out = subprocess.run([sys.executable, __file__, "--memory-child", variant, "--models",
@@ -418,11 +432,22 @@ def memory(args: argparse.Namespace) -> dict:
         for variant, r in results[model].items():
             added = (r["peak"] - r["before"]) / 2**20
             print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {added:>19.1f}")
+        def added(variant: str) -> int:
+            return results[model][variant]["peak"] - results[model][variant]["before"]
         if torch is not None:
-            base = results[model]["pytorch"]["peak"] - results[model]["pytorch"]["before"]
-            for variant in variants[:-1]:
-                added = results[model][variant]["peak"] - results[model][variant]["before"]
-                print(f"  {variant}/pytorch peak added by a step: {added / base:.2f}x")
+            for variant in variants:
+                if not variant.startswith("meta"):
+                    continue
+                print(f"  {variant}/pytorch peak added by a step: "
+                      f"{added(variant) / added('pytorch'):.2f}x")
+        if "meta planned bf16" in variants:  # issue 42: <= 0.65x float32's
+            ratio = added("meta planned bf16") / added("meta planned")
+            results[model]["bf16_over_f32_added"] = ratio
+            print(f"  meta planned bf16 / meta planned (float32) peak added by a step: "
+                  f"{ratio:.2f}x")
+            if torch is not None:
+                print(f"  pytorch autocast / pytorch peak added by a step: "
+                      f"{added('pytorch autocast') / added('pytorch'):.2f}x")
     return {"memory": results}
 
 

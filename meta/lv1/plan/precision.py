@@ -146,6 +146,12 @@ def bf16_operand(ctx, name: str, phase: str = "forward") -> str:
     return copy
 
 
+def bf16_operands(ctx, phase: str, *names: str) -> list[str]:
+    """``names`` as a product reads them: their bf16 copies (``bf16_operand``) in a bf16
+    plan, else themselves ("" stays "")."""
+    return [bf16_operand(ctx, n, phase) if ctx.bf16 and n else n for n in names]
+
+
 def keeps_bf16(ctx, name: str) -> bool:
     """Whether the plan keeps ``name`` in bf16 only: a bf16 plan, ``name`` neither fetched nor
     fed, and every node reading it a bf16 product reading it as an operand

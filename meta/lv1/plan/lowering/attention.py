@@ -32,6 +32,7 @@ from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.memory import Value
+from meta.lv1.plan.precision import bf16_operands
 
 SCRATCH_BYTES = 1 << 21  # scores of this many bytes at most per chunk of heads
 ENABLED = True  # False: the chain lowers node by node (to measure what the fusion saves)
@@ -198,6 +199,10 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         del pb.steps[k]
     a_in, b_in, v_in = (sources[x][0] if sources[x] else pb.require_layout(x, "plain")
                         for x in (a, b, v))
+    # what the products read for each (a bf16 plan: the one bf16 copy of each, which the
+    # backward reads again: the float32 Q, K, V are then free after the forward)
+    low = ctx.bf16  # every product in bf16 (float32 accumulation); the softmax float32
+    reads = dict(zip((a_in, b_in, v_in), bf16_operands(ctx, "forward", a_in, b_in, v_in)))
     merge = ctx.single_consumer(out, ("Transpose",)) if len(sa) == 4 else None
     if merge is not None and (ctx.ops[merge.name].perm is None
                               or list(ctx.ops[merge.name].perm) != [0, 2, 1, 3]
@@ -231,7 +236,6 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
     blocks = [(r, min(r + BLOCK, t_q), min(r + BLOCK, t_q)) for r in range(0, t_q, BLOCK)
               ][::-1] if causal else [(0, t_q, t_k)]
     rt = pb.rt
-    low = ctx.bf16  # every product in bf16 (float32 accumulation); the softmax float32
 
     def view(arr: np.ndarray, like: str, shape: tuple[int, int], span) -> np.ndarray:
         """The (G, H, rows, cols) view of ``arr`` (laid out as ``like``), one chunk's heads."""
@@ -247,9 +251,9 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         """Steps writing softmax(A . B * scale + mask) of one chunk's heads into ``s``."""
         c = (span[1] - span[0]) * (span[3] - span[2])
         return [rt.matmul(dims(span, t_q, d), dims(span, d, t_k), False, False,
-                          view(x(a_in), a_in, (t_q, d), span),
-                          view(x(b_in), b_in, (d, t_k), span), None, s, "", 0.0, 0.0, False,
-                          low),
+                          view(x(reads[a_in]), a_in, (t_q, d), span),
+                          view(x(reads[b_in]), b_in, (d, t_k), span), None, s, "", 0.0, 0.0,
+                          False, low),
                 rt.attention_softmax([c, t_q, t_k], scale, x(mask_name) if mask_name else None,
                                      causal, s.reshape(c, t_q, t_k), s.reshape(c, t_q, t_k))]
 
@@ -262,14 +266,15 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         for span in spans:
             s = scratch(x, scores, span)
             steps += probabilities(x, s, span)
-            vv, yy = view(x(v_in), v_in, (t_k, dv), span), view(x(y), y, (t_q, dv), span)
+            vv = view(x(reads[v_in]), v_in, (t_k, dv), span)
+            yy = view(x(y), y, (t_q, dv), span)
             for r0, r1, k in blocks:
                 steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, k, dv), False, False,
                                        s[:, :, r0:r1, :k], vv[:, :, :k], None,
                                        yy[:, :, r0:r1], "", 0.0, 0.0, False, low))
         return steps
 
-    pb.step("attention", [a_in, b_in, v_in, mask_name, scores], [scores, y], forward)
+    pb.step("attention", [*reads.values(), mask_name, scores], [scores, y], forward)
     kind = "onednn bf16" if low else "onednn"
     if not any(ctx.needs(x) for x in (a, b, v)):
         return Lowered(node, None, kind)
@@ -293,9 +298,9 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                 s, dsc = scratch(x, ps, span), scratch(x, ds, span)
                 c = (span[1] - span[0]) * (span[3] - span[2])
                 gy = view(x(g), g, (t_q, dv), span)
-                qa = view(x(a_in), a_in, (t_q, d), span)
-                kb = view(x(b_in), b_in, (d, t_k), span)
-                vv = view(x(v_in), v_in, (t_k, dv), span)
+                qa = view(x(reads[a_in]), a_in, (t_q, d), span)
+                kb = view(x(reads[b_in]), b_in, (d, t_k), span)
+                vv = view(x(reads[v_in]), v_in, (t_k, dv), span)
                 steps += probabilities(x, s, span)
                 if targets[v] is not None:  # dV = P^T . dY
                     dest, add = targets[v]
@@ -337,11 +342,11 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                                                0.0, 0.0, add or n > 0, low))
             return steps
 
-        reads = [g, a_in, b_in, v_in, mask_name, ps, ds]
+        inputs = [g, *reads.values(), mask_name, ps, ds]
         writes = [ps, ds]
         for target in targets.values():
             if target is not None:
-                reads += [target[0]] if target[1] else []
+                inputs += [target[0]] if target[1] else []
                 writes.append(target[0])
-        pb.step("attention backward", reads, writes, build, "backward")
+        pb.step("attention backward", inputs, writes, build, "backward")
     return Lowered(node, backward, kind)

@@ -14,7 +14,7 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
 from meta.lv1.plan.lowering.attention import attention
 from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_activation
-from meta.lv1.plan.precision import bf16_holder, bf16_operand, keeps_bf16
+from meta.lv1.plan.precision import bf16_holder, bf16_operands, keeps_bf16
 
 
 def gemm_shapes_ok(ctx: Context, node: Node, op) -> bool:
@@ -60,11 +60,6 @@ def product_output(ctx: Context, y: str) -> str:
     """Where a product writes its output ``y``: ``y``, or its bf16 holder when only bf16
     products read it."""
     return bf16_holder(ctx, y) if keeps_bf16(ctx, y) else y
-
-
-def bf16_operands(ctx: Context, phase: str, *names: str) -> list[str]:
-    """``names`` as a product reads them: their bf16 copies in a bf16 plan, else themselves."""
-    return [bf16_operand(ctx, n, phase) if ctx.bf16 and n else n for n in names]
 
 
 def matmul_step(pb: PlanBuilder, a_name: str, a_dims, trans_a: bool, b_name: str, b_dims,
