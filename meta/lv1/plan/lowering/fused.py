@@ -2,8 +2,8 @@
 (arithmetic, ``Pow`` by a constant or a tensor, ``Sqrt``, ``Reciprocal``, ``Exp``, ``Log``,
 ``Tanh``, ``Erf``, ``Sigmoid``, ``Softplus``, ``Neg``, ``Abs``, ``Min``/``Max``/``Clip``,
 ``Sum`` (any number of inputs: a lone one, or broadcast, which oneDNN's sum does not take),
-``Where``, comparisons, ``Not``/``And``/``Or``, ``Cast`` between float32 and bool; inputs
-broadcast to it) becomes one step of ``cpp/plan/fused.cpp``, a register program evaluated
+``Where``, comparisons, ``IsNaN``/``IsInf``, ``Not``/``And``/``Or``, ``Cast`` between float32
+and bool; inputs broadcast to it) becomes one step of ``cpp/plan/fused.cpp``, a register program evaluated
 over blocks of 1024 elements at a time on every thread. The values between the group's nodes
 never exist as tensors, so a chain such as GPT-2's tanh-GELU (eight nodes: eight passes over
 memory and eight tensors kept for the backward) costs one pass; and ops with no oneDNN
@@ -56,7 +56,7 @@ COMPARE = {"Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
            "GreaterOrEqual": "ge"}
 LOGIC = {"Not": "not", "And": "and", "Or": "or"}
 # Nodes fused even alone: none of the plan's kernels runs them (or not every case of them)
-ALONE = {"Where", "Erf", "Softplus", "Min", "Max", "Cast", *COMPARE, *LOGIC}
+ALONE = {"Where", "Erf", "Softplus", "Min", "Max", "Cast", "IsNaN", "IsInf", *COMPARE, *LOGIC}
 
 
 # -- the register program ----------------------------------------------------------------
@@ -248,6 +248,8 @@ def eligible(ctx: Context, node: Node) -> bool:
             and ctx.float32(*node.inputs[1:])
     if t in COMPARE:
         return len(ins) == 2 and dt == BOOL and ctx.float32(*ins)
+    if t in ("IsNaN", "IsInf"):
+        return len(ins) == 1 and dt == BOOL and ctx.float32(*ins)
     if t in LOGIC:
         return dt == BOOL and all(ctx.dtype(x) == BOOL for x in ins)
     if t == "Cast":
@@ -369,6 +371,13 @@ def _forward(ctx: Context, members: list[Node], inputs: list[str]
             v = p.emit("where", *args[:3])
         elif t in COMPARE:
             v = p.emit(COMPARE[t], args[0], args[1])
+        elif t == "IsNaN":  # x != x
+            v = p.emit("not", p.emit("eq", args[0], args[0]))
+        elif t == "IsInf":
+            sides = [p.emit("eq", args[0], p.const(inf)) for inf, on in
+                     ((np.inf, op.detect_positive), (-np.inf, op.detect_negative)) if on]
+            v = sides[0] if len(sides) == 1 else p.emit("or", *sides) if sides else \
+                p.emit("ne0", p.const(0))
         elif t in LOGIC:
             v = p.emit(LOGIC[t], *args[:2])
         elif t == "Cast":
