@@ -120,11 +120,15 @@ def test_every_node_runs_inside_the_plan(name):
     export = TRAINED[name]
     graph = load(name, export)
     ref = reference(name)
+    x = {info(name)["exports"][export]["input"]: ref["inputs"][0]}
     run = PlannedExecutor(graph).train()
-    run.inference_and_backprop({info(name)["exports"][export]["input"]: ref["inputs"][0],
-                                "labels": ref["labels"][0]})
+    run.inference_and_backprop({**x, "labels": ref["labels"][0]})
     assert run.unplanned is None, run.unplanned
     assert python_nodes(graph, run.placement()) == []
+    inference = PlannedExecutor(graph).eval()  # the inference plan (eval mode) too
+    inference.inference(x, [graph.outputs[0].name])
+    assert inference.unplanned is None, inference.unplanned
+    assert python_nodes(graph, inference.placement()) == []
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
