@@ -19,9 +19,12 @@ One run, in this order:
    issue's bound 1e-5);
 4. the step times (forward, backward and the optimizer's update), in interleaved blocks
    (one process on rank 0 while rank 1 sleeps in a barrier, then tensor parallel, then the
-   pipeline; ``--repeats`` rounds of ``--steps`` steps, a block's median kept; a distributed
-   step's time is the slower rank's): the ratios to one process (bounds 0.65 and 0.75) and
-   each measured step against its prediction (bound +-20 %).
+   pipeline, then rank 0's tensor-parallel part alone as one process is timed; ``--repeats``
+   rounds of ``--steps`` steps, a block's median kept; a distributed step's time is the
+   slower rank's): the ratios to one process (bounds 0.65 and 0.75) and each measured step
+   against its prediction (bound +-20 %); then the tensor-parallel step in parts: rank 0's
+   part alone (no peer: the compute bound) and rank 0's time inside the allreduces, beside
+   ``meta plan``'s compute and communication.
 
 Every stage and part runs on the planned executor: the tensor-parallel part one plan whose
 allreduces are steps of it (``meta.lv3.tensor_parallel.lowering``: in place, without copies;
@@ -57,7 +60,7 @@ from harness import busy_seconds, environment, print_environment  # noqa: E402
 from meta.lv1.partition import partition  # noqa: E402
 from meta.lv1.plan.executor import PlannedExecutor  # noqa: E402
 from meta.lv2 import build_optimizer  # noqa: E402
-from meta.lv3 import world  # noqa: E402
+from meta.lv3 import SingleProcessCommunicator, world  # noqa: E402
 from meta.lv3.comm.polling import poll_barrier  # noqa: E402
 from meta.lv3.pipeline.stage import PipelineExecutor  # noqa: E402
 from meta.lv3.tensor_parallel.ops import bind, groups  # noqa: E402
@@ -118,13 +121,16 @@ def main(argv: list[str]) -> int:
     graph, train = build_network(recipe)
     batch = int(recipe.definitions.batch_size)
     feeds = feeds_for(graph, train, batch)
-    single_graph, tp_graph, pp_graph = (copy.deepcopy(graph) for _ in range(3))
+    single_graph, tp_graph, pp_graph, part_graph = (copy.deepcopy(graph) for _ in range(4))
     single = PlannedExecutor(single_graph).train(True)
     shapes = probe(tp_graph, {k: v[:2] for k, v in feeds.items()})
     key = bind(comm)
     mine = plan(tp_graph, shapes, comm.rank, comm.size, key)
     tp = PartitionedExecutor(tp_graph, mine, PlannedExecutor(mine.local_graph(tp_graph)),
                              groups(key), shapes).train(True)
+    # rank 0's part alone (a size-1 group: its collectives do nothing): the compute bound
+    part = plan(part_graph, shapes, 0, comm.size, bind(SingleProcessCommunicator()))
+    tp_alone = PlannedExecutor(part.local_graph(part_graph)).train(True)
     cut = partition(pp_graph, 2, CUTS, tied=True)
     pp = PipelineExecutor(pp_graph, cut, comm, PlannedExecutor,
                           {k: v[:3] for k, v in feeds.items()}, MICRO_BATCHES,
@@ -150,8 +156,9 @@ def main(argv: list[str]) -> int:
     # -- 4. step times, interleaved -------------------------------------------------
     opts = {"single": optimizer_for(recipe, single_graph.parameters),
             "tensor_parallel": optimizer_for(recipe, tp.local_graph.parameters),
-            "pipeline": optimizer_for(recipe, pp.stage_graph.parameters)}
-    runs = {"single": single, "tensor_parallel": tp, "pipeline": pp}
+            "pipeline": optimizer_for(recipe, pp.stage_graph.parameters),
+            "part_alone": optimizer_for(recipe, tp_alone.graph.parameters)}
+    runs = {"single": single, "tensor_parallel": tp, "pipeline": pp, "part_alone": tp_alone}
 
     def step(name: str) -> None:
         opts[name].step(runs[name].inference_and_backprop(feeds)[1])
@@ -162,7 +169,7 @@ def main(argv: list[str]) -> int:
     for _ in range(args.repeats):
         for name in runs:
             poll_barrier(comm)
-            alone = name == "single"
+            alone = name in ("single", "part_alone")  # rank 0 alone, rank 1 waits
             took = 0.0
             if root or not alone:
                 step(name)  # untimed
@@ -179,7 +186,8 @@ def main(argv: list[str]) -> int:
     ours = float(comm.allreduce(np.array([own1 - own0]))[0])  # both ranks' CPU seconds
     other = max(0.0, busy1 - busy0 - ours) / (time.perf_counter() - started)
     measured = {k: statistics.median(v) for k, v in samples.items()}
-    measured["single"] = comm.bcast_obj(measured["single"], root=0)  # rank 0 timed it
+    for name in ("single", "part_alone"):  # rank 0 timed them
+        measured[name] = comm.bcast_obj(measured[name], root=0)
     predicted = {"single": one_pred, "tensor_parallel": tp_pred.step_s,
                  "pipeline": pp_pred.step_s}
     figures = {"cpu": env["cpu"], "cores": env["cores"], "load_average_start":
@@ -211,6 +219,11 @@ def main(argv: list[str]) -> int:
         "measured_in_collectives": comm_ms, "measured_rest": measured["tensor_parallel"] * 1e3
         - comm_ms, "predicted_comm": tp_pred.comm_s * 1e3,
         "predicted_compute": tp_pred.compute_s * 1e3}
+    alone_ms = measured["part_alone"] * 1e3
+    figures["tensor_parallel_parts_ms"]["rank0_part_alone"] = alone_ms
+    say(f"tensor parallel, rank 0's part alone (no peer: its collectives do nothing; the "
+        f"compute bound): {alone_ms:.1f} ms = {alone_ms / (measured['single'] * 1e3):.3f} of "
+        f"one process")
     say(f"tensor parallel, rank 0: {comm_ms:.1f} ms of its step inside the allreduces (8: 4 "
         f"forward, summed in place; 4 backward, started before and waited after the weight "
         f"gradients, tested between them; the time is transfers and waits for the peer), "
