@@ -30,7 +30,6 @@ import statistics
 import time
 
 import numpy as np
-import torch_models
 import train_step
 from harness import OtherLoad, environment, print_environment, torch
 
@@ -44,13 +43,6 @@ SHARED = {
     "resnet18": (("Conv",), ("aten::mkldnn_convolution", "aten::convolution_backward")),
     "mobilenet_v2": (("Conv",), ("aten::mkldnn_convolution", "aten::convolution_backward")),
 }
-# The LSTM LM at issue 41's size (embedding 128, LSTM 256, vocabulary 512, batch 16 x 64),
-# unless benchmarks/torch_models.py has a row of that name.
-if "lstm_lm512" not in torch_models.LANGUAGE_MODELS:
-    torch_models.LANGUAGE_MODELS["lstm_lm512"] = (
-        lambda: lv1.lstm_lm((64,), classes=512, hidden=256, embedding=128, seed=0), 16,
-        torch_models.LSTMLanguageModel)
-    train_step.MODELS["lstm_lm512"] = torch_models.LANGUAGE_MODELS["lstm_lm512"][:2]
 
 
 def timed_steps(steps: dict, count: int) -> dict[str, dict[str, list[float]]]:

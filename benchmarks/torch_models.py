@@ -248,10 +248,13 @@ LANGUAGE_MODELS = {
             lambda g: GPT(g, heads=4)),
     "lstm_lm": (lambda: lstm_lm((64,), classes=65, hidden=256, embedding=64, seed=0), 32,
                 LSTMLanguageModel),
+    # issue 41's size: embedding 128, LSTM 256, vocabulary 512, batch 16 x 64
+    "lstm_lm512": (lambda: lstm_lm((64,), classes=512, hidden=256, embedding=128, seed=0), 16,
+                   LSTMLanguageModel),
 }
 
 
-SEQUENCE_MODELS = ("transformer", "bert", "gpt", "lstm_lm")
+SEQUENCE_MODELS = ("transformer", "bert", "gpt", "lstm_lm", "lstm_lm512")
 
 
 def set_sequence(length: int) -> None:
@@ -263,6 +266,9 @@ def set_sequence(length: int) -> None:
         lambda g: GPT(g, heads=4))
     LANGUAGE_MODELS["lstm_lm"] = (
         lambda: lstm_lm((length,), classes=65, hidden=256, embedding=64, seed=0), 32,
+        LSTMLanguageModel)
+    LANGUAGE_MODELS["lstm_lm512"] = (
+        lambda: lstm_lm((length,), classes=512, hidden=256, embedding=128, seed=0), 16,
         LSTMLanguageModel)
 
 
