@@ -261,6 +261,10 @@ def _notes(g: onnx.GraphProto, nodes: list[Node], initializers: dict[str, np.nda
     return notes
 
 
+# fx nodes (the exporter's records name them) that read rows of a table by index
+GATHERS = frozenset({"embedding", "index", "gather", "take"})
+
+
 def _gathered_notes(initializers: dict[str, np.ndarray], signature: set[str],
                     folded: dict[str, list[str]]) -> list[str]:
     """A parameter the exporter's optimizer gathered with repeated indices into a new
@@ -270,15 +274,21 @@ def _gathered_notes(initializers: dict[str, np.ndarray], signature: set[str],
     only the gathered copies, which would train apart. Told by the values: an initializer
     folded from one parameter whose values repeat (more than one distinct value, fewer than
     its size), where a transpose or a gather of distinct rows (a position embedding by
-    ``arange``) repeats none. The table itself is not in the file: nothing to restore."""
+    ``arange``) repeats none. Two signs, both needed: the fold went through a gather (its
+    record names an fx ``embedding``/``index``/``gather`` node; a transpose's names none) and
+    the values repeat a lot (at most half distinct, more than one: random float32 weights
+    collide by chance, a few in 10^5, and a zero-initialized table says nothing). The table
+    itself is not in the file: nothing to restore."""
     notes = []
     for name, names in sorted(folded.items()):
         params = [s for s in names if s in signature and s not in initializers]
         value = initializers[name]
         if len(params) != 1 or value.size < 2 or not np.issubdtype(value.dtype, np.floating):
             continue
+        if not any(s.split("_")[0] in GATHERS for s in names if s not in signature):
+            continue
         distinct = np.unique(value).size
-        if 1 < distinct < value.size:
+        if 1 < distinct <= value.size // 2:
             notes.append(
                 f"{CANNOT_TRAIN}: the exporter's optimizer gathered parameter {params[0]} "
                 f"with repeated indices into {name} {list(value.shape)} ({distinct} distinct "

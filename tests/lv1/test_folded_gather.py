@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meta.lv1.onnx_io import ONNXLoadError, from_onnx
@@ -40,3 +41,22 @@ def test_transposes_and_distinct_row_gathers_are_not_taken_for_it(path):
         warnings.simplefilter("ignore")
         graph = from_onnx(str(path))
     assert not any("repeated indices" in n for n in graph.notes)
+
+
+def test_chance_equal_weights_of_a_transpose_are_not_taken_for_a_gather():
+    """Random float32 weights collide by chance (a 256 x 256 W^T: ~130 repeats): only a fold
+    through a gather whose values repeat a lot is refused."""
+    from meta.lv1.onnx_io import _gathered_notes
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    w.flat[:200] = w.flat[200:400]                       # a few chance-equal values
+    table = rng.standard_normal((32, 4)).astype(np.float32)
+    bias = table[rng.integers(0, 32, (8, 8))].transpose(2, 0, 1)[None]
+    init = {"val_1": w, "unsqueeze_2": bias}
+    sig = {"h.weight", "rel.weight"}
+    assert _gathered_notes(init, sig, {"val_1": ["h.weight", "permute"]}) == []
+    assert _gathered_notes(init, sig, {"val_1": ["h.weight", "embedding_1"]}) == []
+    said = _gathered_notes(init, sig, {"unsqueeze_2": ["rel.weight", "embedding_1", "permute"]})
+    assert len(said) == 1 and "rel.weight" in said[0]
+    assert _gathered_notes(init, sig, {"unsqueeze_2": ["rel.weight", "permute"]}) == []
