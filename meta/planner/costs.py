@@ -502,7 +502,7 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
         compute = sum((x.forward_s + x.backward_s) * shape.shares.get(x.name, 1.0)
                       for x in work.layers)
         volume = [b * work.batch for b in shape.allreduce_bytes]
-        comm, hidden = _partitioned_comm(work, machine, p, shape, volume)
+        comm, hidden = _partitioned_comm(work, machine, p, shape)
         # the ranks meet at every allreduce: each waits for the other's lateness over the
         # work since the last one, the measured steps' relative spread of this rank's compute
         # (not of the whole graph's, which no rank runs)
@@ -524,29 +524,23 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
                        comm, memory, sum(2 * (p - 1) / p * v for v in volume), notes=notes)]
 
 
-def _partitioned_comm(work: Workload, machine: Machine, p: int, shape: Any,
-                      volume: list[float]) -> tuple[float, float]:
-    """(seconds of the plan's allreduces a step waits for, seconds the overlap hides). A
-    forward one is waited for whole. A backward one travels while the weight gradients of
-    the layers reading its copy are computed (``StepShape.overlapped``): it costs what they
-    do not cover, and at least, without a progress thread (``Machine.progress``), its
-    transfer's bandwidth term, which MPI then moves inside the tests between those products,
-    on this rank's core."""
+def _partitioned_comm(work: Workload, machine: Machine, p: int,
+                      shape: Any) -> tuple[float, float]:
+    """(seconds of the plan's allreduces a step waits for, seconds the overlap hides):
+    ``StepShape.waited`` with this machine's allreduce, its bandwidth term as the floor
+    unless MPI has a progress thread (``Machine.progress``), and each column layer's weight
+    gradient (half of its backward) at the share this rank runs."""
     layers = {x.name: x for x in work.layers}
     link = machine.link(p)
-    total = hidden = 0.0
-    for i, v in enumerate(volume):
-        t = allreduce_s(machine, p, v)
-        nodes = shape.overlapped[i] if i < len(shape.overlapped) else ()
-        if nodes:
-            cover = sum(layers[n].backward_s * shape.shares.get(n, 1.0)
-                        for n in nodes if n in layers) * WEIGHT_GRADIENT_SHARE
-            floor = 0.0 if machine.progress else 2 * (p - 1) / p * v * link.beta
-            exposed = min(t, max(t - cover, floor))
-            hidden += t - exposed
-            t = exposed
-        total += t
-    return total, hidden
+
+    def cover(name: str) -> float:
+        layer = layers.get(name)
+        return layer.backward_s * shape.shares.get(name, 1.0) * WEIGHT_GRADIENT_SHARE \
+            if layer is not None else 0.0
+
+    return shape.waited(work.batch, lambda v: allreduce_s(machine, p, v),
+                        lambda v: 0.0 if machine.progress else 2 * (p - 1) / p * v * link.beta,
+                        cover)
 
 
 def recompute_costs(work: Workload, predictions: list[Prediction]) -> list[Prediction]:

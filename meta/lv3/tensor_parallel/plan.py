@@ -695,6 +695,29 @@ class StepShape:
     held_fraction: float = 1.0
     """Rank 0's parameter bytes over the whole graph's: the share of the update it runs."""
 
+    def waited(self, batch: int, transfer: Callable[[float], float],
+               floor: Callable[[float], float], cover: Callable[[str], float]
+               ) -> tuple[float, float]:
+        """(seconds a step of ``batch`` examples spends in its allreduces, seconds the
+        overlap hides), given ``transfer`` (bytes -> an allreduce's seconds), ``floor`` (bytes
+        -> what an overlapped one costs at least: its bandwidth term without a progress
+        thread, since MPI then moves it inside the tests, on the rank's own core) and
+        ``cover`` (node -> its weight gradient's seconds on this rank). A forward allreduce
+        is waited for whole; a backward one for what the weight gradients of ``overlapped``
+        do not cover, never less than ``floor``. The one rule ``meta plan`` and the
+        strategy's report both apply."""
+        total = hidden = 0.0
+        for i, per_example in enumerate(self.allreduce_bytes):
+            v = per_example * batch
+            t = transfer(v)
+            nodes = self.overlapped[i] if i < len(self.overlapped) else ()
+            if nodes:
+                exposed = min(t, max(t - sum(cover(n) for n in nodes), floor(v)))
+                hidden += t - exposed
+                t = exposed
+            total += t
+        return total, hidden
+
 
 def step_shape(graph: Graph, shapes: Shapes, ranks: int) -> StepShape:
     """The ``StepShape`` of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s): the same

@@ -37,15 +37,15 @@ from meta.common.component import ComponentError, Option
 from meta.lv1.executor import Executor, ReferenceExecutor
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError
+from meta.lv1.partition import node_costs
 from meta.lv2.optimizers import Optimizer, Params
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
 from meta.lv3.comm.costmodel import Link, measure_link, ring_allreduce
 from meta.lv3.comm.polling import poll_barrier
-from meta.lv1.partition import node_costs
 from meta.lv3.pipeline.stage import stage_executor_kinds
 from meta.lv3.strategy import Strategy
 from meta.lv3.tensor_parallel.ops import Group, bind, groups
-from meta.lv3.tensor_parallel.plan import Plan, PlanError, Shapes, plan, probe
+from meta.lv3.tensor_parallel.plan import Plan, PlanError, Shapes, plan, probe, step_shape
 from meta.lv3.workload import Workload, required
 
 MAX_RANKS = 256  # the most ranks a budget refusal searches for a plan that fits
@@ -303,7 +303,8 @@ class Partitioned(Strategy):
     # -- the model of a step, and the report ---------------------------------------------
     def predicted(self, link: Link, batch: int) -> dict[str, float]:
         """Seconds of a step of ``batch`` examples: compute (the slowest rank's share of the
-        single-process node times, scaled from the measured batch) and communication (α-β)."""
+        single-process node times, scaled from the measured batch) and communication (α-β,
+        the backward's allreduces behind the weight gradients)."""
         p, plan_ = self.plan.ranks, self.plan
         scale = batch / max(self.cost_rows, 1)
         compute = 0.0
@@ -314,7 +315,15 @@ class Partitioned(Strategy):
             compute = max(compute, sum(t * layers[n].share for n, t in self.costs.items()))
         if _threads.local_ranks() > _threads.cores():  # ranks take turns on the cores
             compute *= _threads.local_ranks() / _threads.cores()
-        comm = sum(ring_allreduce(link, p, c.nbytes(batch)) for c in plan_.collectives)
+        # the plan's allreduces as the planner costs them (``StepShape.waited``): a backward
+        # one behind the weight gradients of the layers reading its copy (a product's
+        # forward and backward are three products alike, the weight gradient one of them),
+        # at least its bandwidth term (MPICH moves it inside the plan's tests, on this core)
+        shape = step_shape(self.part.graph, self.part.shapes, p)
+        comm, _hidden = shape.waited(
+            batch, lambda v: ring_allreduce(link, p, v),
+            lambda v: 2 * (p - 1) / p * v * link.beta,
+            lambda n: self.costs.get(n, 0.0) * shape.shares.get(n, 1.0) * scale / 3)
         return {"compute": compute * scale, "comm": comm,
                 "single": sum(self.costs.values()) * scale}
 
