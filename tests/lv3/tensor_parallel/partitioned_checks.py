@@ -16,6 +16,7 @@ import numpy as np
 
 from meta.lv1 import Graph, NativeExecutor, ReferenceExecutor, mlp
 from meta.lv1.builder import GraphBuilder
+from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv2.optimizers import Optimizer, sgd
 from meta.lv3 import Communicator
 from meta.lv3.tensor_parallel.ops import bind, groups
@@ -121,6 +122,24 @@ def check_native_executor_gradients_match(comm: Communicator) -> None:
     assert_step_matches(comm, small_mlp(), NativeExecutor)
 
 
+def check_planned_executor_gradients_match(comm: Communicator) -> None:
+    """Each rank's part a compiled plan, the collectives steps of it (in place; the backward's
+    overlapped: ``tensor_parallel.lowering``), with the MLP's and the CNNs' convolutions, a
+    pool and a Flatten between them; bytes counted as the operators count them."""
+    for graph in (small_mlp(), small_cnn(), small_cnn(groups=4)):
+        part = assert_step_matches(comm, graph, PlannedExecutor)
+        assert part.executor.unplanned is None, part.executor.unplanned
+        before = part.bytes_sent  # the first step's included the forward of the compile
+        part.train(True).inference_and_backprop(batch(graph, 7, seed=2), outputs=["logits"])
+        sent = part.bytes_sent - before
+        assert sent == part.plan.step_bytes(7), (graph.name, sent)
+        if comm.size > 1:
+            names = [s.name for s in part.executor._last.records["backward"]]
+            starts = [n for n in names if n.endswith("allreduce start")]
+            assert len(starts) == sum(c.phase == "backward" for c in part.plan.collectives), \
+                (graph.name, names)
+
+
 def check_convolution_gradients_match(comm: Communicator) -> None:
     """Channels split (conv1 column, conv2 row), then fc column and logits row."""
     part = assert_step_matches(comm, small_cnn())
@@ -179,6 +198,7 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
     for f in (
         check_mlp_gradients_match_single_process,
         check_native_executor_gradients_match,
+        check_planned_executor_gradients_match,
         check_convolution_gradients_match,
         check_grouped_layer_needs_no_communication,
         check_sgd_steps_match_single_process,
