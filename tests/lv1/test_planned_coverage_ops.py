@@ -292,12 +292,14 @@ PATTERNS = {"attention": r"^test_attention_(?!.*_expanded$)",
 
 def attention_left(node, values) -> bool:
     """An Attention node the decomposition leaves to the operator (patterns._attention says
-    why): past/present or the QK output, nonpad_kv_seqlen, windows (opset 25), a mask
-    shorter than the keys."""
+    why): nonpad_kv_seqlen, windows (opsets 24, 25), a softmax precision other than float32,
+    a mask shorter than the keys (past ones included)."""
     ins = list(node.inputs) + [""] * 7
-    mask, k = ins[3], ins[1]
-    return any(node.outputs[1:]) or any(ins[4:7]) or any("window" in a for a in node.attrs) \
-        or bool(mask) and values[mask].shape[-1] != values[k].shape[-2]  # 3-D or 4-D K
+    mask, k, past = ins[3], ins[1], ins[4]
+    keys = values[k].shape[-2] + (values[past].shape[2] if past else 0)  # 3-D or 4-D K
+    return bool(ins[6]) or any("window" in a for a in node.attrs) \
+        or node.attrs.get("softmax_precision") not in (None, 1) \
+        or bool(mask) and values[mask].shape[-1] != keys
 
 
 @pytest.mark.slow  # 9 s and 48 s on the loaded shared machine: each case planned twice

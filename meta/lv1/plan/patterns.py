@@ -177,6 +177,21 @@ class Emitter:
         shape = self.shape(x)
         return self.node("Transpose", [x], [shape[p] for p in perm], perm=list(perm))
 
+    def name_as(self, tensor: str, output: str) -> None:
+        """``tensor`` is written to ``output`` (another output of the replaced node, which the
+        trace saw): its node's output renamed, its readers so far re-pointed; a tensor no
+        emitted node makes (an input passed through) is copied by an Identity (a view)."""
+        maker = next((n for n in self.nodes if tensor in n.outputs), None)
+        if maker is None:
+            self.nodes.append(Node("Identity", [tensor], [output],
+                                   f"{self.prefix}/Identity_{len(self.nodes)}"))
+            self.ops[self.nodes[-1].name] = lookup("Identity", 13, "", self.backends)()
+            return
+        maker.outputs[maker.outputs.index(tensor)] = output
+        for n in self.nodes:
+            n.inputs[:] = [output if x == tensor else x for x in n.inputs]
+        del self.traced[tensor]
+
     def finish(self, output: str) -> None:
         """The last node writes ``output`` (the replaced node's, which the trace saw)."""
         last = self.nodes[-1]
@@ -259,18 +274,24 @@ def _attention(em: Emitter, node: Node, op) -> bool:
     """ONNX Attention (opset 23) as MatMul, scale, mask, Softmax, MatMul (the chain the fused
     attention takes when its mask is a constant (T, T) one), grouped-query K and V expanded to
     the query heads (Unsqueeze, Expand along one axis, Reshape: the GQA kernel), 3-D inputs
-    split into heads. A mask that may hide a whole row of keys (fed, or constant with such a
+    split into heads, past_key/past_value concatenated before K and V (present_key/value:
+    those concatenations; causal then aligned to the bottom right), softcap as Tanh between
+    the scale and the mask, the QK output the logits (modes 0, 1), the masked logits (2) or
+    the weights (3). A mask that may hide a whole row of keys (fed, or constant with such a
     row) gets the operator's zeros there: rows with no key allowed are given 0 logits before
     the softmax and 0 weights after it (its gradient then 0, not NaN). Not taken (the
-    operator's own code): past_key/past_value, nonpad_kv_seqlen, the extra outputs,
-    a softmax precision other than float32, a mask shorter than the keys when fed, other
-    dtypes."""  # softcap: Tanh between the scale and the mask (the fused pointwise group)
+    operator's own code): nonpad_kv_seqlen and windows (opsets 24, 25), a softmax precision
+    other than float32, a fed mask shorter than the keys, other dtypes."""
     q, k, v = node.inputs[:3]
-    mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
-    if any(x for x in node.inputs[4:]) or float(op.softcap or 0) < 0 \
+    inputs = [*node.inputs, "", "", "", ""]
+    mask = inputs[3] or None
+    past_k, past_v = inputs[4], inputs[5]
+    outputs = [*node.outputs, "", "", ""]
+    if inputs[6] or bool(past_k) != bool(past_v) or float(op.softcap or 0) < 0 \
             or op.softmax_precision not in (None, 1) \
             or any(em.dtype(t) != np.float32 for t in (q, k, v)) \
-            or mask is not None and em.dtype(mask) not in (np.float32, np.bool_):
+            or mask is not None and em.dtype(mask) not in (np.float32, np.bool_) \
+            or past_k and (em.dtype(past_k) != np.float32 or em.dtype(past_v) != np.float32):
         return False
     flat = len(em.shape(q)) == 3
     if len(em.shape(q)) not in (3, 4) or any(len(em.shape(t)) != len(em.shape(q))
@@ -285,9 +306,17 @@ def _attention(em: Emitter, node: Node, op) -> bool:
             return em.transpose(em.reshape(x, [b, length, n, hidden // n]), [0, 2, 1, 3])
         q, k, v = heads(q, int(op.q_num_heads)), heads(k, int(op.kv_num_heads)), \
             heads(v, int(op.kv_num_heads))
+    past = em.shape(past_k)[2] if past_k else 0
+    if past_k:
+        k, v = em.concat([past_k, k], 2), em.concat([past_v, v], 2)
+    for given, made in ((outputs[1], k), (outputs[2], v)):  # present_key, present_value
+        if given:
+            em.name_as(made, given)
+    k, v = outputs[1] or k, outputs[2] or v
     b, hq, q_len, e = em.shape(q)
     hk, kv_len = em.shape(k)[1], em.shape(k)[2]
-    if hq % hk or em.shape(v)[1] != hk or em.shape(v)[2] != kv_len:
+    if hq % hk or em.shape(v)[1] != hk or em.shape(v)[2] != kv_len \
+            or mask is not None and mask not in em.static and em.shape(mask)[-1] != kv_len:
         return False
     if hq != hk:  # grouped-query attention: each K/V head serves hq / hk query heads
 
@@ -305,48 +334,59 @@ def _attention(em: Emitter, node: Node, op) -> bool:
         cap = em.const("softcap", np.float32(op.softcap))
         scores = em.binary("Mul", em.node("Tanh", [em.binary("Div", scores, cap)],
                                           em.shape(scores)), cap)
-    ninf = None
+    qk = {"logits": scores}
     constant = em.traced.get(mask) if mask is not None and mask in em.static else None
     if mask is None or constant is not None:
         from meta.ops.attention import _bias
 
-        bias, _ = _bias(q_len, kv_len, np.dtype(np.float32), constant, bool(op.is_causal), 0,
-                        (-1, -1), None, b)
+        bias, _ = _bias(q_len, kv_len, np.dtype(np.float32), constant, bool(op.is_causal),
+                        past, (-1, -1), None, b)
         if not np.isneginf(np.max(bias, axis=-1)).any():  # every query sees a key
             if mask is not None or op.is_causal:
                 scores = em.binary("Add", scores, em.const("bias", bias.astype(np.float32)))
-            probs = em.node("Softmax", [scores], em.shape(scores), axis=-1)
-            return _attention_end(em, node, probs, v, flat)
+            qk["biased"] = scores
+            qk["probs"] = em.node("Softmax", [scores], em.shape(scores), axis=-1)
+            return _attention_end(em, node, op, qk, v, flat)
         if em.shape(mask)[-1] != kv_len:
             return False
-    elif em.shape(mask)[-1] != kv_len:
-        return False
+    # the masks as additive biases, as the operator adds them (the masked logits' gradient,
+    # through the QK output of mode 2, is the output's)
     ninf = em.const("ninf", np.float32(-np.inf))
+    zero = em.const("zero_logit", np.float32(0))
     if em.dtype(mask) == np.bool_:
         allowed = mask
-        scores = em.node("Where", [mask, scores, ninf],
-                         np.broadcast_shapes(em.shape(mask), em.shape(scores)), np.float32)
+        mask = em.node("Where", [mask, zero, ninf], em.shape(mask), np.float32)
     else:
         allowed = em.node("Greater", [mask, ninf], em.shape(mask), np.bool_)
-        scores = em.binary("Add", scores, mask)
+    scores = em.binary("Add", scores, mask)
     if op.is_causal:
-        tril = em.const("causal", np.tril(np.ones((q_len, kv_len), np.bool_)))
-        allowed = em.node("And", [allowed, tril],
+        tril = np.tril(np.ones((q_len, kv_len), np.bool_), past)
+        allowed = em.node("And", [allowed, em.const("causal", tril)],
                           np.broadcast_shapes(em.shape(allowed), (q_len, kv_len)), np.bool_)
-        scores = em.node("Where", [tril, scores, ninf], em.shape(scores), np.float32)
+        scores = em.binary("Add", scores, em.const(
+            "causal_bias", np.where(tril, np.float32(0), np.float32(-np.inf))))
+    qk["biased"] = scores
     count = em.node("Cast", [allowed], em.shape(allowed), np.float32, to=1)
     rows = [*em.shape(count)[:-1], 1]
     count = em.node("ReduceSum", [count, em.ints("last_axis", [-1])], rows, keepdims=1)
-    valid = em.node("Greater", [count, em.const("zero", np.float32(0))], rows, np.bool_)
-    zero = em.const("zero_logit", np.float32(0))
+    valid = em.node("Greater", [count, zero], rows, np.bool_)
     scores = em.node("Where", [valid, scores, zero], em.shape(scores), np.float32)
     probs = em.node("Softmax", [scores], em.shape(scores), axis=-1)
-    probs = em.node("Where", [valid, probs, zero], em.shape(probs), np.float32)
-    return _attention_end(em, node, probs, v, flat)
+    qk["probs"] = em.node("Where", [valid, probs, zero], em.shape(probs), np.float32)
+    return _attention_end(em, node, op, qk, v, flat)
 
 
-def _attention_end(em: Emitter, node: Node, probs: str, v: str, flat: bool) -> bool:
-    """Y = probs . V (as (B, S, H*Dv) for 3-D inputs), written to the node's output."""
+def _attention_end(em: Emitter, node: Node, op, qk: dict[str, str], v: str,
+                   flat: bool) -> bool:
+    """The QK output if asked for, then Y = probs . V (as (B, S, H*Dv) for 3-D inputs),
+    written to the node's outputs."""
+    probs = qk["probs"]
+    if len(node.outputs) > 3 and node.outputs[3]:
+        mode = int(op.qk_matmul_output_mode or 0)
+        if mode not in (0, 1, 2, 3):
+            return False
+        em.name_as(qk[("logits", "logits", "biased", "probs")[mode]], node.outputs[3])
+        probs = node.outputs[3] if mode == 3 else probs
     b, h, q_len, _ = em.shape(probs)
     y = em.node("MatMul", [probs, v], [b, h, q_len, em.shape(v)[3]])
     if flat:
@@ -370,7 +410,7 @@ def decompose(nodes: list[Node], traced: dict, static: set[str], values: dict,
     for n in nodes:
         rule = DECOMPOSED.get(n.op_type)
         if rule is not None and len(n.outputs) >= 1 and n.outputs[0] \
-                and not any(n.outputs[1:]):
+                and (n.op_type == "Attention" or not any(n.outputs[1:])):
             em = Emitter(n, traced, static, values, backends)
             try:
                 op = lookup(n.op_type, 23, "", backends)(**n.attrs)
