@@ -36,8 +36,8 @@ def test_independent_steps_move_between_start_and_wait_with_progress_after_each(
     ]
     out = schedule(steps, _values("dy", "w", "g", "x", "dw", "h", "dz", "dw2", "dx"))
     assert [s.name for s in out] == [
-        "dX fc", "sum start", "dW fc", "sum start progress", "dW proj", "sum start progress",
-        "sum wait", "LN backward"]
+        "dX fc", "sum start", "dW fc", "sum progress", "dW proj", "sum progress", "sum wait",
+        "LN backward"]
     assert out[3].build is progress
 
 

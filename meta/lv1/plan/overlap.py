@@ -17,8 +17,8 @@ Dependencies are the steps' declared reads and writes, by the bytes they name (a
 base's bytes), and the order of one node's own steps (a kernel may keep state between them).
 The steps moved keep their order; every step that the start needs stays before it, so the
 reordered plan computes what the plan as written computes. Collectives keep their order
-(a ``Start`` or ``Wait`` is never moved, and nothing is moved across one), and every rank
-compiles the same plan, so the ranks still meet in the same collectives.
+(a ``Start`` or ``Wait`` is never moved, and no step is moved across an earlier collective's),
+and every rank compiles the same plan, so the ranks still meet in the same collectives.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def _phase(steps: list[PlannedStep], values: dict[str, Value]) -> list[PlannedSt
             for m in moved:
                 out.append(m)
                 if step.progress is not None:
-                    out.append(PlannedStep(f"{step.name} progress", step.phase, (), (),
+                    out.append(PlannedStep(f"{step.name.removesuffix(' start')} progress",
+                                           step.phase, (), (),
                                            step.progress, step.node, step.op_type))
             window = []
         elif isinstance(step, Wait):
