@@ -7,16 +7,15 @@ The models are ``benchmarks/train_step.py``'s (one list: a model added there is 
 at a small batch of its own synthetic data; meta's planned executor computes the same batch
 on the same weights with ``precision="bf16"`` and ``"f32"``.
 
-Most meet 2e-2, all parameters together and each parameter holding at least 1e-3 of the
-gradient's norm: the transformers, the GPT, the recurrent models (measured 1.4e-3 to 4.3e-3).
-The ReLU networks at initialisation do not, and cannot, in any framework: a ReLU, ReLU6 or
-max-pool input within bf16's rounding of its kink goes the other way in bf16 and moves the
-gradient of every layer before it by that unit's whole gradient. PyTorch's autocast is as far
-off on the same batch (the bound here for those models is its measured figure, and the test
-checks live that autocast is still beyond 2e-2 there, so the exemption cannot outlive its
-reason); with float32's kink decisions replayed in the autocast pass the difference falls
-below 2e-2 on the MLP and the CNNs; and meta in float32 with only its weights rounded to bf16
-moves the gradient by as much. ``benchmarks/bf16_gradients.py`` prints the whole table.
+Most meet 2e-2, all parameters together and each parameter holding 1e-3 of the gradient's
+norm: the transformers, the GPT, the recurrent models (measured 1.4e-3 to 4.3e-3). The ReLU
+networks at initialisation do not, and cannot, in any framework: a ReLU, ReLU6 or max-pool
+input within bf16's rounding of its kink goes the other way in bf16 and moves the gradient of
+every layer before it by that unit's whole gradient. PyTorch's autocast is as far off on the
+same batch: the bound for those models is its measured figure, and the test checks live that
+autocast is still beyond 2e-2 there, so the exemption cannot outlive its reason; it also
+checks the reason (float32's kink decisions replayed in the autocast pass take most of the
+difference away). ``benchmarks/bf16_gradients.py`` prints the whole table.
 """
 
 from __future__ import annotations
@@ -38,23 +37,29 @@ sys.path.insert(0, str(BENCHMARKS))
 import bf16_gradients  # noqa: E402  (the benchmark's comparison and PyTorch's side)
 import train_step  # noqa: E402  (the harness's models and batches)
 
+if train_step.torch is not None:
+    from torch_kinks import Kinks  # noqa: E402
 sys.path.remove(str(BENCHMARKS))
-torch = train_step.torch
 
 BOUND = bf16_gradients.BOUND  # 2e-2
-BATCH = {"mlp": 32, "lenet5": 32, "wide_cnn": 32, "gpt": 4}  # the others: 8
+BATCH = {"mlp": 32, "lenet5": 32, "wide_cnn": 32, "gpt": 4, "resnet18": 4, "mobilenet_v2": 4}
+SMALL_CNNS = ("mlp", "lenet5", "wide_cnn")  # float32's kinks replayed: within 2e-2
 
 
 class Kinked:
     """A ReLU network whose bf16 gradient cannot meet 2e-2 at initialisation: PyTorch's
     autocast figures on the test's batch (measured 2 December 2026, 1 and 2 threads alike),
     the bound for meta's with a tenth to spare. ``global_`` None: the whole gradient meets
-    2e-2 and only the first layers' do not."""
+    2e-2 and only the first layers' do not. ``head``: whether the classifier's gradient (no
+    kink after it) meets 2e-2; where the forward pass itself amplifies rounding (MobileNetV2
+    at initialisation: logits move 3e-2 when the input moves 1e-3, in float64) it cannot, and
+    is bounded by autocast's figure for it, live."""
 
     SPARE = 1.1
 
-    def __init__(self, global_: float | None, worst: float, worst_name: str) -> None:
-        self.global_, self.worst, self.worst_name = global_, worst, worst_name
+    def __init__(self, global_: float | None, worst: float, worst_name: str,
+                 head: bool = True) -> None:
+        self.global_, self.worst, self.worst_name, self.head = global_, worst, worst_name, head
 
     def global_bound(self) -> float:
         return BOUND if self.global_ is None else self.SPARE * self.global_
@@ -75,13 +80,17 @@ KINKED = {
     "resnet18": Kinked(0.333, 0.468, "blocks.0.bn2.weight"),
     # 1.02 / 1.79; autocast 1.06 / 2.33: bf16's gradient is uncorrelated with float32's in
     # both (float64 with the input moved by 1e-3 relative: 0.51 from float64's own)
-    "mobilenet_v2": Kinked(1.063, 2.33, "features.3.body.4.weight"),
+    "mobilenet_v2": Kinked(1.063, 2.33, "features.3.body.4.weight", head=False),
 }
 SLOW = {"mobilenet_v2", "resnet18", "transformer", "bert", "gpt", "lstm_lm", "gru", "bilstm"}
 
 
 def batch_of(model: str) -> int:
     return BATCH.get(model, 8)
+
+
+def params_of(models) -> list:
+    return [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in models]
 
 
 @pytest.fixture
@@ -98,87 +107,75 @@ def head(graph) -> set[str]:
     return {i for i in last.inputs if i in graph.parameters}
 
 
-def models() -> list:
-    return [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m
-            for m in train_step.MODELS]
+def meta_pair(graph, feeds) -> tuple[dict, dict]:
+    """meta's bf16 and float32 gradients of one batch, the bf16 step checked to be one."""
+    ex = PlannedExecutor(graph, precision="bf16")
+    values, grads = ex.inference_and_backprop(feeds, "loss")
+    g16, loss16 = {k: np.array(g, copy=True) for k, g in grads.items()}, float(values["loss"])
+    values, grads = PlannedExecutor(graph).inference_and_backprop(feeds, "loss")
+    g32, loss32 = {k: np.array(g, copy=True) for k, g in grads.items()}, float(values["loss"])
+    assert "onednn bf16" in ex.placement().values(), "no product ran in bf16"
+    assert abs(loss16 - loss32) < 1e-2 * abs(loss32), (loss16, loss32)
+    return g16, g32
 
 
-@pytest.mark.parametrize("model", models())
-def test_bf16_gradients_against_float32(native, model):
-    """Within 2e-2 of float32's, all parameters together and each parameter holding 1e-3 of
-    the norm; on the ReLU networks within PyTorch autocast's measured figure, and there the
-    classifier (after the last kink) still within 2e-2 and autocast still beyond 2e-2."""
+@pytest.mark.parametrize("model", params_of(m for m in train_step.MODELS if m not in KINKED))
+def test_bf16_gradients_within_2e_2_of_float32(native, model):
+    """All parameters together and each holding 1e-3 of the norm."""
+    graph, _, _ = bf16_gradients.model_pair(model)
+    x, y = bf16_gradients.harness_batch(model, batch_of(model))
+    ours = bf16_gradients.compare(*meta_pair(graph, {"input": x, "labels": y}))
+    assert 0 < ours["global"] < BOUND, ours["global"]  # > 0: bf16 really ran
+    assert ours["worst_relative"] < BOUND, (ours["worst"], ours["worst_relative"])
+
+
+@pytest.mark.parametrize("model", params_of(KINKED))
+def test_relu_networks_as_close_as_autocast_and_why(native, model):
+    """Within PyTorch autocast's measured figure (all together, the worst parameter), the
+    classifier within 2e-2; and live, with PyTorch: autocast beyond 2e-2 on the same batch
+    (the exemption's reason holds), and with float32's ReLU, ReLU6 and max-pool decisions
+    replayed in the autocast pass (``benchmarks/torch_kinks.py``) the exempted parameter's
+    difference falls to a tenth (a quarter on MobileNetV2; measured 0.08, 0.08, 0.09, 0.06,
+    0.23 of it), within 2e-2 on the MLP and the CNNs, the whole gradient too (4.4e-3, 4.3e-3,
+    7.8e-3): the kinks are what moves the gradients. Meta in float32 with only the weights
+    rounded to bf16 moves the whole gradient too (0.35 to 0.9 of bf16's own difference)."""
+    kinked = KINKED[model]
     graph, loss_of, params = bf16_gradients.model_pair(model)
     x, y = bf16_gradients.harness_batch(model, batch_of(model))
     feeds = {"input": x, "labels": y}
-    ex = PlannedExecutor(graph, precision="bf16")
-    values, grads = ex.inference_and_backprop(feeds, "loss")
-    g16 = {k: np.array(g, copy=True) for k, g in grads.items()}
-    loss16 = float(values["loss"])
-    f32 = PlannedExecutor(graph)
-    values, grads = f32.inference_and_backprop(feeds, "loss")
-    g32 = {k: np.array(g, copy=True) for k, g in grads.items()}
-    assert "onednn bf16" in ex.placement().values(), "no product ran in bf16"
-    assert abs(loss16 - float(values["loss"])) < 1e-2 * abs(float(values["loss"]))
+    g16, g32 = meta_pair(graph, feeds)
     ours = bf16_gradients.compare(g16, g32)
-    assert ours["global"] > 0  # bf16 really ran
-    kinked = KINKED.get(model)
-    if kinked is None:
-        assert ours["global"] < BOUND, ours["global"]
-        assert ours["worst_relative"] < BOUND, (ours["worst"], ours["worst_relative"])
-        return
-    assert ours["global"] < kinked.global_bound(), ours["global"]
+    assert 0 < ours["global"] < kinked.global_bound(), ours["global"]
     assert ours["worst_relative"] < kinked.worst_bound(), (ours["worst"],
                                                             ours["worst_relative"])
-    for name in head(graph):
-        assert ours["per_parameter"][name] < BOUND, (name, ours["per_parameter"][name])
-    if loss_of is not None:  # the exemption's reason, live: the field is as far off here
-        theirs = bf16_gradients.compare(
-            bf16_gradients.torch_gradients(loss_of, params, x, y, True),
-            bf16_gradients.torch_gradients(loss_of, params, x, y, False))
-        assert theirs["worst_relative"] > BOUND, theirs
-        if kinked.global_ is not None:
-            assert theirs["global"] > BOUND, theirs["global"]
-
-
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m
-                                   for m in KINKED])
-def test_the_kinks_are_what_moves_the_relu_networks(native, model):
-    """Why the ReLU networks are exempt. PyTorch's autocast pass with float32's ReLU, ReLU6 and
-    max-pool decisions replayed (``benchmarks/torch_kinks.py``) leaves bf16's rounding of the
-    products alone, and the exempted parameter's difference falls to a tenth (a quarter on
-    MobileNetV2; measured 0.08, 0.08, 0.09, 0.06, 0.23 of it): within 2e-2 on the MLP and the
-    CNNs, the whole gradient too (4.4e-3, 4.3e-3, 7.8e-3). What replaying leaves on ResNet-18
-    and MobileNetV2 (2.7e-2, 0.34) is autocast's batch norms in bf16 on a gradient that moves
-    51 % in float64 when MobileNetV2's input moves 1e-3. And meta in float32 with only the
-    weights rounded to bf16 moves the whole gradient too: 0.35 to 0.9 of bf16's own
-    difference."""
-    if train_step.torch is None:
-        pytest.skip("needs PyTorch")
-    from torch_kinks import Kinks  # benchmarks/, on the path while the module was imported
-
-    graph, loss_of, params = bf16_gradients.model_pair(model)
-    x, y = bf16_gradients.harness_batch(model, batch_of(model))
+    if kinked.head:
+        for name in head(graph):
+            assert ours["per_parameter"][name] < BOUND, (name, ours["per_parameter"][name])
+    for w in graph.parameters.values():
+        w[...] = bf16_gradients.to_bf16(w)
+    rounded = bf16_gradients.compare(bf16_gradients.meta_gradients(graph, feeds, "f32"), g32)
+    assert rounded["global"] > 0.25 * ours["global"], (rounded["global"], ours["global"])
+    if loss_of is None:
+        return  # no PyTorch: the field's figures are the constants above
     kinks = Kinks()
     with kinks.recording():
         t32 = bf16_gradients.torch_gradients(loss_of, params, x, y, False)
-    plain = bf16_gradients.compare(
+    theirs = bf16_gradients.compare(
         bf16_gradients.torch_gradients(loss_of, params, x, y, True), t32)
     with kinks.replaying():
         held = bf16_gradients.compare(
             bf16_gradients.torch_gradients(loss_of, params, x, y, True), t32)
-    name = KINKED[model].worst_name
-    assert kinks.saved and 0 < held["per_parameter"][name] < 0.4 * plain["per_parameter"][name]
-    assert held["global"] < 0.5 * plain["global"], (held["global"], plain["global"])
-    if model in ("mlp", "lenet5", "wide_cnn"):
+    assert theirs["worst_relative"] > BOUND, theirs["worst_relative"]
+    if kinked.global_ is not None:
+        assert theirs["global"] > BOUND, theirs["global"]
+    if not kinked.head:
+        for name in head(graph):
+            assert ours["per_parameter"][name] < 1.25 * theirs["per_parameter"][name], name
+    name = kinked.worst_name
+    assert kinks.saved and 0 < held["per_parameter"][name] < 0.4 * theirs["per_parameter"][name]
+    assert held["global"] < 0.5 * theirs["global"], (held["global"], theirs["global"])
+    if model in SMALL_CNNS:
         assert held["global"] < BOUND and held["worst_relative"] < BOUND, held
-    feeds = {"input": x, "labels": y}
-    g32 = bf16_gradients.meta_gradients(graph, feeds, "f32")
-    g16 = bf16_gradients.meta_gradients(graph, feeds, "bf16")
-    for w in graph.parameters.values():
-        w[...] = bf16_gradients.to_bf16(w)
-    rounded = bf16_gradients.compare(bf16_gradients.meta_gradients(graph, feeds, "f32"), g32)
-    assert rounded["global"] > 0.25 * bf16_gradients.compare(g16, g32)["global"]
 
 
 def sgd_momentum_reference(p, v, g, lr, momentum):
