@@ -1,7 +1,8 @@
 // ScatterND in a plan (meta/lv1/plan/lowering/scatter.py): y = data with each of the n slices
 // of `updates` written at (reduction "none") or combined into (add, mul, max, min) the slice
 // of y its index tuple names; and the backward's two halves (ops/scatter_nd.py): dy with the
-// written slices zeroed (none) or as is (add), and dy's slices at the indices (gather).
+// written slices zeroed (none) or as is (add), and dy's slices at the indices (gather); for
+// mul, max and min the same halves from the forward's values (scatter_nd_backward_reduce).
 //
 // Indices are read when the step runs (a caller may feed them), each tuple checked against
 // data's shape (negative entries count from the end, as numpy's indexing does). Tuples are
@@ -160,6 +161,57 @@ StepPtr scatter_nd_backward(const Dims& dims, std::int64_t k, std::int64_t n,
   });
 }
 
+// The backward of the reductions that need the forward's values (ops/scatter_nd.py): mul,
+// dx = dy * f and du[j] = dy * data * f / u at tuple j, f the product of the updates each
+// element received; max/min, dx = dy where y kept data's value, du[j] = dy where u[j] is the
+// value y took (every tie gets it, as the operator's comparisons give).
+StepPtr scatter_nd_backward_reduce(const Dims& dims, std::int64_t k, std::int64_t n,
+                                   const py::array& indices, const std::string& reduction,
+                                   const py::array& data, const py::array& updates,
+                                   const py::array& y, const py::array& dy,
+                                   const py::object& dx, const py::object& du,
+                                   const std::string& node) {
+  const Layout l = layout(dims, k, n);
+  const bool mul = reduction == "mul";
+  if (!mul && reduction != "max" && reduction != "min")
+    throw std::invalid_argument("scatter_nd_backward_reduce: reduction " + reduction);
+  const auto size = dy.itemsize();
+  const auto* pi = static_cast<const std::int64_t*>(address(indices, n * k * 8, "indices"));
+  const void* pd = address(data, l.total * size, "scatter data");
+  const void* pu = address(updates, n * l.slice * size, "scatter updates");
+  const void* py_ = address(y, l.total * size, "scatter output");
+  const void* pg = address(dy, l.total * size, "scatter dy");
+  void* pdx = dx.is_none() ? nullptr : address(dx.cast<py::array>(), l.total * size, "dx");
+  void* pdu = du.is_none() ? nullptr : address(du.cast<py::array>(), n * l.slice * size, "du");
+  return by_dtype(dy, "scatter_nd_backward_reduce", [=](auto tag) -> StepPtr {
+    using T = decltype(tag);
+    return std::make_shared<LambdaStep>("scatter_nd backward", [=] {
+      const auto at = offsets(l, pi, node);
+      const T *g = static_cast<const T*>(pg), *d = static_cast<const T*>(pd),
+              *u = static_cast<const T*>(pu), *out = static_cast<const T*>(py_);
+      std::vector<T> factor;
+      if (mul) {
+        factor.assign(l.total, T(1));
+        for (std::int64_t j = 0; j < l.n; ++j)
+          for (std::int64_t i = 0; i < l.slice; ++i) factor[at[j] + i] *= u[j * l.slice + i];
+      }
+      if (pdx) {
+        T* x = static_cast<T*>(pdx);
+        for (std::int64_t i = 0; i < l.total; ++i)
+          x[i] = mul ? g[i] * factor[i] : out[i] == d[i] ? g[i] : T(0);
+      }
+      if (pdu) {
+        T* w = static_cast<T*>(pdu);
+        for (std::int64_t j = 0; j < l.n; ++j)
+          for (std::int64_t i = 0; i < l.slice; ++i) {
+            const std::int64_t e = at[j] + i, f = j * l.slice + i;
+            w[f] = mul ? g[e] * d[e] * factor[e] / u[f] : u[f] == out[e] ? g[e] : T(0);
+          }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void bind_scatter(py::module_& m) {
@@ -169,6 +221,10 @@ void bind_scatter(py::module_& m) {
   m.def("scatter_nd_backward", &scatter_nd_backward, py::arg("dims"), py::arg("k"),
         py::arg("n"), py::arg("indices"), py::arg("zero"), py::arg("dy"), py::arg("dx"),
         py::arg("du"), py::arg("node"));
+  m.def("scatter_nd_backward_reduce", &scatter_nd_backward_reduce, py::arg("dims"),
+        py::arg("k"), py::arg("n"), py::arg("indices"), py::arg("reduction"), py::arg("data"),
+        py::arg("updates"), py::arg("y"), py::arg("dy"), py::arg("dx"), py::arg("du"),
+        py::arg("node"));
 }
 
 }  // namespace meta::plan

@@ -2,9 +2,10 @@
 ``updates`` written at (``reduction`` none) or combined into (add, mul, max, min) the slice its
 index tuple names, the indices read when the step runs (a caller may feed them). Backward, as
 ops/scatter_nd.py: for none, dy with the written slices zeroed to data and dy's slices at the
-indices to updates; for add, dy to data and the same slices to updates. The mul/max/min
-gradients (which need the forward's values) run the operator's own code when a gradient is
-asked for (the reason shows in ``placement()``)."""
+indices to updates; for add, dy to data and the same slices to updates; for mul, max and
+min, from the forward's values (data, updates and the output, kept for it): dy times the
+product of the updates an element received, or dy where the output kept data's value / took
+the update's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from meta.lv1.plan.context import Context
 from meta.lv1.plan.lowering.scan import SCAN_DTYPES, gradient_into
 
 
-def scatter_nd(ctx: Context, node: Node, op) -> Lowered | str | None:
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def scatter_nd(ctx: Context, node: Node, op) -> Lowered | None:
     data, indices, updates = node.inputs[:3]
     out = node.outputs[0]
     dtype = ctx.dtype(data)
@@ -29,8 +33,8 @@ def scatter_nd(ctx: Context, node: Node, op) -> Lowered | str | None:
         return None
     reduction = str(op.reduction)
     grads = [ctx.needs(data), ctx.needs(updates)]
-    if any(grads) and (dtype.kind != "f" or reduction not in ("none", "add")):
-        return f"no plan gradient for reduction {reduction!r}" if dtype.kind == "f" else None
+    if any(grads) and dtype.kind != "f" or reduction not in REDUCTIONS:
+        return None
     k, n = ishape[-1], prod(ishape[:-1])
     dims = list(shape)
     pb = ctx.pb
@@ -48,10 +52,16 @@ def scatter_nd(ctx: Context, node: Node, op) -> Lowered | str | None:
         label = f"{node.op_type} backward"
         dx, after_x = gradient_into(pb, d_in, label) if grads[0] else (None, lambda: None)
         du, after_u = gradient_into(pb, u_in, label) if grads[1] else (None, lambda: None)
-        pb.step(label, [g, indices], [w for w in (dx, du) if w],
-                lambda a: [pb.rt.scatter_nd_backward(
-                    dims, k, n, a(indices), reduction == "none", a(g),
-                    a(dx) if dx else None, a(du) if du else None, node.name)], "backward")
+        if reduction in ("none", "add"):
+            pb.step(label, [g, indices], [w for w in (dx, du) if w],
+                    lambda a: [pb.rt.scatter_nd_backward(
+                        dims, k, n, a(indices), reduction == "none", a(g),
+                        a(dx) if dx else None, a(du) if du else None, node.name)], "backward")
+        else:  # the forward's values decide
+            pb.step(label, [g, indices, d_in, u_in, y], [w for w in (dx, du) if w],
+                    lambda a: [pb.rt.scatter_nd_backward_reduce(
+                        dims, k, n, a(indices), reduction, a(d_in), a(u_in), a(y), a(g),
+                        a(dx) if dx else None, a(du) if du else None, node.name)], "backward")
         after_x()
         after_u()
     return Lowered(node, backward, "native")
