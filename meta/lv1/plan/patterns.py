@@ -400,7 +400,8 @@ DECOMPOSED = {"RMSNormalization": _rms_normalization, "RotaryEmbedding": _rotary
 
 
 def decompose(nodes: list[Node], traced: dict, static: set[str], values: dict,
-              backends: Sequence[str]) -> tuple[list[Node], dict[str, Operator], dict[str, list[str]]]:
+              backends: Sequence[str]
+              ) -> tuple[list[Node], dict[str, Operator], dict[str, list[str]]]:
     """``nodes`` with each node of ``DECOMPOSED`` whose case its function takes replaced by
     the nodes it emits; their operators; each replaced node -> the names of its parts.
     ``traced``, ``static`` and ``values`` gain the new tensors and constants."""

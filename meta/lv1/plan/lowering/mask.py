@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from math import prod
 
-import numpy as np
-
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
