@@ -5,10 +5,10 @@
 ``Where``, comparisons, ``IsNaN``/``IsInf``, ``Not``/``And``/``Or``, ``Cast`` between
 float32 and bool; inputs broadcast to it) becomes one step of ``cpp/plan/fused.cpp``, a
 register program evaluated over blocks of 1024 elements at a time on every thread. The
-values between the group's nodes never exist as tensors, so a chain such as GPT-2's tanh-
-GELU (eight nodes: eight passes over memory and eight tensors kept for the backward) costs
-one pass; and ops with no oneDNN kernel (``Where``, ``Erf``, comparisons, a tensor exponent)
-no longer leave the plan as Python steps.
+values between the group's nodes never exist as tensors, so a chain such as GPT-2's
+tanh-GELU (eight nodes: eight passes over memory and eight tensors kept for the backward)
+costs one pass; and ops with no oneDNN kernel (``Where``, ``Erf``, comparisons, a tensor
+exponent) no longer leave the plan as Python steps.
 
 The backward is derived from the expression (the chain rule per instruction, below in
 ``_adjoints``) as another program of the same instructions: it recomputes the forward's
