@@ -39,6 +39,7 @@ import train_step
 from harness import environment, print_environment, torch
 
 from meta import lv1
+from meta.common.threads import set_threads
 
 if torch is not None:
     from torch_kinks import Kinks
@@ -166,6 +167,8 @@ def main() -> None:
                         help="comma-separated: " + ", ".join(train_step.MODELS))
     parser.add_argument("--batch", type=int, default=0, help="examples per batch (0: the "
                         "harness's batch of each model)")
+    parser.add_argument("--threads", type=int, default=1, help="meta's and PyTorch's threads "
+                        "(the sums' order; the figures barely move with it)")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     args = parser.parse_args()
     models = args.models.split(",")
@@ -174,9 +177,12 @@ def main() -> None:
         print(f"bf16_gradients.py: unknown model(s) {sorted(unknown)}; choose from "
               f"{', '.join(train_step.MODELS)}", file=sys.stderr)
         sys.exit(2)
-    if args.batch < 0:
-        print("bf16_gradients.py: --batch must be >= 0", file=sys.stderr)
+    if args.batch < 0 or args.threads < 1:
+        print("bf16_gradients.py: --batch must be >= 0 and --threads >= 1", file=sys.stderr)
         sys.exit(2)
+    set_threads(args.threads)
+    if torch is not None:
+        torch.set_num_threads(args.threads)
     from meta.lv1.plan.precision import native_bf16
     native, why = native_bf16()
     if not native:
@@ -185,6 +191,7 @@ def main() -> None:
         sys.exit(2)
     env = environment()
     print_environment(env)
+    print(f"{args.threads} thread(s), meta and PyTorch")
     print(f"relative norm ||g_bf16 - g_f32|| / ||g_f32||, all parameters together (issue 42's "
           f"bound {BOUND:g}); worst: the parameter furthest off")
     print(HEADER)
