@@ -8,7 +8,7 @@ which ``binary`` cannot put first), and grouped-query attention's ``Expand`` of 
 places (``broadcast_mid``), backward their sum (``reduce_mid``); any other expansion of a
 float32 or bool tensor (a mask broadcast over heads and queries), and ``Tile``, as one copy of
 the fused pointwise kernel (cpp/plan/fused.cpp) reading the input through broadcast strides,
-backward the sum over the repeated axes (``eltwise.reduction``). Tile is seen as the input's
+backward the sum over the repeated axes (``fused.sum_to``). Tile is seen as the input's
 axes interleaved with their repeats, (r0, d0, r1, d1, ...), which is the output's bytes. A
 shape or repeats fed at run time: Expand runs the operator (its shape could change); Tile
 checks the fed repeats equal the traced ones when it runs (``expect_ints``). Anything else:
@@ -24,8 +24,8 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
-from meta.lv1.plan.lowering.eltwise import binary, reduction
-from meta.lv1.plan.lowering.fused import BOOL, Program, _coalesce, _strides
+from meta.lv1.plan.lowering.eltwise import binary
+from meta.lv1.plan.lowering.fused import BOOL, Program, _coalesce, _strides, sum_to
 
 
 def div(ctx: Context, node: Node, op) -> Lowered | None:
@@ -137,7 +137,7 @@ def broadcast_copy(ctx: Context, node: Node, dims: list[int], strides: list[int]
             return
         dest, _ = pb.grad_target(x_in)
         pb.step(f"{node.op_type} backward", [g], [dest],
-                lambda a: [reduction(pb.rt, dims, reduced, "plain", a(g), a(dest))],
+                lambda a: [sum_to(pb.rt, dims, reduced, a(g), a(dest))],
                 "backward")
     return Lowered(node, backward, "native")
 

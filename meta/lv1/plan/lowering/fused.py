@@ -463,14 +463,29 @@ def fused(ctx: Context, node: Node, op) -> Lowered | None:
             [(a(d), 0, add, r) for d, add, r in dests], code, registers)], "backward")
         full_dims = list(dims)
         for t, xin in reduce:
-            from meta.lv1.plan.lowering.eltwise import broadcast_dims, reduction
+            from meta.lv1.plan.lowering.eltwise import broadcast_dims
 
             to = broadcast_dims(ctx.shape(xin), len(dims))
             dest, _ = pb.grad_target(xin)
             pb.step(f"{label} backward (sum)", [t], [dest],
-                    lambda a, t=t, dest=dest, to=to: [reduction(
-                        pb.rt, full_dims, to, "plain", a(t), a(dest))], "backward")
+                    lambda a, t=t, dest=dest, to=to: [sum_to(
+                        pb.rt, full_dims, to, a(t), a(dest))], "backward")
     return Lowered(node, backward, "native")
+
+
+def sum_to(rt, dims: list[int], to: list[int], x: np.ndarray, y: np.ndarray):
+    """The step summing plain ``x`` (dims) over the axes where ``to`` is 1: one run of such
+    axes by ``reduce_mid`` (the rotary caches' gradient, summed over the heads: oneDNN's
+    general reduction took 40 ms a step there, 8x128x8x32 at 1 thread), any other by
+    ``eltwise.reduction``."""
+    from meta.lv1.plan.lowering.eltwise import reduction
+
+    summed = [i for i, (d, t) in enumerate(zip(dims, to)) if t == 1 and d != 1]
+    if summed and all(to[i] == 1 for i in range(summed[0], summed[-1] + 1)):
+        first, last = summed[0], summed[-1]
+        return rt.reduce_mid(prod(dims[:first]), prod(dims[first:last + 1]),
+                             prod(dims[last + 1:]), 1.0, x, y)
+    return reduction(rt, dims, to, "plain", x, y)
 
 
 def _alone(ctx: Context, node: Node) -> bool:
