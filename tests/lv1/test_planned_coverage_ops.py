@@ -281,6 +281,20 @@ def test_isnan_where_after_a_softmax():
     assert check(b, y, shape, feeds, ["f", "p"], "op") == "native"  # the Where fused into it
 
 
+def test_rotary_function_body_split_with_an_empty_part_and_a_whole_slice():
+    """RotaryEmbedding's ONNX function body (all features rotated): Split into [D, 0] (the
+    part kept back is empty) and a Slice of the caches that cuts nothing (a view)."""
+    shape = (2, 3, 8)
+    b, x, feeds = start("split_empty", shape, 18)
+    sizes = b.initializer("sizes", np.array([8, 0], np.int64))
+    rot, rest = b.node("Split", [x, sizes], 2, name="op", axis=-1)
+    whole = b.node("Slice", [rot, b.initializer("s0", np.array([0], np.int64)),
+                             b.initializer("s1", np.array([8], np.int64)),
+                             b.initializer("s2", np.array([-1], np.int64))], name="whole")
+    y = b.node("Concat", [whole, rest], name="join", axis=-1)
+    assert check(b, y, shape, feeds, ["f", "p"], "op") == "onednn"
+
+
 # -- the ONNX node suite's cases --------------------------------------------------------------
 COVERED = {"CumSum", "ScatterND", "Trilu", "Range", "Tile", "Expand", "RMSNormalization",
            "RotaryEmbedding", "Sum", "Attention", "IsNaN", "IsInf"}

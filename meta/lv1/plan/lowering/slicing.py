@@ -2,9 +2,9 @@
 (``x[..., :d/2]``, ``x[..., d/2:]``) left the plan as Python steps in every Llama-style export
 (issue 41). Forward: oneDNN's reorder of the part (``concat_backward``, which copies each
 part of a tensor along an axis out); backward: the part's gradient between zeros
-(``concat``). The Slices that build recurrent weights fold into their LSTM/GRU first
-(``rnn.fold_slice``); any other Slice (several axes, a step, constant bounds missing, not
-float32) runs the operator's own code.
+(``concat``). A Slice that cuts nothing is a view. The Slices that build recurrent weights
+fold into their LSTM/GRU first (``rnn.fold_slice``); any other Slice (several axes, a step,
+constant bounds missing, not float32) runs the operator's own code.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ def one_axis(ctx: Context, node: Node) -> tuple[int, int, int] | None:
     return cut[0][:3]
 
 
+def _bounds_constant(ctx: Context, node: Node) -> bool:
+    return all(ctx.constant(x) is not None for x in node.inputs[1:] if x)
+
+
 def slice_node(ctx: Context, node: Node, op) -> Lowered | None:
     folded = fold_slice(ctx, node, op)
     if folded is not None:
@@ -52,6 +56,10 @@ def slice_node(ctx: Context, node: Node, op) -> Lowered | None:
         return None
     cut = one_axis(ctx, node)
     if cut is None:
+        if ctx.shape(x) == ctx.shape(out) and _bounds_constant(ctx, node):
+            from meta.lv1.plan.lowering.views import view_node
+
+            return view_node(ctx, node, op)  # cuts nothing: the input itself
         return None
     axis, lo, hi = cut
     shape = list(ctx.shape(x))
@@ -101,12 +109,15 @@ def split(ctx: Context, node: Node, op) -> Lowered | None:
         return None
     shape = list(ctx.shape(x))
     axis = int(getattr(op, "axis", 0)) % len(shape)
-    dims = [list(ctx.shape(o)) for o in outs]
-    if any(d[axis] == 0 for d in dims):
+    if not shape[axis] or any(d == 0 for i, d in enumerate(shape) if i != axis):
         return None
     pb = ctx.pb
     x_in = pb.require_layout(x, "plain")
-    ys = [pb.output(o, ctx.shape(o), F32) for o in outs]
+    for o in outs:  # an empty part (a rotary split keeping nothing back) has no bytes
+        pb.output(o, ctx.shape(o), F32)
+    outs = [o for o in outs if ctx.shape(o)[axis]]
+    dims = [list(ctx.shape(o)) for o in outs]
+    ys = outs
     pb.step(node.op_type, [x_in], ys, lambda a: list(pb.rt.concat_backward(
         dims, "plain", axis, a(x_in), [a(y) for y in ys])))
     if not ctx.needs(x):
