@@ -82,7 +82,7 @@ KINKED = {
     # both (float64 with the input moved by 1e-3 relative: 0.51 from float64's own)
     "mobilenet_v2": Kinked(1.063, 2.33, "features.3.body.4.weight", head=False),
 }
-FAST = {"mlp", "lenet5", "wide_cnn", "lstm"}  # under 3 s on a quiet machine; the rest slow
+FAST = {"mlp", "lenet5", "wide_cnn"}  # under 3 s on a loaded machine; the rest slow
 
 
 def batch_of(model: str) -> int:
