@@ -96,6 +96,26 @@ def test_cumsum_of_a_fed_axis_reads_it_when_run():
     assert planned.placement()["op"] == "native"
 
 
+def test_cumsum_float64_gradient_from_two_readers():
+    """float64 in the scan kernel; x read by two CumSums, so its gradient's second
+    contribution is added in float64 (the builder's own add is float32's)."""
+    b = GraphBuilder("cumsum64", 17)
+    x = b.input("x", np.float64, (3, 4))
+    axis = b.initializer("axis", np.array(1, np.int64))
+    y = b.node("Add", [b.node("CumSum", [x, axis], name="op"),
+                       b.node("CumSum", [x, axis], name="op2", reverse=1, exclusive=1)])
+    w = b.initializer("w", np.random.default_rng(3).uniform(0.5, 1.5, (3, 4)))
+    b.node("ReduceSum", [b.node("Mul", [y, w])], name="loss", keepdims=0)
+    b.output("loss", np.float64, ())
+    g = b.build()
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 4))}
+    ref = ReferenceExecutor(g).inference_and_backprop(feeds, "loss", wrt=["x"])
+    planned = PlannedExecutor(g)
+    out = planned.inference_and_backprop(feeds, "loss", wrt=["x"])
+    assert planned.placement()["op"] == planned.placement()["op2"] == "native"
+    np.testing.assert_allclose(out[1]["x"], ref[1]["x"], rtol=1e-12)
+
+
 @pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
 def test_scatter_nd_data_fed_updates_initializer(reduction):
     shape = (4, 5, 3)
