@@ -198,13 +198,46 @@ StepPtr reduce_sum(const Dims& dims_x, const Dims& dims_y, const std::string& la
                         pd.scratchpad_desc());
 }
 
+// float32 -> bf16, rounded to nearest even (a NaN stays a quiet NaN); bf16 -> float32.
+inline std::uint16_t to_bf16(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;  // a select, not a branch: the loops vectorise
+  return std::uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t(h) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
 // y[j] (+)= sum_i x[i, j] for x (rows, cols): a bias's gradient, or a per-channel one of a
 // channels-last tensor (rows = N*H*W). oneDNN's reduction ran 1.2 ms on (128, 512) here; this
 // loop runs 10 us.
 StepPtr column_sum(std::int64_t rows, std::int64_t cols, const py::array& x, const py::array& y,
                    bool accumulate) {
-  const float* px = static_cast<const float*>(address(x, rows * cols * 4, "sum input"));
   float* py_ = static_cast<float*>(address(y, cols * 4, "sum output"));
+  if (x.itemsize() == 2) {  // a gradient kept in bf16 (mixed precision): summed in float32
+    const auto* px = static_cast<const std::uint16_t*>(address(x, rows * cols * 2, "sum input"));
+    return std::make_shared<LambdaStep>("column sum bf16", [=] {
+      constexpr std::int64_t kBlock = 256;
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 18))
+      for (std::int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+        const std::int64_t j1 = std::min(cols, j0 + kBlock);
+        float acc[kBlock];
+        for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] = accumulate ? py_[j] : 0.f;
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const std::uint16_t* row = px + i * cols;
+#pragma omp simd
+          for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] += from_bf16(row[j]);
+        }
+        for (std::int64_t j = j0; j < j1; ++j) py_[j] = acc[j - j0];
+      }
+    });
+  }
+  const float* px = static_cast<const float*>(address(x, rows * cols * 4, "sum input"));
   return std::make_shared<LambdaStep>("column sum", [=] {
     constexpr std::int64_t kBlock = 256;
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 18))
@@ -338,25 +371,21 @@ META_CLONES void gelu_forward_derivative_chunk(const float* x, float* y, float* 
   }
 }
 
-// float32 -> bf16, rounded to nearest even (a NaN stays a quiet NaN); bf16 -> float32.
-inline std::uint16_t to_bf16(float v) {
-  std::uint32_t u;
-  std::memcpy(&u, &v, 4);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const std::uint32_t nan = (u >> 16) | 0x40u;  // a select, not a branch: the loops vectorise
-  return std::uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-inline float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t(h) << 16;
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
 // float32 -> bf16 over n elements (vectorised: the rounding is integer arithmetic and a select).
 META_CLONES void to_bf16_chunk(const float* x, std::uint16_t* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
+}
+
+// dst[k] = element i0 + k of p (float32, or bf16 widened), k < len.
+void widen_block(const void* p, bool bf16, std::int64_t i0, std::int64_t len, float* dst) {
+  if (!bf16) {
+    std::memcpy(dst, static_cast<const float*>(p) + i0, len * 4);
+    return;
+  }
+  const std::uint16_t* q = static_cast<const std::uint16_t*>(p) + i0;
+#pragma omp simd
+  for (std::int64_t k = 0; k < len; ++k) dst[k] = from_bf16(q[k]);
 }
 
 // The same in bf16 (mixed precision): y and d computed in float32 in blocks on the stack
@@ -433,34 +462,34 @@ StepPtr gelu(std::int64_t n, const py::array& x, std::optional<py::array> dy,
   });
 }
 
-// out (+)= a * b with b in bf16 (widened exactly to float32).
-META_CLONES void multiply_bf16_chunk(const float* a, const std::uint16_t* b, float* out,
-                                     std::int64_t n, bool accumulate) {
-  if (accumulate) {
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) out[i] += a[i] * from_bf16(b[i]);
-  } else {
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] * from_bf16(b[i]);
-  }
-}
-
 // out (+)= a * b over n elements (an activation's backward from its kept derivative).
 StepPtr multiply(std::int64_t n, const py::array& a, const py::array& b, const py::array& out,
                  bool accumulate) {
-  const float* pa = static_cast<const float*>(address(a, n * 4, "multiply a"));
-  if (b.itemsize() == 2) {  // b in bf16 (a derivative kept in bf16): float32 products
-    const auto* pb16 = static_cast<const std::uint16_t*>(address(b, n * 2, "multiply b"));
-    float* po = static_cast<float*>(address(out, n * 4, "multiply output"));
+  if (a.itemsize() == 2 || b.itemsize() == 2 || out.itemsize() == 2) {
+    // an operand or the output in bf16 (mixed precision): float32 products, by blocks
+    const bool a16 = a.itemsize() == 2, b16 = b.itemsize() == 2, o16 = out.itemsize() == 2;
+    const void* pa = address(a, n * a.itemsize(), "multiply a");
+    const void* pb = address(b, n * b.itemsize(), "multiply b");
+    void* po = address(out, n * out.itemsize(), "multiply output");
     return std::make_shared<LambdaStep>("multiply bf16", [=] {
-      constexpr std::int64_t kChunk = 1 << 14;
+      constexpr std::int64_t kBlock = 1024;
 #pragma omp parallel for schedule(static) if (n > (1 << 17))
-      for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
-        const std::int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
-        multiply_bf16_chunk(pa + i0, pb16 + i0, po + i0, i1 - i0, accumulate);
+      for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
+        const std::int64_t len = std::min(kBlock, n - i0);
+        alignas(64) float fa[kBlock], fb[kBlock], fo[kBlock];
+        widen_block(pa, a16, i0, len, fa);
+        widen_block(pb, b16, i0, len, fb);
+        if (accumulate) widen_block(po, o16, i0, len, fo);
+#pragma omp simd
+        for (std::int64_t k = 0; k < len; ++k) fo[k] = (accumulate ? fo[k] : 0.f) + fa[k] * fb[k];
+        if (o16)
+          to_bf16_chunk(fo, static_cast<std::uint16_t*>(po) + i0, len);
+        else
+          std::memcpy(static_cast<float*>(po) + i0, fo, len * 4);
       }
     });
   }
+  const float* pa = static_cast<const float*>(address(a, n * 4, "multiply a"));
   const float* pb = static_cast<const float*>(address(b, n * 4, "multiply b"));
   float* po = static_cast<float*>(address(out, n * 4, "multiply output"));
   return std::make_shared<LambdaStep>("multiply", [=] {

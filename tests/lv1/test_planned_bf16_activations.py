@@ -1,8 +1,9 @@
 """A bf16 plan keeps activations in bf16 between its bf16 ops (issue 42), as PyTorch's CPU
 autocast does: each tensor a bf16 product reads is converted once and that copy serves the
 forward and the backward products; LayerNorm and Gelu read only by bf16 products write bf16
-(computing in float32); their gradients stay float32; a fetched tensor stays float32; no step
-ever reads a value the plan keeps in bf16 only as float32."""
+(computing in float32); a gradient with one writer whose reader takes bf16 is bf16, one that
+several steps add into float32; a fetched tensor stays float32; no step ever reads a value
+the plan keeps in bf16 only as float32."""
 
 from __future__ import annotations
 
@@ -60,10 +61,18 @@ def test_bf16_plan_keeps_norm_and_gelu_outputs_in_bf16_and_gradients_close(nativ
     assert any(n.startswith("h0.mlp.gelu@derivative") for n in names)
     assert any(n.startswith("h0.mlp.fc.weight@bf16") for n in names)
     plan = ex16._last
+    only = plan.objects[precision.ONLY]
     for name in ("h0.ln1", "h0.mlp.gelu"):
         # never written as float32: no step touches the float32 value
+        assert name in only
         assert not any(name in s.reads or name in s.writes for s in plan.order)
-        assert plan.values[f"{name}@grad"].dtype == np.float32  # its gradient float32
+    # Q, K and V add into ln1's gradient: float32; the MLP's gradients have one writer
+    # each and readers taking bf16: written in bf16 only
+    assert "h0.ln1@grad" not in only and plan.values["h0.ln1@grad"].dtype == np.float32
+    for name in ("h0.mlp.gelu@grad", "h0.mlp.fc@grad"):
+        assert name in only
+        holder = plan.objects[precision.COPIES][name]
+        assert plan.values[holder].dtype == precision.BF16
     # one conversion per tensor: no tensor is converted to bf16 twice
     converted = [s.reads[0] for s in plan.order if s.name == "to bf16"]
     assert len(converted) == len(set(converted))

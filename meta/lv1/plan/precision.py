@@ -20,9 +20,13 @@ Like autocast, the plan keeps tensors in bf16 between the ops that read bf16:
   product is written in bf16 by the op producing it (LayerNorm, Gelu, a matrix product or
   the attention: each computes in float32 and rounds its output once), and never exists in
   float32: autocast's bf16 activations between its bf16 ops. Its gradient stays float32
-  (the products' float32 accumulation writes it), as autocast's gradient of its float32
-  input is; a Gelu kept in bf16 keeps its derivative in bf16 too, as autocast saves Gelu's
-  bf16 input.
+  where several products add into it (a LayerNorm read by Q, K and V), as autocast's
+  gradient of its float32 input is; a Gelu kept in bf16 keeps its derivative in bf16 too, as
+  autocast saves Gelu's bf16 input.
+* **bf16 gradients** (``gradient_target``): the gradient of a tensor autocast has in bf16 (a
+  product's or Gelu's output) is written in bf16 where it has one contribution and its
+  producer's backward reads it in bf16 (``takes_bf16_gradient``): the MLP's gradients
+  between its products and Gelu, the largest tensors of a transformer's backward.
 
 bf16 pays only where the CPU multiplies it natively (``avx512_bf16``, AMX): elsewhere oneDNN
 would emulate it, slower than float32. Such a CPU (or ``META_NO_NATIVE_BF16=1``, which
@@ -46,6 +50,7 @@ SIMULATE_ENV = "META_NO_NATIVE_BF16"
 BF16 = np.dtype(ml_dtypes.bfloat16)  # how the plan stores a bf16 tensor (2 bytes)
 COPIES = "bf16 copies"  # Context.objects: float32 value -> the bf16 value holding it
 ONLY = "bf16 only"  # Context.objects: float32 values never written (their bf16 holder is)
+GRADIENTS = "bf16 gradients"  # Context.objects: values whose producer reads dy in bf16
 
 _said: set[str] = set()
 
@@ -173,6 +178,34 @@ def bf16_holder(ctx, name: str) -> str:
     ctx.objects.setdefault(COPIES, {})[name] = holder
     ctx.objects.setdefault(ONLY, set()).add(name)
     return holder
+
+
+def takes_bf16_gradient(ctx, name: str) -> None:
+    """Say that ``name``'s producer reads its gradient in bf16 (through ``stored``), so its
+    one contribution may be written in bf16 (``gradient_target``); a fetched or fed tensor
+    keeps a float32 gradient (a stage's seed is copied into it)."""
+    if ctx.bf16 and name not in ctx.protected:
+        ctx.objects.setdefault(GRADIENTS, set()).add(name)
+
+
+def gradient_target(ctx, name: str) -> tuple[str, bool] | None:
+    """Where a step writes its contribution to ``name``'s gradient and whether it adds
+    (``PlanBuilder.grad_target`` with accumulation), or a bf16 holder of the gradient when
+    ``name`` takes a bf16 gradient and this is its only contribution."""
+    pb = ctx.pb
+    single = pb.consumers.get(name) == 1 and pb.grad(name) is None
+    target = pb.grad_target(name, can_accumulate=True)
+    if target is None or not single or name not in ctx.objects.get(GRADIENTS, ()):
+        return target
+    return bf16_holder(ctx, target[0]), False
+
+
+def stored(ctx, name: str) -> str:
+    """The value holding ``name``'s bytes: its bf16 holder when the plan keeps it in bf16
+    only, else ``name``."""
+    if name in ctx.objects.get(ONLY, ()):
+        return ctx.objects[COPIES][name]
+    return name
 
 
 def check_unwritten(ctx) -> None:

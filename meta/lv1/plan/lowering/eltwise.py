@@ -12,7 +12,8 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
-from meta.lv1.plan.precision import BF16, bf16_holder, keeps_bf16
+from meta.lv1.plan.precision import (BF16, bf16_holder, gradient_target, keeps_bf16, stored,
+                                     takes_bf16_gradient)
 
 
 @dataclass
@@ -178,12 +179,15 @@ def gelu_keeping_derivative(ctx: Context, node: Node, x: str, y: str, count: int
     y_out = bf16_holder(ctx, y) if low else y
     pb.step(node.op_type, [x], [y_out, d],
             lambda a: [pb.rt.gelu(count, a(x), None, a(y_out), False, a(d))])
+    if low:
+        takes_bf16_gradient(ctx, y)  # dy * gelu'(x) reads dy in bf16
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
         if g is None:
             return
-        dest, add = pb.grad_target(x, can_accumulate=True)
+        g = stored(ctx, g)
+        dest, add = gradient_target(ctx, x)
         pb.step(f"{node.op_type} backward", [g, d], [dest],
                 lambda a: [pb.rt.multiply(count, a(g), a(d), a(dest), add)], "backward")
     return Lowered(node, backward, "native")

@@ -14,7 +14,8 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
 from meta.lv1.plan.lowering.attention import attention
 from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_activation
-from meta.lv1.plan.precision import bf16_holder, bf16_operands, keeps_bf16
+from meta.lv1.plan.precision import (bf16_holder, bf16_operands, gradient_target, keeps_bf16,
+                                     stored, takes_bf16_gradient)
 
 
 def gemm_shapes_ok(ctx: Context, node: Node, op) -> bool:
@@ -87,7 +88,7 @@ def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, tran
     n_dim = b_dims[n - 2] if trans_b else b_dims[n - 1]
     g_dims = [*a_dims[:n - 2], m_dim, n_dim]
     if ctx.needs(key_a):
-        dest, add = pb.grad_target(key_a, can_accumulate=True)
+        dest, add = gradient_target(ctx, key_a)
         if not trans_a:  # da = dy . op(b)^T
             matmul_step(pb, g, g_dims, False, b, b_dims, not trans_b, dest, accumulate=add,
                         phase="backward", bf16=ctx.bf16)
@@ -124,6 +125,8 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
     matmul_step(pb, a16, ctx.shape(a), trans_a, b16, ctx.shape(b), trans_b,
                 y if act else product_output(ctx, y), c, act[1] if act else None,
                 bf16=ctx.bf16)
+    if act is None:  # its backward reads dy as products (and a column sum) read it
+        takes_bf16_gradient(ctx, y)
     kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not any(ctx.needs(v) for v in (a, b, c)):
         return Lowered(node, None, kind)
@@ -139,8 +142,9 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
         if ctx.needs(c):
             dest, add = pb.grad_target(c, can_accumulate=True)
             m = ctx.shape(out)[0]
-            pb.step("bias gradient", [g], [dest],
-                    lambda x: [pb.rt.column_sum(m, n_out, x(g), x(dest), add)], "backward")
+            gs = stored(ctx, g)
+            pb.step("bias gradient", [gs], [dest],
+                    lambda x: [pb.rt.column_sum(m, n_out, x(gs), x(dest), add)], "backward")
     return Lowered(node, backward, kind)
 
 
@@ -177,6 +181,8 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
     matmul_step(pb, a16, a_dims, False, b16, b_dims, False,
                 y if act else product_output(ctx, y), bias, act[1] if act else None,
                 bf16=ctx.bf16)
+    if act is None:  # its backward reads dy as products (and a column sum) read it
+        takes_bf16_gradient(ctx, y)
     kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not (ctx.needs(a) or ctx.needs(b) or ctx.needs(bias)):
         return Lowered(node, None, kind)
@@ -190,6 +196,7 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
         product_backward(pb, ctx, g, a16, a_dims, False, b16, b_dims, False, (a_in, b))
         if ctx.needs(bias):
             dest, add = pb.grad_target(bias, can_accumulate=True)
-            pb.step("bias gradient", [g], [dest],
-                    lambda x: [pb.rt.column_sum(rows, n_out, x(g), x(dest), add)], "backward")
+            gs = stored(ctx, g)
+            pb.step("bias gradient", [gs], [dest],
+                    lambda x: [pb.rt.column_sum(rows, n_out, x(gs), x(dest), add)], "backward")
     return Lowered(node, backward, kind)
