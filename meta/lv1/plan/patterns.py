@@ -429,9 +429,10 @@ def decompose(nodes: list[Node], traced: dict, static: set[str], values: dict,
 
 def place(placement: dict[str, str], parts: dict[str, list[str]]) -> None:
     """A decomposed node's placement: "python (...)" naming its parts that run as Python
-    steps, or "decomposed: " with its parts' op types."""
+    steps, or "decomposed: N nodes" (each part's own placement is under its name,
+    ``<node>/<Op>_<i>``)."""
     for name, names in parts.items():
         where = [placement.get(p, "") for p in names]
         python = [p.split("/")[-1] for p, w in zip(names, where) if w.startswith("python")]
         placement[name] = f"python (its parts {', '.join(python)})" if python else \
-            f"decomposed into {len(names)} nodes run by the plan's kernels"
+            f"decomposed: {len(names)} nodes"
