@@ -375,3 +375,17 @@ def test_the_node_suite_cases_pass_with_the_op_in_the_plan(which, monkeypatch):
     assert (COVERED - {"Attention", "Expand"} if which == "others" else {"Attention"}) \
         <= lowered, lowered
     assert not python, python
+
+
+def test_inspect_gives_a_decomposed_node_the_time_of_its_parts():
+    """`meta inspect --plan`: an opset-23 node the plan rewrote into parts (named
+    "<node>/<Op>_<i>") is shown with their time, not an empty column."""
+    from meta.lv1.plan.inspect_plan import node_time
+    from meta.lv1.plan.profile_share import NodeTime
+
+    times = {"rms/Mul_0": NodeTime("rms/Mul_0", "Mul", "onednn", 3),
+             "rms/ReduceMean_1": NodeTime("rms/ReduceMean_1", "ReduceMean", "native", 4),
+             "rmsx": NodeTime("rmsx", "Add", "native", 100)}
+    assert node_time(times, "rms").ns == 7
+    assert node_time(times, "rmsx").ns == 100
+    assert node_time(times, "other") is None

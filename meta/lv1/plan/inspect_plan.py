@@ -80,7 +80,7 @@ def report(graph: Graph, dims: dict[str, int] | None = None,
              f"{'share':>7}"]
     for node in graph.nodes:
         where = ex.placement().get(node.name, "not run")
-        t = times.get(node.name)
+        t = node_time(times, node.name)
         ms = f"{t.ns / 1e6:>9.3f}" if t else f"{'':>9}"
         pct = f"{share.share(t):>7.1%}" if t else f"{'':>7}"
         lines.append(f"  {node.name:<32} {node.op_type:<22} {where:<28} "
@@ -93,6 +93,19 @@ def report(graph: Graph, dims: dict[str, int] | None = None,
     lines.append(f"step: {share.total_ns / 1e6:.3f} ms; Python steps: "
                  f"{share.python_share * 100:.1f} % of it" + (f" ({top})" if top else ""))
     return "\n".join(lines)
+
+
+def node_time(times: dict[str, "profile_share.NodeTime"], name: str):
+    """A node's time in the step: its own steps' and, for a node the plan rewrote into parts
+    (``patterns.decompose``: opset 23's Attention, RMSNormalization, RotaryEmbedding), the
+    parts' steps, which the plan names ``<node>/<Op>_<i>``. None when nothing of it ran."""
+    parts = [t for n, t in times.items() if n == name or n.startswith(name + "/")]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return profile_share.NodeTime(name, parts[0].op_type, parts[0].placement,
+                                  sum(t.ns for t in parts))
 
 
 def precision_line(asked: str, runs: str, why_not: str) -> str:
