@@ -430,8 +430,8 @@ def memory(args: argparse.Namespace) -> dict:
               f"variant in a fresh process:")
         print(f"{'variant':<22} {'RSS before MiB':>15} {'step peak adds MiB':>19}")
         for variant, r in results[model].items():
-            added = (r["peak"] - r["before"]) / 2**20
-            print(f"{variant:<15} {r['before'] / 2**20:>15.1f} {added:>19.1f}")
+            mib = (r["peak"] - r["before"]) / 2**20
+            print(f"{variant:<22} {r['before'] / 2**20:>15.1f} {mib:>19.1f}")
         def added(variant: str) -> int:
             return results[model][variant]["peak"] - results[model][variant]["before"]
         if torch is not None:
