@@ -179,6 +179,12 @@ def training(fx, name: str, folder: Path, args) -> dict:
     return out
 
 
+def ort_over_meta(seconds: dict[str, list[float]]):
+    """median(onnxruntime's s/call) / median(meta's), with its bootstrap interval
+    (``ratio_of_medians(a, b)`` is median(b) / median(a))."""
+    return ratio_of_medians(seconds["meta planned"], seconds["onnxruntime"], seed=0)
+
+
 def inference(fx, name: str, folder: Path, batch: int, args) -> dict:
     """Eval-mode inference at ``batch``: meta planned against onnxruntime, one file."""
     build, spec, classes, _ = fx.BENCH[name]
@@ -200,7 +206,7 @@ def inference(fx, name: str, folder: Path, batch: int, args) -> dict:
     n = max(1, args.calls // batch)
     with OtherLoad() as load_:
         seconds = interleaved_blocks(calls, n, args.repeats, PAUSE_S)
-    r = ratio_of_medians(seconds["onnxruntime"], seconds["meta planned"], seed=0)
+    r = ort_over_meta(seconds)
     placement = executor.placement()
     ops = {n.name: n.op_type for n in graph.nodes}
     return {"batch": batch, "ms_per_call": {k: statistics.median(v) * 1e3
