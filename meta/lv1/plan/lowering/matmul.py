@@ -152,7 +152,7 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
     pb = ctx.pb
     a, b = node.inputs
     out = node.outputs[0]
-    sa, sb, so = ctx.shape(a), ctx.shape(b), ctx.shape(out)
+    sb, so = ctx.shape(b), ctx.shape(out)
     dims = matmul_dims(ctx, node)
     if dims is None:
         return None
