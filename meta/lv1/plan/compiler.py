@@ -53,7 +53,7 @@ from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
 from meta.lv1.plan import overlap
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
-from meta.lv1.plan.precision import check_unwritten
+from meta.lv1.plan.context import Traced
 from meta.lv1.plan.memory import (
     Arena,
     Value,
@@ -63,6 +63,7 @@ from meta.lv1.plan.memory import (
     root,
     view_of,
 )
+from meta.lv1.plan.precision import check_unwritten
 
 # Ops whose outputs are never folded: random, or reading a mode the plan does not fix.
 NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
@@ -140,12 +141,6 @@ class Plan:
         return any(arrays.get(name) is not array for name, array in self.bound.items())
 
 
-@dataclass(frozen=True)
-class Traced:
-    """What the trace keeps of a tensor it did not need to keep: its shape and dtype."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
 
 
 def foldable(node: Node, static: set[str]) -> bool:

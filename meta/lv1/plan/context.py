@@ -12,6 +12,15 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import PlanBuilder
 
+
+@dataclass(frozen=True)
+class Traced:
+    """What the trace keeps of a tensor it did not need to keep: its shape and dtype
+    (the compiler's trace and the pattern rewrites that add nodes make them)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
 F32 = np.dtype(np.float32)
 
 

@@ -136,7 +136,7 @@ class Emitter:
 
     def node(self, op_type: str, inputs: list[str], shape, dtype=None, since: int = 13,
              **attrs) -> str:
-        from meta.lv1.plan.compiler import Traced
+        from meta.lv1.plan.context import Traced
 
         i = len(self.nodes)
         out = f"{self.prefix}/{op_type.lower()}_{i}"

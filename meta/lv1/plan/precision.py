@@ -157,15 +157,20 @@ def bf16_operands(ctx, phase: str, *names: str) -> list[str]:
     return [bf16_operand(ctx, n, phase) if ctx.bf16 and n else n for n in names]
 
 
+# Whether a lowering reads a tensor as a bf16 operand of its node, one predicate per lowering
+# that can (``lowering.matmul`` enters ``reads_bf16`` when it is imported, with the kernel
+# table): precision asks them without importing the lowerings, which import precision.
+BF16_READERS: list = []
+
+
 def keeps_bf16(ctx, name: str) -> bool:
     """Whether the plan keeps ``name`` in bf16 only: a bf16 plan, ``name`` neither fetched nor
     fed, and every node reading it a bf16 product reading it as an operand
-    (``lowering.matmul.reads_bf16``)."""
-    from meta.lv1.plan.lowering.matmul import reads_bf16
-
+    (``lowering.matmul.reads_bf16``, entered in ``BF16_READERS``)."""
     readers = ctx.consumers.get(name, [])
     return bool(ctx.bf16 and readers and name not in ctx.protected
-                and all(reads_bf16(ctx, node, name) for node in readers))
+                and all(any(reads(ctx, node, name) for reads in BF16_READERS)
+                        for node in readers))
 
 
 def bf16_holder(ctx, name: str) -> str:

@@ -117,8 +117,6 @@ def _copy_step(pb: PlanBuilder, src: str, dest: str, add: bool, name: str) -> No
 def copy_to_parallel(ctx: Context, node: Node, op) -> Lowered | None:
     """Forward: a view. Backward: the output's gradient summed over the ranks in place,
     overlapped (the module docstring)."""
-    from meta.lv3.tensor_parallel.ops import groups
-
     if not _float(ctx, node):
         return None
     pb = ctx.pb
@@ -127,7 +125,7 @@ def copy_to_parallel(ctx: Context, node: Node, op) -> Lowered | None:
     pb.view(y, src, ctx.shape(y))
     if not ctx.needs(x):
         return Lowered(node, None, PLACEMENT)
-    group = groups(op.group)
+    group = op.communicator()
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
@@ -149,14 +147,12 @@ def copy_to_parallel(ctx: Context, node: Node, op) -> Lowered | None:
 def allreduce_sum(ctx: Context, node: Node, op) -> Lowered | None:
     """Forward: the partial sum reduced in place, the output a view of it. Backward: the
     gradient passed through (the module docstring)."""
-    from meta.lv3.tensor_parallel.ops import groups
-
     if not _float(ctx, node):
         return None
     pb = ctx.pb
     x, y = node.inputs[0], node.outputs[0]
     src = pb.require_layout(x, "plain")
-    group = groups(op.group)
+    group = op.communicator()
     if _in_place(pb, src) and len(ctx.consumers.get(x, [])) == 1 and x not in ctx.protected:
         pb.view(y, src, ctx.shape(y))
     else:  # read elsewhere too (or not the plan's bytes): the sum in an output of its own

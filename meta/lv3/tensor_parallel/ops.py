@@ -111,6 +111,10 @@ class CopyToParallel(Operator):
     attributes = {"group": 0}
     """``group``: which registered Group it communicates on."""
 
+    def communicator(self) -> Group:
+        """The Group it sums over (its plan lowering asks here, not the registry)."""
+        return groups(self.group)
+
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         return x
 
@@ -126,6 +130,10 @@ class AllReduceSum(Operator):
 
     attributes = {"group": 0}
     """``group``: which registered Group it communicates on."""
+
+    def communicator(self) -> Group:
+        """The Group it sums over (its plan lowering asks here, not the registry)."""
+        return groups(self.group)
 
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         return groups(self.group).allreduce(np.array(x, copy=True))

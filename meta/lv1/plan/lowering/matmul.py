@@ -14,8 +14,15 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
 from meta.lv1.plan.lowering.attention import attention
 from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_activation
-from meta.lv1.plan.precision import (bf16_holder, bf16_operands, gradient_target, keeps_bf16,
-                                     stored, takes_bf16_gradient)
+from meta.lv1.plan.precision import (
+    BF16_READERS,
+    bf16_holder,
+    bf16_operands,
+    gradient_target,
+    keeps_bf16,
+    stored,
+    takes_bf16_gradient,
+)
 
 
 def gemm_shapes_ok(ctx: Context, node: Node, op) -> bool:
@@ -55,6 +62,9 @@ def reads_bf16(ctx: Context, node: Node, name: str) -> bool:
         return node.inputs[0] == name and len(ctx.shape(node.inputs[1])) == 2 \
             and matmul_dims(ctx, node) is not None
     return False
+
+
+BF16_READERS.append(reads_bf16)
 
 
 def product_output(ctx: Context, y: str) -> str:
