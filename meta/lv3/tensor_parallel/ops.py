@@ -102,8 +102,8 @@ def release(key: int) -> None:
     _GROUPS.pop(key, None)
 
 
-class CopyToParallel(Operator):
-    """y = x; the gradient of x is the sum of every rank's gradient of y."""
+class GroupCollective(Operator):
+    """An operator that sums over one registered Group of ranks (the two below)."""
 
     communicates = True
     """A collective: the planned executor places it as communication, not Python time."""
@@ -114,29 +114,23 @@ class CopyToParallel(Operator):
     def communicator(self) -> Group:
         """The Group it sums over (its plan lowering asks here, not the registry)."""
         return groups(self.group)
+
+
+class CopyToParallel(GroupCollective):
+    """y = x; the gradient of x is the sum of every rank's gradient of y."""
 
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         return x
 
     def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
-        return (groups(self.group).allreduce(np.array(dy, copy=True)),)
+        return (self.communicator().allreduce(np.array(dy, copy=True)),)
 
 
-class AllReduceSum(Operator):
+class AllReduceSum(GroupCollective):
     """y = the sum of x over the ranks; the gradient of x is the gradient of y."""
 
-    communicates = True
-    """A collective: the planned executor places it as communication, not Python time."""
-
-    attributes = {"group": 0}
-    """``group``: which registered Group it communicates on."""
-
-    def communicator(self) -> Group:
-        """The Group it sums over (its plan lowering asks here, not the registry)."""
-        return groups(self.group)
-
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
-        return groups(self.group).allreduce(np.array(x, copy=True))
+        return self.communicator().allreduce(np.array(x, copy=True))
 
     def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
         return (dy,)
