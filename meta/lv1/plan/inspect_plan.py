@@ -95,7 +95,7 @@ def report(graph: Graph, dims: dict[str, int] | None = None,
     return "\n".join(lines)
 
 
-def node_time(times: dict[str, "profile_share.NodeTime"], name: str):
+def node_time(times: dict[str, profile_share.NodeTime], name: str):
     """A node's time in the step: its own steps' and, for a node the plan rewrote into parts
     (``patterns.decompose``: opset 23's Attention, RMSNormalization, RotaryEmbedding), the
     parts' steps, which the plan names ``<node>/<Op>_<i>``. None when nothing of it ran."""
