@@ -45,11 +45,14 @@ class Wait(PlannedStep):
 
 def add_pair(pb: PlanBuilder, name: str, buffer: str, start: Callable[[Lookup], list],
              wait: Callable[[Lookup], list], progress: Callable[[Lookup], list] | None,
-             phase: str) -> None:
+             phase: str, into: str = "") -> None:
     """Add a ``Start`` and its ``Wait`` on ``buffer`` (each reads and writes it: MPI owns its
-    bytes from one to the other) to ``pb``, as ``pb.step`` adds a step."""
+    bytes from one to the other) to ``pb``, as ``pb.step`` adds a step; with ``into``, a
+    collective from ``buffer`` into another value (a reduce-scatter), which both also
+    write."""
+    touched = [buffer, into] if into else [buffer]
     for kind, build in ((Start, start), (Wait, wait)):
-        pb.step(f"{name} {'start' if kind is Start else 'wait'}", [buffer], [buffer], build,
+        pb.step(f"{name} {'start' if kind is Start else 'wait'}", touched, touched, build,
                 phase)
         made = pb.steps[-1]
         extra = {"progress": progress} if kind is Start else {}

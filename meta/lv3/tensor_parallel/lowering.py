@@ -35,6 +35,7 @@ from meta.lv1.plan.context import Context, py_step
 from meta.lv1.plan.memory import root
 from meta.lv1.plan.overlap import add_pair
 from meta.lv3.comm.polling import poll_all
+from meta.lv3.tensor_parallel.ops import row_counts, rows
 
 PLACEMENT = "communication"  # as kernels.python_node places a communicating operator
 
@@ -89,6 +90,37 @@ class Allreduce:
 
     def add(self, pb: PlanBuilder, phase: str) -> None:
         add_pair(pb, self.name, self.buffer, self.start, self.wait, self.progress, phase)
+
+
+class RowCollective(Allreduce):
+    """A collective of rows (sequence parallelism, ``sequence``): an in-place all-gather of
+    ``buffer``'s rows (each rank's own already there), or, with ``into``, a reduce-scatter of
+    ``buffer`` into this rank's rows ``into``; started, tested and waited as ``Allreduce``."""
+
+    def __init__(self, group: Any, name: str, buffer: str, into: str = "") -> None:
+        super().__init__(group, name, buffer)
+        self.into = into
+        """The reduce-scatter's output (empty: an all-gather)."""
+
+    def start(self, a) -> list:
+        buf, group = a(self.buffer), self.group
+        out = a(self.into) if self.into else None
+        counts = row_counts(buf, group.comm.size)
+
+        def run() -> None:
+            group.bytes_sent += buf.nbytes
+            group.calls += 1
+            if group.comm.size > 1:
+                self.request = self._call(
+                    lambda: group.comm.ireduce_scatter(buf, out, counts) if out is not None
+                    else group.comm.iallgatherv(buf, counts))
+            elif out is not None:
+                np.copyto(out, buf)
+        return [py_step(run, f"{self.name} start")]
+
+    def add(self, pb: PlanBuilder, phase: str) -> None:
+        add_pair(pb, self.name, self.buffer, self.start, self.wait, self.progress, phase,
+                 self.into)
 
 
 def _in_place(pb: PlanBuilder, name: str) -> bool:
@@ -175,5 +207,117 @@ def allreduce_sum(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, PLACEMENT)
 
 
-KERNELS = {"CopyToParallel": copy_to_parallel, "AllReduceSum": allreduce_sum}
+def _f32(ctx: Context, node: Node) -> bool:
+    x = node.inputs[0]
+    return np.dtype(ctx.dtype(x)) == np.float32 and \
+        all(np.dtype(ctx.dtype(y)) == np.float32 for y in node.outputs if y)
+
+
+def _rows_step(pb: PlanBuilder, whole: str, part: str, into_whole: bool, name: str,
+               phase: str, group: Any) -> None:
+    """Copy this rank's rows between ``whole`` and ``part`` (into ``whole``'s rows, or out of
+    them), one C++ copy."""
+    mine = rows(pb.values[whole].shape[0], group.comm.size, group.comm.rank)
+
+    def build(a):
+        w, p = a(whole), a(part)
+        src, dest = (p, w[mine]) if into_whole else (w[mine], p)
+        return [pb.rt.copy(src, dest, p.size)] if p.size else []
+    pb.step(name, [part] if into_whole else [whole], [whole] if into_whole else [part], build,
+            phase)
+
+
+def scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
+    """Forward: this rank's rows of the input, a view of them. Backward: the gradient's rows
+    gathered from every rank (into a whole buffer, in place), added to the input's."""
+    pb = ctx.pb
+    x, y = node.inputs[0], node.outputs[0]
+    src = pb.require_layout(x, "plain")
+    group = op.communicator()
+    shape = ctx.shape(x)
+    mine = rows(shape[0], group.comm.size, group.comm.rank)
+    per_row = int(np.prod(shape[1:], dtype=np.int64))
+    pb.view(y, src, ctx.shape(y), mine.start * per_row)
+    if not ctx.needs(x):
+        return Lowered(node, None, PLACEMENT)
+    if not _f32(ctx, node):
+        return None
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        target = pb.grad_target(src)
+        if target is None:
+            return
+        _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
+                   group)
+        RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
+    return Lowered(node, backward, PLACEMENT)
+
+
+def gather_rows(ctx: Context, node: Node, op) -> Lowered | None:
+    """Forward: this rank's rows copied into the whole output, gathered in place from every
+    rank. Backward: the output's gradient reduce-scattered into the input's (``reduce``:
+    overlapped with the weight gradients of the column layers reading the output, as the
+    allreduce it stands for), or its rows copied (a graph output)."""
+    if not _f32(ctx, node):
+        return None
+    pb = ctx.pb
+    x, y = node.inputs[0], node.outputs[0]
+    src = pb.require_layout(x, "plain")
+    group = op.communicator()
+    pb.output(y, ctx.shape(y), ctx.dtype(y))
+    _rows_step(pb, y, src, True, f"{node.name} rows", "forward", group)
+    RowCollective(group, f"{node.name} allgather", y).add(pb, "forward")
+    if not ctx.needs(x):
+        return Lowered(node, None, PLACEMENT)
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        target = pb.grad_target(src)
+        if target is None:
+            return
+        if op.reduce:
+            RowCollective(group, f"{node.name} reduce_scatter", g, target[0]).add(
+                pb, "backward")
+        else:
+            _rows_step(pb, g, target[0], False, f"{node.name} backward rows", "backward",
+                       group)
+    return Lowered(node, backward, PLACEMENT)
+
+
+def reduce_scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
+    """Forward: the row-parallel layer's partial sum reduce-scattered into this rank's rows.
+    Backward: the gradient's rows gathered from every rank into the partial sum's gradient
+    (its own rows copied in, the rest gathered in place)."""
+    if not _f32(ctx, node):
+        return None
+    pb = ctx.pb
+    x, y = node.inputs[0], node.outputs[0]
+    src = pb.require_layout(x, "plain")
+    group = op.communicator()
+    pb.output(y, ctx.shape(y), ctx.dtype(y))
+    RowCollective(group, node.name, src, y).add(pb, "forward")
+    if not ctx.needs(x):
+        return Lowered(node, None, PLACEMENT)
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        target = pb.grad_target(src)
+        if target is None:
+            return
+        _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
+                   group)
+        RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
+    return Lowered(node, backward, PLACEMENT)
+
+
+KERNELS = {"CopyToParallel": copy_to_parallel, "AllReduceSum": allreduce_sum,
+           "ScatterRows": scatter_rows, "GatherRows": gather_rows,
+           "ReduceScatterRows": reduce_scatter_rows}
 """op type -> its lowering (``ops.register_operators`` enters them in the plan's table)."""

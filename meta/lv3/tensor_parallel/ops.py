@@ -77,6 +77,51 @@ class Group:
         self.seconds += time.perf_counter() - start
         return buf
 
+    def _complete(self, request: Any) -> None:
+        if self.poll:
+            poll_all(self.comm, [request])
+        else:
+            self.comm.wait(request)
+
+    def reduce_scatter_rows(self, whole: np.ndarray, mine: np.ndarray) -> np.ndarray:
+        """``mine`` = this rank's rows (``rows``) of the sum of ``whole`` over the ranks."""
+        start = time.perf_counter()
+        counts = row_counts(whole, self.comm.size)
+        if self.comm.size > 1:
+            self._complete(self.comm.ireduce_scatter(whole, mine, counts))
+        else:
+            np.copyto(mine, whole)
+        self.bytes_sent += whole.nbytes
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        return mine
+
+    def allgather_rows(self, whole: np.ndarray) -> np.ndarray:
+        """Every rank's rows of ``whole`` (each rank's own already in place) on every rank, in
+        place."""
+        start = time.perf_counter()
+        if self.comm.size > 1:
+            self._complete(self.comm.iallgatherv(whole, row_counts(whole, self.comm.size)))
+        self.bytes_sent += whole.nbytes
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        return whole
+
+
+def rows(batch: int, ranks: int, rank: int) -> slice:
+    """Rank ``rank``'s rows of a batch of ``batch`` (``np.array_split`` order: the first
+    ``batch % ranks`` ranks one more)."""
+    base, extra = divmod(batch, ranks)
+    begin = rank * base + min(rank, extra)
+    return slice(begin, begin + base + (rank < extra))
+
+
+def row_counts(whole: np.ndarray, ranks: int) -> list[int]:
+    """Elements of each rank's rows of ``whole`` (axis 0), in rank order."""
+    per_row = int(np.prod(whole.shape[1:], dtype=np.int64))
+    return [(r.stop - r.start) * per_row for r in
+            (rows(len(whole), ranks, q) for q in range(ranks))]
+
 
 _GROUPS: dict[int, Group] = {}
 _IDS = itertools.count(1)
@@ -136,6 +181,87 @@ class AllReduceSum(GroupCollective):
         return (dy,)
 
 
+class ScatterRows(GroupCollective):
+    """y = this rank's rows of x (axis 0: ``rows``); the gradient of x is every rank's rows
+    of it gathered (Megatron-LM's scatter into the sequence-parallel region). The data and a
+    whole activation enter the row-split part of the graph (``sequence``) through it."""
+
+    def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
+        comm = self.communicator().comm
+        ctx.save(shape=np.shape(x))
+        return np.array(x[rows(len(x), comm.size, comm.rank)], copy=True)
+
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
+        group = self.communicator()
+        dx = np.empty(ctx.shape, dy.dtype)
+        dx[rows(len(dx), group.comm.size, group.comm.rank)] = dy
+        return (group.allgather_rows(dx),)
+
+
+class GatherRows(GroupCollective):
+    """y = every rank's rows of x (axis 0) gathered: the whole tensor on every rank; the second
+    input is any tensor with the whole batch on its axis 0 (a graph input), which says how
+    many rows there are. Backward (``reduce`` 1): the gradient of y summed over the ranks,
+    this rank's rows kept (a reduce-scatter: y feeds column-parallel layers, each rank's
+    gradient a part; Megatron-LM's all-gather before them in sequence parallelism);
+    ``reduce`` 0: this rank's rows of it (y is read alike on every rank: a graph output)."""
+
+    attributes = {"group": 0, "reduce": 1}
+    no_grad_inputs = (1,)
+
+    def forward(self, ctx: Any, x: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        group = self.communicator()
+        y = np.empty((len(batch), *np.shape(x)[1:]), np.asarray(x).dtype)
+        y[rows(len(y), group.comm.size, group.comm.rank)] = x
+        return group.allgather_rows(y)
+
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray, None]:
+        group = self.communicator()
+        mine = rows(len(dy), group.comm.size, group.comm.rank)
+        if not self.reduce:
+            return np.array(dy[mine], copy=True), None
+        dx = np.empty((mine.stop - mine.start, *dy.shape[1:]), dy.dtype)
+        return group.reduce_scatter_rows(np.ascontiguousarray(dy), dx), None
+
+
+class ReduceScatterRows(GroupCollective):
+    """y = this rank's rows of the sum of x over the ranks (a row-parallel layer's partial
+    output: Megatron-LM's reduce-scatter in sequence parallelism, in place of the
+    allreduce); the gradient of x is every rank's rows of the gradient of y gathered."""
+
+    def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
+        group = self.communicator()
+        mine = rows(len(x), group.comm.size, group.comm.rank)
+        ctx.save(shape=np.shape(x))
+        y = np.empty((mine.stop - mine.start, *np.shape(x)[1:]), np.asarray(x).dtype)
+        return group.reduce_scatter_rows(np.ascontiguousarray(x), y)
+
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
+        group = self.communicator()
+        dx = np.empty(ctx.shape, dy.dtype)
+        dx[rows(len(dx), group.comm.size, group.comm.rank)] = dy
+        return (group.allgather_rows(dx),)
+
+
+class MeanOverRanks(GroupCollective):
+    """A mean loss over every rank's rows from each rank's mean over its own: y = the sum of
+    (x times this rank's counted labels) over the ranks / all ranks' counted labels (labels
+    equal to ``ignore_index`` do not count, as in SoftmaxCrossEntropyLoss); the gradient of x
+    is the gradient of y times this rank's share of the counted labels."""
+
+    attributes = {"group": 0, "ignore_index": -100}
+    no_grad_inputs = (1,)
+
+    def forward(self, ctx: Any, x: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        counted = float(np.count_nonzero(np.asarray(labels) != self.ignore_index))
+        both = self.communicator().allreduce(np.array([float(x) * counted, counted]))
+        ctx.save(share=counted / both[1] if both[1] else 0.0)
+        return np.asarray(both[0] / both[1] if both[1] else 0.0, np.asarray(x).dtype)
+
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray, None]:
+        return np.asarray(dy * ctx.share, np.asarray(dy).dtype), None
+
+
 def register_operators() -> None:
     """Make the two operators known to the executors (once; later calls do nothing), and
     their lowerings to the planned executor's kernel table (``lowering``: in place, the
@@ -143,6 +269,8 @@ def register_operators() -> None:
     from meta.lv1.plan.kernels import KERNELS
     from meta.lv3.tensor_parallel.lowering import KERNELS as LOWERINGS
 
-    for cls in (CopyToParallel, AllReduceSum):
+    for cls in (CopyToParallel, AllReduceSum, ScatterRows, GatherRows, ReduceScatterRows,
+                MeanOverRanks):
         register(cls.__name__, domain=DOMAIN)(cls)
-        KERNELS[f"{DOMAIN}::{cls.__name__}"] = LOWERINGS[cls.__name__]
+        if cls.__name__ in LOWERINGS:
+            KERNELS[f"{DOMAIN}::{cls.__name__}"] = LOWERINGS[cls.__name__]

@@ -147,9 +147,14 @@ class Collective:
     """Elements per example of the buffer each rank sends."""
     itemsize: int
     """Bytes per element."""
+    kind: str = "allreduce"
+    """allreduce, reduce_scatter or allgather (of the whole buffer's rows: ``sequence``)."""
+    fixed: int = 0
+    """Bytes that do not grow with the batch (a loss's sums, the gradients of parameters
+    that every rank holds and the row-split part of the graph reads)."""
 
     def nbytes(self, batch: int) -> int:
-        return batch * self.elements * self.itemsize
+        return batch * self.elements * self.itemsize + self.fixed
 
 
 @dataclass
@@ -171,6 +176,9 @@ class Plan:
     """The allreduces of a training step."""
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     """this rank's own (shapes)"""
+    partial_gradients: list[str] = field(default_factory=list)
+    """Parameters every rank holds whole whose gradient on each rank is that of its own rows
+    (``sequence``): summed over the ranks after the backward."""
 
     def bytes_of(self, graph: Graph, role: str = "parameter") -> int:
         """Bytes of ``role`` initializers this rank holds."""
@@ -652,9 +660,22 @@ class _LastAxis:
         return axis, new
 
 
-def plan(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int = 0) -> Plan:
+def plan(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int = 0,
+         sequence: bool = False) -> Plan:
     """Rank ``rank``'s part of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s);
-    ``group`` names the communicator its collectives use (``tensor_parallel_ops.bind``)."""
+    ``group`` names the communicator its collectives use (``tensor_parallel_ops.bind``).
+    ``sequence``: the part every rank would repeat split by rows where the graph allows it
+    (``sequence``: Megatron-LM's sequence parallelism)."""
+    made = _tensor_parallel(graph, shapes, rank, ranks, group)
+    if sequence and ranks > 1:
+        from meta.lv3.tensor_parallel import sequence as rows
+
+        return rows.apply(made, graph, shapes, group) or made
+    return made
+
+
+def _tensor_parallel(graph: Graph, shapes: Shapes, rank: int, ranks: int, group: int
+                     ) -> Plan:
     if not 0 <= rank < ranks:
         raise PlanError(f"rank {rank} is not one of {ranks} partitions")
     missing = [n.outputs[0] for n in graph.nodes if n.outputs and n.outputs[0]
@@ -694,6 +715,12 @@ class StepShape:
     empty for a forward one (everything after it reads its sum)."""
     held_fraction: float = 1.0
     """Rank 0's parameter bytes over the whole graph's: the share of the update it runs."""
+    kinds: tuple[str, ...] = ()
+    """Per collective, allreduce, reduce_scatter or allgather (sequence parallelism: each
+    moves the bytes of half a ring allreduce)."""
+    fixed_bytes: tuple[int, ...] = ()
+    """Per collective, bytes that do not grow with the batch (a loss's sums, the gradients
+    of the parameters the row-split part reads)."""
 
     def waited(self, batch: int, transfer: Callable[[float], float],
                floor: Callable[[float], float], cover: Callable[[str], float]
@@ -708,33 +735,42 @@ class StepShape:
         strategy's report both apply."""
         total = hidden = 0.0
         for i, per_example in enumerate(self.allreduce_bytes):
-            v = per_example * batch
-            t = transfer(v)
+            v = per_example * batch + (self.fixed_bytes[i] if i < len(self.fixed_bytes) else 0)
+            half = i < len(self.kinds) and self.kinds[i] != "allreduce"
+            t = transfer(v) / 2 if half else transfer(v)  # half a ring: one of its passes
             nodes = self.overlapped[i] if i < len(self.overlapped) else ()
             if nodes:
-                exposed = min(t, max(t - sum(cover(n) for n in nodes), floor(v)))
+                least = floor(v) / 2 if half else floor(v)
+                exposed = min(t, max(t - sum(cover(n) for n in nodes), least))
                 hidden += t - exposed
                 t = exposed
             total += t
         return total, hidden
 
 
-def step_shape(graph: Graph, shapes: Shapes, ranks: int) -> StepShape:
+def step_shape(graph: Graph, shapes: Shapes, ranks: int, sequence: bool = True) -> StepShape:
     """The ``StepShape`` of ``graph`` split over ``ranks`` (``shapes``: ``probe``'s): the same
-    plan the strategy makes, so the model splits exactly the nodes a run splits."""
-    mine = plan(graph, shapes, 0, ranks)
+    plan the strategy makes (``sequence``: with sequence parallelism, the strategy's default),
+    so the model splits exactly the nodes a run splits. A graph output's gather (run only
+    when it is asked for) is left out."""
+    mine = plan(graph, shapes, 0, ranks, sequence=sequence)
     readers: dict[str, list[str]] = {}
     for node in mine.nodes:
         for x in node.inputs:
             readers.setdefault(x, []).append(node.name)
-    # each backward allreduce is one CopyToParallel's (made together, in the same order):
-    # the column layers reading that copy
-    copies = iter([tuple(readers.get(n.outputs[0], ())) for n in mine.nodes
-                   if n.op_type == "CopyToParallel" and n.domain == DOMAIN])
-    overlapped = tuple(next(copies) if c.phase == "backward" else ()
-                       for c in mine.collectives)
+    # each backward allreduce (reduce-scatter) of a CopyToParallel (GatherRows) runs beside
+    # the weight gradients of the column layers reading its output
+    copied: dict[str, tuple[str, ...]] = {}
+    for n in mine.nodes:
+        if n.domain == DOMAIN and (n.op_type == "CopyToParallel" or (
+                n.op_type == "GatherRows" and n.attrs.get("reduce", 1))):
+            copied[n.inputs[0].removesuffix("@rows")] = tuple(readers.get(n.outputs[0], ()))
+    kept = [c for c in mine.collectives if c.phase != "output"]
+    overlapped = tuple(copied.get(c.tensor, ()) if c.phase == "backward"
+                       and c.kind != "allgather" else () for c in kept)
     total = graph.parameters.nbytes()
     return StepShape(ranks, {n: layer.share for n, layer in mine.layers.items()},
-                     tuple(c.nbytes(1) for c in mine.collectives),
-                     tuple(c.phase for c in mine.collectives), overlapped,
-                     mine.bytes_of(graph) / total if total else 1.0)
+                     tuple(c.elements * c.itemsize for c in kept),
+                     tuple(c.phase for c in kept), overlapped,
+                     mine.bytes_of(graph) / total if total else 1.0,
+                     tuple(c.kind for c in kept), tuple(c.fixed for c in kept))

@@ -109,6 +109,8 @@ class PartitionedExecutor(Executor):
         start = time.perf_counter()
         values, grads = self.executor.inference_and_backprop(feeds, loss, outputs,
                                                              micro_batches)
+        if self.plan.partial_gradients:
+            grads = self._sum_partial(grads)
         span = time.perf_counter() - start
         self.steps += 1
         self.bytes_sent += self.group.bytes_sent - sent
@@ -117,6 +119,22 @@ class PartitionedExecutor(Executor):
             self.comm_s.append(self.group.seconds - waited)
             self.rows += len(next(v for v in feeds.values() if np.ndim(v) >= 1))
         return values, grads
+
+
+    def _sum_partial(self, grads: dict) -> dict:
+        """The gradients of ``Plan.partial_gradients`` (each rank's of its own rows, under
+        sequence parallelism) summed over the ranks: one allreduce of them all."""
+        names = [n for n in self.plan.partial_gradients if n in grads]
+        if not names:
+            return grads
+        flat = np.concatenate([np.ravel(grads[n]) for n in names])
+        self.group.allreduce(flat)
+        out, at = dict(grads), 0
+        for n in names:
+            size = np.size(grads[n])
+            out[n] = flat[at:at + size].reshape(np.shape(grads[n]))
+            at += size
+        return out
 
 
 def check_budget(graph: Graph, shapes: Shapes, ranks: int, budget_mb: float) -> None:
@@ -178,6 +196,11 @@ class Partitioned(Strategy):
         "param_budget_mb": Option(0.0, "parameter memory one rank may hold, in MB (1e6 "
                                   "bytes); a model that needs more is refused (0: no limit)",
                                   low=0.0),
+        "sequence_parallel": Option(True, "split the work every rank would repeat (the "
+                                    "embeddings, LayerNorms, residual adds, the head and the "
+                                    "loss) by rows, with a reduce-scatter and an all-gather "
+                                    "in place of each allreduce (Megatron-LM's sequence "
+                                    "parallelism), where the graph allows it"),
     }
     consistent = True
     """after finish(): every rank holds the whole trained network"""
@@ -203,7 +226,8 @@ class Partitioned(Strategy):
 
     @classmethod
     def from_recipe(cls, optimizer: Optimizer, comm: Communicator, workload: Workload | None,
-                    param_budget_mb: float = 0.0) -> Partitioned:
+                    param_budget_mb: float = 0.0, sequence_parallel: bool = True
+                    ) -> Partitioned:
         """Split the workload's graph over ``comm``, give this rank its part and bring the
         partitioned executor for the trainer to run (a collective; the budget is checked
         first)."""
@@ -215,7 +239,7 @@ class Partitioned(Strategy):
         check_budget(graph, shapes, comm.size, param_budget_mb)
         costs = measured_costs(graph, comm, make, sample, workload.names["loss"])
         key = bind(comm.split(0))
-        mine = plan(graph, shapes, comm.rank, comm.size, key)
+        mine = plan(graph, shapes, comm.rank, comm.size, key, sequence=sequence_parallel)
         local = make(mine.local_graph(graph))
         part = PartitionedExecutor(graph, mine, local, groups(key), shapes)
         return cls(Optimizer(optimizer.transform, local.graph.parameters), part, costs,
@@ -308,8 +332,10 @@ class Partitioned(Strategy):
         p, plan_ = self.plan.ranks, self.plan
         scale = batch / max(self.cost_rows, 1)
         compute = 0.0
+        sequence = any(layer.kind == "rows" for layer in plan_.layers.values())
         for rank in range(p):
-            layers = plan(self.part.graph, self.part.shapes, rank, p).layers \
+            layers = plan(self.part.graph, self.part.shapes, rank, p,
+                          sequence=sequence).layers \
                 if rank != plan_.rank \
                 else plan_.layers
             compute = max(compute, sum(t * layers[n].share for n, t in self.costs.items()))
@@ -319,7 +345,7 @@ class Partitioned(Strategy):
         # one behind the weight gradients of the layers reading its copy (a product's
         # forward and backward are three products alike, the weight gradient one of them),
         # at least its bandwidth term (MPICH moves it inside the plan's tests, on this core)
-        shape = step_shape(self.part.graph, self.part.shapes, p)
+        shape = step_shape(self.part.graph, self.part.shapes, p, sequence)
         comm, _hidden = shape.waited(
             batch, lambda v: ring_allreduce(link, p, v),
             lambda v: 2 * (p - 1) / p * v * link.beta,

@@ -51,11 +51,11 @@ def _close(got: np.ndarray, want: np.ndarray, what: str, atol: float = TOLERANCE
     np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=what)
 
 
-def partitioned(graph: Graph, comm: Communicator, kind: type = ReferenceExecutor
-                ) -> PartitionedExecutor:
+def partitioned(graph: Graph, comm: Communicator, kind: type = ReferenceExecutor,
+                sequence: bool = False) -> PartitionedExecutor:
     shapes = probe(graph, batch(2))
     key = bind(comm)
-    mine = plan(graph, shapes, comm.rank, comm.size, key)
+    mine = plan(graph, shapes, comm.rank, comm.size, key, sequence=sequence)
     return PartitionedExecutor(graph, mine, kind(mine.local_graph(graph)).train(True),
                                groups(key), shapes)
 
@@ -206,6 +206,83 @@ def check_planned_tensor_parallel_gpt_matches_single_process(comm: Communicator)
         _close(values[k], want_values[k], f"{where}: {k}", PLANNED_TOLERANCE)
 
 
+def check_sequence_parallel_gpt_matches_single_process(comm: Communicator) -> None:
+    """Sequence parallelism: the embeddings, LayerNorms, residual adds, head and loss on
+    each rank's rows (5 rows: 3 and 2 at -n 2), a reduce-scatter and an all-gather in place
+    of each allreduce, the replicated parameters' gradients summed after the backward: loss,
+    logits (gathered when asked for) and this rank's gradients as one process's, the
+    bytes sent those of the plan."""
+    graph = small_gpt()
+    feeds = batch(5, seed=1)
+    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
+        feeds, outputs=["logits"])
+    part = partitioned(graph, comm, sequence=True)
+    values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
+    where = f"rank {comm.rank}/{comm.size} (sequence parallel)"
+    assert sorted(grads) == sorted(part.local_graph.parameters), where
+    for name, g in grads.items():
+        _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}")
+    for k in ("loss", "logits"):
+        _close(values[k], want_values[k], f"{where}: {k}")
+    _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where)
+    unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]
+    _close(unlabelled, want_values["logits"], where)
+    if comm.size == 1:
+        assert part.plan.partial_gradients == [], where
+        return
+    layers = part.plan.layers
+    assert {layers[n].kind for n in ("tok_emb", "h0.ln1", "h0.attn.residual", "ln_f",
+                                     "lm_head", "loss")} == {"rows"}, layers
+    kinds = [(c.tensor, c.phase, c.kind) for c in part.plan.collectives[:4]]
+    assert kinds == [("h0.ln1", "forward", "allgather"), ("h0.ln1", "backward", "reduce_scatter"),
+                     ("h0.attn.proj.matmul", "forward", "reduce_scatter"),
+                     ("h0.attn.proj.matmul", "backward", "allgather")], kinds
+    assert {"wte", "wpe", "h0.ln1.weight", "ln_f.bias", "h0.attn.proj.bias"} <= set(
+        part.plan.partial_gradients), part.plan.partial_gradients
+    assert part.bytes_sent == part.plan.step_bytes(5), where
+
+
+def check_sequence_parallel_adam_steps_match(comm: Communicator) -> None:
+    """Adam through the strategy under sequence parallelism: every rank updates the
+    replicated parameters with the summed gradients, so the gathered model is one
+    process's."""
+    def make(graph: Graph) -> tuple:
+        part = partitioned(graph, comm, sequence=True)
+        return Partitioned(Optimizer(adam(0.01), part.local_graph.parameters), part), part
+
+    _adam_steps_match(comm, make)
+
+
+def check_planned_sequence_parallel_gpt_matches_single_process(comm: Communicator) -> None:
+    """Float32 on the planned executor with sequence parallelism (the row collectives steps
+    of the plan, each backward reduce-scatter started before and waited after the weight
+    gradients of the column layers it feeds): two steps within 1e-5 of one process."""
+    graph = small_gpt(dtype=np.float32)
+    feeds = batch(5, seed=1)
+    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
+        feeds, outputs=["logits"])
+    part = partitioned(graph, comm, PlannedExecutor, sequence=True)
+    for _ in range(2):
+        values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
+    where = f"rank {comm.rank}/{comm.size} (planned, sequence parallel)"
+    if comm.size > 1:
+        names = [(s.name, s.node) for s in part.executor._last.records["backward"]]
+        for block in ("h0", "h1"):
+            for gather, layers in ((f"{block}.ln1/copy", ("attn.q", "attn.k", "attn.v")),
+                                   (f"{block}.ln2/copy", ("mlp.fc",))):
+                start = names.index((f"{gather} reduce_scatter start", gather))
+                wait = names.index((f"{gather} reduce_scatter wait", gather))
+                between = {node for _, node in names[start + 1:wait]}
+                assert {f"{block}.{x}.matmul" for x in layers} <= between, (where, between)
+    for name, g in grads.items():
+        _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}",
+               PLANNED_TOLERANCE)
+    for k in ("loss", "logits"):
+        _close(values[k], want_values[k], f"{where}: {k}", PLANNED_TOLERANCE)
+    _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where,
+           PLANNED_TOLERANCE)
+
+
 def _check_overlapped(steps: list, where: str) -> None:
     """Every backward allreduce of the plan started before, and waited after, the weight
     gradients of the column-parallel layers that read its copy (``tensor_parallel.lowering``,
@@ -255,6 +332,9 @@ CHECKS: dict[str, Callable[[Communicator], None]] = {
         check_pipelined_adam_steps_keep_the_tied_copies_equal,
         check_planned_tensor_parallel_gpt_matches_single_process,
         check_planned_pipelined_gpt_matches_single_process,
+        check_sequence_parallel_gpt_matches_single_process,
+        check_sequence_parallel_adam_steps_match,
+        check_planned_sequence_parallel_gpt_matches_single_process,
     )
 }
 

@@ -104,13 +104,13 @@ def test_meta_plan_costs_the_split_the_strategy_makes() -> None:
 
     graph = small_gpt()
     shapes = probe(graph, batch(2))
-    shape = step_shape(graph, shapes, 2)
+    shape = step_shape(graph, shapes, 2, sequence=False)
     assert shape.shares["h0.attn.softmax"] == shape.shares["h1.mlp.fc.matmul"] == 0.5
     assert shape.shares["h0.ln1"] == shape.shares["tok_emb"] == shape.shares["loss"] == 1.0
     assert shape.allreduce_bytes == (CONTEXT * 16 * 8,) * 8  # float64 width 16 per example
     layers = tuple(Layer(n.name, n.op_type, 1e-3, 2e-3, 0, 0) for n in graph.nodes)
     work = Workload("gpt", 4, layers, 1, 2, 0.0, "test",
-                    partitioned=lambda ranks: step_shape(graph, shapes, ranks))
+                    partitioned=lambda ranks: step_shape(graph, shapes, ranks, False))
     row = tensor_parallel_costs(work, Machine(), 2)[0]
     want = sum(3e-3 * shape.shares[n.name] for n in graph.nodes)
     assert row.compute_s == pytest.approx(want) and want < 3e-3 * len(graph.nodes)
@@ -134,7 +134,7 @@ def test_meta_plan_hides_the_backward_allreduces_behind_the_weight_gradients() -
 
     graph = small_gpt()
     shapes = probe(graph, batch(2))
-    shape = step_shape(graph, shapes, 2)
+    shape = step_shape(graph, shapes, 2, sequence=False)
     assert shape.phases == ("backward", "forward") * 4
     assert shape.overlapped[:4] == (("h0.attn.q.matmul", "h0.attn.k.matmul",
                                      "h0.attn.v.matmul"), (), ("h0.mlp.fc.matmul",), ())
@@ -142,7 +142,7 @@ def test_meta_plan_hides_the_backward_allreduces_behind_the_weight_gradients() -
         plan(graph, shapes, 0, 2).bytes_of(graph) / graph.parameters.nbytes())
     layers = tuple(Layer(n.name, n.op_type, 1e-3, 2e-3, 0, 0) for n in graph.nodes)
     work = Workload("gpt", 4, layers, 1, 2, 0.01, "test",
-                    partitioned=lambda ranks: step_shape(graph, shapes, ranks))
+                    partitioned=lambda ranks: step_shape(graph, shapes, ranks, False))
     nbytes = 4 * shape.allreduce_bytes[0]
     for link, progress in ((Link(1e-4, 1e-9), False), (Link(1e-4, 1e-9), True),
                            (Link(1e-3, 1e-9), False)):  # the last: more than they cover

@@ -142,7 +142,7 @@ def test_a_recipe_trains_partitioned_on_one_process(tmp_path: Path) -> None:
 def test_partitioned_is_a_strategy_a_recipe_can_name() -> None:
     component = STRATEGIES["partitioned"]
     assert component.meta["cls"] is Partitioned
-    assert set(component.options) == {"param_budget_mb"}
+    assert set(component.options) == {"param_budget_mb", "sequence_parallel"}
     assert component.check({"param_budget_mb": -1.0}) != []
     assert Partitioned.replica(1, 2) == (0, 1)  # every rank takes every batch
     recipe = load_recipe(REPO / "recipes" / "mnist_model_parallel.py")
