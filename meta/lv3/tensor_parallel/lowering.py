@@ -35,7 +35,7 @@ from meta.lv1.plan.context import Context, py_step
 from meta.lv1.plan.memory import root
 from meta.lv1.plan.overlap import add_pair
 from meta.lv3.comm.polling import poll_all
-from meta.lv3.tensor_parallel.ops import row_counts, rows
+from meta.lv3.tensor_parallel.rows import row_counts, rows
 
 PLACEMENT = "communication"  # as kernels.python_node places a communicating operator
 

@@ -42,6 +42,7 @@ from meta.common import threads as _threads
 from meta.lv0 import Operator, register
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import poll_all
+from meta.lv3.tensor_parallel.rows import row_counts, rows
 
 DOMAIN = "ai.meta.parallel"
 
@@ -106,21 +107,6 @@ class Group:
         self.calls += 1
         self.seconds += time.perf_counter() - start
         return whole
-
-
-def rows(batch: int, ranks: int, rank: int) -> slice:
-    """Rank ``rank``'s rows of a batch of ``batch`` (``np.array_split`` order: the first
-    ``batch % ranks`` ranks one more)."""
-    base, extra = divmod(batch, ranks)
-    begin = rank * base + min(rank, extra)
-    return slice(begin, begin + base + (rank < extra))
-
-
-def row_counts(whole: np.ndarray, ranks: int) -> list[int]:
-    """Elements of each rank's rows of ``whole`` (axis 0), in rank order."""
-    per_row = int(np.prod(whole.shape[1:], dtype=np.int64))
-    return [(r.stop - r.start) * per_row for r in
-            (rows(len(whole), ranks, q) for q in range(ranks))]
 
 
 _GROUPS: dict[int, Group] = {}

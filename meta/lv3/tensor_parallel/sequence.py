@@ -37,6 +37,7 @@ import numpy as np
 
 from meta.lv1.graph import Graph, Node
 from meta.lv3.tensor_parallel.ops import DOMAIN
+from meta.lv3.tensor_parallel.parts import Collective, Layer, Plan
 
 ROWWISE = frozenset({
     "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Softplus", "Softsign", "Gelu",
@@ -50,7 +51,7 @@ class _NotRowwise(Exception):
     """The replicated part has an operator that needs every row: no sequence parallelism."""
 
 
-def apply(plan_: object, graph: Graph, shapes: dict, group: int) -> object | None:
+def apply(plan_: Plan, graph: Graph, shapes: dict, group: int) -> Plan | None:
     """``plan_`` (a tensor-parallel ``Plan``) with its replicated part split by rows, or None
     when the graph does not allow it (the module docstring)."""
     try:
@@ -60,7 +61,7 @@ def apply(plan_: object, graph: Graph, shapes: dict, group: int) -> object | Non
 
 
 class _Rows:
-    def __init__(self, plan_: object, graph: Graph, shapes: dict, group: int) -> None:
+    def __init__(self, plan_: Plan, graph: Graph, shapes: dict, group: int) -> None:
         self.p, self.graph, self.shapes, self.group = plan_, graph, shapes, group
         self.inputs = [t.name for t in graph.inputs]
         self.outputs = {t.name for t in graph.outputs}
@@ -89,8 +90,6 @@ class _Rows:
         return len(self.shapes[name][0]) + 1  # ``probe`` leaves out every tensor's axis 0
 
     def _collective(self, tensor: str, phase: str, kind: str, fixed: int = 0) -> None:
-        from meta.lv3.tensor_parallel.plan import Collective
-
         shape, dtype = self.shapes[tensor] if tensor in self.shapes else ((), np.float32)
         elements = int(np.prod(shape, dtype=np.int64)) if not fixed else 0
         self.collectives.append(Collective(tensor, phase, elements, np.dtype(dtype).itemsize,
@@ -124,7 +123,7 @@ class _Rows:
         return name
 
     # -- the walk ------------------------------------------------------------------------
-    def run(self) -> object:
+    def run(self) -> Plan:
         p = self.p
         for node in p.nodes:
             if node.domain == DOMAIN:
@@ -271,7 +270,5 @@ class _Rows:
         return names
 
 
-def _layer(ranks: int) -> object:
-    from meta.lv3.tensor_parallel.plan import Layer
-
+def _layer(ranks: int) -> Layer:
     return Layer("rows", 1.0 / ranks)
