@@ -317,7 +317,52 @@ def reduce_scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, PLACEMENT)
 
 
+def share_of_mean(ctx: Context, node: Node, op) -> Lowered | None:
+    """This rank's part of the mean loss (a scalar times its share of the counted labels),
+    two small steps; placed with the collectives: it is the loss's half of the sum over the
+    ranks that the strategy's allreduce completes."""
+    pb = ctx.pb
+    x, mine, labels = node.inputs
+    y = node.outputs[0]
+    pb.output(y, ctx.shape(y), ctx.dtype(y))
+    ignore = op.ignore_index
+    share = [0.0]
+
+    def build(a):
+        xs, ms, ls, ys = a(x), a(mine), a(labels), a(y)
+
+        def run() -> None:
+            counted = np.count_nonzero(ls != ignore)
+            share[0] = np.count_nonzero(ms != ignore) / counted if counted else 0.0
+            np.multiply(xs, share[0], out=ys, casting="unsafe")
+        return [py_step(run, node.name)]
+    pb.step("ShareOfMean", [x, mine, labels], [y], build)
+    if not ctx.needs(x):
+        return Lowered(node, None, PLACEMENT)
+
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        target = pb.grad_target(x, can_accumulate=True)
+        if target is None:
+            return
+        dest, add = target
+
+        def build(a):
+            gs, ds = a(g), a(dest)
+
+            def run() -> None:
+                if add:
+                    np.add(ds, gs * share[0], out=ds, casting="unsafe")
+                else:
+                    np.multiply(gs, share[0], out=ds, casting="unsafe")
+            return [py_step(run, f"{node.name} backward")]
+        pb.step("ShareOfMean backward", [g, dest] if add else [g], [dest], build, "backward")
+    return Lowered(node, backward, PLACEMENT)
+
+
 KERNELS = {"CopyToParallel": copy_to_parallel, "AllReduceSum": allreduce_sum,
            "ScatterRows": scatter_rows, "GatherRows": gather_rows,
-           "ReduceScatterRows": reduce_scatter_rows}
+           "ReduceScatterRows": reduce_scatter_rows, "ShareOfMean": share_of_mean}
 """op type -> its lowering (``ops.register_operators`` enters them in the plan's table)."""

@@ -229,23 +229,27 @@ class ReduceScatterRows(GroupCollective):
         return (group.allgather_rows(dx),)
 
 
-class MeanOverRanks(GroupCollective):
-    """A mean loss over every rank's rows from each rank's mean over its own: y = the sum of
-    (x times this rank's counted labels) over the ranks / all ranks' counted labels (labels
-    equal to ``ignore_index`` do not count, as in SoftmaxCrossEntropyLoss); the gradient of x
-    is the gradient of y times this rank's share of the counted labels."""
+class ShareOfMean(Operator):
+    """y = this rank's part of a mean loss over every rank's rows, from its mean over its
+    own (x): x times its counted labels over all ranks' (the second input: its rows of the
+    labels; the third: the whole labels; labels equal to ``ignore_index`` do not count, as in
+    SoftmaxCrossEntropyLoss). The ranks' parts add up to the mean (the strategy sums them
+    with the gradients, ``Plan.partial_outputs``: no collective of its own); the gradient of
+    x is the gradient of y times the same share."""
 
-    attributes = {"group": 0, "ignore_index": -100}
-    no_grad_inputs = (1,)
+    attributes = {"ignore_index": -100}
+    no_grad_inputs = (1, 2)
 
-    def forward(self, ctx: Any, x: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        counted = float(np.count_nonzero(np.asarray(labels) != self.ignore_index))
-        both = self.communicator().allreduce(np.array([float(x) * counted, counted]))
-        ctx.save(share=counted / both[1] if both[1] else 0.0)
-        return np.asarray(both[0] / both[1] if both[1] else 0.0, np.asarray(x).dtype)
+    def forward(self, ctx: Any, x: np.ndarray, mine: np.ndarray, labels: np.ndarray
+                ) -> np.ndarray:
+        counted = np.count_nonzero(np.asarray(labels) != self.ignore_index)
+        share = np.count_nonzero(np.asarray(mine) != self.ignore_index) / counted \
+            if counted else 0.0
+        ctx.save(share=share)
+        return np.asarray(x * share, np.asarray(x).dtype)
 
-    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray, None]:
-        return np.asarray(dy * ctx.share, np.asarray(dy).dtype), None
+    def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray, None, None]:
+        return np.asarray(dy * ctx.share, np.asarray(dy).dtype), None, None
 
 
 def register_operators() -> None:
@@ -256,7 +260,7 @@ def register_operators() -> None:
     from meta.lv3.tensor_parallel.lowering import KERNELS as LOWERINGS
 
     for cls in (CopyToParallel, AllReduceSum, ScatterRows, GatherRows, ReduceScatterRows,
-                MeanOverRanks):
+                ShareOfMean):
         register(cls.__name__, domain=DOMAIN)(cls)
         if cls.__name__ in LOWERINGS:
             KERNELS[f"{DOMAIN}::{cls.__name__}"] = LOWERINGS[cls.__name__]

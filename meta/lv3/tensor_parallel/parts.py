@@ -111,6 +111,9 @@ class Plan:
     partial_gradients: list[str] = field(default_factory=list)
     """Parameters every rank holds whole whose gradient on each rank is that of its own rows
     (``sequence``): summed over the ranks after the backward."""
+    partial_outputs: list[str] = field(default_factory=list)
+    """Graph outputs of which each rank computes a part (``sequence``: a mean loss over
+    every rank's rows): summed over the ranks, with the gradients in training."""
 
     def bytes_of(self, graph: Graph, role: str = "parameter") -> int:
         """Bytes of ``role`` initializers this rank holds."""

@@ -16,11 +16,13 @@ rows, and the two collectives of a block pair change, with the same bytes on the
   (``meta.lv1.plan.overlap``);
 * the data enter through ``ScatterRows`` (this rank's rows), a graph output split by rows
   leaves through ``GatherRows`` (run only when asked for), and a mean loss over the rows
-  through ``MeanOverRanks`` (each rank's mean weighted by its counted labels);
+  as each rank's part of it (``ShareOfMean``: its mean weighted by its share of the counted
+  labels, which the whole labels every rank is fed give without a message);
 * the parameters every rank holds whole and only the row-split part reads (the embeddings,
   LayerNorms, the biases after a reduce-scatter, the head) get on each rank the gradient of
-  its own rows: ``Plan.partial_gradients``, summed over the ranks after the backward
-  (``strategy.PartitionedExecutor``), so every rank's update stays the same.
+  its own rows: ``Plan.partial_gradients``, summed over the ranks after the backward in one
+  allreduce with the loss's parts (``Plan.partial_outputs``; ``strategy.
+  PartitionedExecutor``), so every rank's update stays the same.
 
 Rows are the batch axis (axis 0) in ``np.array_split`` order (``ops.rows``): for a
 per-token network the same split as Megatron's by sequence positions, and contiguous in
@@ -82,6 +84,8 @@ class _Rows:
         self.reads_rows: set[str] = set()  # non-batch tensors the row-split nodes read
         self.reads_whole: set[str] = set()  # ... and the other nodes
         self.renamed: dict[str, str] = {}  # graph output -> its rows, gathered at the end
+        self.partial_outputs: list[str] = []  # each rank's part of them: summed
+        self.output_bytes = 0  # theirs
 
     # -- helpers -------------------------------------------------------------------------
     def _ndim(self, name: str) -> int:
@@ -147,8 +151,8 @@ class _Rows:
             self._collective(y, "output", "allgather")
         partial = self._partial_gradients()
         return dataclasses.replace(p, nodes=self.nodes, layers=self.layers,
-                                   collectives=self.collectives,
-                                   partial_gradients=partial)
+                                   collectives=self.collectives, partial_gradients=partial,
+                                   partial_outputs=self.partial_outputs)
 
     def _collective_node(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -222,7 +226,8 @@ class _Rows:
         return name
 
     def _loss(self, node: Node) -> None:
-        """A mean loss: each rank's over its rows, then ``MeanOverRanks``."""
+        """A mean loss: each rank's over its rows, then its part of the whole mean
+        (``ShareOfMean``), summed with the gradients."""
         a = node.attrs
         if len(node.inputs) != 2 or a.get("reduction", "mean") != "mean" or \
                 node.inputs[1] not in self.fed or node.inputs[0] not in self.fed:
@@ -232,10 +237,11 @@ class _Rows:
         local = f"{y}@rows"
         self.nodes.append(dataclasses.replace(node, inputs=[scores, labels], outputs=[local],
                                               attrs=dict(a)))
-        self.nodes.append(Node("MeanOverRanks", [local, labels], [y], f"{node.name}/mean",
-                               DOMAIN, {"group": self.group,
-                                        "ignore_index": int(a.get("ignore_index", -100))}))
-        self._collective(y, "forward", "allreduce", fixed=16)
+        self.nodes.append(Node("ShareOfMean", [local, labels, node.inputs[1]], [y],
+                               f"{node.name}/share", DOMAIN,
+                               {"ignore_index": int(a.get("ignore_index", -100))}))
+        self.partial_outputs.append(y)
+        self.output_bytes += np.dtype(self.shapes[node.inputs[0]][1]).itemsize
         self.layers[node.name] = _layer(self.p.ranks)
 
     def _partial_gradients(self) -> list[str]:
@@ -264,8 +270,8 @@ class _Rows:
         if found & whole:
             raise _NotRowwise(f"parameters {sorted(found & whole)} read by both parts")
         names = [n for n in self.inits if n in found]
-        if names:
-            fixed = sum(self.inits[n].nbytes for n in names)
+        if names or self.partial_outputs:  # one allreduce of them and the loss's parts
+            fixed = sum(self.inits[n].nbytes for n in names) + self.output_bytes
             self._collective("parameters", "backward", "allreduce", fixed=fixed)
         return names
 

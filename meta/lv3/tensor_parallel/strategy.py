@@ -91,10 +91,6 @@ class PartitionedExecutor(Executor):
         """Where this rank's part runs its nodes."""
         return self.executor.placement()
 
-    def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict:
-        """The graph's ``outputs`` on every rank (a collective: every rank passes the batch)."""
-        return self.executor.inference(feeds, outputs)
-
     def inference_and_backprop(self, feeds: dict, loss: str = "loss",
                                outputs: Iterable[str] | None = None, micro_batches: int = 1,
                                wrt: Sequence[str] = (), hook: GradientHook | None = None,
@@ -109,8 +105,8 @@ class PartitionedExecutor(Executor):
         start = time.perf_counter()
         values, grads = self.executor.inference_and_backprop(feeds, loss, outputs,
                                                              micro_batches)
-        if self.plan.partial_gradients:
-            grads = self._sum_partial(grads)
+        if self.plan.partial_gradients or self.plan.partial_outputs:
+            values, grads = self._sum_partial(values, grads)
         span = time.perf_counter() - start
         self.steps += 1
         self.bytes_sent += self.group.bytes_sent - sent
@@ -121,20 +117,32 @@ class PartitionedExecutor(Executor):
         return values, grads
 
 
-    def _sum_partial(self, grads: dict) -> dict:
-        """The gradients of ``Plan.partial_gradients`` (each rank's of its own rows, under
-        sequence parallelism) summed over the ranks: one allreduce of them all."""
+    def _sum_partial(self, values: dict, grads: dict) -> tuple[dict, dict]:
+        """The loss's parts (``Plan.partial_outputs``) and the gradients of
+        ``Plan.partial_gradients`` (each rank's of its own rows, under sequence parallelism)
+        summed over the ranks: one allreduce of them all."""
+        outs = [n for n in self.plan.partial_outputs if n in values]
         names = [n for n in self.plan.partial_gradients if n in grads]
-        if not names:
-            return grads
-        flat = np.concatenate([np.ravel(grads[n]) for n in names])
-        self.group.allreduce(flat)
-        out, at = dict(grads), 0
-        for n in names:
-            size = np.size(grads[n])
-            out[n] = flat[at:at + size].reshape(np.shape(grads[n]))
-            at += size
-        return out
+        parts = [np.ravel(values[n]) for n in outs] + [np.ravel(grads[n]) for n in names]
+        if not parts:
+            return values, grads
+        flat = self.group.allreduce(np.concatenate(parts))
+        values, grads, at = dict(values), dict(grads), 0
+        for table, keys in ((values, outs), (grads, names)):
+            for n in keys:
+                size = np.size(table[n])
+                table[n] = flat[at:at + size].reshape(np.shape(table[n])).astype(
+                    np.asarray(table[n]).dtype, copy=False)
+                at += size
+        return values, grads
+
+    def inference(self, feeds: dict, outputs: Iterable[str] | None = None) -> dict:
+        """The graph's ``outputs`` on every rank (a collective: every rank passes the batch;
+        a loss of which each rank computes a part summed)."""
+        values = self.executor.inference(feeds, outputs)
+        if any(n in values for n in self.plan.partial_outputs):
+            values = self._sum_partial(values, {})[0]
+        return values
 
 
 def check_budget(graph: Graph, shapes: Shapes, ranks: int, budget_mb: float) -> None:

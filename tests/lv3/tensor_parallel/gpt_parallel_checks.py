@@ -224,7 +224,9 @@ def check_sequence_parallel_gpt_matches_single_process(comm: Communicator) -> No
         _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}")
     for k in ("loss", "logits"):
         _close(values[k], want_values[k], f"{where}: {k}")
-    _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where)
+    evaluated = part.eval().inference(feeds, ["loss", "logits"])
+    for k in ("loss", "logits"):
+        _close(evaluated[k], want_values[k], f"{where}: evaluated {k}")
     unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]
     _close(unlabelled, want_values["logits"], where)
     if comm.size == 1:
@@ -279,8 +281,9 @@ def check_planned_sequence_parallel_gpt_matches_single_process(comm: Communicato
                PLANNED_TOLERANCE)
     for k in ("loss", "logits"):
         _close(values[k], want_values[k], f"{where}: {k}", PLANNED_TOLERANCE)
-    _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where,
-           PLANNED_TOLERANCE)
+    evaluated = part.eval().inference(feeds, ["loss", "logits"])
+    for k in ("loss", "logits"):  # the loss's parts summed, the logits gathered
+        _close(evaluated[k], want_values[k], f"{where}: evaluated {k}", PLANNED_TOLERANCE)
 
 
 def _check_overlapped(steps: list, where: str) -> None:
