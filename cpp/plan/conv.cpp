@@ -6,12 +6,14 @@
 // prepare step reorders them into the kernel's layouts (each training step, or once for an
 // eval-mode plan).
 //
-// With `bf16` (the plan's mixed precision) the kernels read bf16 and write float32: the
-// forward reads the input and the weights in bf16, backward-data the output gradient and the
-// weights, backward-weights the input and the output gradient, each float32 activation
-// converted just before the kernel (Bf16Step's shared staging buffers), the weights by the
-// reorder into the kernel's layout that the plan runs anyway. Outputs, data and weight
-// gradients and the bias stay float32 (float32 accumulation).
+// With `bf16` (the plan's mixed precision) the kernels read bf16: the forward reads the input
+// and the weights in bf16, backward-data the output gradient and the weights, backward-weights
+// the input and the output gradient. An activation the plan holds in bf16 already (its one bf16
+// copy, or a bf16 output of the op before: an array of 2-byte elements) is read where it lies;
+// a float32 one is converted just before the kernel (Bf16Step's shared staging buffers), the
+// weights by the reorder into the kernel's layout that the plan runs anyway. The output is
+// float32, or bf16 with `bf16_output` (when every reader of it reads bf16: a BatchNorm); data
+// and weight gradients and the bias stay float32 (float32 accumulation).
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -25,9 +27,10 @@ using PostOp = std::tuple<std::string, std::string, float, float>;  // kind, nam
 struct ConvKernel {
   Dims src_dims, w_dims, dst_dims, strides, dilations, pads_begin, pads_end;
   std::int64_t group;
-  bool has_bias, training, need_dx, need_dw, bf16;
+  bool has_bias, training, need_dx, need_dw, bf16, bf16_out;
   std::vector<PostOp> post;
   memory::desc src_md, dst_md, w_plain, b_md, channel_md;
+  memory::desc y_md;  // the output as the forward writes it: dst_md, or bf16 with bf16_out
   memory::desc src_lp, dst_lp;  // bf16: the input and the output gradient as the kernels read them
   dnnl::convolution_forward::primitive_desc fwd;
   dnnl::convolution_backward_data::primitive_desc bwd_data;
@@ -36,11 +39,11 @@ struct ConvKernel {
 
   ConvKernel(Dims src, Dims w, bool bias, Dims s, Dims pb, Dims pe, Dims d, std::int64_t g,
              std::vector<PostOp> post_ops, bool train, bool dx, bool dw,
-             const std::string& layout = "any", bool low = false)
+             const std::string& layout = "any", bool low = false, bool low_out = false)
       : src_dims(std::move(src)), w_dims(std::move(w)), strides(std::move(s)),
         dilations(std::move(d)), pads_begin(std::move(pb)), pads_end(std::move(pe)), group(g),
         has_bias(bias), training(train), need_dx(dx), need_dw(dw), bf16(low),
-        post(std::move(post_ops)) {
+        bf16_out(low && low_out), post(std::move(post_ops)) {
     const std::size_t sp = src_dims.size() - 2;
     if (sp != 2) throw std::invalid_argument("meta._plan.Conv: 2-D convolutions only");
     dst_dims = {src_dims[0], w_dims[0]};
@@ -81,7 +84,8 @@ struct ConvKernel {
     const auto prop = training ? dnnl::prop_kind::forward_training
                                : dnnl::prop_kind::forward_inference;
     auto make_fwd = [&](const std::string& layout) {
-      const memory::desc s = make_md(src_dims, layout, in_type), o = make_md(dst_dims, layout);
+      const memory::desc s = make_md(src_dims, layout, in_type),
+                         o = make_md(dst_dims, layout, bf16_out ? dt::bf16 : dt::f32);
       return has_bias ? dnnl::convolution_forward::primitive_desc(
                             engine(), prop, dnnl::algorithm::convolution_direct, s, w_any, b_md,
                             o, st, dil, pl, pr, attr)
@@ -93,10 +97,12 @@ struct ConvKernel {
     if (layout_of(fwd.src_desc()).empty() || layout_of(fwd.dst_desc()).empty())
       fwd = make_fwd("plain");  // a layout the planner cannot name: keep tensors plain
     src_lp = fwd.src_desc();
-    dst_md = fwd.dst_desc();
+    y_md = fwd.dst_desc();
+    dst_md = bf16_out ? make_md(dst_dims, layout_of(y_md)) : y_md;  // the float32 gradient's
     src_md = bf16 ? make_md(src_dims, layout_of(src_lp)) : src_lp;  // the plan's float32 input
     dst_lp = bf16 ? make_md(dst_dims, layout_of(dst_md), dt::bf16) : dst_md;
-    info = std::string(bf16 ? "bf16 " : "") + "fwd " + impl(fwd);
+    info = std::string(bf16 ? (bf16_out ? "bf16 (bf16 output) " : "bf16 ") : "") + "fwd " +
+           impl(fwd);
     if (!training) return;
     if (need_dx) {
       bwd_data = dnnl::convolution_backward_data::primitive_desc(
@@ -142,6 +148,34 @@ struct ConvKernel {
 
 using ConvPtr = std::shared_ptr<ConvKernel>;
 
+// Whether a plan array holds bf16 (2-byte) elements: a bf16 kernel reads it where it lies.
+bool holds_bf16(const py::array& a) { return a.itemsize() == 2; }
+
+// Argument `arg` of a kernel reading `a`: float32 as `f32` describes it (a float32 kernel), or
+// in bf16 (`lp`) for a bf16 one: `a` itself when it holds bf16, else a conversion into the
+// staging buffer before the kernel runs (added to `convert`).
+void operand(const ConvKernel& k, std::unordered_map<int, memory>& args,
+             std::vector<Bf16Input>& convert, int arg, const memory::desc& f32,
+             const memory::desc& lp, const py::array& a, const char* what) {
+  if (!k.bf16) {
+    args[arg] = bind(f32, a, what);
+  } else if (holds_bf16(a)) {
+    args[arg] = bind(lp, a, what);
+  } else {
+    convert.push_back(bf16_input(arg, f32, lp, address(a, f32.get_size(), what)));
+  }
+}
+
+// The step running `p`: a Bf16Step when some operand is converted first, else the primitive.
+StepPtr conv_step(const std::string& name, const ConvKernel& k, dnnl::primitive p,
+                  std::unordered_map<int, memory> args, const memory::desc& scratch,
+                  std::vector<Bf16Input> convert) {
+  const std::string full = name + (k.bf16 ? " bf16" : "");
+  if (convert.empty()) return primitive_step(full, std::move(p), std::move(args), scratch);
+  return std::make_shared<Bf16Step>(full, std::move(p), std::move(args), scratch,
+                                    std::move(convert));
+}
+
 StepPtr reorder(const memory& from, const memory& to, const std::string& name) {
   auto pd = dnnl::reorder::primitive_desc(from, to, scratch_attr());
   return primitive_step(name, dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
@@ -158,9 +192,10 @@ StepPtr reorder_weights(const ConvPtr& k, const std::string& which, const py::ar
 StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
                 std::optional<py::array> b, const py::array& y,
                 const std::vector<py::array>& post_args, std::optional<py::array> wbuf) {
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
-                                       {DNNL_ARG_WEIGHTS, k->weights("forward", w, wbuf)},
-                                       {DNNL_ARG_DST, bind(k->dst_md, y, "conv output")}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_WEIGHTS, k->weights("forward", w, wbuf)},
+                                       {DNNL_ARG_DST, bind(k->y_md, y, "conv output")}};
+  std::vector<Bf16Input> convert;
+  operand(*k, args, convert, DNNL_ARG_SRC, k->src_md, k->src_lp, x, "conv input");
   if (k->has_bias) {
     if (!b) throw std::invalid_argument("meta._plan.Conv: bias missing");
     args[DNNL_ARG_BIAS] = bind(k->b_md, *b, "conv bias");
@@ -176,14 +211,8 @@ StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
     args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(idx)) | DNNL_ARG_SRC_1] =
         bind(k->channel_md, post_args[next++], "conv post-op shift");
   }
-  if (k->bf16)
-    return std::make_shared<Bf16Step>(
-        "conv forward bf16", dnnl::convolution_forward(k->fwd), std::move(args),
-        k->fwd.scratchpad_desc(),
-        std::vector<Bf16Input>{bf16_input(DNNL_ARG_SRC, k->src_md, k->src_lp,
-                                          address(x, k->src_md.get_size(), "conv input"))});
-  return primitive_step("conv forward", dnnl::convolution_forward(k->fwd), std::move(args),
-                        k->fwd.scratchpad_desc());
+  return conv_step("conv forward", *k, dnnl::convolution_forward(k->fwd), std::move(args),
+                   k->fwd.scratchpad_desc(), std::move(convert));
 }
 
 StepPtr backward_data(const ConvPtr& k, const py::array& dy, const py::array& w,
@@ -191,19 +220,12 @@ StepPtr backward_data(const ConvPtr& k, const py::array& dy, const py::array& w,
   if (!k->training || !k->need_dx)
     throw std::invalid_argument("meta._plan.Conv: built without a data gradient");
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
       {DNNL_ARG_WEIGHTS, k->weights("backward_data", w, wbuf)},
       {DNNL_ARG_DIFF_SRC, bind(k->src_md, dx, "conv dx")}};
-  if (k->bf16) {
-    args.erase(DNNL_ARG_DIFF_DST);
-    return std::make_shared<Bf16Step>(
-        "conv backward data bf16", dnnl::convolution_backward_data(k->bwd_data),
-        std::move(args), k->bwd_data.scratchpad_desc(),
-        std::vector<Bf16Input>{bf16_input(DNNL_ARG_DIFF_DST, k->dst_md, k->dst_lp,
-                                          address(dy, k->dst_md.get_size(), "conv dy"))});
-  }
-  return primitive_step("conv backward data", dnnl::convolution_backward_data(k->bwd_data),
-                        std::move(args), k->bwd_data.scratchpad_desc());
+  std::vector<Bf16Input> convert;
+  operand(*k, args, convert, DNNL_ARG_DIFF_DST, k->dst_md, k->dst_lp, dy, "conv dy");
+  return conv_step("conv backward data", *k, dnnl::convolution_backward_data(k->bwd_data),
+                   std::move(args), k->bwd_data.scratchpad_desc(), std::move(convert));
 }
 
 // dW (through `dwbuf` in the kernel's layout, then reordered to the plain array) and dB.
@@ -214,29 +236,17 @@ std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, cons
     throw std::invalid_argument("meta._plan.Conv: built without a weight gradient");
   std::vector<StepPtr> steps;
   const memory dwk = k->weights("diff_weights", dw, dwbuf);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->src_md, x, "conv input")},
-                                       {DNNL_ARG_DIFF_DST, bind(k->dst_md, dy, "conv dy")},
-                                       {DNNL_ARG_DIFF_WEIGHTS, dwk}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_WEIGHTS, dwk}};
+  std::vector<Bf16Input> convert;
+  operand(*k, args, convert, DNNL_ARG_SRC, k->src_md, k->src_lp, x, "conv input");
+  operand(*k, args, convert, DNNL_ARG_DIFF_DST, k->dst_md, k->dst_lp, dy, "conv dy");
   if (k->has_bias) {
     if (!db) throw std::invalid_argument("meta._plan.Conv: bias gradient missing");
     args[DNNL_ARG_DIFF_BIAS] = bind(k->b_md, *db, "conv db");
   }
-  if (k->bf16) {
-    args.erase(DNNL_ARG_SRC);
-    args.erase(DNNL_ARG_DIFF_DST);
-    steps.push_back(std::make_shared<Bf16Step>(
-        "conv backward weights bf16", dnnl::convolution_backward_weights(k->bwd_weights),
-        std::move(args), k->bwd_weights.scratchpad_desc(),
-        std::vector<Bf16Input>{
-            bf16_input(DNNL_ARG_SRC, k->src_md, k->src_lp,
-                       address(x, k->src_md.get_size(), "conv input")),
-            bf16_input(DNNL_ARG_DIFF_DST, k->dst_md, k->dst_lp,
-                       address(dy, k->dst_md.get_size(), "conv dy"))}));
-  } else {
-    steps.push_back(primitive_step("conv backward weights",
-                                   dnnl::convolution_backward_weights(k->bwd_weights),
-                                   std::move(args), k->bwd_weights.scratchpad_desc()));
-  }
+  steps.push_back(conv_step("conv backward weights", *k,
+                            dnnl::convolution_backward_weights(k->bwd_weights), std::move(args),
+                            k->bwd_weights.scratchpad_desc(), std::move(convert)));
   if (k->weights_bytes("diff_weights"))
     steps.push_back(reorder(dwk, bind(k->w_plain, dw, "conv dw"), "conv dw -> plain"));
   return steps;
@@ -247,16 +257,19 @@ std::vector<StepPtr> backward_weights(const ConvPtr& k, const py::array& x, cons
 void bind_conv(py::module_& m) {
   py::class_<ConvKernel, ConvPtr>(m, "Conv", "A 2-D convolution's primitives for one shape.")
       .def(py::init<Dims, Dims, bool, Dims, Dims, Dims, Dims, std::int64_t, std::vector<PostOp>,
-                    bool, bool, bool, std::string, bool>(),
+                    bool, bool, bool, std::string, bool, bool>(),
            py::arg("src_dims"), py::arg("w_dims"), py::arg("has_bias"), py::arg("strides"),
            py::arg("pads_begin"), py::arg("pads_end"), py::arg("dilations"), py::arg("group"),
            py::arg("post_ops"), py::arg("training"), py::arg("need_dx"), py::arg("need_dw"),
-           py::arg("layout") = "any", py::arg("bf16") = false)
+           py::arg("layout") = "any", py::arg("bf16") = false, py::arg("bf16_output") = false,
+           "bf16: the products read bf16 (arrays holding bf16 where they lie, float32 ones "
+           "converted); bf16_output: the forward writes its output in bf16")
       .def_property_readonly("src_layout", [](const ConvKernel& k) { return layout_of(k.src_md); })
       .def_property_readonly("dst_layout", [](const ConvKernel& k) { return layout_of(k.dst_md); })
       .def_readonly("dst_dims", &ConvKernel::dst_dims)
       .def_readonly("info", &ConvKernel::info)
       .def_readonly("bf16", &ConvKernel::bf16)
+      .def_readonly("bf16_output", &ConvKernel::bf16_out)
       .def("weights_bytes", &ConvKernel::weights_bytes, py::arg("which"))
       .def("reorder_weights", &reorder_weights, py::arg("which"), py::arg("w"), py::arg("buf"))
       .def("forward", &forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"),

@@ -7,8 +7,16 @@
 // native twin's): they sum the batch statistics and the backward's reductions in double, as
 // PyTorch's CPU kernel does; oneDNN's sum in float32, and a train-mode CNN drifted from PyTorch
 // 24x further than PyTorch's float32 run does from its float64 one.
+//
+// Mixed precision (a bf16 plan, meta/lv1/plan/precision.py): the training loops also read and
+// write bf16 arrays (2-byte elements), as PyTorch's autocast keeps a ResNet's activations in
+// bf16 between its convolutions: the input (a convolution's bf16 output), the output (+ReLU,
+// read only by bf16 convolutions), the output gradient and the input gradient may each be
+// bf16. Every element is widened to float32 as it is read and rounded once as it is written;
+// the statistics and the backward's sums stay double, the per-channel arithmetic float32.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 #include "meta/batchnorm.hpp"
@@ -87,6 +95,315 @@ struct BatchNormKernel {
 
 using BatchNormPtr = std::shared_ptr<BatchNormKernel>;
 
+// bf16 elements read and written as float32: float32 -> bf16 rounds to nearest even (a NaN
+// stays a quiet NaN). Bit casts and a select, not a branch, so the loops vectorise.
+using Half = std::uint16_t;
+inline float widen(float v) { return v; }
+inline float widen(Half h) { return __builtin_bit_cast(float, std::uint32_t(h) << 16); }
+inline void put(float& d, float v) { d = v; }
+inline void put(Half& d, float v) {
+  const std::uint32_t u = __builtin_bit_cast(std::uint32_t, v);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  d = Half((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+bool holds_bf16(const py::array& a) { return a.itemsize() == 2; }
+
+// The mixed loops' kernels, each over the rows [n0, n1) of X seen as (n, c, s): written once
+// (always inlined), run as an AVX-512 copy where the CPU has it (every CPU a bf16 plan runs
+// on: precision.py asks for avx512_bf16) and as the default build's elsewhere. The package
+// is built for the baseline x86-64, where a bf16 element's widening and rounding vectorise
+// poorly: the AVX-512 copy runs the bf16 loops as fast as the float32 ones (the float32
+// loops ran 6x slower than these before, as lambdas the compiler did not vectorise).
+#define META_INLINE [[gnu::always_inline]] inline
+#define META_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+// Statistics' sums: s1[j] += sum d, s2[j] += sum d^2, d = x - x[0, j] (batchnorm_statistics'
+// shift), in double.
+template <typename TX>
+META_INLINE void stat_sums(const TX* __restrict x, std::int64_t n0, std::int64_t n1,
+                           std::int64_t c, std::int64_t s, double* __restrict s1,
+                           double* __restrict s2) {
+  for (std::int64_t i = n0; i < n1; ++i) {
+    if (s == 1) {  // channels-last: along the channels
+      const TX* xr = x + i * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        const double d = double(widen(xr[j])) - double(widen(x[j]));
+        s1[j] += d;
+        s2[j] += d * d;
+      }
+      continue;
+    }
+    for (std::int64_t j = 0; j < c; ++j) {
+      const TX* xr = x + (i * c + j) * s;
+      const double first = widen(x[j * s]);
+      double r1 = 0.0, r2 = 0.0;
+#pragma omp simd reduction(+ : r1, r2)
+      for (std::int64_t k = 0; k < s; ++k) {
+        const double d = double(widen(xr[k])) - first;
+        r1 += d;
+        r2 += d * d;
+      }
+      s1[j] += r1;
+      s2[j] += r2;
+    }
+  }
+}
+
+// y = relu?(((x - mean) * inv_std) * scale + shift), rounded once.
+template <bool RELU, typename TX, typename TY>
+META_INLINE void apply_rows(const TX* __restrict x, TY* __restrict y, std::int64_t n0,
+                            std::int64_t n1, std::int64_t c, std::int64_t s,
+                            const float* __restrict mean, const float* __restrict inv,
+                            const float* __restrict sc, const float* __restrict sh) {
+  for (std::int64_t i = n0; i < n1; ++i) {
+    if (s == 1) {
+      const TX* xr = x + i * c;
+      TY* yr = y + i * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float r = ((widen(xr[j]) - mean[j]) * inv[j]) * sc[j] + sh[j];
+        put(yr[j], RELU ? std::max(r, 0.f) : r);
+      }
+      continue;
+    }
+    for (std::int64_t j = 0; j < c; ++j) {
+      const std::int64_t base = (i * c + j) * s;
+      const float m = mean[j], iv = inv[j], a = sc[j], b = sh[j];
+#pragma omp simd
+      for (std::int64_t k = 0; k < s; ++k) {
+        const float r = ((widen(x[base + k]) - m) * iv) * a + b;
+        put(y[base + k], RELU ? std::max(r, 0.f) : r);
+      }
+    }
+  }
+}
+
+// The gradient reaching the normalisation: dy, or through the fused ReLU (the forward's
+// output recomputed as it computed it: > 0 passes dy).
+template <bool RELU, typename TG>
+META_INLINE float grad_in(TG dy, float xv, float m, float inv, float sc, float sh) {
+  const float g = widen(dy);
+  if constexpr (RELU) return ((xv - m) * inv) * sc + sh > 0.f ? g : 0.f;
+  return g;
+}
+
+// The backward's sums: s1[j] += sum g, s2[j] += sum g * (x - mean), in double.
+template <bool RELU, typename TX, typename TG>
+META_INLINE void grad_sums(const TX* __restrict x, const TG* __restrict dy, std::int64_t n0,
+                           std::int64_t n1, std::int64_t c, std::int64_t s,
+                           const float* __restrict mean, const float* __restrict inv,
+                           const float* __restrict sc, const float* __restrict sh,
+                           double* __restrict s1, double* __restrict s2) {
+  for (std::int64_t i = n0; i < n1; ++i) {
+    if (s == 1) {
+      const TX* xr = x + i * c;
+      const TG* gr = dy + i * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xv = widen(xr[j]);
+        const float g = grad_in<RELU>(gr[j], xv, mean[j], inv[j], sc[j], sh[j]);
+        s1[j] += g;
+        s2[j] += double(g) * (double(xv) - double(mean[j]));
+      }
+      continue;
+    }
+    for (std::int64_t j = 0; j < c; ++j) {
+      const TX* xr = x + (i * c + j) * s;
+      const TG* gr = dy + (i * c + j) * s;
+      const float m = mean[j], iv = inv[j], a = sc[j], b = sh[j];
+      double r1 = 0.0, r2 = 0.0;
+#pragma omp simd reduction(+ : r1, r2)
+      for (std::int64_t k = 0; k < s; ++k) {
+        const float xv = widen(xr[k]);
+        const float g = grad_in<RELU>(gr[k], xv, m, iv, a, b);
+        r1 += g;
+        r2 += double(g) * (double(xv) - double(m));
+      }
+      s1[j] += r1;
+      s2[j] += r2;
+    }
+  }
+}
+
+// dx = k (g - (sum_dy + xhat sum_dy_xhat) / count), k = scale * inv_std, rounded once.
+template <bool RELU, typename TX, typename TG, typename TD>
+META_INLINE void grad_dx(const TX* __restrict x, const TG* __restrict dy, TD* __restrict dx,
+                         std::int64_t n0, std::int64_t n1, std::int64_t c, std::int64_t s,
+                         const float* __restrict mean, const float* __restrict inv,
+                         const float* __restrict sc, const float* __restrict sh,
+                         const float* __restrict kk, const float* __restrict sd,
+                         const float* __restrict sdx, float count) {
+  for (std::int64_t i = n0; i < n1; ++i) {
+    if (s == 1) {
+      const TX* xr = x + i * c;
+      const TG* gr = dy + i * c;
+      TD* dr = dx + i * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xv = widen(xr[j]);
+        const float g = grad_in<RELU>(gr[j], xv, mean[j], inv[j], sc[j], sh[j]);
+        put(dr[j], kk[j] * (g - (sd[j] + ((xv - mean[j]) * inv[j]) * sdx[j]) / count));
+      }
+      continue;
+    }
+    for (std::int64_t j = 0; j < c; ++j) {
+      const std::int64_t base = (i * c + j) * s;
+      const float m = mean[j], iv = inv[j], a = sc[j], b = sh[j], kj = kk[j], sdj = sd[j],
+                  sdxj = sdx[j];
+#pragma omp simd
+      for (std::int64_t k = 0; k < s; ++k) {
+        const float xv = widen(x[base + k]);
+        const float g = grad_in<RELU>(dy[base + k], xv, m, iv, a, b);
+        put(dx[base + k], kj * (g - (sdj + ((xv - m) * iv) * sdxj) / count));
+      }
+    }
+  }
+}
+
+// Each kernel's AVX-512 copy.
+template <typename... A>
+META_AVX512 void stat_sums_wide(const A&... a) { stat_sums(a...); }
+template <bool RELU, typename... A>
+META_AVX512 void apply_rows_wide(const A&... a) { apply_rows<RELU>(a...); }
+template <bool RELU, typename... A>
+META_AVX512 void grad_sums_wide(const A&... a) { grad_sums<RELU>(a...); }
+template <bool RELU, typename... A>
+META_AVX512 void grad_dx_wide(const A&... a) { grad_dx<RELU>(a...); }
+
+bool wide_cpu() {
+  static const bool wide = __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return wide;
+}
+
+// Per-thread rows of 2 * c doubles, summed by `rows(t, n0, n1, s1, s2)` over a split of the
+// batch, then added into acc's first 2 * c.
+template <typename F>
+void thread_sums(std::int64_t n, std::int64_t c, std::int64_t s, std::vector<double>& acc,
+                 F&& rows) {
+  acc.assign(static_cast<std::size_t>(2 * c) * omp_get_max_threads(), 0.0);
+  const int used = meta::detail::over_batch(
+      n, n * c * s, [&](int t, std::int64_t n0, std::int64_t n1) {
+        double* s1 = acc.data() + 2 * c * t;
+        rows(n0, n1, s1, s1 + c);
+      });
+  for (int t = 1; t < used; ++t)
+    for (std::int64_t j = 0; j < 2 * c; ++j) acc[j] += acc[2 * c * t + j];
+}
+
+// The training forward with a bf16 input or output (TX, TY: float or Half): the batch
+// statistics in double, shifted by each channel's first value (batchnorm_statistics' way),
+// then y = relu?(((x - mean) * inv_std) * scale + shift) rounded once.
+template <bool RELU, typename TX, typename TY>
+void mixed_forward(BatchNormKernel& k, const TX* x, TY* y, const float* scale,
+                   const float* shift) {
+  const std::int64_t n = k.n, c = k.channels, s = k.s;
+  const bool wide = wide_cpu();
+  std::vector<double> acc;
+  thread_sums(n, c, s, acc, [&](std::int64_t n0, std::int64_t n1, double* s1, double* s2) {
+    if (wide) stat_sums_wide(x, n0, n1, c, s, s1, s2);
+    else stat_sums(x, n0, n1, c, s, s1, s2);
+  });
+  const double count = double(n * s);
+  for (std::int64_t j = 0; j < c; ++j) {
+    const double d = acc[j] / count;
+    const double var = acc[c + j] / count - d * d;
+    k.mean[j] = float(double(widen(x[j * s])) + d);
+    k.var[j] = float(var > 0.0 ? var : 0.0);
+    k.inv_std[j] = 1.f / std::sqrt(k.var[j] + k.epsilon);
+  }
+  const float *mean = k.mean, *inv = k.inv_std;
+  meta::detail::over_batch(n, n * c * s, [&](int, std::int64_t n0, std::int64_t n1) {
+    if (wide) apply_rows_wide<RELU>(x, y, n0, n1, c, s, mean, inv, scale, shift);
+    else apply_rows<RELU>(x, y, n0, n1, c, s, mean, inv, scale, shift);
+  });
+}
+
+// The training backward with any of x, dy, dx in bf16: dy through the fused ReLU, sum(dy)
+// and sum(dy * xhat) in double, then dx = k (dy - (sum_dy + xhat sum_dy_xhat) / count).
+template <bool RELU, typename TX, typename TG, typename TD>
+void mixed_backward(BatchNormKernel& k, const TX* x, const TG* dy, TD* dx, const float* scale,
+                    const float* shift, float* dscale, float* dshift) {
+  const std::int64_t n = k.n, c = k.channels, s = k.s;
+  const float *mean = k.mean, *inv = k.inv_std;
+  const bool wide = wide_cpu();
+  std::vector<double> acc;
+  thread_sums(n, c, s, acc, [&](std::int64_t n0, std::int64_t n1, double* s1, double* s2) {
+    if (wide) grad_sums_wide<RELU>(x, dy, n0, n1, c, s, mean, inv, scale, shift, s1, s2);
+    else grad_sums<RELU>(x, dy, n0, n1, c, s, mean, inv, scale, shift, s1, s2);
+  });
+  std::vector<float> sum_dy(c), sum_dy_xhat(c), kk(c);
+  for (std::int64_t j = 0; j < c; ++j) {
+    sum_dy[j] = float(acc[j]);
+    sum_dy_xhat[j] = float(acc[c + j] * double(inv[j]));
+    kk[j] = scale[j] * inv[j];
+    if (dscale) dscale[j] = sum_dy_xhat[j];
+    if (dshift) dshift[j] = sum_dy[j];
+  }
+  const float count = float(n * s);
+  const float *sd = sum_dy.data(), *sdx = sum_dy_xhat.data(), *kp = kk.data();
+  meta::detail::over_batch(n, n * c * s, [&](int, std::int64_t n0, std::int64_t n1) {
+    if (wide)
+      grad_dx_wide<RELU>(x, dy, dx, n0, n1, c, s, mean, inv, scale, shift, kp, sd, sdx, count);
+    else grad_dx<RELU>(x, dy, dx, n0, n1, c, s, mean, inv, scale, shift, kp, sd, sdx, count);
+  });
+}
+
+// Calls f with `a`'s data as float* or Half* (its element type).
+template <typename F>
+void as_typed(const py::array& a, std::size_t elements, const char* what, F&& f) {
+  void* p = address(a, elements * a.itemsize(), what);
+  if (holds_bf16(a)) f(static_cast<Half*>(p));
+  else f(static_cast<float*>(p));
+}
+
+// The training forward of a BatchNorm whose input or output is bf16.
+StepPtr mixed_forward_step(const BatchNormPtr& k, const py::array& x, const py::array& scale,
+                           const py::array& shift, const py::array& y) {
+  const std::size_t elements = static_cast<std::size_t>(k->count * k->channels);
+  const float* ps = static_cast<const float*>(address(scale, k->channels * 4, "batchnorm scale"));
+  const float* pb = static_cast<const float*>(address(shift, k->channels * 4, "batchnorm B"));
+  std::function<void()> run;
+  const BatchNormPtr kp = k;  // the step keeps its kernel alive
+  as_typed(x, elements, "batchnorm input", [&](auto* px) {
+    as_typed(y, elements, "batchnorm output", [&](auto* py_) {
+      run = [=] {
+        if (kp->fuse_relu) mixed_forward<true>(*kp, px, py_, ps, pb);
+        else mixed_forward<false>(*kp, px, py_, ps, pb);
+      };
+    });
+  });
+  return std::make_shared<LambdaStep>("batchnorm forward (meta, bf16)", std::move(run));
+}
+
+// The training backward of a BatchNorm whose input, output gradient or input gradient is bf16.
+StepPtr mixed_backward_step(const BatchNormPtr& k, const py::array& x, const py::array& dy,
+                            const py::array& scale, const py::array& shift, const py::array& dx,
+                            std::optional<py::array> dscale, std::optional<py::array> dshift) {
+  const std::int64_t c = k->channels;
+  const std::size_t elements = static_cast<std::size_t>(k->count * c);
+  const float* ps = static_cast<const float*>(address(scale, c * 4, "batchnorm scale"));
+  // B (the fused ReLU's; scale stands in without one: read, not used)
+  const float* pb = static_cast<const float*>(address(shift, c * 4, "batchnorm B"));
+  float* pds = dscale ? static_cast<float*>(address(*dscale, c * 4, "batchnorm dscale")) : nullptr;
+  float* pdb = dshift ? static_cast<float*>(address(*dshift, c * 4, "batchnorm dB")) : nullptr;
+  std::function<void()> run;
+  const BatchNormPtr kp = k;
+  as_typed(x, elements, "batchnorm input", [&](auto* px) {
+    as_typed(dy, elements, "batchnorm dy", [&](auto* pdy) {
+      as_typed(dx, elements, "batchnorm dx", [&](auto* pdx) {
+        run = [=] {
+          if (kp->fuse_relu) mixed_backward<true>(*kp, px, pdy, pdx, ps, pb, pds, pdb);
+          else mixed_backward<false>(*kp, px, pdy, pdx, ps, pb, pds, pdb);
+        };
+      });
+    });
+  });
+  return std::make_shared<LambdaStep>("batchnorm backward (meta, bf16)", std::move(run));
+}
+
 // Training forward by meta's loops: statistics summed in double, then y = relu?(xhat * scale +
 // shift), written as the native twin writes it.
 StepPtr own_forward(const BatchNormPtr& k, const py::array& x, const py::array& scale,
@@ -119,7 +436,11 @@ StepPtr own_forward(const BatchNormPtr& k, const py::array& x, const py::array& 
 StepPtr bn_forward(const BatchNormPtr& k, const py::array& x, const py::array& scale,
                    const py::array& shift, const py::array& running_mean,
                    const py::array& running_var, const py::array& y) {
+  if (k->own && (holds_bf16(x) || holds_bf16(y))) return mixed_forward_step(k, x, scale, shift, y);
   if (k->own) return own_forward(k, x, scale, shift, y);
+  if (holds_bf16(x) || holds_bf16(y))
+    throw std::invalid_argument("meta._plan.BatchNorm: bf16 arrays in training only, plain or "
+                                "channels-last");
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, bind(k->md, x, "batchnorm input")},
                                        {DNNL_ARG_DST, bind(k->md, y, "batchnorm output")},
                                        {DNNL_ARG_SCALE, bind(k->c_md, scale, "batchnorm scale")},
@@ -208,6 +529,8 @@ StepPtr bn_backward(const BatchNormPtr& k, const py::array& x, const py::array& 
   if (k->own) {
     if (k->fuse_relu && !shift)
       throw std::invalid_argument("meta._plan.BatchNorm: a fused ReLU's backward needs B");
+    if (holds_bf16(x) || holds_bf16(dy) || holds_bf16(dx))
+      return mixed_backward_step(k, x, dy, scale, shift ? *shift : scale, dx, dscale, dshift);
     return own_backward(k, x, dy, scale, shift ? *shift : scale, dx, dscale, dshift);
   }
   const memory ds = dscale ? bind(k->c_md, *dscale, "batchnorm dscale")

@@ -1,6 +1,14 @@
 """Convolution lowering: oneDNN's convolution with fused post-ops (an eval-mode BatchNorm as a
 per-channel scale and shift, a residual addition into the output, an activation), its
-weights reordered into the kernel's layouts. C++ side: cpp/plan/conv.cpp."""
+weights reordered into the kernel's layouts. C++ side: cpp/plan/conv.cpp.
+
+In a bf16 plan (``Context.bf16``) the convolution reads bf16 as autocast's does, and reads
+each activation's one bf16 copy (``bf16_activation``): the input's, shared by the forward
+and the weights' gradient, and the output gradient's, shared by both backward products; an
+input the op before wrote in bf16 only (a BatchNorm+ReLU read only by convolutions: this
+module enters ``reads_bf16`` in ``precision.BF16_READERS``) is read where it lies. The
+output is written in bf16 when every reader reads it so (a training BatchNorm:
+``lowering.norm.reads_bf16``), and that reader may hand back its gradient in bf16."""
 
 from __future__ import annotations
 
@@ -10,18 +18,62 @@ from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.lowering.eltwise import activation_backward, fused_activation
-from meta.lv1.plan.lowering.norm import per_channel_chain
+from meta.lv1.plan.lowering.norm import dense_bf16, per_channel_chain
 from meta.lv1.plan.memory import root
+from meta.lv1.plan.precision import (
+    BF16_READERS,
+    COPIES,
+    bf16_holder,
+    bf16_operand,
+    keeps_bf16,
+    stored,
+    takes_bf16_gradient,
+)
 
 # Layouts a convolution is tried in, in order; the first whose kernels are all optimised wins.
 CONV_LAYOUTS = ("nhwc", "nChw16c", "any", "plain")
+
+
+def lowers(ctx: Context, node: Node) -> bool:
+    """Whether ``conv`` lowers this Conv (2-D, float32 operands)."""
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.inputs[2] if len(node.inputs) > 2 else ""
+    return len(ctx.shape(x)) == 4 and ctx.float32(x, w, b, node.outputs[0])
+
+
+def reads_bf16(ctx: Context, node: Node, name: str) -> bool:
+    """Whether this lowering reads ``name`` as the bf16 input of a bf16 plan's convolution
+    (never its weights or bias): its producer may write it in bf16 only."""
+    return (ctx.bf16 and node.op_type == "Conv" and node.name not in ctx.absorbed
+            and node.inputs[0] == name and list(node.inputs).count(name) == 1
+            and lowers(ctx, node))
+
+
+BF16_READERS.append(reads_bf16)
+
+
+def bf16_activation(ctx: Context, name: str, phase: str) -> str:
+    """The bf16 value a convolution reads for the activation ``name``: its bf16 holder or copy
+    (``precision.bf16_operand``), or for a channels-last one, which that leaves to the kernel,
+    a copy converted once here (channels-last is as dense as plain: one conversion element
+    by element keeps the layout) and kept for every later reader."""
+    pb = ctx.pb
+    v = pb.value(name)
+    copies = ctx.objects.setdefault(COPIES, {})
+    if v.layout != "nhwc" or v.dtype != F32 or name in copies:
+        return bf16_operand(ctx, name, phase)
+    copy = dense_bf16(pb, pb.fresh(f"{name}@bf16"), v.shape, v.layout)
+    n = int(np.prod(v.shape))
+    pb.step("to bf16", [name], [copy], lambda a: [pb.rt.convert(a(name), a(copy), n)], phase)
+    copies[name] = copy
+    return copy
 
 
 def conv(ctx: Context, node: Node, op) -> Lowered | None:
     pb, rt = ctx.pb, ctx.rt
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else ""
-    if len(ctx.shape(x)) != 4 or not ctx.float32(x, w, b, node.outputs[0]):
+    if not lowers(ctx, node):
         return None
     win = op.window(np.broadcast_to(F32.type(0), ctx.shape(x)),
                     np.broadcast_to(F32.type(0), ctx.shape(w)),
@@ -57,20 +109,28 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
     tried = [current] if current not in ("plain",) else []
     if residual is not None:
         tried = [pb.value(residual).layout, *tried]
+    layouts = (*tried, *CONV_LAYOUTS)
+    if stored(ctx, x) != x:  # written in bf16 only: read in the layout it was written in
+        layouts = (current,)
+    # bf16 output: every reader reads it in bf16 (a training BatchNorm), no residual shares it
+    low_out = residual is None and not post and keeps_bf16(ctx, last)
 
-    def make(post):
+    def make(post, low_out=False):
         kernel = None
-        for layout in (*tried, *CONV_LAYOUTS):
+        for layout in layouts:
             k = rt.Conv(list(ctx.shape(x)), list(ctx.shape(w)), bool(b), list(win.strides),
                         list(win.pads_begin), list(win.pads_end), list(win.dilations),
                         int(op.group), post, ctx.backprop and (need_dx or need_dw), need_dx,
-                        need_dw, layout, ctx.bf16)
+                        need_dw, layout, ctx.bf16, low_out)
             if "ref:" not in k.info and k.src_layout and k.dst_layout:
                 return k
             kernel = kernel or k
         return kernel
 
-    k = make(post)
+    k = make(post, low_out)
+    if low_out and k.dst_layout not in ("nhwc", "plain"):  # a bf16 tensor is kept dense
+        low_out = False
+        k = make(post)
     if residual is not None and k.dst_layout != pb.value(residual).layout:  # cannot share
         post.remove(("sum", "", 0.0, 0.0))
         residual = add = None
@@ -87,11 +147,18 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
     for n in absorbed:
         ctx.absorb(node, n)
     xin = pb.require_layout(x, k.src_layout)
+    # bf16: the input's one bf16 copy (or the bf16 it was written in), read forward and by dW
+    x16 = bf16_activation(ctx, xin, "forward") if ctx.bf16 else xin
     if residual is not None:  # the residual's bytes become the output
         y = pb.view(last, residual, ctx.shape(last))
     else:
         y = pb.output(last, ctx.shape(last), F32, k.dst_layout)
-    reads = [xin, w, b, residual or ""]
+    y_out = y
+    if low_out:  # y declared, its bytes written in bf16 only
+        y_out = bf16_holder(ctx, y)
+        pb.values[y_out].layout = k.dst_layout
+        takes_bf16_gradient(ctx, y)  # both backward products read dy in bf16
+    reads = [x16, w, b, residual or ""]
     post_args: list[str] = []
     if bn_inputs:
         scale = pb.output(pb.fresh(f"{bn.name}.scale"), ctx.shape(bn_inputs[0]))
@@ -105,8 +172,8 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
                                           a(shift), c)])
         post_args = [scale, shift]
     wf = weights_in_layout(ctx, k, "forward", w, "forward")
-    pb.step("conv", [*reads, *post_args, wf], [y],
-            lambda a: [k.forward(a(xin), a(w), a(b) if b else None, a(y),
+    pb.step("conv", [*reads, *post_args, wf], [y_out],
+            lambda a: [k.forward(a(x16), a(w), a(b) if b else None, a(y_out),
                                  [a(p) for p in post_args], a(wf) if wf else None)])
     kind = "onednn bf16" if ctx.bf16 else "onednn"
     if not (need_dx or need_dw):
@@ -118,6 +185,8 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             return
         if act is not None:
             g = activation_backward(pb, y, g, act[1])
+        if ctx.bf16:  # dy's one bf16 copy (or its bf16 holder), read by both products
+            g = bf16_activation(ctx, g, "backward")
         if need_dx:
             dest, _ = pb.grad_target(xin)
             wb = weights_in_layout(ctx, k, "backward_data", w, "backward")
@@ -131,8 +200,8 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             db = (tb[0] if tb else pb.temp(b)) if b else ""
             size = k.weights_bytes("diff_weights")
             dwk = pb.output(pb.fresh(f"{w}@diff_layout"), (-(-size // 4),)) if size else ""
-            pb.step("conv backward weights", [xin, g], [dw, db, dwk],
-                    lambda a: list(k.backward_weights(a(xin), a(g), a(dw),
+            pb.step("conv backward weights", [x16, g], [dw, db, dwk],
+                    lambda a: list(k.backward_weights(a(x16), a(g), a(dw),
                                                       a(db) if db else None,
                                                       a(dwk) if dwk else None)), "backward")
     return Lowered(node, backward, kind)

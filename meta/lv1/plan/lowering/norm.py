@@ -2,7 +2,15 @@
 one per-channel affine pass) and LayerNormalization, forward and backward. C++ side:
 cpp/plan/norm.cpp (and eltwise.cpp's affine_fold). In a bf16 plan a LayerNorm read only by
 bf16 products writes its output in bf16 (``precision.keeps_bf16``); its statistics and
-backward stay float32."""
+backward stay float32.
+
+A training BatchNormalization in a bf16 plan keeps a CNN's activations in bf16 between its
+convolutions, as autocast's bf16 batch normalization does: it reads its input in bf16 where
+the convolution wrote it so (it enters ``reads_bf16`` in ``precision.BF16_READERS``; its
+backward reads the same bf16 input), writes its output (+ReLU) in bf16 when only bf16
+convolutions read it, and hands its input's gradient to the convolution in bf16 where that
+one reads it so (``precision.gradient_target``); statistics, sums and the per-channel
+arithmetic stay float32 (double sums)."""
 
 from __future__ import annotations
 
@@ -12,7 +20,44 @@ from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.lowering.eltwise import broadcast_dims, fused_activation
-from meta.lv1.plan.precision import bf16_holder, keeps_bf16
+from meta.lv1.plan.precision import (
+    BF16,
+    BF16_READERS,
+    bf16_holder,
+    gradient_target,
+    keeps_bf16,
+    stored,
+)
+
+
+def dense_bf16(pb: PlanBuilder, name: str, shape, layout: str) -> str:
+    """A bf16 value ``name`` in ``layout``, plain or channels-last: both dense, two bytes an
+    element (``PlanBuilder.output`` sizes a non-plain layout as float32's)."""
+    pb.output(name, shape, BF16)
+    pb.values[name].layout = layout
+    return name
+
+
+def bn_lowers(ctx: Context, node: Node) -> bool:
+    """Whether ``batchnorm`` lowers this BatchNormalization in training, by meta's loops."""
+    op = ctx.ops[node.name]
+    if len(node.inputs) < 5 or not ctx.mode(bool(getattr(op, "training_mode", 0))):
+        return False
+    x = node.inputs[0]
+    return (ctx.float32(*node.inputs[:5], node.outputs[0]) and len(ctx.shape(x)) >= 2
+            and bool(prod(ctx.shape(x)))
+            and not any(o for o in node.outputs[1:] if ctx.consumers.get(o) or o in ctx.protected))
+
+
+def reads_bf16(ctx: Context, node: Node, name: str) -> bool:
+    """Whether a bf16 plan's training BatchNormalization reads ``name`` as its bf16 input (a
+    4-D activation; never its parameters): the convolution before may write it in bf16 only."""
+    return (ctx.bf16 and node.op_type == "BatchNormalization" and node.name not in ctx.absorbed
+            and node.inputs[0] == name and list(node.inputs).count(name) == 1
+            and len(ctx.shape(name)) == 4 and bn_lowers(ctx, node))
+
+
+BF16_READERS.append(reads_bf16)
 
 
 def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
@@ -37,7 +82,10 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
     # plain or the channels-last layout: a blocked one is reordered to channels-last.
     if layout not in ("plain", "nhwc"):
         layout = "nhwc"
-    xin = pb.require_layout(x, layout)
+    # bf16 plan: the input as the convolution wrote it (in bf16 only, in a dense layout)
+    xin = stored(ctx, x) if ctx.bf16 else x
+    if xin == x:
+        xin = pb.require_layout(x, layout)
     relu = ctx.single_consumer(out, ("Relu",))
     if relu is not None and not ctx.float32(relu.outputs[0]):
         relu = None
@@ -49,8 +97,12 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
         ctx.absorb(node, relu)
         last = relu.outputs[0]
     y = pb.output(last, shape, F32, layout)
-    pb.step("BatchNormalization", [xin, scale, bias, mean, var], [y],
-            lambda a: [k.forward(a(xin), a(scale), a(bias), a(mean), a(var), a(y))])
+    y_out = y
+    if keeps_bf16(ctx, last):  # read by bf16 convolutions only: written in bf16
+        y_out = bf16_holder(ctx, y)
+        pb.values[y_out].layout = layout
+    pb.step("BatchNormalization", [xin, scale, bias, mean, var], [y_out],
+            lambda a: [k.forward(a(xin), a(scale), a(bias), a(mean), a(var), a(y_out))])
     if training and mean in ctx.state and var in ctx.state:
         pb.step("running statistics", [mean, var], [mean, var],
                 lambda a: [k.update(a(mean), a(var))])
@@ -61,7 +113,9 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
         g = pb.grad(y)
         if g is None:
             return
-        dx, ds, db = norm_gradients(pb, ctx, x, xin, scale, bias)
+        low_in = xin != x and pb.value(xin).dtype == BF16
+        dx, ds, db = norm_gradients(pb, ctx, x, x if low_in else xin, scale, bias, low_in)
+        g = stored(ctx, g)
         pb.step("BatchNormalization backward", [xin, g, scale, bias], [dx, ds, db],
                 lambda a: [k.backward(a(xin), a(g), a(scale), a(dx), a(ds) if ds else None,
                                       a(db) if db else None, a(bias))], "backward")
@@ -92,12 +146,20 @@ def per_channel_chain(ctx: Context, into: Node, node: Node, last: str, rank: int
     return then, last
 
 
-def norm_gradients(pb: PlanBuilder, ctx: Context, x: str, xin: str, scale: str, bias: str
-                   ) -> tuple[str, str, str]:
+def norm_gradients(pb: PlanBuilder, ctx: Context, x: str, xin: str, scale: str, bias: str,
+                   low: bool = False) -> tuple[str, str, str]:
     """Where a normalization's backward writes d(x), d(scale), d(bias): their gradients, or
     a temporary for d(x) (the kernel computes it anyway) and "" for the others, when no
-    gradient is wanted. ``xin`` is the value the kernel read for ``x``."""
-    tx = pb.grad_target(xin) if ctx.needs(x) else None
+    gradient is wanted. ``xin`` is the value the kernel read for ``x``. ``low``: the kernel
+    read ``x`` in bf16 only, and d(x) is written in bf16 where the convolution that wrote
+    ``x`` reads its gradient so and this is its one contribution
+    (``precision.gradient_target``), in ``x``'s layout."""
+    if low and ctx.needs(x) and pb.consumers.get(x) == 1 and pb.grad(x) is None:
+        tx = gradient_target(ctx, x)
+        if tx is not None and pb.value(tx[0]).dtype == BF16:
+            pb.values[tx[0]].layout = pb.value(x).layout
+    else:
+        tx = pb.grad_target(xin) if ctx.needs(x) else None
     ts = pb.grad_target(scale) if ctx.needs(scale) else None
     tb = pb.grad_target(bias) if bias and ctx.needs(bias) else None
     return (tx[0] if tx else pb.temp(xin)), (ts[0] if ts else ""), (tb[0] if tb else "")

@@ -1,0 +1,185 @@
+"""A bf16 plan keeps a CNN's activations in bf16 between its convolutions (issue 42), as
+PyTorch's CPU autocast does: a convolution reads each activation's one bf16 copy (forward
+and weights' gradient) and its output gradient's one copy (both backward products), never
+converting a float32 tensor inside its step where the plan holds it in bf16 already; a
+training BatchNorm reads the convolution's bf16 output (forward and backward), writes its
+output (+ReLU) in bf16 where only convolutions read it and hands back its input's gradient
+in bf16; statistics and sums stay float32 (double). The float32 plan is unchanged."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from meta.lv1 import PlannedExecutor, resnet20
+from meta.lv1.plan import precision, runtime
+
+pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
+
+
+@pytest.fixture
+def native(monkeypatch):
+    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
+    if not precision.native_bf16()[0]:
+        pytest.skip("this CPU has no native bf16")
+
+
+def bf16(a) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def relative(ours, theirs) -> float:
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    return float(np.linalg.norm(ours - theirs) / max(np.linalg.norm(theirs), 1e-30))
+
+
+def train_step(mode: str, seed: int = 0):
+    graph = resnet20((3, 8, 8), width=16, seed=0)
+    rng = np.random.default_rng(seed)
+    feeds = {"input": rng.standard_normal((8, 3, 8, 8), dtype=np.float32),
+             "labels": rng.integers(0, 10, 8)}
+    ex = PlannedExecutor(graph, precision=mode).train()
+    values, grads = ex.inference_and_backprop(feeds, "loss")
+    return graph, ex, float(values["loss"]), {k: np.array(g, copy=True) for k, g in grads.items()}
+
+
+def conv_steps(plan):
+    return [s for s in plan.order if s.name in ("conv", "conv backward data",
+                                                "conv backward weights")]
+
+
+def test_bf16_resnet_keeps_activations_between_convolutions_in_bf16(native):
+    graph, ex, loss16, g16 = train_step("bf16")
+    _, ex32, loss32, g32 = train_step("f32")
+    plan = ex._last
+    values, only = plan.values, plan.objects[precision.ONLY]
+    convs = [n for n in graph.nodes if n.op_type == "Conv"]
+    norms = [n for n in graph.nodes if n.op_type == "BatchNormalization"]
+    # every convolution's product reads its activation operands in bf16: its input (forward
+    # and dW) and its output gradient (dX and dW), none converted inside the step
+    steps = conv_steps(plan)
+    assert len([s for s in steps if s.name == "conv"]) == len(convs)
+    for s in steps:
+        activations = [s.reads[0]] if s.name != "conv backward weights" else s.reads[:2]
+        for name in activations:
+            assert values[name].dtype == precision.BF16, (s.name, s.node, name)
+    # each convolution writes its output in bf16 only (its one reader, a training BatchNorm,
+    # reads bf16), and the BatchNorm hands back that output's gradient in bf16
+    for node in convs:
+        y = node.outputs[0]
+        assert y in only, y
+        assert plan.objects[precision.COPIES][f"{y}@grad"] != f"{y}@grad"
+        assert f"{y}@grad" in only
+    # a BatchNorm+ReLU read only by convolutions writes bf16; one the residual addition
+    # reads too writes float32
+    kinds = set()
+    for node in norms:
+        fused = [n for n in graph.nodes if plan.placement.get(n.name) == f"fused into {node.name}"]
+        out = fused[-1].outputs[0] if fused else node.outputs[0]
+        readers = [n for n in graph.nodes if out in n.inputs]
+        by_convs = all(n.op_type == "Conv" for n in readers)
+        assert (out in only) == by_convs, (node.name, out, [n.op_type for n in readers])
+        kinds.add(by_convs)
+    assert kinds == {True, False}
+    # one conversion per tensor
+    converted = [s.reads[0] for s in plan.order if s.name == "to bf16"]
+    assert len(converted) == len(set(converted))
+    # no step reads a float32 value the plan keeps only in bf16 (the compiler checks it too)
+    assert not any(only.intersection(s.reads) for s in plan.order)
+    # loss and the classifier's gradient near float32's (the ReLUs' kinks move the earlier
+    # layers' gradients in any bf16 run: tests/lv1/test_bf16_gradients.py bounds them)
+    assert abs(loss16 - loss32) < 2e-2 * abs(loss32), (loss16, loss32)
+    for name in ("logits.weight", "logits.bias"):
+        if name in g32:
+            assert 0 < relative(g16[name], g32[name]) < 5e-2, name
+    # the float32 plan holds nothing in bf16 and converts nothing
+    plan32 = ex32._last
+    assert not any(v.dtype == precision.BF16 for v in plan32.values.values())
+    assert not any(s.name == "to bf16" for s in plan32.order)
+
+
+def test_conv_reads_a_bf16_array_where_it_lies_as_it_reads_a_converted_one(native):
+    """A bf16 convolution given bf16 arrays (input, output gradient) computes bit for bit
+    what it computes converting float32 ones (both round to nearest even), and writes a bf16
+    output, with ``bf16_output``, equal to its float32 one rounded."""
+    rt = runtime.module()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 16, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((4, 32, 10, 10)).astype(np.float32)
+    args = ([4, 16, 10, 10], [32, 16, 3, 3], False, [1, 1], [1, 1], [1, 1], [1, 1], 1, [], True,
+            True, True, "nhwc", True)
+    k32, k16 = rt.Conv(*args), rt.Conv(*args, True)
+    assert k16.bf16_output and not k32.bf16_output
+    assert k32.src_layout == k16.src_layout == "nhwc"
+    xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # channels-last bytes
+    dyh = np.ascontiguousarray(dy.transpose(0, 2, 3, 1))
+
+    def run(k, xa, dya, y):
+        def buf(which):
+            n = k.weights_bytes(which)
+            return np.zeros(-(-n // 4), np.float32) if n else None
+        wf, wb, dwb = buf("forward"), buf("backward_data"), buf("diff_weights")
+        dx, dw = np.zeros_like(xh), np.zeros_like(w)
+        steps = [k.reorder_weights("forward", w, wf)] if wf is not None else []
+        steps.append(k.forward(xa, w, None, y, [], wf))
+        if wb is not None:
+            steps.append(k.reorder_weights("backward_data", w, wb))
+        steps.append(k.backward_data(dya, w, dx, wb))
+        steps += list(k.backward_weights(xa, dya, dw, None, dwb))
+        for s in steps:
+            s.run()
+        return dx, dw
+
+    y32 = np.zeros_like(dyh)
+    dx32, dw32 = run(k32, xh, dyh, y32)
+    y16 = np.zeros(dyh.shape, ml_dtypes.bfloat16)
+    dx16, dw16 = run(k16, bf16(xh), bf16(dyh), y16)
+    np.testing.assert_array_equal(dx16, dx32)
+    np.testing.assert_array_equal(dw16, dw32)
+    np.testing.assert_array_equal(y16, bf16(y32))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("layout", ["nhwc", "plain"])
+def test_batchnorm_reads_and_writes_bf16_as_float32_rounded(native, relu, layout):
+    """Training BatchNorm on bf16 arrays: the forward equals the float32 loops' on the same
+    (bf16-valued) input, rounded once to bf16; the backward from a bf16 input and gradient,
+    written in bf16, equals the float32 one's rounded, within a unit of bf16; the statistics
+    and d(scale), d(bias) are float32's to float32 rounding."""
+    rt = runtime.module()
+    rng = np.random.default_rng(1)
+    dims = [4, 24, 6, 6]
+    shape = (4, 6, 6, 24) if layout == "nhwc" else tuple(dims)
+    x = np.asarray(bf16(rng.standard_normal(shape) * 3 + 1), np.float32)  # bf16 values
+    dy = np.asarray(bf16(rng.standard_normal(shape)), np.float32)
+    scale = rng.standard_normal(24).astype(np.float32)
+    shift = rng.standard_normal(24).astype(np.float32)
+    mean, var = np.zeros(24, np.float32), np.ones(24, np.float32)
+
+    def run(xa, dya, out_type, dx_type):
+        k = rt.BatchNorm(dims, layout, 1e-5, 0.9, True, relu)
+        y = np.zeros(shape, out_type)
+        dx = np.zeros(shape, dx_type)
+        ds, db = np.zeros(24, np.float32), np.zeros(24, np.float32)
+        m, v = mean.copy(), var.copy()
+        for s in (k.forward(xa, scale, shift, m, v, y), k.update(m, v),
+                  k.backward(xa, dya, scale, dx, ds, db, shift)):
+            s.run()
+        return y, dx, ds, db, m, v
+
+    y32, dx32, ds32, db32, m32, v32 = run(x, dy, np.float32, np.float32)
+    y16, dx16, ds16, db16, m16, v16 = run(bf16(x), bf16(dy), ml_dtypes.bfloat16,
+                                          ml_dtypes.bfloat16)
+    assert y16.dtype == dx16.dtype == ml_dtypes.bfloat16
+    ulp = 2.0 ** -7  # bf16's relative spacing
+    y16f, y32r = np.asarray(y16, np.float32), np.asarray(bf16(y32), np.float32)
+    assert np.all(np.abs(y16f - y32r) <= ulp * np.abs(y32) + 1e-6)
+    assert np.all(np.abs(np.asarray(dx16, np.float32) - dx32) <= ulp * np.abs(dx32) + 1e-6)
+    for ours, theirs in ((ds16, ds32), (db16, db32), (m16, m32), (v16, v32)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    # a bf16 input read as is, the output and the gradient float32: the float32 loops' figures
+    y_mixed, dx_mixed, *_ = run(bf16(x), dy, np.float32, np.float32)
+    np.testing.assert_allclose(y_mixed, y32, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx_mixed, dx32, rtol=1e-4, atol=1e-5)
