@@ -105,6 +105,8 @@ class RowCollective(Allreduce):
     def start(self, a) -> list:
         buf, group = a(self.buffer), self.group
         out = a(self.into) if self.into else None
+        if out is not None and out.size == 0:  # no rows here (a batch of 1: generation):
+            out = np.empty(1, out.dtype)[:0]  # bytes of its own, which MPI checks
         counts = row_counts(buf, group.comm.size)
 
         def run() -> None:
