@@ -21,6 +21,9 @@ Per model, at 1 thread (meta's and PyTorch's):
   brackets, the median of paired ratios; the first losses agree (same weights);
 - Python's share of a meta training step (``meta.lv1.plan.profile_share.measure``: each
   step's time in the plan, the nodes placed as Python steps) and those nodes;
+- where meta's step goes, from the same measurement: the fused attention nodes' share, then
+  the largest op types' (``step_split``; at these sizes the projections' MatMuls, not the
+  attention, are most of a step: ``benchmarks/attention_products.py`` times the attention);
 - inference at batch 1 and 32 (eval mode): meta planned against onnxruntime (graph
   optimisations on, 1 intra-op thread), time of onnxruntime / meta (> 1: meta faster) with a
   95 % bootstrap interval, and the largest output difference.
@@ -169,6 +172,7 @@ def training(fx, name: str, folder: Path, args) -> dict:
                                                for k, v in blocks.items()},
            "seconds": blocks, "python_share": share.python_share, "python_nodes": python,
            "python_top": [(t.node, t.op_type, share.share(t)) for t in share.top_python(5)],
+           "step_split": step_split(share, placement, ops),
            "other_processes_cores": load_.cores, "load_average": os.getloadavg()[0],
            "vs": {}}
     for base in ("pytorch", "torch.compile"):
@@ -176,6 +180,23 @@ def training(fx, name: str, folder: Path, args) -> dict:
             out["vs"][base] = {"ratio": statistics.median(rates["meta planned"])
                                / statistics.median(rates[base]),
                                "paired": paired_ratio(rates["meta planned"], rates[base])}
+    return out
+
+
+def step_split(share, placement: dict[str, str], ops: dict[str, str]) -> dict[str, float]:
+    """Where meta's training step goes (``share``: each node's time in the plan): the fused
+    attention nodes (a MatMul that absorbed a Softmax), then by op type, largest first, the
+    rest as 'other' after the first four; shares of the step."""
+    attention = {w.removeprefix("fused into ") for n, w in placement.items()
+                 if ops.get(n) == "Softmax" and w.startswith("fused into ")}
+    split: dict[str, float] = {}
+    for t in share.nodes:
+        key = "attention (fused)" if t.node in attention else t.op_type
+        split[key] = split.get(key, 0.0) + share.share(t)
+    ranked = sorted(split.items(), key=lambda kv: -kv[1])
+    out = dict(ranked[:4])
+    if len(ranked) > 4:
+        out["other"] = sum(v for _, v in ranked[4:])
     return out
 
 
@@ -293,7 +314,9 @@ def main() -> int:
         print(f"{name}: {train['parameters'] / 1e6:.2f} M parameters, batch {train['batch']}, "
               f"export {train['export']}; first loss {first}; Python {train['python_share']:.1%};"
               f" inference max |meta - ORT| "
-              f"{max(i['max_abs_difference'] for i in infer):.2g}; load average "
+              f"{max(i['max_abs_difference'] for i in infer):.2g}; meta's step: "
+              + ", ".join(f"{k} {v:.1%}" for k, v in train["step_split"].items())
+              + "; load average "
               f"{os.getloadavg()[0]:.2f}, other processes {train['other_processes_cores']:.2f} "
               f"cores; {time.perf_counter() - start:.0f} s", flush=True)
         if args.json:  # after each model: a long run cut short keeps what it measured
