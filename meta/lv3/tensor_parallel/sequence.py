@@ -28,7 +28,9 @@ Rows are the batch axis (axis 0) in ``np.array_split`` order (``ops.rows``): for
 per-token network the same split as Megatron's by sequence positions, and contiguous in
 memory. Only operators that act on each row alone are split (``_rowwise``); a graph that has
 any other one in the replicated part keeps the plain tensor-parallel plan (``apply`` returns
-None), as does a graph with nothing replicated to split.
+None), as does a graph whose replicated part holds no parameters of its own (no
+LayerNorm, embedding or head: an MLP's activations and its loss are not worth the two extra
+meetings per pair).
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ class _Rows:
                                    DOMAIN, {"group": self.group, "reduce": 0}))
             self._collective(y, "output", "allgather")
         partial = self._partial_gradients()
+        if not partial:  # activations and a loss alone: not worth the extra meetings
+            raise _NotRowwise("no parameters in the replicated part")
         return dataclasses.replace(p, nodes=self.nodes, layers=self.layers,
                                    collectives=self.collectives, partial_gradients=partial,
                                    partial_outputs=self.partial_outputs)
