@@ -273,9 +273,8 @@ def main(argv: list[str]) -> int:
         f"compute bound): {alone_ms:.1f} ms = {alone_ms / (measured['single'] * 1e3):.3f} of "
         f"one process")
     made = [c for c in mine.collectives if c.phase != "output"]
-    kinds = ", ".join(f"{sum(c.kind == k for c in made)} {k.replace('_', '-')}"
-                      for k in ("allgather", "reduce_scatter", "allreduce")
-                      if any(c.kind == k for c in made))
+    labels = [c.label for c in made]
+    kinds = ", ".join(f"{labels.count(k)} {k}" for k in dict.fromkeys(labels))
     say(f"tensor parallel, rank 0: {comm_ms:.1f} ms of its step inside the collectives "
         f"({kinds}; each backward reduce-scatter started before and waited after the weight "
         f"gradients, tested between them; the time is transfers and waits for the peer), "

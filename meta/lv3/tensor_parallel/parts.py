@@ -88,6 +88,12 @@ class Collective:
     def nbytes(self, batch: int) -> int:
         return batch * self.elements * self.itemsize + self.fixed
 
+    @property
+    def label(self) -> str:
+        """Its kind as the report prints it (allreduce, reduce-scatter, all-gather)."""
+        return {"allgather": "all-gather", "reduce_scatter": "reduce-scatter"}.get(
+            self.kind, self.kind)
+
 
 @dataclass
 class Plan:
