@@ -16,7 +16,9 @@ runtime) runs in the same rounds as the yardstick: the throughput a projection g
 same minutes.
 
 Settings: ``block B`` is the causal query block (``attention.BLOCK``; ``whole``: one block,
-every product dense); ``unfused`` lowers the nodes one by one (``attention.ENABLED = False``).
+every product dense); ``scratch K`` the scores' scratch in KiB (``attention.SCRATCH_BYTES``:
+how many heads one chunk of products takes); ``unfused`` lowers the nodes one by one
+(``attention.ENABLED = False``).
 
     python benchmarks/attention_products.py                       # the fixtures' sizes
     python benchmarks/attention_products.py --sizes 8x4x256x64 --rounds 30
@@ -69,17 +71,19 @@ def attention_graph(n: int, h: int, t: int, d: int, causal: bool):
 def executor(graph, setting: str, t: int, feeds: dict) -> PlannedExecutor:
     """A training executor whose plan was lowered under ``setting`` (a plan is built on the
     first call: that call runs here, under the setting)."""
-    saved = attention.BLOCK, attention.ENABLED
+    saved = attention.BLOCK, attention.ENABLED, attention.SCRATCH_BYTES
     attention.ENABLED = setting != "unfused"
     if setting.startswith("block "):
         attention.BLOCK = t if setting == "block whole" else int(setting.split()[1])
+    if setting.startswith("scratch "):
+        attention.SCRATCH_BYTES = int(setting.split()[1]) << 10
     try:
         ex = PlannedExecutor(graph).train()
         ex.python_watch.done = True
         train_call(ex, feeds)
         return ex
     finally:
-        attention.BLOCK, attention.ENABLED = saved
+        attention.BLOCK, attention.ENABLED, attention.SCRATCH_BYTES = saved
 
 
 def train_call(ex: PlannedExecutor, feeds: dict) -> None:
@@ -157,7 +161,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="", help="comma-separated fixture names "
                         f"({', '.join(SIZES)}) or NxHxTxD[c] (c: causal); default: all fixtures")
     parser.add_argument("--settings", default="block 32,block 64,block whole,unfused",
-                        help="comma-separated: 'block B', 'block whole', 'unfused'")
+                        help="comma-separated: 'block B', 'block whole', 'scratch KiB', "
+                        "'unfused'")
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     if not runtime.available():
@@ -179,10 +184,11 @@ def main() -> int:
         sizes[item] = (*dims, item.endswith("c"))
     settings = [s.strip() for s in args.settings.split(",")]
     for s in settings:
+        word, _, n = s.partition(" ")
         if s not in ("unfused", "block whole") and not (
-                s.startswith("block ") and s.split()[1].isdigit() and int(s.split()[1]) > 0):
-            print(f"--settings: {s!r} is not 'block B', 'block whole' or 'unfused'",
-                  file=sys.stderr)
+                word in ("block", "scratch") and n.isdigit() and int(n) > 0):
+            print(f"--settings: {s!r} is not 'block B', 'block whole', 'scratch KiB' or "
+                  "'unfused'", file=sys.stderr)
             return 2
     from harness import environment, print_environment  # (imports torch: not for the tests)
     set_threads(1)

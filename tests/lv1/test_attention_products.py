@@ -1,6 +1,6 @@
 """``benchmarks/attention_products.py`` times what it says: its SDPA graph lowers to one fused
 attention node (split-head Transposes of K and V and the merge read through strides) under
-every query-block setting, node by node under 'unfused', and every setting gives the
+every query-block and scratch setting, node by node under 'unfused', and every setting gives the
 reference executor's output and gradients (so the settings it compares do the same step)."""
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ def test_every_setting_fuses_as_named_and_matches_the_reference(causal):
     feeds = {x: rng.standard_normal((n, t, h, d)).astype(np.float32) for x in "qkv"}
     ref_values, ref_grads = ReferenceExecutor(graph).train().inference_and_backprop(
         feeds, outputs=["y"], wrt=["q", "k", "v"])
-    saved = attention.BLOCK, attention.ENABLED
-    for setting in ("block 4", "block whole", "unfused"):
-        ex = attention_products.executor(graph, setting, t, feeds)
-        assert (attention.BLOCK, attention.ENABLED) == saved, "the setting leaked"
+    saved = attention.BLOCK, attention.ENABLED, attention.SCRATCH_BYTES
+    for setting in ("block 4", "block whole", "scratch 1", "unfused"):  # scratch 1: 2 heads
+        ex = attention_products.executor(graph, setting, t, feeds)      # a chunk
+        assert (attention.BLOCK, attention.ENABLED, attention.SCRATCH_BYTES) == saved, \
+            "the setting leaked"
         place = ex.placement()
         for node in FUSED + (("masked",) if causal else ()):
             want = "fused into scores" if setting != "unfused" else None
