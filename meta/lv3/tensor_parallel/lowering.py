@@ -32,7 +32,7 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context, py_step
-from meta.lv1.plan.memory import root
+from meta.lv1.plan.memory import Value, root
 from meta.lv1.plan.overlap import add_pair
 from meta.lv3.comm.polling import poll_all
 from meta.lv3.tensor_parallel.rows import row_counts, rows
@@ -216,10 +216,19 @@ def _f32(ctx: Context, node: Node) -> bool:
 
 
 def _rows_step(pb: PlanBuilder, whole: str, part: str, into_whole: bool, name: str,
-               phase: str, group: Any) -> None:
+               phase: str, group: Any, alias: bool = False) -> None:
     """Copy this rank's rows between ``whole`` and ``part`` (into ``whole``'s rows, or out of
-    them), one C++ copy."""
+    them), one C++ copy; with ``alias``, into ``whole`` without a copy where ``part`` is an
+    arena value of its own: its bytes become ``whole``'s rows (the step that computes it
+    writes them there)."""
     mine = rows(pb.values[whole].shape[0], group.comm.size, group.comm.rank)
+    v, w = pb.values[part], pb.values[whole]
+    if alias and into_whole and v.storage == "arena" and v.layout == w.layout == "plain" \
+            and v.dtype == w.dtype and v.shape == (mine.stop - mine.start, *w.shape[1:]):
+        per_row = int(np.prod(w.shape[1:], dtype=np.int64))
+        pb.values[part] = Value(part, v.shape, v.dtype, "plain", "view", whole,
+                                mine.start * per_row)
+        return
 
     def build(a):
         w, p = a(whole), a(part)
@@ -253,7 +262,7 @@ def scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
         if target is None:
             return
         _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
-                   group)
+                   group, True)
         RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
     return Lowered(node, backward, PLACEMENT)
 
@@ -270,7 +279,8 @@ def gather_rows(ctx: Context, node: Node, op) -> Lowered | None:
     src = pb.require_layout(x, "plain")
     group = op.communicator()
     pb.output(y, ctx.shape(y), ctx.dtype(y))
-    _rows_step(pb, y, src, True, f"{node.name} rows", "forward", group)
+    alone = len(ctx.consumers.get(x, [])) == 1 and x not in ctx.protected
+    _rows_step(pb, y, src, True, f"{node.name} rows", "forward", group, alone)
     RowCollective(group, f"{node.name} allgather", y).add(pb, "forward")
     if not ctx.needs(x):
         return Lowered(node, None, PLACEMENT)
@@ -314,7 +324,7 @@ def reduce_scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
         if target is None:
             return
         _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
-                   group)
+                   group, True)
         RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
     return Lowered(node, backward, PLACEMENT)
 

@@ -167,8 +167,9 @@ class _Rows:
             self._collective(x, "backward", "reduce_scatter")
         elif node.op_type == "AllReduceSum":
             name = f"{y}@rows"
-            self.nodes.append(Node("ReduceScatterRows", [x], [name], node.name, DOMAIN,
-                                   {"group": self.group}))
+            self.nodes.append(Node("ReduceScatterRows", [x], [name],
+                                   node.name.replace("/allreduce", "/reduce_scatter"),
+                                   DOMAIN, {"group": self.group}))
             self.rows[y] = name
             self._collective(y, "forward", "reduce_scatter")
             if self._needs_grad(x):

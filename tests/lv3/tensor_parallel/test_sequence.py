@@ -35,7 +35,7 @@ def test_the_gpt_runs_its_replicated_part_on_rows(ranks: int) -> None:
     assert all(layers[n].share == 1 / ranks for n in rowwise)
     ops = {n.name: n.op_type for n in mine.nodes if n.domain == DOMAIN}
     assert ops["h0.ln1/copy"] == "GatherRows" and ops["input/rows"] == "ScatterRows"
-    assert ops["h0.attn.proj.matmul/allreduce"] == "ReduceScatterRows"
+    assert ops["h0.attn.proj.matmul/reduce_scatter"] == "ReduceScatterRows"
     assert ops["loss/share"] == "ShareOfMean" and ops["logits/gather"] == "GatherRows"
     kinds = [(c.phase, c.kind) for c in mine.collectives]
     per_pair = [("forward", "allgather"), ("backward", "reduce_scatter"),
