@@ -15,6 +15,13 @@ backward's allreduces overlapped:
   output is a view of the partial sum (no copy in, none out). Its backward passes the gradient
   through (a view where it can be, else a copy). Nothing in a forward can run while it waits
   (everything after reads it), but it goes through the same pair of steps.
+* Sequence parallelism's collectives (``sequence``) run the same way: ``ReduceScatterRows``
+  a nonblocking reduce-scatter of the partial sum into this rank's rows (backward: the
+  gradient's rows written in place into the partial sum's gradient, the others gathered
+  there); ``GatherRows`` an in-place all-gather into a buffer where the LayerNorm already
+  wrote this rank's rows (backward: the reduce-scatter of the gradient, overlapped as the
+  allreduce it replaces); ``ScatterRows`` a view of this rank's rows; ``ShareOfMean`` two
+  small steps.
 
 The steps are Python steps calling mpi4py (a few microseconds each); the bytes and the seconds
 inside them are counted on the ``Group`` as its blocking ``allreduce`` counts them, so the
@@ -248,11 +255,11 @@ def scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
     shape = ctx.shape(x)
     mine = rows(shape[0], group.comm.size, group.comm.rank)
     per_row = int(np.prod(shape[1:], dtype=np.int64))
+    if ctx.needs(x) and not _f32(ctx, node):
+        return None
     pb.view(y, src, ctx.shape(y), mine.start * per_row)
     if not ctx.needs(x):
         return Lowered(node, None, PLACEMENT)
-    if not _f32(ctx, node):
-        return None
 
     def backward(pb: PlanBuilder) -> None:
         g = pb.grad(y)
@@ -268,8 +275,9 @@ def scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
 
 
 def gather_rows(ctx: Context, node: Node, op) -> Lowered | None:
-    """Forward: this rank's rows copied into the whole output, gathered in place from every
-    rank. Backward: the output's gradient reduce-scattered into the input's (``reduce``:
+    """Forward: this rank's rows in the whole output (computed there by the node that makes
+    them, where they are its own arena value; else copied), the others gathered into it in
+    place from every rank. Backward: the output's gradient reduce-scattered into the input's (``reduce``:
     overlapped with the weight gradients of the column layers reading the output, as the
     allreduce it stands for), or its rows copied (a graph output)."""
     if not _f32(ctx, node):
