@@ -5,12 +5,14 @@ Run:  mpiexec -n 2 meta run recipes/shakespeare_gpt_tensor_parallel.py
 
 Each rank holds half of every block's attention heads and of its MLP's hidden features: the
 Q, K, V and first MLP weights by columns (column-parallel), the attention and MLP output
-projections by rows (row-parallel), so every block makes one allreduce of its attention's
-output and one of its MLP's forward, and one of each LayerNorm output's gradient backward.
-The embeddings, LayerNorms and the tied output head stay whole on every rank. Each rank runs
-its part on the planned executor, as one compiled plan whose allreduces are steps of it (in
-place; each backward one overlapped with the weight gradients: ``meta.lv3.tensor_parallel.
-lowering``); every rank takes every batch.
+projections by rows (row-parallel). The embeddings, LayerNorms, residual adds, the tied
+output head and the loss, which every rank would otherwise repeat whole, run on each rank's
+share of the batch's rows (Megatron-LM's sequence parallelism, the strategy's default
+``distributed.sequence_parallel``): each allreduce of a block's attention and MLP output
+becomes a reduce-scatter and an all-gather, the same bytes, forward and backward. Each rank
+runs its part on the planned executor, as one compiled plan whose collectives are steps of it
+(in place; the backward ones overlapped with the weight gradients: ``meta.lv3.
+tensor_parallel.lowering``); every rank takes every batch.
 ``model.dropout`` must stay 0 (each rank
 would draw its own masks for the values all ranks hold alike: refused).
 """

@@ -16,6 +16,8 @@ tests/lv3/tensor_parallel/test_gpt_parallel.py compares the pipelined and the pa
 
 from __future__ import annotations
 
+import re
+
 import json
 import sys
 from pathlib import Path
@@ -78,13 +80,19 @@ def test_the_gpt_over_2_pipeline_stages(tmp_path, shakespeare, mpirun):
 
 
 def test_the_gpt_with_tensor_parallel_blocks(tmp_path, shakespeare, mpirun):
-    """Megatron's split: 8 column-parallel and 4 row-parallel layers in 2 blocks, 4 allreduces
-    forward and 4 backward per step."""
+    """Megatron's split: 8 column-parallel and 4 row-parallel layers in 2 blocks; with
+    sequence parallelism (the default) 4 all-gathers and 4 reduce-scatters forward, as many
+    backward, and one allreduce of the replicated parameters' gradients with the loss."""
     output, history = _run(tmp_path, mpirun, 2,
                            _short("shakespeare_gpt_tensor_parallel", 1280, 1),
                            "gpt_tensor_parallel_short")
     assert "partitioned over 2 ranks: 8 column-parallel, 4 row-parallel" in output, output
-    assert output.count("  allreduce ") == 8, output
+    collectives = re.findall(r"^  (\S+) +(forward|backward) ", output, re.MULTILINE)
+    for kind in ("all-gather", "reduce-scatter"):  # 4 a step each way
+        for phase in ("forward", "backward"):
+            assert collectives.count((kind, phase)) == 4, output
+    assert collectives.count(("allreduce", "backward")) == 1, output
+    assert len(collectives) == 17, output
     assert output.count("--- sample after epoch 1 ---") == 1, output  # rank 0 prints
     assert history[-1]["test_loss"] <= BOUND, history
 
