@@ -206,8 +206,9 @@ def main(argv: list[str]) -> int:
         opts[name].step(runs[name].inference_and_backprop(feeds)[1])
 
     samples: dict[str, list[float]] = {name: [] for name in runs}
-    group = groups(key)
-    inside: list[float] = []  # TP: seconds a step spent in its collectives (this rank)
+    counted = {"tensor_parallel": groups(key), "tp_plain": groups(plain_key)}
+    # TP: seconds a step spent in its collectives (this rank), with and without
+    inside: dict[str, list[float]] = {name: [] for name in counted}
     for _ in range(args.repeats):
         for name in runs:
             poll_barrier(comm)
@@ -215,12 +216,13 @@ def main(argv: list[str]) -> int:
             took = 0.0
             if root or not alone:
                 step(name)  # untimed
+                group = counted.get(name, groups(alone_key))
                 t0, s0 = time.perf_counter(), group.seconds
                 for _ in range(args.steps):
                     step(name)
                 took = (time.perf_counter() - t0) / args.steps
-                if name == "tensor_parallel":
-                    inside.append((group.seconds - s0) / args.steps)
+                if name in inside:
+                    inside[name].append((group.seconds - s0) / args.steps)
             if not alone:
                 took = float(comm.allgather(np.array([took]))[:, 0].max())
             samples[name].append(took)
@@ -257,12 +259,14 @@ def main(argv: list[str]) -> int:
             f"{'' if bound is None else f'{bound:.2f}':>6} {pred:>12.1f} {err:>+7.1%} "
             f"{verdict}{off}")
     plain_ms = measured["tp_plain"] * 1e3
+    plain_comm = statistics.median(inside["tp_plain"]) * 1e3
     figures["without_sequence_parallelism_ms"] = plain_ms
     say(f"tensor parallel without sequence parallelism (every rank repeats the embeddings, "
         f"LayerNorms, residual adds, head and loss whole; one allreduce in place of each "
         f"reduce-scatter and all-gather): {plain_ms:.1f} ms = "
-        f"{plain_ms / (measured['single'] * 1e3):.3f} of one process")
-    comm_ms = statistics.median(inside) * 1e3
+        f"{plain_ms / (measured['single'] * 1e3):.3f} of one process, rank 0 {plain_comm:.1f} "
+        f"ms of it inside the collectives, {plain_ms - plain_comm:.1f} ms outside")
+    comm_ms = statistics.median(inside["tensor_parallel"]) * 1e3
     figures["tensor_parallel_parts_ms"] = {
         "measured_in_collectives": comm_ms, "measured_rest": measured["tensor_parallel"] * 1e3
         - comm_ms, "predicted_comm": tp_pred.comm_s * 1e3,
