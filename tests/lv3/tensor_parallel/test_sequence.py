@@ -121,3 +121,22 @@ def test_the_row_operators_on_one_process() -> None:
         assert float(y) == pytest.approx(2.0)
     finally:
         release(key)
+
+
+def test_a_reduce_scatter_pair_owns_both_buffers_from_start_to_wait() -> None:
+    """``overlap.add_pair`` with ``into``: the start and the wait read and write the source
+    and the output, so the scheduler moves no step that touches either between them."""
+    from meta.lv1.plan.builder import PlanBuilder
+    from meta.lv1.plan.memory import Value
+    from meta.lv1.plan.overlap import Start, Wait, add_pair, schedule
+
+    values = {n: Value(n, (4,), np.dtype(np.float32)) for n in ("g", "out", "x", "y", "z")}
+    pb = PlanBuilder(values, True, None)
+    pb.step("free", ["x"], ["y"], lambda a: [], "backward")
+    pb.step("reads out", ["out"], ["z"], lambda a: [], "backward")
+    add_pair(pb, "rs", "g", lambda a: [], lambda a: [], lambda a: [], "backward", into="out")
+    start, wait = pb.steps[-2:]
+    assert isinstance(start, Start) and isinstance(wait, Wait)
+    assert set(start.reads) == set(start.writes) == set(wait.writes) == {"g", "out"}
+    order = [s.name for s in schedule(pb.steps, values)]
+    assert order == ["reads out", "rs start", "free", "rs progress", "rs wait"], order
