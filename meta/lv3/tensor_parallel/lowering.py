@@ -245,6 +245,23 @@ def _rows_step(pb: PlanBuilder, whole: str, part: str, into_whole: bool, name: s
             phase)
 
 
+def _gathered_gradient(node: Node, group: Any, src: str, y: str):
+    """The backward of a node whose output is this rank's rows of ``src``: the gradient's
+    rows (written straight into ``src``'s gradient where they can be) gathered from every
+    rank in place."""
+    def backward(pb: PlanBuilder) -> None:
+        g = pb.grad(y)
+        if g is None:
+            return
+        target = pb.grad_target(src)
+        if target is None:
+            return
+        _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
+                   group, True)
+        RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
+    return backward
+
+
 def scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
     """Forward: this rank's rows of the input, a view of them. Backward: the gradient's rows
     gathered from every rank (into a whole buffer, in place), added to the input's."""
@@ -261,17 +278,7 @@ def scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
     if not ctx.needs(x):
         return Lowered(node, None, PLACEMENT)
 
-    def backward(pb: PlanBuilder) -> None:
-        g = pb.grad(y)
-        if g is None:
-            return
-        target = pb.grad_target(src)
-        if target is None:
-            return
-        _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
-                   group, True)
-        RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
-    return Lowered(node, backward, PLACEMENT)
+    return Lowered(node, _gathered_gradient(node, group, src, y), PLACEMENT)
 
 
 def gather_rows(ctx: Context, node: Node, op) -> Lowered | None:
@@ -324,17 +331,7 @@ def reduce_scatter_rows(ctx: Context, node: Node, op) -> Lowered | None:
     if not ctx.needs(x):
         return Lowered(node, None, PLACEMENT)
 
-    def backward(pb: PlanBuilder) -> None:
-        g = pb.grad(y)
-        if g is None:
-            return
-        target = pb.grad_target(src)
-        if target is None:
-            return
-        _rows_step(pb, target[0], g, True, f"{node.name} backward rows", "backward",
-                   group, True)
-        RowCollective(group, f"{node.name} allgather", target[0]).add(pb, "backward")
-    return Lowered(node, backward, PLACEMENT)
+    return Lowered(node, _gathered_gradient(node, group, src, y), PLACEMENT)
 
 
 def share_of_mean(ctx: Context, node: Node, op) -> Lowered | None:

@@ -97,6 +97,13 @@ class Group:
         self.seconds += time.perf_counter() - start
         return mine
 
+    def gathered(self, part: np.ndarray, batch: int) -> np.ndarray:
+        """Every rank's rows of a batch of ``batch`` rows (this rank's: ``part``), on every
+        rank."""
+        whole = np.empty((batch, *np.shape(part)[1:]), np.asarray(part).dtype)
+        whole[rows(batch, self.comm.size, self.comm.rank)] = part
+        return self.allgather_rows(whole)
+
     def allgather_rows(self, whole: np.ndarray) -> np.ndarray:
         """Every rank's rows of ``whole`` (each rank's own already in place) on every rank, in
         place."""
@@ -174,14 +181,11 @@ class ScatterRows(GroupCollective):
 
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         comm = self.communicator().comm
-        ctx.save(shape=np.shape(x))
+        ctx.save(batch=len(x))
         return np.array(x[rows(len(x), comm.size, comm.rank)], copy=True)
 
     def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
-        group = self.communicator()
-        dx = np.empty(ctx.shape, dy.dtype)
-        dx[rows(len(dx), group.comm.size, group.comm.rank)] = dy
-        return (group.allgather_rows(dx),)
+        return (self.communicator().gathered(dy, ctx.batch),)
 
 
 class GatherRows(GroupCollective):
@@ -196,10 +200,7 @@ class GatherRows(GroupCollective):
     no_grad_inputs = (1,)
 
     def forward(self, ctx: Any, x: np.ndarray, batch: np.ndarray) -> np.ndarray:
-        group = self.communicator()
-        y = np.empty((len(batch), *np.shape(x)[1:]), np.asarray(x).dtype)
-        y[rows(len(y), group.comm.size, group.comm.rank)] = x
-        return group.allgather_rows(y)
+        return self.communicator().gathered(x, len(batch))
 
     def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray, None]:
         group = self.communicator()
@@ -218,15 +219,12 @@ class ReduceScatterRows(GroupCollective):
     def forward(self, ctx: Any, x: np.ndarray) -> np.ndarray:
         group = self.communicator()
         mine = rows(len(x), group.comm.size, group.comm.rank)
-        ctx.save(shape=np.shape(x))
+        ctx.save(batch=len(x))
         y = np.empty((mine.stop - mine.start, *np.shape(x)[1:]), np.asarray(x).dtype)
         return group.reduce_scatter_rows(np.ascontiguousarray(x), y)
 
     def backward(self, ctx: Any, dy: np.ndarray) -> tuple[np.ndarray]:
-        group = self.communicator()
-        dx = np.empty(ctx.shape, dy.dtype)
-        dx[rows(len(dx), group.comm.size, group.comm.rank)] = dy
-        return (group.allgather_rows(dx),)
+        return (self.communicator().gathered(dy, ctx.batch),)
 
 
 class ShareOfMean(Operator):
