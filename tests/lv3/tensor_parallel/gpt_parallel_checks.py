@@ -60,26 +60,39 @@ def partitioned(graph: Graph, comm: Communicator, kind: type = ReferenceExecutor
                                groups(key), shapes)
 
 
+def _matches_one_process(part: PartitionedExecutor, graph: Graph, where: str,
+                         atol: float = TOLERANCE, steps: int = 1) -> None:
+    """``steps`` training steps of ``part`` on one batch of 5: the loss, logits and this
+    rank's gradients as one reference process's; then evaluated (loss and logits) and
+    unlabelled (logits, as generation asks) alike."""
+    feeds = batch(5, seed=1)
+    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
+        feeds, outputs=["logits"])
+    for _ in range(steps):  # the second step runs a compiled plan again
+        values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
+    assert sorted(grads) == sorted(part.local_graph.parameters), where
+    rank = part.plan.rank
+    for name, g in grads.items():
+        _close(g, part.plan.shards[name][rank].take(want[name]), f"{where}: {name}", atol)
+    for k in ("loss", "logits"):
+        _close(values[k], want_values[k], f"{where}: {k}", atol)
+    evaluated = part.eval().inference(feeds, ["loss", "logits"])
+    for k in ("loss", "logits"):
+        _close(evaluated[k], want_values[k], f"{where}: evaluated {k}", atol)
+    unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]
+    _close(unlabelled, want_values["logits"], f"{where}: unlabelled", atol)
+    part.train(True)
+
+
 def check_tensor_parallel_gpt_matches_single_process(comm: Communicator) -> None:
     """Megatron's split of every block: Q, K, V and the MLP's first layer column-parallel
     (2 heads a rank), the attention projection and the MLP's second layer row-parallel; one
     allreduce forward and one backward per attention and per MLP; loss, logits and this rank's
     gradients as one process's."""
     graph = small_gpt()
-    feeds = batch(5, seed=1)
-    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
-        feeds, outputs=["logits"])
     part = partitioned(graph, comm)
-    values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
     where = f"rank {comm.rank}/{comm.size}"
-    assert sorted(grads) == sorted(part.local_graph.parameters), where
-    for name, g in grads.items():
-        _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}")
-    for k in ("loss", "logits"):
-        _close(values[k], want_values[k], f"{where}: {k}")
-    _close(part.eval().inference(feeds, ["logits"])["logits"], want_values["logits"], where)
-    unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]  # generation
-    _close(unlabelled, want_values["logits"], where)
+    _matches_one_process(part, graph, where)
     layers = part.plan.layers
     if comm.size == 1:
         assert part.plan.collectives == [] and part.bytes_sent == 0
@@ -213,22 +226,9 @@ def check_sequence_parallel_gpt_matches_single_process(comm: Communicator) -> No
     logits (gathered when asked for) and this rank's gradients as one process's, the
     bytes sent those of the plan."""
     graph = small_gpt()
-    feeds = batch(5, seed=1)
-    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
-        feeds, outputs=["logits"])
     part = partitioned(graph, comm, sequence=True)
-    values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
     where = f"rank {comm.rank}/{comm.size} (sequence parallel)"
-    assert sorted(grads) == sorted(part.local_graph.parameters), where
-    for name, g in grads.items():
-        _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}")
-    for k in ("loss", "logits"):
-        _close(values[k], want_values[k], f"{where}: {k}")
-    evaluated = part.eval().inference(feeds, ["loss", "logits"])
-    for k in ("loss", "logits"):
-        _close(evaluated[k], want_values[k], f"{where}: evaluated {k}")
-    unlabelled = part.inference({"input": feeds["input"]}, ["logits"])["logits"]
-    _close(unlabelled, want_values["logits"], where)
+    _matches_one_process(part, graph, where)
     if comm.size == 1:
         assert part.plan.partial_gradients == [], where
         return
@@ -260,13 +260,9 @@ def check_planned_sequence_parallel_gpt_matches_single_process(comm: Communicato
     of the plan, each backward reduce-scatter started before and waited after the weight
     gradients of the column layers it feeds): two steps within 1e-5 of one process."""
     graph = small_gpt(dtype=np.float32)
-    feeds = batch(5, seed=1)
-    want_values, want = ReferenceExecutor(graph).train(True).inference_and_backprop(
-        feeds, outputs=["logits"])
     part = partitioned(graph, comm, PlannedExecutor, sequence=True)
-    for _ in range(2):
-        values, grads = part.inference_and_backprop(feeds, outputs=["logits"])
     where = f"rank {comm.rank}/{comm.size} (planned, sequence parallel)"
+    part.inference_and_backprop(batch(5, seed=1), outputs=["logits"])
     if comm.size > 1:
         names = [(s.name, s.node) for s in part.executor._last.records["backward"]]
         for block in ("h0", "h1"):
@@ -276,14 +272,7 @@ def check_planned_sequence_parallel_gpt_matches_single_process(comm: Communicato
                 wait = names.index((f"{gather} reduce_scatter wait", gather))
                 between = {node for _, node in names[start + 1:wait]}
                 assert {f"{block}.{x}.matmul" for x in layers} <= between, (where, between)
-    for name, g in grads.items():
-        _close(g, part.plan.shards[name][comm.rank].take(want[name]), f"{where}: {name}",
-               PLANNED_TOLERANCE)
-    for k in ("loss", "logits"):
-        _close(values[k], want_values[k], f"{where}: {k}", PLANNED_TOLERANCE)
-    evaluated = part.eval().inference(feeds, ["loss", "logits"])
-    for k in ("loss", "logits"):  # the loss's parts summed, the logits gathered
-        _close(evaluated[k], want_values[k], f"{where}: evaluated {k}", PLANNED_TOLERANCE)
+    _matches_one_process(part, graph, where, PLANNED_TOLERANCE)  # the plan run again
 
 
 def _check_overlapped(steps: list, where: str) -> None:
