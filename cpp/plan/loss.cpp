@@ -15,7 +15,9 @@
 // bit: in tests/lv1/test_batchnorm_precision.py's CNN one pre-ReLU value sits 8e-7 below zero
 // at step 5 (PyTorch float64), exp_vec's 1-ulp differences in dscores put it above, and its
 // parameters end 3.6e-4 from PyTorch's instead of 1.4e-6 (PyTorch float32 itself, its initial
-// weights moved by 1 ulp, lands that far in 3 of 12 tries).
+// weights moved by 1 ulp, lands that far in 3 of 12 tries). Rows of kVectorClasses classes or
+// more (a language model's (N*T, vocab) logits) take exp_vec with a vectorised sum too: there
+// std::exp's scalar calls were 5-9 % of a GPT-2 or Llama fixture's training step.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,6 +29,10 @@
 namespace meta::plan {
 
 namespace {
+
+// From this many classes an (N, C) row's e^x is vectorised (exp_vec, sums in lanes): a
+// vocabulary, not a classifier's few classes, whose bits the scalar loop keeps (see the top).
+constexpr std::int64_t kVectorClasses = 256;
 
 constexpr std::int64_t kBlock = 64;  // elements d per task when D > 1
 constexpr std::int64_t kParallelMin = 1 << 15;  // below this many scores: one thread
@@ -110,7 +116,12 @@ StepPtr cross_entropy(const std::string& node, std::int64_t n, std::int64_t c, s
 #pragma omp simd reduction(max : mx)
           for (std::int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
           float zz = 0;
-          for (std::int64_t j = 0; j < c; ++j) zz += std::exp(row[j] - mx);  // in order
+          if (c >= kVectorClasses) {
+#pragma omp simd reduction(+ : zz)
+            for (std::int64_t j = 0; j < c; ++j) zz += meta::exp_vec(row[j] - mx);
+          } else {
+            for (std::int64_t j = 0; j < c; ++j) zz += std::exp(row[j] - mx);  // in order
+          }
           const float lz = mx + std::log(zz);
 #pragma omp simd
           for (std::int64_t j = 0; j < c; ++j) out[j] = row[j] - lz;
@@ -246,7 +257,13 @@ StepPtr cross_entropy_backward(std::int64_t n, std::int64_t c, std::int64_t d,
         for (std::int64_t q = 0; q < len; ++q) g[q] = k[q] - g[q];  // the softmax's factor
         if (d == 1) {  // one element, classes contiguous
           const float f = g[0];  // std::exp, as the forward (see the top)
-          if (grow) {
+          if (c >= kVectorClasses && grow) {
+#pragma omp simd
+            for (std::int64_t j = 0; j < c; ++j) drow[j] = meta::exp_vec(lrow[j]) * f + grow[j];
+          } else if (c >= kVectorClasses) {
+#pragma omp simd
+            for (std::int64_t j = 0; j < c; ++j) drow[j] = meta::exp_vec(lrow[j]) * f;
+          } else if (grow) {
             for (std::int64_t j = 0; j < c; ++j) drow[j] = std::exp(lrow[j]) * f + grow[j];
           } else {
             for (std::int64_t j = 0; j < c; ++j) drow[j] = std::exp(lrow[j]) * f;

@@ -81,7 +81,8 @@ def both(graph, feeds, outputs=None, wrt=("x",)):
     return ref, ours, planned
 
 
-@pytest.mark.parametrize("shape", [(6, 5), (3, 7, 9), (2, 4, 3, 70)])
+# (70, 300): a vocabulary-sized (N, C) row, past kVectorClasses (exp_vec and lane sums)
+@pytest.mark.parametrize("shape", [(6, 5), (3, 7, 9), (2, 4, 3, 70), (70, 300)])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ignore_index", [None, IGNORE, 2])
 @pytest.mark.parametrize("weights", [False, True])
