@@ -14,6 +14,9 @@
 // read only by bf16 convolutions), the output gradient and the input gradient may each be
 // bf16. Every element is widened to float32 as it is read and rounded once as it is written;
 // the statistics and the backward's sums stay double, the per-channel arithmetic float32.
+// There a BatchNorm may also add a residual before its ReLU (a ResNet block's end, y =
+// relu(bn(x) + r), autocast's bf16 Add and ReLU in one pass): its backward masks dy by y > 0
+// and writes that masked gradient as r's too.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -150,20 +153,20 @@ META_INLINE void stat_sums(const TX* __restrict x, std::int64_t n0, std::int64_t
   }
 }
 
-// y = relu?(((x - mean) * inv_std) * scale + shift), rounded once.
-template <bool RELU, typename TX, typename TY>
-META_INLINE void apply_rows(const TX* __restrict x, TY* __restrict y, std::int64_t n0,
-                            std::int64_t n1, std::int64_t c, std::int64_t s,
+// y = relu?(((x - mean) * inv_std) * scale + shift [+ res]), rounded once (res: RES).
+template <bool RELU, bool RES, typename TX, typename TY, typename TR>
+META_INLINE void apply_rows(const TX* __restrict x, TY* __restrict y, const TR* __restrict res,
+                            std::int64_t n0, std::int64_t n1, std::int64_t c, std::int64_t s,
                             const float* __restrict mean, const float* __restrict inv,
                             const float* __restrict sc, const float* __restrict sh) {
   for (std::int64_t i = n0; i < n1; ++i) {
     if (s == 1) {
-      const TX* xr = x + i * c;
-      TY* yr = y + i * c;
+      const std::int64_t o = i * c;
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j) {
-        const float r = ((widen(xr[j]) - mean[j]) * inv[j]) * sc[j] + sh[j];
-        put(yr[j], RELU ? std::max(r, 0.f) : r);
+        float r = ((widen(x[o + j]) - mean[j]) * inv[j]) * sc[j] + sh[j];
+        if constexpr (RES) r += widen(res[o + j]);
+        put(y[o + j], RELU ? std::max(r, 0.f) : r);
       }
       continue;
     }
@@ -172,25 +175,40 @@ META_INLINE void apply_rows(const TX* __restrict x, TY* __restrict y, std::int64
       const float m = mean[j], iv = inv[j], a = sc[j], b = sh[j];
 #pragma omp simd
       for (std::int64_t k = 0; k < s; ++k) {
-        const float r = ((widen(x[base + k]) - m) * iv) * a + b;
+        float r = ((widen(x[base + k]) - m) * iv) * a + b;
+        if constexpr (RES) r += widen(res[base + k]);
         put(y[base + k], RELU ? std::max(r, 0.f) : r);
       }
     }
   }
 }
 
-// The gradient reaching the normalisation: dy, or through the fused ReLU (the forward's
-// output recomputed as it computed it: > 0 passes dy).
-template <bool RELU, typename TG>
-META_INLINE float grad_in(TG dy, float xv, float m, float inv, float sc, float sh) {
+// How the backward finds the gradient reaching the normalisation: dy (kPlain), through the
+// fused ReLU (kRelu: the forward's output recomputed as it computed it, > 0 passes dy), or
+// through the ReLU after a residual addition (kResidual: the output y read, > 0 passes dy).
+enum Mode { kPlain, kRelu, kResidual };
+
+// (y: the output's row, read only by kResidual; k its element)
+template <int MODE, typename TG, typename TY>
+META_INLINE float grad_in(TG dy, const TY* __restrict y, std::int64_t k, float xv, float m,
+                          float inv, float sc, float sh) {
   const float g = widen(dy);
-  if constexpr (RELU) return ((xv - m) * inv) * sc + sh > 0.f ? g : 0.f;
+  if constexpr (MODE == kRelu) return ((xv - m) * inv) * sc + sh > 0.f ? g : 0.f;
+  if constexpr (MODE == kResidual) return widen(y[k]) > 0.f ? g : 0.f;
   return g;
 }
 
+// Row i's start in a (null without kResidual) array of y's or dr's shape.
+template <int MODE, typename T>
+META_INLINE T* row(T* a, std::int64_t offset) {
+  if constexpr (MODE == kResidual) return a + offset;
+  return a;
+}
+
 // The backward's sums: s1[j] += sum g, s2[j] += sum g * (x - mean), in double.
-template <bool RELU, typename TX, typename TG>
-META_INLINE void grad_sums(const TX* __restrict x, const TG* __restrict dy, std::int64_t n0,
+template <int MODE, typename TX, typename TG, typename TY>
+META_INLINE void grad_sums(const TX* __restrict x, const TG* __restrict dy,
+                           const TY* __restrict y, std::int64_t n0,
                            std::int64_t n1, std::int64_t c, std::int64_t s,
                            const float* __restrict mean, const float* __restrict inv,
                            const float* __restrict sc, const float* __restrict sh,
@@ -199,24 +217,27 @@ META_INLINE void grad_sums(const TX* __restrict x, const TG* __restrict dy, std:
     if (s == 1) {
       const TX* xr = x + i * c;
       const TG* gr = dy + i * c;
+      const TY* yr = row<MODE>(y, i * c);
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j) {
         const float xv = widen(xr[j]);
-        const float g = grad_in<RELU>(gr[j], xv, mean[j], inv[j], sc[j], sh[j]);
+        const float g = grad_in<MODE>(gr[j], yr, j, xv, mean[j], inv[j], sc[j], sh[j]);
         s1[j] += g;
         s2[j] += double(g) * (double(xv) - double(mean[j]));
       }
       continue;
     }
     for (std::int64_t j = 0; j < c; ++j) {
-      const TX* xr = x + (i * c + j) * s;
-      const TG* gr = dy + (i * c + j) * s;
+      const std::int64_t base = (i * c + j) * s;
+      const TX* xr = x + base;
+      const TG* gr = dy + base;
+      const TY* yr = row<MODE>(y, base);
       const float m = mean[j], iv = inv[j], a = sc[j], b = sh[j];
       double r1 = 0.0, r2 = 0.0;
 #pragma omp simd reduction(+ : r1, r2)
       for (std::int64_t k = 0; k < s; ++k) {
         const float xv = widen(xr[k]);
-        const float g = grad_in<RELU>(gr[k], xv, m, iv, a, b);
+        const float g = grad_in<MODE>(gr[k], yr, k, xv, m, iv, a, b);
         r1 += g;
         r2 += double(g) * (double(xv) - double(m));
       }
@@ -226,10 +247,11 @@ META_INLINE void grad_sums(const TX* __restrict x, const TG* __restrict dy, std:
   }
 }
 
-// dx = k (g - (sum_dy + xhat sum_dy_xhat) / count), k = scale * inv_std, rounded once.
-template <bool RELU, typename TX, typename TG, typename TD>
+// dx = k (g - (sum_dy + xhat sum_dy_xhat) / count), k = scale * inv_std, rounded once; with
+// a residual (kResidual) g is also r's gradient, written to dr (added to it with ADD).
+template <int MODE, bool ADD, typename TX, typename TG, typename TD, typename TY>
 META_INLINE void grad_dx(const TX* __restrict x, const TG* __restrict dy, TD* __restrict dx,
-                         std::int64_t n0, std::int64_t n1, std::int64_t c, std::int64_t s,
+                         const TY* __restrict y, float* __restrict dr, std::int64_t n0, std::int64_t n1, std::int64_t c, std::int64_t s,
                          const float* __restrict mean, const float* __restrict inv,
                          const float* __restrict sc, const float* __restrict sh,
                          const float* __restrict kk, const float* __restrict sd,
@@ -238,12 +260,15 @@ META_INLINE void grad_dx(const TX* __restrict x, const TG* __restrict dy, TD* __
     if (s == 1) {
       const TX* xr = x + i * c;
       const TG* gr = dy + i * c;
-      TD* dr = dx + i * c;
+      TD* dxr = dx + i * c;
+      const TY* yr = row<MODE>(y, i * c);
+      float* drr = row<MODE>(dr, i * c);
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j) {
         const float xv = widen(xr[j]);
-        const float g = grad_in<RELU>(gr[j], xv, mean[j], inv[j], sc[j], sh[j]);
-        put(dr[j], kk[j] * (g - (sd[j] + ((xv - mean[j]) * inv[j]) * sdx[j]) / count));
+        const float g = grad_in<MODE>(gr[j], yr, j, xv, mean[j], inv[j], sc[j], sh[j]);
+        put(dxr[j], kk[j] * (g - (sd[j] + ((xv - mean[j]) * inv[j]) * sdx[j]) / count));
+        if constexpr (MODE == kResidual) drr[j] = ADD ? drr[j] + g : g;
       }
       continue;
     }
@@ -251,11 +276,17 @@ META_INLINE void grad_dx(const TX* __restrict x, const TG* __restrict dy, TD* __
       const std::int64_t base = (i * c + j) * s;
       const float m = mean[j], iv = inv[j], a = sc[j], b = sh[j], kj = kk[j], sdj = sd[j],
                   sdxj = sdx[j];
+      const TX* xr = x + base;
+      const TG* gr = dy + base;
+      TD* dxr = dx + base;
+      const TY* yr = row<MODE>(y, base);
+      float* drr = row<MODE>(dr, base);
 #pragma omp simd
       for (std::int64_t k = 0; k < s; ++k) {
-        const float xv = widen(x[base + k]);
-        const float g = grad_in<RELU>(dy[base + k], xv, m, iv, a, b);
-        put(dx[base + k], kj * (g - (sdj + ((xv - m) * iv) * sdxj) / count));
+        const float xv = widen(xr[k]);
+        const float g = grad_in<MODE>(gr[k], yr, k, xv, m, iv, a, b);
+        put(dxr[k], kj * (g - (sdj + ((xv - m) * iv) * sdxj) / count));
+        if constexpr (MODE == kResidual) drr[k] = ADD ? drr[k] + g : g;
       }
     }
   }
@@ -264,12 +295,12 @@ META_INLINE void grad_dx(const TX* __restrict x, const TG* __restrict dy, TD* __
 // Each kernel's AVX-512 copy.
 template <typename... A>
 META_AVX512 void stat_sums_wide(const A&... a) { stat_sums(a...); }
-template <bool RELU, typename... A>
-META_AVX512 void apply_rows_wide(const A&... a) { apply_rows<RELU>(a...); }
-template <bool RELU, typename... A>
-META_AVX512 void grad_sums_wide(const A&... a) { grad_sums<RELU>(a...); }
-template <bool RELU, typename... A>
-META_AVX512 void grad_dx_wide(const A&... a) { grad_dx<RELU>(a...); }
+template <bool RELU, bool RES, typename... A>
+META_AVX512 void apply_rows_wide(const A&... a) { apply_rows<RELU, RES>(a...); }
+template <int MODE, typename... A>
+META_AVX512 void grad_sums_wide(const A&... a) { grad_sums<MODE>(a...); }
+template <int MODE, bool ADD, typename... A>
+META_AVX512 void grad_dx_wide(const A&... a) { grad_dx<MODE, ADD>(a...); }
 
 bool wide_cpu() {
   static const bool wide = __builtin_cpu_supports("avx512f") &&
@@ -296,8 +327,8 @@ void thread_sums(std::int64_t n, std::int64_t c, std::int64_t s, std::vector<dou
 // The training forward with a bf16 input or output (TX, TY: float or Half): the batch
 // statistics in double, shifted by each channel's first value (batchnorm_statistics' way),
 // then y = relu?(((x - mean) * inv_std) * scale + shift) rounded once.
-template <bool RELU, typename TX, typename TY>
-void mixed_forward(BatchNormKernel& k, const TX* x, TY* y, const float* scale,
+template <bool RELU, bool RES, typename TX, typename TY, typename TR>
+void mixed_forward(BatchNormKernel& k, const TX* x, TY* y, const TR* res, const float* scale,
                    const float* shift) {
   const std::int64_t n = k.n, c = k.channels, s = k.s;
   const bool wide = wide_cpu();
@@ -316,23 +347,24 @@ void mixed_forward(BatchNormKernel& k, const TX* x, TY* y, const float* scale,
   }
   const float *mean = k.mean, *inv = k.inv_std;
   meta::detail::over_batch(n, n * c * s, [&](int, std::int64_t n0, std::int64_t n1) {
-    if (wide) apply_rows_wide<RELU>(x, y, n0, n1, c, s, mean, inv, scale, shift);
-    else apply_rows<RELU>(x, y, n0, n1, c, s, mean, inv, scale, shift);
+    if (wide) apply_rows_wide<RELU, RES>(x, y, res, n0, n1, c, s, mean, inv, scale, shift);
+    else apply_rows<RELU, RES>(x, y, res, n0, n1, c, s, mean, inv, scale, shift);
   });
 }
 
 // The training backward with any of x, dy, dx in bf16: dy through the fused ReLU, sum(dy)
 // and sum(dy * xhat) in double, then dx = k (dy - (sum_dy + xhat sum_dy_xhat) / count).
-template <bool RELU, typename TX, typename TG, typename TD>
-void mixed_backward(BatchNormKernel& k, const TX* x, const TG* dy, TD* dx, const float* scale,
-                    const float* shift, float* dscale, float* dshift) {
+template <int MODE, typename TX, typename TG, typename TD, typename TY>
+void mixed_backward(BatchNormKernel& k, const TX* x, const TG* dy, TD* dx, const TY* y,
+                    float* dr, bool add, const float* scale, const float* shift, float* dscale,
+                    float* dshift) {
   const std::int64_t n = k.n, c = k.channels, s = k.s;
   const float *mean = k.mean, *inv = k.inv_std;
   const bool wide = wide_cpu();
   std::vector<double> acc;
   thread_sums(n, c, s, acc, [&](std::int64_t n0, std::int64_t n1, double* s1, double* s2) {
-    if (wide) grad_sums_wide<RELU>(x, dy, n0, n1, c, s, mean, inv, scale, shift, s1, s2);
-    else grad_sums<RELU>(x, dy, n0, n1, c, s, mean, inv, scale, shift, s1, s2);
+    if (wide) grad_sums_wide<MODE>(x, dy, y, n0, n1, c, s, mean, inv, scale, shift, s1, s2);
+    else grad_sums<MODE>(x, dy, y, n0, n1, c, s, mean, inv, scale, shift, s1, s2);
   });
   std::vector<float> sum_dy(c), sum_dy_xhat(c), kk(c);
   for (std::int64_t j = 0; j < c; ++j) {
@@ -345,9 +377,18 @@ void mixed_backward(BatchNormKernel& k, const TX* x, const TG* dy, TD* dx, const
   const float count = float(n * s);
   const float *sd = sum_dy.data(), *sdx = sum_dy_xhat.data(), *kp = kk.data();
   meta::detail::over_batch(n, n * c * s, [&](int, std::int64_t n0, std::int64_t n1) {
-    if (wide)
-      grad_dx_wide<RELU>(x, dy, dx, n0, n1, c, s, mean, inv, scale, shift, kp, sd, sdx, count);
-    else grad_dx<RELU>(x, dy, dx, n0, n1, c, s, mean, inv, scale, shift, kp, sd, sdx, count);
+    if (wide && add)
+      grad_dx_wide<MODE, true>(x, dy, dx, y, dr, n0, n1, c, s, mean, inv, scale, shift, kp, sd,
+                               sdx, count);
+    else if (wide)
+      grad_dx_wide<MODE, false>(x, dy, dx, y, dr, n0, n1, c, s, mean, inv, scale, shift, kp, sd,
+                                sdx, count);
+    else if (add)
+      grad_dx<MODE, true>(x, dy, dx, y, dr, n0, n1, c, s, mean, inv, scale, shift, kp, sd, sdx,
+                          count);
+    else
+      grad_dx<MODE, false>(x, dy, dx, y, dr, n0, n1, c, s, mean, inv, scale, shift, kp, sd, sdx,
+                           count);
   });
 }
 
@@ -359,9 +400,10 @@ void as_typed(const py::array& a, std::size_t elements, const char* what, F&& f)
   else f(static_cast<float*>(p));
 }
 
-// The training forward of a BatchNorm whose input or output is bf16.
+// The training forward of a BatchNorm whose input or output is bf16, or that adds a residual.
 StepPtr mixed_forward_step(const BatchNormPtr& k, const py::array& x, const py::array& scale,
-                           const py::array& shift, const py::array& y) {
+                           const py::array& shift, const py::array& y,
+                           const std::optional<py::array>& res) {
   const std::size_t elements = static_cast<std::size_t>(k->count * k->channels);
   const float* ps = static_cast<const float*>(address(scale, k->channels * 4, "batchnorm scale"));
   const float* pb = static_cast<const float*>(address(shift, k->channels * 4, "batchnorm B"));
@@ -369,9 +411,16 @@ StepPtr mixed_forward_step(const BatchNormPtr& k, const py::array& x, const py::
   const BatchNormPtr kp = k;  // the step keeps its kernel alive
   as_typed(x, elements, "batchnorm input", [&](auto* px) {
     as_typed(y, elements, "batchnorm output", [&](auto* py_) {
+      if (res) {  // relu(bn(x) + r)
+        as_typed(*res, elements, "batchnorm residual", [&](auto* pr) {
+          run = [=] { mixed_forward<true, true>(*kp, px, py_, pr, ps, pb); };
+        });
+        return;
+      }
+      const float* none = nullptr;
       run = [=] {
-        if (kp->fuse_relu) mixed_forward<true>(*kp, px, py_, ps, pb);
-        else mixed_forward<false>(*kp, px, py_, ps, pb);
+        if (kp->fuse_relu) mixed_forward<true, false>(*kp, px, py_, none, ps, pb);
+        else mixed_forward<false, false>(*kp, px, py_, none, ps, pb);
       };
     });
   });
@@ -381,7 +430,10 @@ StepPtr mixed_forward_step(const BatchNormPtr& k, const py::array& x, const py::
 // The training backward of a BatchNorm whose input, output gradient or input gradient is bf16.
 StepPtr mixed_backward_step(const BatchNormPtr& k, const py::array& x, const py::array& dy,
                             const py::array& scale, const py::array& shift, const py::array& dx,
-                            std::optional<py::array> dscale, std::optional<py::array> dshift) {
+                            std::optional<py::array> dscale, std::optional<py::array> dshift,
+                            const std::optional<py::array>& y = std::nullopt,
+                            const std::optional<py::array>& dres = std::nullopt,
+                            bool add = false) {
   const std::int64_t c = k->channels;
   const std::size_t elements = static_cast<std::size_t>(k->count * c);
   const float* ps = static_cast<const float*>(address(scale, c * 4, "batchnorm scale"));
@@ -391,12 +443,34 @@ StepPtr mixed_backward_step(const BatchNormPtr& k, const py::array& x, const py:
   float* pdb = dshift ? static_cast<float*>(address(*dshift, c * 4, "batchnorm dB")) : nullptr;
   std::function<void()> run;
   const BatchNormPtr kp = k;
+  if (y) {  // relu(bn(x) + r): dy masked by y > 0, which is r's gradient too (float32 dy)
+    if (!dres || holds_bf16(dy) || holds_bf16(*dres))
+      throw std::invalid_argument("meta._plan.BatchNorm: a residual's backward needs float32 dy "
+                                  "and d(residual)");
+    const float* pdy = static_cast<const float*>(address(dy, elements * 4, "batchnorm dy"));
+    float* pdr = static_cast<float*>(address(*dres, elements * 4, "batchnorm d(residual)"));
+    as_typed(x, elements, "batchnorm input", [&](auto* px) {
+      as_typed(dx, elements, "batchnorm dx", [&](auto* pdx) {
+        as_typed(*y, elements, "batchnorm output", [&](auto* pyv) {
+          run = [=] {
+            mixed_backward<kResidual>(*kp, px, pdy, pdx, pyv, pdr, add, ps, pb, pds, pdb);
+          };
+        });
+      });
+    });
+    return std::make_shared<LambdaStep>("batchnorm+residual backward (meta, bf16)",
+                                        std::move(run));
+  }
+  const float* no_y = nullptr;
+  float* no_dr = nullptr;
   as_typed(x, elements, "batchnorm input", [&](auto* px) {
     as_typed(dy, elements, "batchnorm dy", [&](auto* pdy) {
       as_typed(dx, elements, "batchnorm dx", [&](auto* pdx) {
         run = [=] {
-          if (kp->fuse_relu) mixed_backward<true>(*kp, px, pdy, pdx, ps, pb, pds, pdb);
-          else mixed_backward<false>(*kp, px, pdy, pdx, ps, pb, pds, pdb);
+          if (kp->fuse_relu)
+            mixed_backward<kRelu>(*kp, px, pdy, pdx, no_y, no_dr, false, ps, pb, pds, pdb);
+          else
+            mixed_backward<kPlain>(*kp, px, pdy, pdx, no_y, no_dr, false, ps, pb, pds, pdb);
         };
       });
     });
@@ -435,8 +509,13 @@ StepPtr own_forward(const BatchNormPtr& k, const py::array& x, const py::array& 
 
 StepPtr bn_forward(const BatchNormPtr& k, const py::array& x, const py::array& scale,
                    const py::array& shift, const py::array& running_mean,
-                   const py::array& running_var, const py::array& y) {
-  if (k->own && (holds_bf16(x) || holds_bf16(y))) return mixed_forward_step(k, x, scale, shift, y);
+                   const py::array& running_var, const py::array& y,
+                   std::optional<py::array> residual) {
+  if (residual && !(k->own && k->fuse_relu))
+    throw std::invalid_argument("meta._plan.BatchNorm: a residual needs the training loops and "
+                                "the fused ReLU");
+  if (k->own && (holds_bf16(x) || holds_bf16(y) || residual))
+    return mixed_forward_step(k, x, scale, shift, y, residual);
   if (k->own) return own_forward(k, x, scale, shift, y);
   if (holds_bf16(x) || holds_bf16(y))
     throw std::invalid_argument("meta._plan.BatchNorm: bf16 arrays in training only, plain or "
@@ -524,8 +603,15 @@ StepPtr own_backward(const BatchNormPtr& k, const py::array& x, const py::array&
 StepPtr bn_backward(const BatchNormPtr& k, const py::array& x, const py::array& dy,
                     const py::array& scale, const py::array& dx,
                     std::optional<py::array> dscale, std::optional<py::array> dshift,
-                    std::optional<py::array> shift) {
+                    std::optional<py::array> shift, std::optional<py::array> y,
+                    std::optional<py::array> dres, bool add) {
   if (!k->training) throw std::invalid_argument("meta._plan.BatchNorm: built for inference");
+  if (y) {
+    if (!k->own || !k->fuse_relu || !shift)
+      throw std::invalid_argument("meta._plan.BatchNorm: a residual needs the training loops, "
+                                  "the fused ReLU and B");
+    return mixed_backward_step(k, x, dy, scale, *shift, dx, dscale, dshift, y, dres, add);
+  }
   if (k->own) {
     if (k->fuse_relu && !shift)
       throw std::invalid_argument("meta._plan.BatchNorm: a fused ReLU's backward needs B");
@@ -641,10 +727,15 @@ void bind_norm(py::module_& m) {
            py::arg("fuse_relu") = false)
       .def_readonly("info", &BatchNormKernel::info)
       .def("forward", &bn_forward, py::arg("x"), py::arg("scale"), py::arg("b"),
-           py::arg("mean"), py::arg("var"), py::arg("y"))
+           py::arg("mean"), py::arg("var"), py::arg("y"), py::arg("residual") = py::none(),
+           "residual: y = relu(bn(x) + residual) (training loops, built with fuse_relu)")
       .def("update", &bn_update, py::arg("running_mean"), py::arg("running_var"))
       .def("backward", &bn_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),
-           py::arg("dx"), py::arg("dscale"), py::arg("db"), py::arg("b") = py::none());
+           py::arg("dx"), py::arg("dscale"), py::arg("db"), py::arg("b") = py::none(),
+           py::arg("y") = py::none(), py::arg("dresidual") = py::none(),
+           py::arg("accumulate") = false,
+           "y, dresidual: the forward added a residual; dy masked by y > 0 is written to "
+           "dresidual too (added to it with accumulate)");
   py::class_<LayerNormKernel, LayerNormPtr>(m, "LayerNorm",
                                             "LayerNormalization over rows of (rows, cols).")
       .def(py::init<std::int64_t, std::int64_t, float, bool, bool, bool>(), py::arg("rows"),

@@ -4,7 +4,8 @@ and weights' gradient) and its output gradient's one copy (both backward product
 converting a float32 tensor inside its step where the plan holds it in bf16 already; a
 training BatchNorm reads the convolution's bf16 output (forward and backward), writes its
 output (+ReLU) in bf16 where only convolutions read it and hands back its input's gradient
-in bf16; statistics and sums stay float32 (double). The float32 plan is unchanged."""
+in bf16, and takes in a block's end, relu(bn(x) + r), so the residual stream is bf16 too;
+statistics and sums stay float32 (double). The float32 plan is unchanged."""
 
 from __future__ import annotations
 
@@ -71,16 +72,19 @@ def test_bf16_resnet_keeps_activations_between_convolutions_in_bf16(native):
         assert y in only, y
         assert plan.objects[precision.COPIES][f"{y}@grad"] != f"{y}@grad"
         assert f"{y}@grad" in only
-    # a BatchNorm+ReLU read only by convolutions writes bf16; one the residual addition
-    # reads too writes float32
+    # a BatchNorm(+ReLU) read only by convolutions and residual additions a BatchNorm takes
+    # in (relu(bn(x) + r): a block's end) writes bf16, so the residual stream is bf16 too;
+    # one the pooling reads writes float32
+    adds = [n for n in graph.nodes if n.op_type == "Add"]
+    assert adds and all(plan.placement[n.name].startswith("fused into") for n in adds)
     kinds = set()
     for node in norms:
         fused = [n for n in graph.nodes if plan.placement.get(n.name) == f"fused into {node.name}"]
         out = fused[-1].outputs[0] if fused else node.outputs[0]
         readers = [n for n in graph.nodes if out in n.inputs]
-        by_convs = all(n.op_type == "Conv" for n in readers)
-        assert (out in only) == by_convs, (node.name, out, [n.op_type for n in readers])
-        kinds.add(by_convs)
+        by_bf16 = all(n.op_type == "Conv" or n in adds for n in readers)
+        assert (out in only) == by_bf16, (node.name, out, [n.op_type for n in readers])
+        kinds.add(by_bf16)
     assert kinds == {True, False}
     # one conversion per tensor
     converted = [s.reads[0] for s in plan.order if s.name == "to bf16"]
@@ -183,3 +187,49 @@ def test_batchnorm_reads_and_writes_bf16_as_float32_rounded(native, relu, layout
     y_mixed, dx_mixed, *_ = run(bf16(x), dy, np.float32, np.float32)
     np.testing.assert_allclose(y_mixed, y32, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dx_mixed, dx32, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_batchnorm_with_a_residual_is_relu_of_bn_plus_r_and_hands_r_its_gradient(native,
+                                                                                 accumulate):
+    """relu(bn(x) + r) in one pass (a ResNet block's end), bf16 in and out: the output equals
+    numpy's float64 formula on the same values within bf16's rounding; the backward masks dy
+    by y > 0, writes that masked dy as r's gradient (added to what is there with
+    ``accumulate``) and computes dx, d(scale), d(bias) from it as a BatchNorm without ReLU
+    given the masked dy does."""
+    rt = runtime.module()
+    rng = np.random.default_rng(2)
+    dims, shape = [4, 32, 5, 5], (4, 5, 5, 32)  # channels-last
+    x = np.asarray(bf16(rng.standard_normal(shape) * 2 - 1), np.float32)
+    r = np.asarray(bf16(rng.standard_normal(shape)), np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    scale = rng.standard_normal(32).astype(np.float32)
+    shift = rng.standard_normal(32).astype(np.float32)
+    k = rt.BatchNorm(dims, "nhwc", 1e-5, 0.9, True, True)
+    y = np.zeros(shape, ml_dtypes.bfloat16)
+    dx = np.zeros(shape, ml_dtypes.bfloat16)
+    before = rng.standard_normal(shape).astype(np.float32)
+    dr = before.copy()
+    ds, db = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    mean, var = np.zeros(32, np.float32), np.ones(32, np.float32)
+    x16, r16 = bf16(x), bf16(r)  # alive while the steps run (they keep raw pointers)
+    k.forward(x16, scale, shift, mean, var, y, r16).run()
+    k.backward(x16, dy, scale, dx, ds, db, shift, y, dr, accumulate).run()
+    x64 = x.astype(np.float64)
+    m, v = x64.mean((0, 1, 2)), x64.var((0, 1, 2))
+    xhat = (x64 - m) / np.sqrt(v + 1e-5)
+    want = np.maximum(xhat * scale + shift + r, 0)
+    y32 = np.asarray(y, np.float32)
+    assert np.all(np.abs(y32 - want) <= 2 ** -7 * np.abs(want) + 1e-5)
+    g = np.where(y32 > 0, dy, 0)  # masked by the bf16 output the plan keeps
+    np.testing.assert_allclose(dr, g + before if accumulate else g, rtol=1e-6, atol=1e-6)
+    # dx from the masked dy: a BatchNorm without ReLU on float32 arrays
+    plain = rt.BatchNorm(dims, "nhwc", 1e-5, 0.9, True, False)
+    y2, dx2 = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    ds2, db2 = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    plain.forward(x, scale, shift, mean.copy(), var.copy(), y2).run()
+    g32 = g.astype(np.float32)
+    plain.backward(x, g32, scale, dx2, ds2, db2, shift).run()
+    assert np.all(np.abs(np.asarray(dx, np.float32) - dx2) <= 2 ** -7 * np.abs(dx2) + 1e-5)
+    np.testing.assert_allclose(ds, ds2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, db2, rtol=1e-5, atol=1e-5)

@@ -10,7 +10,10 @@ the convolution wrote it so (it enters ``reads_bf16`` in ``precision.BF16_READER
 backward reads the same bf16 input), writes its output (+ReLU) in bf16 when only bf16
 convolutions read it, and hands its input's gradient to the convolution in bf16 where that
 one reads it so (``precision.gradient_target``); statistics, sums and the per-channel
-arithmetic stay float32 (double sums)."""
+arithmetic stay float32 (double sums). There it also takes in a ResNet block's end,
+relu(bn(x) + r) (``residual_add``: autocast's bf16 Add and ReLU, one pass here), so the
+residual stream between blocks is bf16 too: the residual Add is entered as a bf16 reader of
+r (``residual_reads_bf16``)."""
 
 from __future__ import annotations
 
@@ -60,6 +63,57 @@ def reads_bf16(ctx: Context, node: Node, name: str) -> bool:
 BF16_READERS.append(reads_bf16)
 
 
+def producer(ctx: Context, name: str) -> Node | None:
+    """The node writing ``name`` (a map made once per plan, from who reads what)."""
+    made = ctx.objects.get("producers")
+    if made is None:
+        made = {o: n for readers in ctx.consumers.values() for n in readers for o in n.outputs}
+        ctx.objects["producers"] = made
+    return made.get(name)
+
+
+def residual_add(ctx: Context, node: Node) -> tuple[Node | None, Node | None, str]:
+    """(the Add, the ReLU after it, r) when a bf16 plan's training BatchNorm's output is added
+    to a tensor r of its shape that an earlier node computes, and only a ReLU reads the sum:
+    a ResNet block's end, relu(bn(x) + r), which the BatchNorm then computes in one pass."""
+    none = (None, None, "")
+    out = node.outputs[0]
+    if not ctx.bf16 or len(ctx.shape(out)) != 4 or not bn_lowers(ctx, node):
+        return none
+    add = ctx.single_consumer(out, ("Add",), first=False)
+    if add is None:
+        return none
+    inputs = [i for i in add.inputs if i]
+    if len(inputs) != 2 or inputs[0] == inputs[1]:
+        return none
+    r = inputs[1] if inputs[0] == out else inputs[0]
+    relu = ctx.single_consumer(add.outputs[0], ("Relu",))
+    made = producer(ctx, r)
+    if relu is None or made is None or ctx.order.get(made.name, -1) >= ctx.order[node.name] \
+            or ctx.shape(r) != ctx.shape(out) or ctx.shape(add.outputs[0]) != ctx.shape(out) \
+            or not ctx.float32(r, add.outputs[0], relu.outputs[0]) or r in ctx.protected:
+        return none
+    return add, relu, r
+
+
+def residual_reads_bf16(ctx: Context, node: Node, name: str) -> bool:
+    """Whether ``node`` is a residual Add that a BatchNorm takes in (``residual_add``) with
+    ``name`` as its r: that BatchNorm reads r in bf16 where it is kept so."""
+    if not ctx.bf16 or node.op_type != "Add" or node.name in ctx.absorbed:
+        return False
+    inputs = [i for i in node.inputs if i]
+    if len(inputs) != 2 or name not in inputs or inputs[0] == inputs[1]:
+        return False
+    bn = producer(ctx, inputs[1] if inputs[0] == name else inputs[0])
+    if bn is None or bn.op_type != "BatchNormalization" or bn.name in ctx.absorbed:
+        return False
+    add, _, r = residual_add(ctx, bn)
+    return add is node and r == name
+
+
+BF16_READERS.append(residual_reads_bf16)
+
+
 def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
     pb = ctx.pb
     if len(node.inputs) < 5:
@@ -89,20 +143,31 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
     relu = ctx.single_consumer(out, ("Relu",))
     if relu is not None and not ctx.float32(relu.outputs[0]):
         relu = None
+    add, r = None, ""
+    if relu is None:  # a bf16 plan's ResNet block end: relu(bn(x) + r) in one pass
+        add, relu, r = residual_add(ctx, node)
+    r_in = stored(ctx, r) if r else ""
+    if r and pb.value(r).layout != layout:
+        if r_in != r:
+            raise AssertionError(f"{node.name}: residual {r!r} kept in bf16 in layout "
+                                 f"{pb.value(r).layout}, the BatchNorm runs {layout}")
+        r_in = pb.require_layout(r, layout)
     k = ctx.rt.BatchNorm(list(shape), layout, float(op.epsilon), float(op.momentum), training,
                          relu is not None)
     ctx.kernels.append(k)
     last = out
-    if relu is not None:
-        ctx.absorb(node, relu)
-        last = relu.outputs[0]
+    for n in (add, relu):
+        if n is not None:
+            ctx.absorb(node, n)
+            last = n.outputs[0]
     y = pb.output(last, shape, F32, layout)
     y_out = y
-    if keeps_bf16(ctx, last):  # read by bf16 convolutions only: written in bf16
+    if keeps_bf16(ctx, last):  # read by bf16 convolutions (and residual adds) only: bf16
         y_out = bf16_holder(ctx, y)
         pb.values[y_out].layout = layout
-    pb.step("BatchNormalization", [xin, scale, bias, mean, var], [y_out],
-            lambda a: [k.forward(a(xin), a(scale), a(bias), a(mean), a(var), a(y_out))])
+    pb.step("BatchNormalization", [xin, scale, bias, mean, var, r_in], [y_out],
+            lambda a: [k.forward(a(xin), a(scale), a(bias), a(mean), a(var), a(y_out),
+                                 a(r_in) if r_in else None)])
     if training and mean in ctx.state and var in ctx.state:
         pb.step("running statistics", [mean, var], [mean, var],
                 lambda a: [k.update(a(mean), a(var))])
@@ -116,9 +181,19 @@ def batchnorm(ctx: Context, node: Node, op) -> Lowered | None:
         low_in = xin != x and pb.value(xin).dtype == BF16
         dx, ds, db = norm_gradients(pb, ctx, x, x if low_in else xin, scale, bias, low_in)
         g = stored(ctx, g)
-        pb.step("BatchNormalization backward", [xin, g, scale, bias], [dx, ds, db],
+        if not r:
+            pb.step("BatchNormalization backward", [xin, g, scale, bias], [dx, ds, db],
+                    lambda a: [k.backward(a(xin), a(g), a(scale), a(dx), a(ds) if ds else None,
+                                          a(db) if db else None, a(bias))], "backward")
+            return
+        # relu(bn(x) + r): dy masked by y > 0 is also r's gradient (added where r has more)
+        target = pb.grad_target(r, can_accumulate=True) if ctx.needs(r) else None
+        dr, add_r = target if target else (pb.temp(y), False)
+        pb.step("BatchNormalization backward", [xin, g, scale, bias, y_out,
+                                                *([dr] if add_r else [])], [dx, ds, db, dr],
                 lambda a: [k.backward(a(xin), a(g), a(scale), a(dx), a(ds) if ds else None,
-                                      a(db) if db else None, a(bias))], "backward")
+                                      a(db) if db else None, a(bias), a(y_out), a(dr),
+                                      add_r)], "backward")
     return Lowered(node, backward, "native")
 
 
