@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from meta.bench.measure import Sample, Variant, measure_many
 from meta.bench.stats import CONFIDENCE, RESAMPLES, Ratio, ratio_of_medians
@@ -58,11 +59,32 @@ def make_inputs(op_type: str, shapes: list[tuple[int, ...]], count: int, dtype: 
     every input that shape."""
     if len(shapes) == 1 and count > 1:
         shapes = shapes * count
-    inputs = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    whole = integer_inputs(op_type)
+    top = max(1, min(shapes[0]))  # a valid index / label on the first input's every axis
+    inputs = [rng.integers(0, top, s).astype(np.int64) if i in whole
+              else rng.standard_normal(s).astype(dtype) for i, s in enumerate(shapes)]
     for i in POSITIVE_INPUTS.get(op_type, ()):
         if i < len(inputs):
             inputs[i] = (np.abs(inputs[i]) + 0.5).astype(dtype)
     return inputs
+
+
+def integer_inputs(op_type: str) -> set[int]:
+    """Positions of the inputs ONNX's schema of ``op_type`` allows only integer types for
+    (labels, indices): random floats there are not a valid call (a loss's labels must be
+    classes), so they are drawn as integers below every size of the first input."""
+    try:
+        schema = onnx.defs.get_schema(op_type)
+    except onnx.defs.SchemaError:
+        return set()
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    found = set()
+    for i, formal in enumerate(schema.inputs):
+        types = allowed.get(formal.type_str, {formal.type_str})
+        if types and all(t.startswith("tensor(int") or t.startswith("tensor(uint")
+                         for t in types):
+            found.add(i)
+    return found
 
 
 class OpBenchError(ValueError):
@@ -320,7 +342,7 @@ def bench_op(op_type: str, shape: tuple[int, ...] | list[tuple[int, ...]],
                    for i in chosen if i.planned}
         forward_out = {i.name: (results[i.name][1] if i.name in results else
                                 planned[i.name].forward()) for i in chosen}
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, IndexError) as err:
         raise OpBenchError(f"{op_type} on inputs of shape {shape} and dtype {dtype} failed: "
                            f"{err}") from err
     dys = tuple(rng.standard_normal(y.shape).astype(y.dtype) for y in reference)

@@ -247,3 +247,20 @@ def test_bench_op_compares_a_users_op_with_the_builtin_of_its_type(tmp_path, cap
         assert "forward time builtin numpy / numpy" in printed
     finally:
         _REGISTRY.pop(("test.mine", "HardSwish"), None)
+
+
+def test_bench_op_draws_labels_and_indices_as_integers(tmp_path, capsys):
+    """Inputs ONNX's schema allows only integers for (a loss's labels, Gather's indices) are
+    drawn as integers below every size of the first input: random floats there made the
+    loss raise a raw IndexError traceback."""
+    from meta.bench.opbench import integer_inputs
+
+    assert integer_inputs("SoftmaxCrossEntropyLoss") == {1}
+    assert integer_inputs("Gather") == {1} and integer_inputs("Relu") == set()
+    out = tmp_path / "op"
+    code = main(["bench-op", "SoftmaxCrossEntropyLoss", "--shape", "16,300", "--shape", "16",
+                 "--repeat", "3", "--warmup", "1", "--no-frameworks", "--output-dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == EXIT_PASS, printed
+    report = json.loads((out / "report.json").read_text())
+    assert max(report["max_abs_diff"]["forward"].values()) < 1e-5, report["max_abs_diff"]
