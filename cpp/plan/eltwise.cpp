@@ -3,6 +3,7 @@
 // (what the backward of a broadcast needs).
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "meta/activations.hpp"
 #include <cstring>
@@ -374,15 +375,28 @@ META_CLONES void to_bf16_chunk(const float* x, std::uint16_t* y, std::int64_t n)
   for (std::int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
 }
 
+// bf16 -> float32 over n elements (exact).
+META_CLONES void from_bf16_chunk(const std::uint16_t* x, float* y, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) y[i] = from_bf16(x[i]);
+}
+
 // The same in bf16 (mixed precision): y and d computed by the float32 loop in blocks on the
-// stack (bit for bit its values), then rounded to bf16 (one loop doing both ran slower).
-void gelu_forward_derivative_bf16_chunk(const float* x, std::uint16_t* y, std::uint16_t* d,
+// stack (bit for bit its values), then rounded to bf16 (one loop doing both ran slower). A
+// bf16 x (a product's output autocast keeps in bf16) is widened by the same blocks.
+template <typename X>
+void gelu_forward_derivative_bf16_chunk(const X* x, std::uint16_t* y, std::uint16_t* d,
                                         std::int64_t n) {
-  constexpr std::int64_t kBlock = 512;
-  alignas(64) float fy[kBlock], fd[kBlock];
+  constexpr std::int64_t kBlock = 2048;  // three blocks: 24 KiB, in L1
+  alignas(64) float fx[kBlock], fy[kBlock], fd[kBlock];
   for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const std::int64_t len = std::min(kBlock, n - i0);
-    gelu_forward_derivative_chunk(x + i0, fy, fd, len);
+    const float* xs = fx;
+    if constexpr (std::is_same_v<X, float>)
+      xs = x + i0;
+    else
+      from_bf16_chunk(x + i0, fx, len);
+    gelu_forward_derivative_chunk(xs, fy, fd, len);
     to_bf16_chunk(fy, y + i0, len);
     to_bf16_chunk(fd, d + i0, len);
   }
@@ -442,20 +456,30 @@ META_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx,
 
 // forward: y = gelu(x) (and its derivative, when asked); backward: dx (+)= dy * gelu'(x).
 // n elements, plain.
+// In a bf16 plan's training forward x may be bf16 too (with a bf16 y and derivative).
 StepPtr gelu(std::int64_t n, const py::array& x, std::optional<py::array> dy,
              const py::array& out, bool accumulate, std::optional<py::array> derivative) {
-  const float* px = static_cast<const float*>(address(x, n * 4, "gelu input"));
+  const bool x16 = x.itemsize() == 2;
+  if (x16 && (dy || !derivative || out.itemsize() != 2))
+    throw std::invalid_argument("meta._plan.gelu: a bf16 input is read only by the forward "
+                                "writing a bf16 output and derivative");
+  const void* px_any = address(x, n * x.itemsize(), "gelu input");
+  const float* px = static_cast<const float*>(px_any);
   if (!dy && derivative && out.itemsize() == 2) {  // bf16 y and d (mixed precision)
     if (derivative->itemsize() != 2)
       throw std::invalid_argument("meta._plan.gelu: a bf16 output needs a bf16 derivative");
     auto* py_ = static_cast<std::uint16_t*>(address(out, n * 2, "gelu output"));
     auto* pd = static_cast<std::uint16_t*>(address(*derivative, n * 2, "gelu derivative"));
+    const auto* px16 = static_cast<const std::uint16_t*>(px_any);
     return std::make_shared<LambdaStep>("gelu bf16", [=] {
       constexpr std::int64_t kChunk = 1 << 14;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
       for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
-        const std::int64_t i0 = c * kChunk;
-        gelu_forward_derivative_bf16_chunk(px + i0, py_ + i0, pd + i0, std::min(kChunk, n - i0));
+        const std::int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+        if (x16)
+          gelu_forward_derivative_bf16_chunk(px16 + i0, py_ + i0, pd + i0, len);
+        else
+          gelu_forward_derivative_bf16_chunk(px + i0, py_ + i0, pd + i0, len);
       }
     });
   }

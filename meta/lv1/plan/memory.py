@@ -6,8 +6,10 @@ A value is a tensor of fixed shape, dtype and layout. Its storage is the ``arena
 gradients of activations, temporaries, the fed inputs), ``external`` (the graph's own arrays:
 parameters, state, frozen parameters and constants, read and written where they are), ``owned``
 (arrays the plan keeps across calls: folded constants and the parameters' gradients, which the
-executor hands out), or a view of another value (``base``: a Reshape's output is its input's
-bytes).
+executor hands out), a view of another value (``base``: a Reshape's output is its input's
+bytes), or ``none``: declared for its shape (and its gradient's) but never written nor read,
+so it has no bytes and no array (the float32 value a bf16 plan keeps only as its bf16 holder,
+``precision.bf16_holder``, and the views of one).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class Value:
     shape: tuple[int, ...]
     dtype: np.dtype
     layout: str = "plain"  # or a blocked / channels-last layout of a 4-D activation
-    storage: str = "arena"  # "arena", "external", "owned" or "view"
+    storage: str = "arena"  # "arena", "external", "owned", "view" or "none"
     base: str | None = None  # storage == "view": whose bytes
     offset: int = 0  # a view's first element in its base
     nbytes: int = 0  # in its layout (a blocked layout pads channels)
@@ -72,11 +74,28 @@ def lifetimes(steps: list, values: dict[str, Value], keep: set[str]) -> dict[str
 def assign_offsets(sizes: dict[str, int], spans: dict[str, tuple[int, int]]
                    ) -> tuple[dict[str, int], int]:
     """Offsets in one arena such that values alive at the same time never overlap; returns the
-    offsets and the arena's size. Greedy: largest first, each at the lowest free offset."""
+    offsets and the arena's size. Greedy: largest first, each at the lowest free offset; of
+    equal sizes the earlier-born first, or the longer-lived first, whichever arena is
+    smaller (the first where equal). Many values of one size (a transformer's per-layer
+    activations) packed by birth left holes the long-lived ones then could not reuse: the
+    bf16 GPT step's arena at sequence 256 was 45.8 MiB for 43.8 MiB ever alive at once."""
+    orders = (lambda n: (-sizes[n], spans[n][0], n),
+              lambda n: (-sizes[n], spans[n][0] - spans[n][1], n))
+    best: tuple[dict[str, int], int] | None = None
+    for key in orders:
+        offsets, total = _first_fit(sizes, spans, sorted(sizes, key=key))
+        if best is None or total < best[1]:
+            best = offsets, total
+    return best
+
+
+def _first_fit(sizes: dict[str, int], spans: dict[str, tuple[int, int]], order: list[str]
+               ) -> tuple[dict[str, int], int]:
+    """Each value of ``order`` in turn at the lowest offset free for its whole lifetime."""
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     offsets: dict[str, int] = {}
     total = 0
-    for name in sorted(sizes, key=lambda n: (-sizes[n], spans[n][0], n)):
+    for name in order:
         size = -(-sizes[name] // ALIGN) * ALIGN
         first, last = spans[name]
         clashes = sorted((o, e) for o, e, f, la in placed if not (la < first or f > last))

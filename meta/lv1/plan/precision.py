@@ -27,6 +27,14 @@ Like autocast, the plan keeps tensors in bf16 between the ops that read bf16:
   product's or Gelu's output) is written in bf16 where it has one contribution and its
   producer's backward reads it in bf16 (``takes_bf16_gradient``): the MLP's gradients
   between its products and Gelu, the largest tensors of a transformer's backward.
+* **Through identity views** (``passes_through``): an Identity, or a Dropout that passes its
+  input (ratio 0, or not training: PyTorch's encoder layers export one after their
+  activation), between a bf16 output and the products reading it keeps it bf16: the view's
+  readers take a bf16 view of the holder, and its gradient stays the bf16 holder it aliases.
+* **No bytes for what is never written**: the float32 value a bf16 holder stands for is
+  declared for its shape and gradient only (storage "none", ``memory.Value``): no arena
+  space, no array (in the GPT at sequence 256 the shared buffer of such values held 8 MiB
+  of the bf16 step's memory for nothing).
 
 bf16 pays only where the CPU multiplies it natively (``avx512_bf16``, AMX): elsewhere oneDNN
 would emulate it, slower than float32. Such a CPU (or ``META_NO_NATIVE_BF16=1``, which
@@ -42,6 +50,9 @@ from math import prod
 
 import ml_dtypes  # onnx's dependency: numpy's bf16 element type
 import numpy as np
+
+from meta.lv1.plan.lowering.views import dropout_is_identity
+from meta.lv1.plan.memory import root
 
 PRECISIONS = ("f32", "bf16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of a native bf16 product
@@ -132,9 +143,11 @@ def of_placement(where: str) -> str:
 
 def bf16_operand(ctx, name: str, phase: str = "forward") -> str:
     """The bf16 value a bf16 product reads for ``name``: ``name`` itself when the plan stores
-    it in bf16, its bf16 holder or copy when it has one, else a copy made now by one
-    conversion step in ``phase`` and kept for every later reader (the backward's products
-    read the forward's copy). A blocked layout is left to the product to convert."""
+    it in bf16, its bf16 holder or copy when it has one (or, for a view of a value that has
+    one, the same view of that holder), else a copy made now by one conversion step in
+    ``phase`` and kept for every later reader (the backward's products read the forward's
+    copy). A channels-last copy keeps that layout; a blocked layout is left to the product
+    to convert."""
     pb = ctx.pb
     v = pb.value(name)
     if v.dtype == BF16:
@@ -142,13 +155,36 @@ def bf16_operand(ctx, name: str, phase: str = "forward") -> str:
     copies = ctx.objects.setdefault(COPIES, {})
     if name in copies:
         return copies[name]
-    if v.layout != "plain" or v.dtype != np.float32:
+    if v.layout not in ("plain", "nhwc") or v.dtype != np.float32:
         return name
+    held = _held_view(ctx, name)
+    if held is not None:
+        return held
     copy = pb.output(pb.fresh(f"{name}@bf16"), v.shape, BF16)
+    # channels-last is as dense as plain: converted element by element it keeps its layout
+    # (declared plain first: PlanBuilder.output would size a channels-last value as float32)
+    pb.value(copy).layout = v.layout
     n = prod(v.shape)
     pb.step("to bf16", [name], [copy], lambda a: [pb.rt.convert(a(name), a(copy), n)], phase)
     copies[name] = copy
     return copy
+
+
+def _held_view(ctx, name: str) -> str | None:
+    """For a plain view (Reshape, an identity Dropout: ``view_node``) of a value that has a
+    bf16 holder or copy, the same view of that bf16 value (made once); else None. A view of
+    a value kept in bf16 only must be read so: its own float32 bytes are never written."""
+    pb = ctx.pb
+    v = pb.value(name)
+    copies = ctx.objects.setdefault(COPIES, {})
+    if v.storage != "view" or v.layout != "plain" or root(pb.values, name) not in copies:
+        return None
+    base = copies[v.base] if v.base in copies else _held_view(ctx, v.base)
+    if base is None or pb.value(base).layout != "plain":
+        return None
+    held = pb.view(pb.fresh(f"{name}@bf16"), base, v.shape, v.offset)
+    copies[name] = held
+    return held
 
 
 def bf16_operands(ctx, phase: str, *names: str) -> list[str]:
@@ -166,11 +202,26 @@ BF16_READERS: list = []
 def keeps_bf16(ctx, name: str) -> bool:
     """Whether the plan keeps ``name`` in bf16 only: a bf16 plan, ``name`` neither fetched nor
     fed, and every node reading it a bf16 product reading it as an operand
-    (``lowering.matmul.reads_bf16``, entered in ``BF16_READERS``)."""
+    (``lowering.matmul.reads_bf16``, entered in ``BF16_READERS``), or an identity view whose
+    output the plan keeps in bf16 only (``passes_through``)."""
     readers = ctx.consumers.get(name, [])
     return bool(ctx.bf16 and readers and name not in ctx.protected
                 and all(any(reads(ctx, node, name) for reads in BF16_READERS)
+                        or passes_through(ctx, node, name) and keeps_bf16(ctx, node.outputs[0])
                         for node in readers))
+
+
+def passes_through(ctx, node, name: str) -> bool:
+    """Whether ``node`` is a view of ``name`` that adds nothing (Identity; a Dropout passing
+    its input, its mask unused): ``lowering.views.view_node`` lowers it to ``name``'s bytes,
+    and its backward aliases the gradient when it is ``name``'s only reader."""
+    if node.name in ctx.absorbed or not node.inputs or node.inputs[0] != name \
+            or ctx.shape(node.outputs[0]) != ctx.shape(name):
+        return False
+    if node.op_type == "Identity":
+        return True
+    return node.op_type == "Dropout" and dropout_is_identity(ctx, node, ctx.ops[node.name]) \
+        and not any(ctx.used(o) for o in node.outputs[1:])
 
 
 def bf16_holder(ctx, name: str) -> str:
@@ -180,8 +231,11 @@ def bf16_holder(ctx, name: str) -> str:
     pb = ctx.pb
     v = pb.value(name)
     holder = pb.output(pb.fresh(f"{name}@bf16"), v.shape, BF16)
+    if v.layout == "nhwc":  # as dense as plain: the holder keeps it (sized as bf16's)
+        pb.value(holder).layout = v.layout
     ctx.objects.setdefault(COPIES, {})[name] = holder
     ctx.objects.setdefault(ONLY, set()).add(name)
+    v.storage = "none"  # never written: no bytes (memory.Value)
     return holder
 
 
@@ -189,8 +243,14 @@ def takes_bf16_gradient(ctx, name: str) -> None:
     """Say that ``name``'s producer reads its gradient in bf16 (through ``stored``), so its
     one contribution may be written in bf16 (``gradient_target``); a fetched or fed tensor
     keeps a float32 gradient (a stage's seed is copied into it)."""
-    if ctx.bf16 and name not in ctx.protected:
-        ctx.objects.setdefault(GRADIENTS, set()).add(name)
+    if not ctx.bf16 or name in ctx.protected:
+        return
+    ctx.objects.setdefault(GRADIENTS, set()).add(name)
+    readers = ctx.consumers.get(name, [])
+    if len(readers) == 1 and passes_through(ctx, readers[0], name):
+        # the view's backward aliases name's gradient to the view's (its only reader): the
+        # view's one contribution may be bf16 too, read through ``stored``
+        takes_bf16_gradient(ctx, readers[0].outputs[0])
 
 
 def gradient_target(ctx, name: str) -> tuple[str, bool] | None:
@@ -207,18 +267,32 @@ def gradient_target(ctx, name: str) -> tuple[str, bool] | None:
 
 def stored(ctx, name: str) -> str:
     """The value holding ``name``'s bytes: its bf16 holder when the plan keeps it in bf16
-    only, else ``name``."""
+    only (for a view of such a value, that view of the holder), else ``name``."""
     if name in ctx.objects.get(ONLY, ()):
         return ctx.objects[COPIES][name]
+    if root(ctx.pb.values, name) in ctx.objects.get(ONLY, ()):
+        held = _held_view(ctx, name)
+        if held is not None:
+            return held
     return name
 
 
 def check_unwritten(ctx) -> None:
-    """No step reads a float32 value the plan keeps only in bf16 (it is never written): a
-    lowering that read it anyway would compute on garbage, so the plan is refused instead."""
+    """No step reads or writes a float32 value the plan keeps only in bf16 (it has no bytes),
+    nor a view of one: a lowering that read it anyway would compute on garbage, so the plan
+    is refused instead. The views of such values then get no bytes either (storage "none")."""
     only = ctx.objects.get(ONLY, set())
+    values = getattr(ctx.pb, "values", {})
+
+    def unwritten(name: str) -> bool:
+        return name in only or name in values and values[root(values, name)].storage == "none"
+
     for step in ctx.pb.steps:
-        wrong = only.intersection(step.reads)
-        if wrong:
-            raise AssertionError(f"step {step.name!r} of node {step.node!r} reads "
-                                 f"{sorted(wrong)[0]!r}, which the plan keeps in bf16 only")
+        for verb, names in (("reads", step.reads), ("writes", step.writes)):
+            wrong = sorted(n for n in names if unwritten(n))
+            if wrong:
+                raise AssertionError(f"step {step.name!r} of node {step.node!r} {verb} "
+                                     f"{wrong[0]!r}, which the plan keeps in bf16 only")
+    for name, v in values.items():
+        if v.storage == "view" and unwritten(name):
+            v.storage = "none"

@@ -12,8 +12,8 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
-from meta.lv1.plan.precision import (BF16, bf16_holder, gradient_target, keeps_bf16, stored,
-                                     takes_bf16_gradient)
+from meta.lv1.plan.precision import (BF16, BF16_READERS, bf16_holder, gradient_target,
+                                     keeps_bf16, stored, takes_bf16_gradient)
 
 
 @dataclass
@@ -137,8 +137,7 @@ def eltwise(ctx: Context, node: Node, op) -> Lowered | None:
     dims = list(v.shape) or [1]  # oneDNN has no 0-d tensors: a scalar as one element
     y = pb.output(out, v.shape, F32, layout)
     count = prod(dims)
-    if e.name == "gelu_erf" and layout == "plain" and ctx.needs(x) \
-            and ctx.consumers.get(x) == [node] and x not in ctx.protected:
+    if keeps_derivative(ctx, node, e, layout):
         return gelu_keeping_derivative(ctx, node, x, y, count)
     pb.step(node.op_type, [x], [y],
             lambda a: [pb.rt.eltwise(dims, layout, e.name, e.alpha, e.beta, a(x), a(y))])
@@ -166,19 +165,44 @@ def eltwise(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, "onednn")
 
 
+def keeps_derivative(ctx: Context, node: Node, e: Eltwise | None, layout: str) -> bool:
+    """Whether ``node`` (its activation ``e``) runs as ``gelu_keeping_derivative``: Gelu
+    (erf) in training, its plain input read by nothing else."""
+    x = node.inputs[0]
+    return e is not None and e.name == "gelu_erf" and layout == "plain" and ctx.needs(x) \
+        and ctx.consumers.get(x) == [node] and x not in ctx.protected
+
+
+def gelu_reads_bf16(ctx: Context, node: Node, name: str) -> bool:
+    """Whether ``node`` reads its input ``name`` in bf16: a bf16 plan's Gelu kept with its
+    derivative whose output it writes in bf16 (``gelu_keeping_derivative``), as autocast's
+    GELU reads its bf16 product's output. Entered in ``precision.BF16_READERS``: the product
+    before it then writes ``name`` in bf16 only."""
+    if not ctx.bf16 or node.op_type != "Gelu" or node.name in ctx.absorbed \
+            or node.inputs[0] != name or not ctx.float32(name, node.outputs[0]):
+        return False
+    e = eltwise_of(ctx, node, ctx.ops[node.name])
+    return keeps_derivative(ctx, node, e, "plain") and keeps_bf16(ctx, node.outputs[0])
+
+
+BF16_READERS.append(gelu_reads_bf16)
+
+
 def gelu_keeping_derivative(ctx: Context, node: Node, x: str, y: str, count: int) -> Lowered:
     """Gelu (erf) in training when nothing else reads its input: the forward writes y and
     gelu'(x) in one pass (the derivative's bytes replace x's, which nothing keeps), the
     backward is dx = dy * gelu'(x). On 2048 x 512 at 1 thread: 0.76 + 0.25 ms, against
     oneDNN's forward and our backward from x, 0.50 + 0.75. In a bf16 plan where only bf16
     products read y, y and the derivative are written in bf16 (as autocast keeps Gelu's
-    input and output in bf16 between its bf16 products), computed in float32."""
+    input and output in bf16 between its bf16 products), computed in float32; x is then
+    read in bf16 where its producer wrote it so (``gelu_reads_bf16``)."""
     pb = ctx.pb
     low = keeps_bf16(ctx, y)  # read by bf16 products only: y and gelu'(x) kept in bf16
     d = pb.output(pb.fresh(f"{y}@derivative"), pb.value(x).shape, BF16 if low else F32)
     y_out = bf16_holder(ctx, y) if low else y
-    pb.step(node.op_type, [x], [y_out, d],
-            lambda a: [pb.rt.gelu(count, a(x), None, a(y_out), False, a(d))])
+    xs = stored(ctx, x) if low else x
+    pb.step(node.op_type, [xs], [y_out, d],
+            lambda a: [pb.rt.gelu(count, a(xs), None, a(y_out), False, a(d))])
     if low:
         takes_bf16_gradient(ctx, y)  # dy * gelu'(x) reads dy in bf16
 

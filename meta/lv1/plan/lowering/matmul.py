@@ -20,7 +20,6 @@ from meta.lv1.plan.precision import (
     bf16_operands,
     gradient_target,
     keeps_bf16,
-    stored,
     takes_bf16_gradient,
 )
 
@@ -87,17 +86,23 @@ def matmul_step(pb: PlanBuilder, a_name: str, a_dims, trans_a: bool, b_name: str
 
 def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, trans_a: bool,
                      b: str, b_dims, trans_b: bool, keys: tuple[str, str] | None = None
-                     ) -> None:
+                     ) -> str:
     """Gradients of y = op(a) . op(b) (batched over leading dims of equal size) from dy; the
     gradients are ``keys``' (default: a's and b's), where a and b are the values the forward
-    read (in a bf16 plan their bf16 copies; dy then is read through its own)."""
+    read (in a bf16 plan their bf16 copies; dy then is read through its own). Returns the dy
+    the products read (a bias's gradient sums the same: ``bias_gradient``).
+
+    A bf16 plan computes b's gradient first: a (the layer's saved bf16 input) is then free
+    before a's gradient is written, so the two never share the arena (at sequence 256 the
+    GPT's backward peak held the MLP's hidden bf16 input beside its gradient: 4 MiB)."""
     key_a, key_b = keys or (a, b)
     (g,) = bf16_operands(ctx, "backward", g)
     n = len(a_dims)
     m_dim = a_dims[n - 1] if trans_a else a_dims[n - 2]
     n_dim = b_dims[n - 2] if trans_b else b_dims[n - 1]
     g_dims = [*a_dims[:n - 2], m_dim, n_dim]
-    if ctx.needs(key_a):
+
+    def grad_a() -> None:
         dest, add = gradient_target(ctx, key_a)
         if not trans_a:  # da = dy . op(b)^T
             matmul_step(pb, g, g_dims, False, b, b_dims, not trans_b, dest, accumulate=add,
@@ -105,7 +110,8 @@ def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, tran
         else:  # da = op(b) . dy^T
             matmul_step(pb, b, b_dims, trans_b, g, g_dims, True, dest, accumulate=add,
                         phase="backward", bf16=ctx.bf16)
-    if ctx.needs(key_b):
+
+    def grad_b() -> None:
         dest, add = pb.grad_target(key_b, can_accumulate=True)
         if not trans_b:  # db = op(a)^T . dy
             matmul_step(pb, a, a_dims, not trans_a, g, g_dims, False, dest, accumulate=add,
@@ -113,6 +119,22 @@ def product_backward(pb: PlanBuilder, ctx: Context, g: str, a: str, a_dims, tran
         else:  # db = dy^T . op(a)
             matmul_step(pb, g, g_dims, True, a, a_dims, trans_a, dest, accumulate=add,
                         phase="backward", bf16=ctx.bf16)
+
+    wanted = [(ctx.needs(key_a), grad_a), (ctx.needs(key_b), grad_b)]
+    for needed, make in (wanted[::-1] if ctx.bf16 else wanted):
+        if needed:
+            make()
+    return g
+
+
+def bias_gradient(pb: PlanBuilder, ctx: Context, g: str, bias: str, rows: int, n: int) -> None:
+    """The bias's gradient: dy (``g``, as the backward products read it) summed over its
+    ``rows``, in float32. In a bf16 plan that is dy's bf16 holder or copy, as autocast sums
+    its bf16 output's gradient: half the bytes read, and dy's float32 bytes are free once
+    converted (at sequence 256 the GPT's backward peak held them beside its products')."""
+    dest, add = pb.grad_target(bias, can_accumulate=True)
+    pb.step("bias gradient", [g], [dest],
+            lambda x: [pb.rt.column_sum(rows, n, x(g), x(dest), add)], "backward")
 
 
 def gemm(ctx: Context, node: Node, op) -> Lowered | None:
@@ -147,14 +169,10 @@ def gemm(ctx: Context, node: Node, op) -> Lowered | None:
             return
         if act is not None:
             g = activation_backward(pb, y, g, act[1])
-        product_backward(pb, ctx, g, a16, ctx.shape(a), trans_a, b16, ctx.shape(b), trans_b,
-                         (a_in, b))
+        g16 = product_backward(pb, ctx, g, a16, ctx.shape(a), trans_a, b16, ctx.shape(b),
+                               trans_b, (a_in, b))
         if ctx.needs(c):
-            dest, add = pb.grad_target(c, can_accumulate=True)
-            m = ctx.shape(out)[0]
-            gs = stored(ctx, g)
-            pb.step("bias gradient", [gs], [dest],
-                    lambda x: [pb.rt.column_sum(m, n_out, x(gs), x(dest), add)], "backward")
+            bias_gradient(pb, ctx, g16, c, ctx.shape(out)[0], n_out)
     return Lowered(node, backward, kind)
 
 
@@ -203,10 +221,7 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
             return
         if act is not None:
             g = activation_backward(pb, y, g, act[1])
-        product_backward(pb, ctx, g, a16, a_dims, False, b16, b_dims, False, (a_in, b))
+        g16 = product_backward(pb, ctx, g, a16, a_dims, False, b16, b_dims, False, (a_in, b))
         if ctx.needs(bias):
-            dest, add = pb.grad_target(bias, can_accumulate=True)
-            gs = stored(ctx, g)
-            pb.step("bias gradient", [gs], [dest],
-                    lambda x: [pb.rt.column_sum(rows, n_out, x(gs), x(dest), add)], "backward")
+            bias_gradient(pb, ctx, g16, bias, rows, n_out)
     return Lowered(node, backward, kind)

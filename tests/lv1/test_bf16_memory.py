@@ -1,0 +1,85 @@
+"""What a bf16 plan's step keeps, and where (issue 42: the GPT step's added memory in bf16 at
+most 0.65x float32's). The float32 values a bf16 plan keeps only as their bf16 holders have
+no bytes (storage "none", no array); the MLP's first product writes its output in bf16 only
+and Gelu reads it there, as autocast does; a bf16 plan's backward products compute the
+weight's gradient before the input's, so the layer's saved bf16 input is free before the
+input's gradient is written; and the arena packs values of equal size by lifetime when that
+is smaller than by birth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta.lv1 import PlannedExecutor, gpt
+from meta.lv1.plan import memory, precision, runtime
+
+pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
+
+
+@pytest.fixture
+def native(monkeypatch):
+    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
+    if not precision.native_bf16()[0]:
+        pytest.skip("this CPU has no native bf16")
+
+
+def plan_of(mode: str, n: int = 4, t: int = 32):
+    rng = np.random.default_rng(0)
+    feeds = {"input": rng.integers(0, 65, (n, t)), "labels": rng.integers(0, 65, (n, t))}
+    ex = PlannedExecutor(gpt((t,), seed=0), precision=mode).train()
+    ex.inference_and_backprop(feeds, "loss")
+    return ex._last
+
+
+def test_values_kept_in_bf16_only_have_no_bytes(native):
+    plan = plan_of("bf16")
+    only = plan.objects[precision.ONLY]
+    assert {"h0.ln1", "h0.mlp.fc", "h0.mlp.gelu", "h0.mlp.gelu@grad"} <= only
+    for name in only:
+        v = plan.values[name]
+        assert v.storage == "none" and v.array is None, name
+        assert name not in plan.offsets
+    touched = {n for s in plan.order for n in (*s.reads, *s.writes)}
+    assert not touched & only
+    # the float32 plan declares nothing without bytes
+    assert all(v.storage != "none" for v in plan_of("f32").values.values())
+
+
+def test_gelu_reads_the_products_bf16_output(native):
+    plan = plan_of("bf16")
+    holders = plan.objects[precision.COPIES]
+    fc = next(s for s in plan.order if s.node == "h0.mlp.fc.matmul" and s.phase == "forward"
+              and s.name.startswith("matmul"))
+    gelu = next(s for s in plan.order if s.node == "h0.mlp.gelu" and s.phase == "forward")
+    assert fc.writes == (holders["h0.mlp.fc"],) and gelu.reads == (holders["h0.mlp.fc"],)
+    assert plan.values[holders["h0.mlp.fc"]].dtype == precision.BF16
+
+
+def backward_products(plan, node: str) -> list[str]:
+    """What each backward product of ``node`` writes, in plan order."""
+    return [s.writes[0] for s in plan.order
+            if s.node == node and s.phase == "backward" and s.name.startswith("matmul")]
+
+
+def test_bf16_products_compute_the_weights_gradient_first(native):
+    written = backward_products(plan_of("bf16"), "h0.mlp.proj.matmul")
+    assert written[0] == "h0.mlp.proj.weight@grad" and len(written) == 2
+    # the float32 plan keeps its order: the input's gradient first
+    assert backward_products(plan_of("f32"), "h0.mlp.proj.matmul")[1] \
+        == "h0.mlp.proj.weight@grad"
+
+
+def test_the_arena_packs_equal_sizes_by_lifetime_when_smaller():
+    # by birth: b, c, then a over b's bytes; d (alive with c and a) finds no gap below c
+    sizes = {"a": 128, "b": 128, "c": 128, "d": 64}
+    spans = {"a": (4, 4), "b": (1, 1), "c": (1, 2), "d": (2, 4)}
+    offsets, total = memory.assign_offsets(sizes, spans)
+    assert total == 256  # by lifetime: c, a, b, then d above a (birth order's: 320)
+    for x in sizes:
+        for y in sizes:
+            alive = not (spans[x][1] < spans[y][0] or spans[y][1] < spans[x][0])
+            if x < y and alive:
+                assert offsets[x] + sizes[x] <= offsets[y] or offsets[y] + sizes[y] \
+                    <= offsets[x], (x, y)
+
