@@ -17,16 +17,20 @@ Like autocast, the plan keeps tensors in bf16 between the ops that read bf16:
   product again), and what the backward reads of them is saved in bf16. The float32 original
   is then free as soon as nothing float32 reads it.
 * **bf16 outputs** (``keeps_bf16``, ``bf16_holder``): a tensor whose every reader is a bf16
-  product is written in bf16 by the op producing it (LayerNorm, Gelu, a matrix product or
-  the attention: each computes in float32 and rounds its output once), and never exists in
-  float32: autocast's bf16 activations between its bf16 ops. Its gradient stays float32
+  product (or a Gelu that writes bf16, ``lowering.eltwise.gelu_reads_bf16``: the MLP's
+  first product's output, as autocast's GELU reads its linear's bf16 output) is written in
+  bf16 by the op producing it (LayerNorm, Gelu, a matrix product or the attention: each
+  computes in float32 and rounds its output once), and never exists in float32:
+  autocast's bf16 activations between its bf16 ops. Its gradient stays float32
   where several products add into it (a LayerNorm read by Q, K and V), as autocast's
   gradient of its float32 input is; a Gelu kept in bf16 keeps its derivative in bf16 too, as
   autocast saves Gelu's bf16 input.
 * **bf16 gradients** (``gradient_target``): the gradient of a tensor autocast has in bf16 (a
   product's or Gelu's output) is written in bf16 where it has one contribution and its
   producer's backward reads it in bf16 (``takes_bf16_gradient``): the MLP's gradients
-  between its products and Gelu, the largest tensors of a transformer's backward.
+  between its products and Gelu, the largest tensors of a transformer's backward. A bias's
+  gradient sums the bf16 dy its products read, as autocast's does
+  (``lowering.matmul.bias_gradient``).
 * **Through identity views** (``passes_through``): an Identity, or a Dropout that passes its
   input (ratio 0, or not training: PyTorch's encoder layers export one after their
   activation), between a bf16 output and the products reading it keeps it bf16: the view's
