@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,32 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float = MPI_TIMEOU
         pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}, expected {expect_rc}; "
                     f"output:\n{out}", pytrace=False)
     return out
+
+
+def run_together(cmds: list[list[str]], env: dict[str, str], timeout: float = MPI_TIMEOUT_S,
+                 expect_rc: int | None = 0) -> list[str]:
+    """Run independent ``cmds`` at the same time and return their outputs in order; fail as
+    ``run_command`` does (every output shown) when one exits otherwise than ``expect_rc`` or
+    they outlast ``timeout`` together, killing any still running. For runs of one thread each,
+    whose results cannot depend on what runs beside them: on the 2-core CI machine two such
+    runs take about the time of one."""
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, start_new_session=True) for cmd in cmds]
+    deadline, outs, failure = time.monotonic() + timeout, [], ""
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])
+    except subprocess.TimeoutExpired:
+        failure = f"timed out after {timeout} s"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        outs += [proc.communicate()[0] for proc in procs[len(outs):]]
+    codes = [proc.returncode for proc in procs]
+    if not failure and expect_rc is not None and any(code != expect_rc for code in codes):
+        failure = f"exited with {codes}, expected {expect_rc} each"
+    if failure:
+        shown = "\n".join(f"$ {' '.join(cmd)}\n{out}" for cmd, out in zip(cmds, outs))
+        pytest.fail(f"runs side by side {failure}; outputs:\n{shown}", pytrace=False)
+    return outs

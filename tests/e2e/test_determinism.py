@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from tests.launch import clean_env, run_command
+from tests.launch import clean_env, run_together
 
 META = str(Path(sys.executable).parent / "meta")
 SMALL = """
@@ -62,10 +62,11 @@ def recipe(tmp_path: Path) -> str:
 
 
 def test_single_process_runs_are_bit_identical(tmp_path, recipe, mnist_dir):
+    """The two runs go side by side (one thread each, 2 cores): separate processes still, and
+    with one thread what runs beside a process cannot change its sums."""
     runs = [tmp_path / "run1", tmp_path / "run2"]
-    for out in runs:
-        run_command([META, "run", recipe, "--output-dir", str(out), "--quiet"],
-                    clean_env(PINNED), timeout=120)
+    run_together([[META, "run", recipe, "--output-dir", str(out), "--quiet"] for out in runs],
+                 clean_env(PINNED), timeout=120)
     assert_identical(*runs)
 
 
