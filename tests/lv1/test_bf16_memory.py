@@ -83,3 +83,19 @@ def test_the_arena_packs_equal_sizes_by_lifetime_when_smaller():
                 assert offsets[x] + sizes[x] <= offsets[y] or offsets[y] + sizes[y] \
                     <= offsets[x], (x, y)
 
+
+
+def test_the_attention_backward_reads_its_dy_as_one_bf16_copy_of_the_plan(native):
+    """Both attention products reading dY read the plan's one bf16 copy of it (a conversion
+    step in the arena, free after the backward), not a float32 dY each product converts into
+    the process-wide staging buffer (1 MiB resident at the GPT's sequence 256)."""
+    plan = plan_of("bf16")
+    step = next(s for s in plan.order if s.name == "attention backward")
+    dy = step.reads[0]
+    assert plan.values[dy].dtype == precision.BF16, dy
+    convert = next(s for s in plan.order if s.writes == (dy,))
+    assert convert.name == "to bf16" and convert.phase == "backward"
+    # the float32 plan reads the float32 dY itself
+    f32 = plan_of("f32")
+    step = next(s for s in f32.order if s.name == "attention backward")
+    assert f32.values[step.reads[0]].dtype == np.float32

@@ -283,6 +283,10 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         g = pb.grad(y)
         if g is None:
             return
+        # both products reading dY read it in bf16 in a bf16 plan: one conversion step of the
+        # plan (its copy in the arena, free after), not a conversion inside each product into
+        # a staging buffer that would stay resident for the process
+        (g,) = bf16_operands(ctx, "backward", g)
         perms[g] = perms[y]
         ps = pb.output(pb.fresh(f"{node.name}.probabilities"), (chunk, t_q, t_k))
         ds = pb.output(pb.fresh(f"{node.name}.dscores"), (chunk, t_q, t_k))
