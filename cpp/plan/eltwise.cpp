@@ -199,21 +199,7 @@ StepPtr reduce_sum(const Dims& dims_x, const Dims& dims_y, const std::string& la
                         pd.scratchpad_desc());
 }
 
-// float32 -> bf16, rounded to nearest even (a NaN stays a quiet NaN); bf16 -> float32. Bit
-// casts, not memcpy, and a select, not a branch: loops calling them vectorise.
-inline std::uint16_t to_bf16(float f) {
-  const std::uint32_t v = __builtin_bit_cast(std::uint32_t, f);
-  const std::uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
-  return std::uint16_t((v & 0x7fffffffu) > 0x7f800000u ? (v >> 16) | 0x40u : rounded);
-}
-inline float from_bf16(std::uint16_t h) {
-  return __builtin_bit_cast(float, std::uint32_t(h) << 16);
-}
-// Reading and writing a float32 or bf16 element as float32 (the mixed loops below).
-inline float widen(float v) { return v; }
-inline float widen(std::uint16_t h) { return from_bf16(h); }
-inline void put(float& d, float v) { d = v; }
-inline void put(std::uint16_t& d, float v) { d = to_bf16(v); }
+// bf16 elements: to_bf16, from_bf16, widen and put (plan.hpp).
 
 // y[j] (+)= sum_i x[i, j] for x (rows, cols) of float32 or bf16 elements (a gradient kept
 // in bf16 is summed in float32), in blocks of columns.
@@ -276,8 +262,13 @@ StepPtr channel_sum(std::int64_t n, std::int64_t c, std::int64_t plane, const py
 
 // y (outer, inner) = scale * sum over mid of x (outer, mid, inner): ReduceSum / ReduceMean
 // over a run of adjacent axes. Over the last axes (inner 1: RMSNorm's mean of squares, a
-// squeeze-excite's pooling) each row is summed in lanes of a local accumulator: the general
-// loop's out[0] += row[0] per element is a chain through memory, 34x slower there.
+// squeeze-excite's pooling) each row is summed in a local accumulator: the general loop's
+// out[0] += row[m] per element is a chain through memory, 34x slower there. Rows of
+// kLaneSum elements or more (a hidden width) are summed in vector lanes; shorter ones (a CNN's
+// global pooling over 8x8) in order, the same bits as before: as for loss.cpp's classes, a
+// ReLU network's trajectory is not continuous in the last bit (the BatchNorm precision
+// test's CNN, which pools so, ends 3.6e-4 from PyTorch instead of 1e-6 with lane sums).
+constexpr std::int64_t kLaneSum = 256;
 StepPtr reduce_mid(std::int64_t outer, std::int64_t mid, std::int64_t inner, float scale,
                    const py::array& x, const py::array& y) {
   const float* px = static_cast<const float*>(address(x, outer * mid * inner * 4, "reduce input"));
@@ -288,8 +279,12 @@ StepPtr reduce_mid(std::int64_t outer, std::int64_t mid, std::int64_t inner, flo
       for (std::int64_t o = 0; o < outer; ++o) {
         const float* row = px + o * mid;
         float s = 0.f;
+        if (mid >= kLaneSum) {
 #pragma omp simd reduction(+ : s)
-        for (std::int64_t m = 0; m < mid; ++m) s += row[m];
+          for (std::int64_t m = 0; m < mid; ++m) s += row[m];
+        } else {
+          for (std::int64_t m = 0; m < mid; ++m) s += row[m];  // in order
+        }
         py_[o] = s * scale;
       }
     });

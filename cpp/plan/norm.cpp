@@ -98,17 +98,7 @@ struct BatchNormKernel {
 
 using BatchNormPtr = std::shared_ptr<BatchNormKernel>;
 
-// bf16 elements read and written as float32: float32 -> bf16 rounds to nearest even (a NaN
-// stays a quiet NaN). Bit casts and a select, not a branch, so the loops vectorise.
-using Half = std::uint16_t;
-inline float widen(float v) { return v; }
-inline float widen(Half h) { return __builtin_bit_cast(float, std::uint32_t(h) << 16); }
-inline void put(float& d, float v) { d = v; }
-inline void put(Half& d, float v) {
-  const std::uint32_t u = __builtin_bit_cast(std::uint32_t, v);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  d = Half((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
+// bf16 elements (Half) read and written as float32: widen and put (plan.hpp).
 bool holds_bf16(const py::array& a) { return a.itemsize() == 2; }
 
 // The mixed loops' kernels, each over the rows [n0, n1) of X seen as (n, c, s): written once

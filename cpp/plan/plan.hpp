@@ -148,4 +148,20 @@ std::string impl(const dnnl::primitive_desc_base& pd);
 StepPtr primitive_step(const std::string& name, const dnnl::primitive& p,
                        std::unordered_map<int, memory> args, const memory::desc& scratch_md);
 
+// bf16 elements (mixed precision), one definition for every kernel file: float32 -> bf16
+// rounds to nearest even (a NaN stays a quiet NaN), bf16 -> float32 is exact. Bit casts and a
+// select, not a branch: loops calling them vectorise. widen and put read and write a float32
+// or a bf16 element as float32, so one template loop serves both element types.
+using Half = std::uint16_t;
+inline Half to_bf16(float f) {
+  const std::uint32_t v = __builtin_bit_cast(std::uint32_t, f);
+  const std::uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
+  return Half((v & 0x7fffffffu) > 0x7f800000u ? (v >> 16) | 0x40u : rounded);
+}
+inline float from_bf16(Half h) { return __builtin_bit_cast(float, std::uint32_t(h) << 16); }
+inline float widen(float v) { return v; }
+inline float widen(Half h) { return from_bf16(h); }
+inline void put(float& d, float v) { d = v; }
+inline void put(Half& d, float v) { d = to_bf16(v); }
+
 }  // namespace meta::plan
