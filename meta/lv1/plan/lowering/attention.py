@@ -31,6 +31,7 @@ import numpy as np
 from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
+from meta.lv1.plan.lowering.views import drop_transpose, transposed_source
 from meta.lv1.plan.memory import Value
 from meta.lv1.plan.precision import bf16_operands
 
@@ -145,28 +146,6 @@ def _causal(mask: np.ndarray | None) -> bool:
     return bool(np.all(mask[np.triu_indices(mask.shape[0], 1)] <= CAUSAL_BELOW))
 
 
-def _transposed_source(ctx: Context, x: str, perm: list[int]) -> tuple[str, int] | None:
-    """When ``x`` is the output of a Transpose by ``perm`` (split heads) read by the attention
-    only: the Transpose's input and the index of its step, which the attention then drops,
-    reading the input through strides instead (oneDNN's batched kernel takes these layouts,
-    acbd and adbc, as they are; a copy of 1 MiB less a layer and direction at the GPT
-    benchmark's size); None otherwise."""
-    pb = ctx.pb
-    if x in ctx.protected or len(ctx.consumers.get(x, [])) != 1 or len(ctx.shape(x)) != 4:
-        return None
-    for k in range(len(pb.steps) - 1, -1, -1):
-        step = pb.steps[k]
-        if x not in step.writes:
-            continue
-        op = ctx.ops.get(step.node)
-        if step.name != "Transpose" or step.writes != (x,) or len(step.reads) != 1 \
-                or op is None or op.perm is None or list(op.perm) != perm \
-                or pb.values[step.reads[0]].layout != "plain":
-            return None
-        return step.reads[0], k
-    return None
-
-
 def attention(ctx: Context, node: Node) -> Lowered | None:
     """The scores' MatMul ``node`` and the chain after it as one chunked attention, or None
     (the nodes then lower one by one)."""
@@ -191,12 +170,11 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
     # backward then finds no gradient and adds nothing), and the merge of the heads after the
     # attention written through strides; Q keeps its copy: read through strides it cost the
     # products more than the copy (GPT benchmark, 1 thread), while for K, V and the output the
-    # copies cost more (see _transposed_source)
-    sources = {a: None, b: _transposed_source(ctx, b, [0, 2, 3, 1]),
-               v: _transposed_source(ctx, v, [0, 2, 1, 3])}
-    for k in sorted((src[1] for src in sources.values() if src), reverse=True):
-        ctx.fused_into.setdefault(node.name, []).append(pb.steps[k].node)
-        del pb.steps[k]
+    # copies cost more (see views.transposed_source)
+    sources = {a: None, b: transposed_source(ctx, b, [0, 2, 3, 1]),
+               v: transposed_source(ctx, v, [0, 2, 1, 3])}
+    for src in sorted((s for s in sources.values() if s), key=lambda s: -s[1]):
+        drop_transpose(ctx, node, src)
     a_in, b_in, v_in = (sources[x][0] if sources[x] else pb.require_layout(x, "plain")
                         for x in (a, b, v))
     # what the products read for each (a bf16 plan: the one bf16 copy of each, which the

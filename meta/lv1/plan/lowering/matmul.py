@@ -14,6 +14,7 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import Context
 from meta.lv1.plan.lowering.attention import attention
 from meta.lv1.plan.lowering.eltwise import Eltwise, activation_backward, fused_activation
+from meta.lv1.plan.lowering.views import drop_transpose, transposed_source
 from meta.lv1.plan.precision import (
     BF16_READERS,
     bf16_holder,
@@ -203,16 +204,23 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
             ctx.absorb(node, act[0])
             last = act[0].outputs[0]
     a_in = pb.require_layout(a, "plain")
+    # a weight transposed by the graph (a tied head's embedding, an exporter's W^T): the
+    # product reads the weight through strides, the Transpose's copy of it dropped
+    b_in, trans_b = b, False
+    found = transposed_source(ctx, b, [1, 0]) if len(sb) == 2 else None
+    if found is not None and found[0] in ctx.traced and found[0] != a:
+        b_in, trans_b = drop_transpose(ctx, node, found), True
+        b_dims = b_dims[::-1]
     y = pb.output(last, so)
     rows, n_out = a_dims[0], so[-1]
-    a16, b16 = bf16_operands(ctx, "forward", a_in, b)
-    matmul_step(pb, a16, a_dims, False, b16, b_dims, False,
+    a16, b16 = bf16_operands(ctx, "forward", a_in, b_in)
+    matmul_step(pb, a16, a_dims, False, b16, b_dims, trans_b,
                 y if act else product_output(ctx, y), bias, act[1] if act else None,
                 bf16=ctx.bf16)
     if act is None:  # its backward reads dy as products (and a column sum) read it
         takes_bf16_gradient(ctx, y)
     kind = "onednn bf16" if ctx.bf16 else "onednn"
-    if not (ctx.needs(a) or ctx.needs(b) or ctx.needs(bias)):
+    if not (ctx.needs(a) or ctx.needs(b_in) or ctx.needs(bias)):
         return Lowered(node, None, kind)
 
     def backward(pb: PlanBuilder) -> None:
@@ -221,7 +229,8 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
             return
         if act is not None:
             g = activation_backward(pb, y, g, act[1])
-        g16 = product_backward(pb, ctx, g, a16, a_dims, False, b16, b_dims, False, (a_in, b))
+        g16 = product_backward(pb, ctx, g, a16, a_dims, False, b16, b_dims, trans_b,
+                               (a_in, b_in))
         if ctx.needs(bias):
             bias_gradient(pb, ctx, g16, bias, rows, n_out)
     return Lowered(node, backward, kind)

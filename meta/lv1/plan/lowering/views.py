@@ -75,6 +75,42 @@ def view_node(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward if ctx.needs(x) else None, "view")
 
 
+def transposed_source(ctx: Context, x: str, perm: list[int]) -> tuple[str, int] | None:
+    """When ``x`` is the output of a Transpose by ``perm`` whose one reader is the product
+    asking (the attention's split heads; a linear layer's transposed weight, a tied output
+    head's embedding): the Transpose's input and the index of its step, which the product then
+    drops, reading the input through strides instead (oneDNN's kernels take these layouts as
+    they are: the copy, 1 MiB a layer and direction at the GPT benchmark's size, is saved;
+    the dropped step's backward then finds no gradient and adds nothing: the product writes
+    the input's); None otherwise."""
+    pb = ctx.pb
+    if x in ctx.protected or len(ctx.consumers.get(x, [])) != 1 \
+            or len(ctx.shape(x)) != len(perm):
+        return None
+    for k in range(len(pb.steps) - 1, -1, -1):
+        step = pb.steps[k]
+        if x not in step.writes:
+            continue
+        op = ctx.ops.get(step.node)
+        if step.name != "Transpose" or step.writes != (x,) or len(step.reads) != 1 \
+                or op is None or pb.values[step.reads[0]].layout != "plain":
+            return None
+        done = list(op.perm) if op.perm is not None else list(range(len(perm)))[::-1]
+        if done != perm:
+            return None
+        return step.reads[0], k
+    return None
+
+
+def drop_transpose(ctx: Context, into: Node, found: tuple[str, int]) -> str:
+    """Drop the Transpose step ``transposed_source`` found, the node ``into`` reading its
+    input instead (``meta inspect`` lists it as fused into ``into``); returns that input."""
+    source, k = found
+    ctx.fused_into.setdefault(into.name, []).append(ctx.pb.steps[k].node)
+    del ctx.pb.steps[k]
+    return source
+
+
 def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     pb = ctx.pb
     x, out = node.inputs[0], node.outputs[0]
