@@ -501,7 +501,8 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
         # the plan makes once, the update of the parameters that rank holds
         compute = sum((x.forward_s + x.backward_s) * shape.shares.get(x.name, 1.0)
                       for x in work.layers)
-        volume = [b * work.batch for b in shape.allreduce_bytes]
+        # a ring allreduce sends 2(P-1)/P of its buffer, a reduce-scatter or all-gather half
+        sent = sum((1 if half else 2) * (p - 1) / p * v for v, half in shape.volumes(work.batch))
         comm, hidden = _partitioned_comm(work, machine, p, shape)
         # the ranks meet at every allreduce: each waits for the other's lateness over the
         # work since the last one, the measured steps' relative spread of this rank's compute
@@ -516,12 +517,13 @@ def tensor_parallel_costs(work: Workload, machine: Machine, p: int) -> list[Pred
         volume = [2 * x.activation_bytes * work.batch for x in gemms[1::2]]
         comm = sum(allreduce_s(machine, p, v / 2) * 2 for v in volume) + work.sync_s(p)
         compute += work.update_s / p
+        sent = sum(2 * (p - 1) / p * v for v in volume)
     compute += work.extra_s
     n = work.param_bytes
     memory = Memory(n / p, n / p, n / p * work.state_slots, work.activation_bytes * work.batch)
     return [Prediction("partitioned", f"tensor parallel over {p} ranks",
                        {"distributed": "partitioned"}, p, work.batch, compute + comm, compute,
-                       comm, memory, sum(2 * (p - 1) / p * v for v in volume), notes=notes)]
+                       comm, memory, sent, notes=notes)]
 
 
 def _partitioned_comm(work: Workload, machine: Machine, p: int,

@@ -591,6 +591,15 @@ class StepShape:
     """Per collective, bytes that do not grow with the batch (a loss's sums, the gradients
     of the parameters the row-split part reads)."""
 
+    def volumes(self, batch: int) -> list[tuple[float, bool]]:
+        """Per collective of a step of ``batch`` examples: (its buffer's bytes, whether it
+        is half a ring allreduce: a reduce-scatter or an all-gather moves one of the ring's
+        two passes). What ``waited`` times and ``meta plan`` counts as bytes sent."""
+        return [(per_example * batch + (self.fixed_bytes[i] if i < len(self.fixed_bytes)
+                                        else 0),
+                 i < len(self.kinds) and self.kinds[i] != "allreduce")
+                for i, per_example in enumerate(self.allreduce_bytes)]
+
     def waited(self, batch: int, transfer: Callable[[float], float],
                floor: Callable[[float], float], cover: Callable[[str], float]
                ) -> tuple[float, float]:
@@ -603,9 +612,7 @@ class StepShape:
         do not cover, never less than ``floor``. The one rule ``meta plan`` and the
         strategy's report both apply."""
         total = hidden = 0.0
-        for i, per_example in enumerate(self.allreduce_bytes):
-            v = per_example * batch + (self.fixed_bytes[i] if i < len(self.fixed_bytes) else 0)
-            half = i < len(self.kinds) and self.kinds[i] != "allreduce"
+        for i, (v, half) in enumerate(self.volumes(batch)):
             t = transfer(v) / 2 if half else transfer(v)  # half a ring: one of its passes
             nodes = self.overlapped[i] if i < len(self.overlapped) else ()
             if nodes:

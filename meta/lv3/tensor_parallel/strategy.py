@@ -421,7 +421,7 @@ class Partitioned(Strategy):
                  f"{', '.join(f'{b:.2f}' for b in held)} MB of {f['parameter_bytes'] / MB:.2f} "
                  f"MB{budget}"]
         for c in plan_.collectives:
-            lines.append(f"  {c.label} {c.phase:<8} {c.tensor:<24} "
+            lines.append(f"  {c.label:<14} {c.phase:<8} {c.tensor:<24} "
                          f"{c.nbytes(int(f['batch_size'])):>10,} bytes")
         lines += [
             f"meta: bytes per step {self.part.bytes_sent / max(self.part.steps, 1):,.0f} "

@@ -120,6 +120,31 @@ def test_meta_plan_costs_the_split_the_strategy_makes() -> None:
     assert by_kind.compute_s != pytest.approx(want)
 
 
+def test_meta_plan_counts_a_reduce_scatter_or_all_gather_as_half_a_ring() -> None:
+    """With sequence parallelism (the default) each allreduce is a reduce-scatter and an
+    all-gather, each one pass of a ring (P-1)/P of its buffer, and one allreduce of the
+    replicated parameters' gradients (bytes that do not grow with the batch): ``meta plan``'s
+    bytes sent count each so, as its time does (it counted every one as a whole allreduce
+    and left the fixed bytes out)."""
+    from meta.lv3.tensor_parallel.plan import step_shape
+    from meta.planner.costs import tensor_parallel_costs
+    from meta.planner.machine import Machine
+    from meta.planner.workload import Layer, Workload
+
+    graph = small_gpt()
+    shapes = probe(graph, batch(2))
+    shape = step_shape(graph, shapes, 2)
+    volumes = shape.volumes(4)
+    halves = [v for v, half in volumes if half]
+    whole = [v for v, half in volumes if not half]
+    assert len(halves) == 16 and len(whole) == 1 and whole[0] > 0
+    layers = tuple(Layer(n.name, n.op_type, 1e-3, 2e-3, 0, 0) for n in graph.nodes)
+    work = Workload("gpt", 4, layers, 1, 2, 0.0, "test",
+                    partitioned=lambda ranks: step_shape(graph, shapes, ranks))
+    row = tensor_parallel_costs(work, Machine(), 2)[0]
+    assert row.bytes_sent == pytest.approx(sum(halves) / 2 + whole[0])  # P = 2
+
+
 def test_meta_plan_hides_the_backward_allreduces_behind_the_weight_gradients() -> None:
     """Each backward allreduce travels while the weight gradients of the column layers that
     read its copy are computed (the plan's scheduler): the model charges what they do not
