@@ -197,7 +197,10 @@ class GatherRows(GroupCollective):
     ``reduce`` 0: this rank's rows of it (y is read alike on every rank: a graph output)."""
 
     attributes = {"group": 0, "reduce": 1}
+    """``group``: which registered Group it gathers on; ``reduce``: 1 (the backward sums
+    the ranks' gradients, a reduce-scatter) or 0 (this rank's rows of it)."""
     no_grad_inputs = (1,)
+    """The batch-sized input only says how many rows there are: no gradient."""
 
     def forward(self, ctx: Any, x: np.ndarray, batch: np.ndarray) -> np.ndarray:
         return self.communicator().gathered(x, len(batch))
@@ -236,7 +239,9 @@ class ShareOfMean(Operator):
     x is the gradient of y times the same share."""
 
     attributes = {"ignore_index": -100}
+    """``ignore_index``: the label that does not count, as SoftmaxCrossEntropyLoss's."""
     no_grad_inputs = (1, 2)
+    """The labels (this rank's and the whole batch's): no gradient."""
 
     def forward(self, ctx: Any, x: np.ndarray, mine: np.ndarray, labels: np.ndarray
                 ) -> np.ndarray:
