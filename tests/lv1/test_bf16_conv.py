@@ -19,13 +19,6 @@ from meta.lv1.plan import precision, runtime
 pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
 
 
-@pytest.fixture
-def native(monkeypatch):
-    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
-    if not precision.native_bf16()[0]:
-        pytest.skip("this CPU has no native bf16")
-
-
 def bf16(a) -> np.ndarray:
     return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
 

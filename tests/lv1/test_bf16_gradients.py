@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from meta.lv1 import PlannedExecutor
-from meta.lv1.plan import precision, runtime
+from meta.lv1.plan import runtime
 from meta.lv2 import Optimizer, adam, sgd
 
 pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
@@ -91,13 +91,6 @@ def batch_of(model: str) -> int:
 
 def params_of(models) -> list:
     return [m if m in FAST else pytest.param(m, marks=pytest.mark.slow) for m in models]
-
-
-@pytest.fixture
-def native(monkeypatch):
-    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
-    if not precision.native_bf16()[0]:
-        pytest.skip("this CPU has no native bf16: precision=bf16 runs float32")
 
 
 def head(graph) -> set[str]:

@@ -17,13 +17,6 @@ from meta.lv1.plan import memory, precision, runtime
 pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
 
 
-@pytest.fixture
-def native(monkeypatch):
-    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
-    if not precision.native_bf16()[0]:
-        pytest.skip("this CPU has no native bf16")
-
-
 def plan_of(mode: str, n: int = 4, t: int = 32):
     rng = np.random.default_rng(0)
     feeds = {"input": rng.integers(0, 65, (n, t)), "labels": rng.integers(0, 65, (n, t))}

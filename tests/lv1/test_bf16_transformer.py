@@ -18,13 +18,6 @@ pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is n
 N, T, D, H = 4, 16, 32, 64
 
 
-@pytest.fixture
-def native(monkeypatch):
-    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
-    if not precision.native_bf16()[0]:
-        pytest.skip("this CPU has no native bf16")
-
-
 def mlp_graph(dropout: str = "Dropout"):
     """loss = sum(f * (Dropout(Gelu(x W1 + b1)) W2 + b2)): a transformer's MLP, its Dropout
     at ratio 0 in training (``dropout="Identity"``: an Identity in its place)."""

@@ -20,13 +20,6 @@ from meta.lv1.plan.builder import PlannedStep
 pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
 
 
-@pytest.fixture
-def native(monkeypatch):
-    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
-    if not precision.native_bf16()[0]:
-        pytest.skip("this CPU has no native bf16")
-
-
 def tokens(n=4, t=32, seed=0):
     rng = np.random.default_rng(seed)
     return {"input": rng.integers(0, 65, (n, t)), "labels": rng.integers(0, 65, (n, t))}

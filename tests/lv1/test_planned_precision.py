@@ -33,13 +33,6 @@ def gradients(graph, feeds, mode):
     return ex, float(values["loss"]), {k: g.copy() for k, g in grads.items()}
 
 
-@pytest.fixture
-def native(monkeypatch):
-    monkeypatch.delenv(precision.SIMULATE_ENV, raising=False)
-    if not precision.native_bf16()[0]:
-        pytest.skip("this CPU has no native bf16")
-
-
 def bf16(a) -> np.ndarray:
     """``a`` rounded to bf16 (nearest even), as float64."""
     u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
