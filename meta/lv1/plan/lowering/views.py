@@ -75,6 +75,11 @@ def view_node(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward if ctx.needs(x) else None, "view")
 
 
+def transpose_perm(op, rank: int) -> list[int]:
+    """A Transpose's permutation: its ``perm``, or ONNX's default, the axes reversed."""
+    return list(op.perm) if op.perm is not None else list(range(rank))[::-1]
+
+
 def transposed_source(ctx: Context, x: str, perm: list[int]) -> tuple[str, int] | None:
     """When ``x`` is the output of a Transpose by ``perm`` whose one reader is the product
     asking (the attention's split heads; a linear layer's transposed weight, a tied output
@@ -95,8 +100,7 @@ def transposed_source(ctx: Context, x: str, perm: list[int]) -> tuple[str, int] 
         if step.name != "Transpose" or step.writes != (x,) or len(step.reads) != 1 \
                 or op is None or pb.values[step.reads[0]].layout != "plain":
             return None
-        done = list(op.perm) if op.perm is not None else list(range(len(perm)))[::-1]
-        if done != perm:
+        if transpose_perm(op, len(perm)) != perm:
             return None
         return step.reads[0], k
     return None
@@ -117,7 +121,7 @@ def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     shape = ctx.shape(x)
     if not ctx.float32(x, out) or not shape:
         return None
-    perm = list(op.perm) if op.perm is not None else list(range(len(shape)))[::-1]
+    perm = transpose_perm(op, len(shape))
     xin = pb.require_layout(x, "plain")
     y = pb.output(out, ctx.shape(out))
     pb.step("Transpose", [xin], [y], lambda a: [pb.rt.transpose(list(shape), perm, a(xin),
