@@ -20,6 +20,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from meta.lv2.decoded_cache import cached_arrays
 from meta.lv2.idx import IDXError, read_idx
 
 __all__ = [
@@ -155,13 +157,16 @@ def data_folder(source: IDXSource) -> tuple[Path, bool]:
     """The folder the source's files come from, and whether the user chose it (by its env var)."""
     if chosen := os.environ.get(source.env_var):
         return Path(chosen).expanduser(), True
+    return _cache_root() / "datasets" / source.name, False
+
+
+def _cache_root() -> Path:
+    """meta's per-user cache: $META_CACHE_DIR, else $XDG_CACHE_HOME/meta, else ~/.cache/meta."""
     if root := os.environ.get("META_CACHE_DIR"):
-        cache = Path(root).expanduser()
-    elif xdg := os.environ.get("XDG_CACHE_HOME"):
-        cache = Path(xdg).expanduser() / "meta"
-    else:
-        cache = Path.home() / ".cache" / "meta"
-    return cache / "datasets" / source.name, False
+        return Path(root).expanduser()
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg).expanduser() / "meta"
+    return Path.home() / ".cache" / "meta"
 
 
 def resolve_file(source: IDXSource, filename: str, *, download: bool = True,
@@ -180,7 +185,9 @@ def load_idx_dataset(source: IDXSource, split: str = "train", *, download: bool 
     is False, and int64 labels (N,).
 
     Loaded arrays are kept for the life of the process (read-only, so no caller can change what
-    the next one gets); loading the same split again is free.
+    the next one gets); loading the same split again is free. The decoded arrays are also kept
+    on disk under the per-user cache (``decoded/``, see ``meta.lv2.decoded_cache``) and mapped
+    by every later process, which then skips the decode.
     """
     if split not in source.files:
         raise ValueError(f"{source.name}: unknown split {split!r}, expected one of "
@@ -223,6 +230,33 @@ class _Request:
 def _load_arrays(req: _Request) -> tuple[np.ndarray, np.ndarray]:
     paths = [_resolve(req.source, req.folder, req.chosen, f, req.download, req.progress)
              for f in req.source.files[req.split]]
+    # Decoded once per machine (meta.lv2.decoded_cache), not once per process: what it is
+    # decoded from is named by content, so a changed file or source is a new entry.
+    source = req.source
+    key = repr((source.name, req.split, req.normalize, source.mean, source.std, source.classes,
+                [_content_id(source, p) for p in paths]))
+    stem = f"{req.split}-{'normalized' if req.normalize else 'unit'}"
+    arrays = cached_arrays(_cache_root() / "decoded" / source.name, stem, key,
+                           lambda: _decode(req, paths))
+    x, y = arrays["x"], arrays["y"]
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+def _content_id(source: IDXSource, path: Path) -> str:
+    """What a resolved file holds: a ``.gz`` file's md5, which ``_resolve`` has just checked
+    against the source's, else (an uncompressed file in a user's folder) its size and CRC-32."""
+    if path.name.endswith(".gz"):
+        return f"md5 {source.md5[path.name]}"
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read it ({err.strerror or err})") from err
+    return f"{len(data)} bytes, crc32 {zlib.crc32(data):08x}"
+
+
+def _decode(req: _Request, paths: list[Path]) -> dict[str, np.ndarray]:
     try:
         images, labels = read_idx(paths[0]), read_idx(paths[1])
     except IDXError as err:  # a raw file is checked by its structure only: its message names it
@@ -237,11 +271,7 @@ def _load_arrays(req: _Request) -> tuple[np.ndarray, np.ndarray]:
         raise DatasetError(f"{paths[0]} holds {len(images)} images but {paths[1]} holds labels "
                            f"of shape {labels.shape}")
     _check_labels(labels, paths[1], req.source)
-    x = _scale(images, req.source, req.normalize)
-    y = labels.astype(np.int64)
-    x.setflags(write=False)
-    y.setflags(write=False)
-    return x, y
+    return {"x": _scale(images, req.source, req.normalize), "y": labels.astype(np.int64)}
 
 
 def _check_labels(labels: np.ndarray, path: Path, source: IDXSource) -> None:

@@ -1,0 +1,121 @@
+"""A disk cache of decoded arrays, memory-mapped by every process that reads them.
+
+Decoding MNIST (gunzip, then a float32 pass over 188 MB of fresh memory) costs each process
+about a second of CPU; an MPI job of n ranks pays it n times, and the test suite starts hundreds
+of such processes. The first process that needs an entry builds it and writes it here; every
+later one maps the files instead (their pages come from the page cache, shared between the
+processes, and cost neither a decode nor memory of their own). Ranks that start together wait
+on a lock while the first one builds, instead of all decoding at once.
+
+An entry is one ``.npy`` file per array plus a manifest with each array's dtype, shape and
+CRC-32, written last. Every file is written under a temporary name and then renamed, so a reader
+sees a whole entry or none. An entry that is missing, truncated, unreadable or whose checksum
+disagrees is rebuilt, never used: the cache can make a load faster but never different. An
+entry's name is derived from what it was built from (the caller's key), so a changed source is
+a new entry; the older entries of the same stem are then removed. Where the folder cannot be
+written (read-only, full), the arrays are built in memory, as without a cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, concurrent first loads each build (and write) it
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["FORMAT", "cached_arrays"]
+
+FORMAT = 1  # of the files and manifest: a change makes every older entry a miss
+
+
+def cached_arrays(folder: Path, stem: str, key: str,
+                  build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays ``build()`` returns for ``key``: read-only memory maps of the entry in
+    ``folder`` when a whole, intact one exists, else built (under a lock, so that processes
+    starting together build it once), written there and returned.
+
+    ``stem`` names what is cached (e.g. ``train-normalized``): entries of the same stem with
+    another key are stale and are removed when a new one is written. ``key`` must change
+    whenever what ``build`` would return changes. Errors of ``build`` propagate unchanged.
+    """
+    name = f"{stem}-{hashlib.sha256(f'{FORMAT}:{key}'.encode()).hexdigest()[:20]}"
+    if (hit := _read(folder, name)) is not None:
+        return hit
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / f".{stem}.lock", "ab")  # noqa: SIM115 (closed below)
+    except OSError:
+        return build()
+    with lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if (hit := _read(folder, name)) is not None:  # built while this process waited
+            return hit
+        arrays = build()
+        try:
+            _prune(folder, stem)
+            _write(folder, name, stem, arrays)
+        except OSError:
+            pass  # cannot be written: this process has its arrays all the same
+        return arrays
+
+
+def _read(folder: Path, name: str) -> dict[str, np.ndarray] | None:
+    try:
+        manifest = json.loads((folder / f"{name}.json").read_text())
+        if manifest["format"] != FORMAT:
+            return None
+        arrays = {}
+        for key, info in manifest["arrays"].items():
+            array = np.load(folder / f"{name}.{key}.npy", mmap_mode="r", allow_pickle=False)
+            if (str(array.dtype) != info["dtype"] or list(array.shape) != info["shape"]
+                    or not array.flags.c_contiguous or zlib.crc32(array) != info["crc32"]):
+                return None
+            arrays[key] = np.asarray(array)  # a plain read-only ndarray over the mapping
+        return arrays
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
+        return None
+
+
+def _write(folder: Path, name: str, stem: str, arrays: dict[str, np.ndarray]) -> None:
+    entries = {}
+    for key, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        _replace(folder, stem, f"{name}.{key}.npy",
+                 lambda f, a=array: np.save(f, a, allow_pickle=False))
+        entries[key] = {"dtype": str(array.dtype), "shape": list(array.shape),
+                        "crc32": zlib.crc32(array)}
+    manifest = json.dumps({"format": FORMAT, "arrays": entries}).encode()
+    _replace(folder, stem, f"{name}.json", lambda f: f.write(manifest))
+
+
+def _replace(folder: Path, stem: str, filename: str, write: Callable) -> None:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, folder / filename)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _prune(folder: Path, stem: str) -> None:
+    """Remove the stem's older entries and the temporary files of writers that died (under the
+    stem's lock no writer of it is alive). A process still mapping a removed file keeps it."""
+    entry = re.compile(rf"{re.escape(stem)}-[0-9a-f]{{20}}\.")
+    for path in folder.iterdir():
+        if entry.match(path.name) or (path.name.startswith(f".{stem}-")
+                                      and path.name.endswith(".part")):
+            path.unlink(missing_ok=True)
