@@ -10,7 +10,8 @@ on a lock while the first one builds, instead of all decoding at once.
 An entry is one ``.npy`` file per array plus a manifest with each array's dtype, shape and
 CRC-32, written last. Every file is written under a temporary name and then renamed, so a reader
 sees a whole entry or none. An entry that is missing, truncated, unreadable or whose checksum
-disagrees is rebuilt, never used: the cache can make a load faster but never different. An
+disagrees is rebuilt, never used: the cache can make a load faster but never different; a
+folder that is not this user's own, or that others may write to, is not used at all. An
 entry's name is derived from what it was built from (the caller's key), so a changed source is
 a new entry; the older entries of the same stem are then removed. Where the folder cannot be
 written (read-only, full), the arrays are built in memory, as without a cache.
@@ -22,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -50,10 +52,15 @@ def cached_arrays(folder: Path, stem: str, key: str,
     whenever what ``build`` would return changes. Errors of ``build`` propagate unchanged.
     """
     name = f"{stem}-{hashlib.sha256(f'{FORMAT}:{key}'.encode()).hexdigest()[:20]}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(folder):
+            return build()
+    except OSError:
+        return build()
     if (hit := _read(folder, name)) is not None:
         return hit
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / f".{stem}.lock", "ab")  # noqa: SIM115 (closed below)
     except OSError:
         return build()
@@ -69,6 +76,17 @@ def cached_arrays(folder: Path, stem: str, key: str,
         except OSError:
             pass  # cannot be written: this process has its arrays all the same
         return arrays
+
+
+def _private(folder: Path) -> bool:
+    """Whether only this user can have written the folder's entries: it is this user's own and
+    nobody else may write to it. Another user's entry could hold different, well-formed data,
+    which no checksum in the entry itself would reveal."""
+    if not hasattr(os, "getuid"):
+        return True
+    info = folder.lstat()
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _read(folder: Path, name: str) -> dict[str, np.ndarray] | None:

@@ -178,3 +178,13 @@ def test_the_manifest_checksums_each_array(tmp_path) -> None:
     assert info["arrays"]["a"] == {"dtype": "int32", "shape": [4],
                                    "crc32": zlib.crc32(np.arange(4, dtype=np.int32))}
     assert arrays["a"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_folder_others_may_write_is_not_used(raw_folder, source, decodes, tmp_path) -> None:
+    datasets.load_idx_dataset(source)
+    folder = tmp_path / "cache" / "decoded" / "tiny"
+    assert folder.stat().st_mode & 0o777 == 0o700  # made private
+    folder.chmod(0o777)  # anyone could have put an entry there
+    datasets.clear_cache()
+    _assert_tiny(datasets.load_idx_dataset(source))
+    assert decodes == ["train", "train"]
