@@ -19,7 +19,7 @@ import inspect
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -189,33 +189,52 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
                                              for k, g in grads.items()}, True)
 
 
-_GLOBAL_SUM: ContextVar[Callable[[float], float]] = ContextVar("global_sum",
-                                                                default=lambda x: x)
+class _Shards(NamedTuple):
+    """How this rank's parameters make up the whole model's: ``total`` sums a partial figure
+    over the ranks, ``counts(name)`` says whether this rank counts that parameter in it."""
+
+    total: Callable[[float], float]
+    counts: Callable[[str], bool]
+
+
+_ALONE = _Shards(lambda x: x, lambda name: True)
+_SHARDS: ContextVar[_Shards] = ContextVar("shards", default=_ALONE)
 
 
 def global_sum(partial: float) -> float:
     """``partial`` summed over every shard the parameters are split into (itself, unless a
     sharded strategy steps its shard inside ``summed_over``)."""
-    return _GLOBAL_SUM.get()(partial)
+    return _SHARDS.get().total(partial)
+
+
+def counted(name: str) -> bool:
+    """Whether this rank counts parameter ``name`` in a ``global_sum``: False for a copy some
+    other rank counts (a replicated tensor-parallel parameter, a pipeline's tied copy), so
+    that a sum over the ranks sees every parameter once."""
+    return _SHARDS.get().counts(name)
 
 
 @contextmanager
-def summed_over(total: Callable[[float], float]) -> Iterator[None]:
-    """Within it, ``global_sum`` is ``total`` (a sharded strategy's sum over its ranks): a
+def summed_over(total: Callable[[float], float],
+                counts: Callable[[str], bool] | None = None) -> Iterator[None]:
+    """Within it, ``global_sum`` is ``total`` (a sharded strategy's sum over its ranks) and
+    ``counted`` is ``counts`` (default: every parameter this rank steps is its own): a
     shardable transformation stepping one shard then sees the whole parameters' sums."""
-    token = _GLOBAL_SUM.set(total)
+    token = _SHARDS.set(_Shards(total, counts or _ALONE.counts))
     try:
         yield
     finally:
-        _GLOBAL_SUM.reset(token)
+        _SHARDS.reset(token)
 
 
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     """Scale all gradients down together when their joint L2 norm exceeds ``max_norm`` (over
-    every shard: ``global_sum``)."""
+    every shard: ``global_sum``, each parameter counted once: ``counted``), as PyTorch's
+    ``clip_grad_norm_`` and Megatron-LM's clip over the model-parallel ranks do."""
 
     def clip(grads: Params, params: Params) -> Params:
-        norm = math.sqrt(global_sum(sum(float(np.vdot(g, g)) for g in grads.values())))
+        mine = sum(float(np.vdot(g, g)) for k, g in grads.items() if counted(k))
+        norm = math.sqrt(global_sum(mine))
         if norm <= max_norm:
             return grads
         return {k: g * (max_norm / norm) for k, g in grads.items()}

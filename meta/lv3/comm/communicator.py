@@ -21,7 +21,7 @@ import sys
 import time
 import weakref
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -254,6 +254,22 @@ class Communicator(ABC):
     @abstractmethod
     def allreduce_obj(self, obj: Any, op: str = "sum") -> Any:
         """Reduce Python values (numbers, or anything with ``+``/ordering) over ranks (pickled)."""
+
+    def sum_float(self, partial: float,
+                  wait: Callable[[Communicator, list[Any]], None] | None = None) -> float:
+        """``partial`` summed over the ranks in float64 (a collective, one 8-byte buffer, not
+        pickled): what a sharded optimizer's ``global_sum`` is (a global-norm clip's squared
+        norm over every rank's parameters). ``wait(comm, requests)`` completes the request
+        (default ``waitall``; ``polling.poll_all`` where ranks share cores)."""
+        if self.size == 1:
+            return partial
+        total = np.array([partial], np.float64)
+        request = self.iallreduce(total)
+        if wait is None:
+            self.waitall([request])
+        else:
+            wait(self, [request])
+        return float(total[0])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"

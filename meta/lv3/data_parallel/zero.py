@@ -201,22 +201,13 @@ class Zero2(Strategy):
     def _update(self) -> None:
         """Step this rank's shard, then every rank gathers every shard (in buckets)."""
         t = self.timeline
-        with summed_over(self.sum_over_ranks):  # a global-norm clip's norm: the whole model's
+        with summed_over(self.comm.sum_float):  # a global-norm clip's norm: the whole model's
             self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         t.lap("update")
         self.gather_params()
         self.bytes_sent += self.grad_shard.nbytes if self.comm.size > 1 else 0
         t.lap("communicate")
-
-    def sum_over_ranks(self, partial: float) -> float:
-        """``partial`` summed over the ranks (a collective): what a shard's sum adds up to
-        over the whole flat buffer (``meta.lv2.optimizers.global_sum``)."""
-        if self.comm.size == 1:
-            return partial
-        total = np.array([partial], np.float64)
-        self._wait([self.comm.iallreduce(total)])
-        return float(total[0])
 
     def gather_params(self) -> None:
         """Every rank's shard of the parameters into every rank's flat buffer (collective)."""

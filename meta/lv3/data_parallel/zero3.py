@@ -694,7 +694,7 @@ class Zero3(Strategy):
         """The groups' forward and backward (gathering each, reduce-scattering its gradients),
         then this rank's shard stepped."""
         values, _ = self.executor.inference_and_backprop(feeds, loss=loss, outputs=outputs)
-        with summed_over(self.sum_over_ranks):  # a global-norm clip's norm: the whole model's
+        with summed_over(self.comm.sum_float):  # a global-norm clip's norm: the whole model's
             self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         self.timeline.lap("update")
@@ -718,19 +718,10 @@ class Zero3(Strategy):
         self.comm.waitall([r for r, _ in requests])
         self.grad_shard *= 1.0 / self.comm.size
         self.timeline.lap("communicate")
-        with summed_over(self.sum_over_ranks):  # a global-norm clip's norm: the whole model's
+        with summed_over(self.comm.sum_float):  # a global-norm clip's norm: the whole model's
             self.shard.step({FLAT: self.grad_shard})
         self.steps += 1
         self.timeline.lap("update")
-
-    def sum_over_ranks(self, partial: float) -> float:
-        """``partial`` summed over the ranks (a collective; ``global_sum`` while a shard
-        steps)."""
-        if self.comm.size == 1:
-            return partial
-        total = np.array([partial], np.float64)
-        self.comm.waitall([self.comm.iallreduce(total)])
-        return float(total[0])
 
     @property
     def params(self) -> Params:

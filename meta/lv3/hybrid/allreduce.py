@@ -77,7 +77,7 @@ class HybridAllreduce(HybridPipeline):
             self.exchange_bytes += buffer.nbytes
             t.lap("communicate")
             buffer *= 1.0 / group.size
-        self.optimizer.step(self.flat_grads.views)
+        self.step_stage(self.flat_grads.views)
         t.lap("update")
 
     def exchange_figures(self, steps: int) -> dict[str, float]:

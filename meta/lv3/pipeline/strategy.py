@@ -19,7 +19,8 @@ The strategy reports per stage its forward and backward time per micro-batch, it
 of activations its tapes stored, and the step time the schedule predicts from the stages'
 measured times and an α-β link (``pipeline_schedule.simulate``) beside the measured one.
 A Level 2 gradient transformation (sgd, adam, ...) updates each stage's own parameters; a
-clip by global norm then clips each stage by its own norm.
+clip by global norm sums its norm over every stage (a tied parameter counted once), as
+Megatron-LM's clip over the pipeline's ranks does: the step is the single process's.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from meta.common import threads as _threads
 from meta.common.component import ComponentError, Option
 from meta.lv1.executor import ReferenceExecutor
 from meta.lv1.graph import Graph
-from meta.lv2.optimizers import Optimizer, Params
+from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
 from meta.lv3.comm.costmodel import Link, measure_link
-from meta.lv3.comm.polling import POLL_S, poll_barrier
+from meta.lv3.comm.polling import POLL_S, poll_all, poll_barrier
 from meta.lv1.partition import (
     BALANCES,
     Partition,
@@ -179,13 +180,25 @@ class Pipeline(Strategy):
     def step(self, grads: Params) -> None:
         """Apply this stage's gradients (the pipelined step computed them). A tied parameter's
         copies got the same summed gradient; an elementwise transformation then updates them
-        alike, but one that looks at a stage's gradients together (a clip by global norm clips
-        each stage by its own) would not, so then its first stage's copy is broadcast."""
-        self.optimizer.step(grads)
+        alike, but one that looks at a stage's gradients together might not (rounding), so
+        then its first stage's copy is broadcast."""
+        self.step_stage(grads)
         if not self.optimizer.transform.elementwise:
             for name, where in sorted(self.partition.tied.items()):
                 self.comm.bcast(self.pipe.graph.initializers[name], root=where[0])
         self.timeline.lap("update")
+
+    def step_stage(self, grads: Params) -> None:
+        """This stage's update, a global-norm clip's norm summed over the stages (each tied
+        parameter counted on its first stage only: ``optimizers.summed_over``)."""
+        if self.optimizer.transform.elementwise:
+            self.optimizer.step(grads)
+            return
+        tied, stage = self.partition.tied, self.pipe.rank
+        wait = poll_all if self.pipe.oversubscribed else None
+        with summed_over(lambda partial: self.comm.sum_float(partial, wait),
+                         lambda name: name not in tied or tied[name][0] == stage):
+            self.optimizer.step(grads)
 
     def gather_model(self) -> None:
         """Every stage broadcasts its parameters and state: each rank then holds the whole

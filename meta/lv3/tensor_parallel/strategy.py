@@ -38,7 +38,7 @@ from meta.lv1.executor import Executor, ReferenceExecutor
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError
 from meta.lv1.partition import node_costs
-from meta.lv2.optimizers import Optimizer, Params
+from meta.lv2.optimizers import Optimizer, Params, summed_over
 from meta.lv3.comm.communicator import Communicator, SingleProcessCommunicator
 from meta.lv3.comm.costmodel import Link, measure_link, ring_allreduce
 from meta.lv3.comm.polling import poll_barrier
@@ -285,9 +285,18 @@ class Partitioned(Strategy):
         return self.part.plan
 
     def step(self, grads: Params) -> None:
-        """Apply this rank's gradients (the partitioned step computed them)."""
+        """Apply this rank's gradients (the partitioned step computed them). A global-norm
+        clip's norm is the whole model's, as Megatron-LM's: the shards' squares summed over the
+        ranks, each replicated parameter counted once (on rank 0), so every rank scales alike
+        and the replicated copies stay equal."""
         self.timeline.begin()
-        self.optimizer.step(grads)
+        if self.optimizer.transform.elementwise:
+            self.optimizer.step(grads)
+        else:
+            shards, rank = self.plan.shards, self.plan.rank
+            with summed_over(self.comm.sum_float,
+                             lambda name: shards[name][rank].split or rank == 0):
+                self.optimizer.step(grads)
         self.timeline.lap("update")
 
     def gather_model(self) -> None:

@@ -22,7 +22,8 @@ import numpy as np
 
 from meta.lv1 import Graph, ReferenceExecutor, mlp
 from meta.lv1.plan.executor import PlannedExecutor
-from meta.lv2.optimizers import Optimizer, sgd
+from meta.lv2.optimizers import (GradientTransformation, Optimizer, chain, clip_by_global_norm,
+                                 sgd)
 from meta.lv3 import Communicator
 from meta.lv3.hybrid.allreduce import HybridAllreduce
 from meta.lv3.hybrid.grid import ReplicaGrid
@@ -44,7 +45,7 @@ def _stages(comm: Communicator) -> int:
 
 
 def _hybrid(comm: Communicator, m: int, schedule: str, lr: float = 0.1, momentum: float = 0.0,
-            kind: type = ReferenceExecutor, graph: Graph | None = None
+            kind: type = ReferenceExecutor, graph: Graph | None = None, clip: float = 0.0
             ) -> tuple[HybridAllreduce, ReplicaGrid]:
     graph = small_mlp() if graph is None else graph
     grid = ReplicaGrid(comm.size, _stages(comm), 0, "hybrid_allreduce")
@@ -52,10 +53,16 @@ def _hybrid(comm: Communicator, m: int, schedule: str, lr: float = 0.1, momentum
     pipeline_comm, data_comm = grid.split(comm)
     pipe = PipelineExecutor(graph, part, pipeline_comm, kind, _like(graph, _batch(graph, 3)),
                             m, schedule).train(True)
-    strategy = HybridAllreduce(Optimizer(sgd(lr, momentum=momentum),
+    strategy = HybridAllreduce(Optimizer(_rule(lr, momentum, clip),
                                          pipe.stage_graph.parameters), pipe, grid, comm,
                                data_comm)
     return strategy, grid
+
+
+def _rule(lr: float, momentum: float, clip: float = 0.0) -> GradientTransformation:
+    """SGD, after a clip by global norm where ``clip`` is set."""
+    rule = sgd(lr, momentum=momentum)
+    return chain(clip_by_global_norm(clip), rule) if clip else rule
 
 
 def _like(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -111,20 +118,23 @@ def check_planned_allreduce_gradients_match_the_global_batch(comm: Communicator)
 
 def check_allreduce_steps_match_the_global_batch(comm: Communicator) -> None:
     """Four momentum steps, then (after ``finish``) every rank holds the single-process
-    weights of the whole network, and the report carries the per-stage figures."""
-    strategy, grid = _hybrid(comm, 3, "1f1b", lr=0.2, momentum=0.9)
-    alone = small_mlp()
-    single = Optimizer(sgd(0.2, momentum=0.9), alone.parameters)
-    executor = ReferenceExecutor(alone).train(True)
-    replica = grid.position(comm.rank)[0]
-    for step in range(4):
-        feeds = _batch(alone, ROWS * grid.replicas, seed=100 + step)
-        strategy.step(strategy.pipe.inference_and_backprop(_shard(feeds, replica))[1])
-        single.step(executor.inference_and_backprop(feeds)[1])
-    strategy.finish()
-    for name, value in alone.parameters.items():
-        np.testing.assert_allclose(strategy.pipe.graph.initializers[name], value, rtol=0,
-                                   atol=TOLERANCE, err_msg=f"rank {comm.rank}: {name}")
+    weights of the whole network, and the report carries the per-stage figures; the same
+    with a clip by global norm that binds (its norm summed over the stages)."""
+    for clip in (0.05, 0.0):
+        strategy, grid = _hybrid(comm, 3, "1f1b", lr=0.2, momentum=0.9, clip=clip)
+        alone = small_mlp()
+        single = Optimizer(_rule(0.2, 0.9, clip), alone.parameters)
+        executor = ReferenceExecutor(alone).train(True)
+        replica = grid.position(comm.rank)[0]
+        for step in range(4):
+            feeds = _batch(alone, ROWS * grid.replicas, seed=100 + step)
+            strategy.step(strategy.pipe.inference_and_backprop(_shard(feeds, replica))[1])
+            single.step(executor.inference_and_backprop(feeds)[1])
+        strategy.finish()
+        for name, value in alone.parameters.items():
+            np.testing.assert_allclose(strategy.pipe.graph.initializers[name], value, rtol=0,
+                                       atol=TOLERANCE,
+                                       err_msg=f"rank {comm.rank}: {name}, clip {clip}")
     report = strategy.report()
     assert report["replicas"] == grid.replicas and report["pipeline_stages"] == grid.stages
     stage_bytes = strategy.flat_params.nbytes if grid.replicas > 1 else 0

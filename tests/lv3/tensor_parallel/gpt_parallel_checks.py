@@ -20,7 +20,8 @@ import numpy as np
 from meta.lv1 import Graph, ReferenceExecutor
 from meta.lv1.plan.executor import PlannedExecutor
 from meta.lv1.language_models import gpt
-from meta.lv2.optimizers import Optimizer, adam, chain, clip_by_global_norm
+from meta.lv2.optimizers import (GradientTransformation, Optimizer, adam, chain,
+                                 clip_by_global_norm)
 from meta.lv3 import Communicator
 from meta.lv1.partition import partition
 from meta.lv3.pipeline.stage import PipelineExecutor
@@ -116,28 +117,36 @@ def check_tensor_parallel_gpt_matches_single_process(comm: Communicator) -> None
     assert held["wte"].shape == (VOCAB, 16), where  # the tied embedding and head: whole
 
 
+def clipped_adam() -> GradientTransformation:
+    """Adam after a clip by global norm that binds at every step (the norms here are ~1): the
+    norm must be the whole model's on every rank, each parameter counted once."""
+    return chain(clip_by_global_norm(1e-3), adam(0.01))
+
+
 def _adam_steps_match(comm: Communicator, strategy_of: Callable) -> None:
-    """3 Adam steps through ``strategy_of(graph) -> (strategy, its executor)``; after
-    ``finish`` every rank's whole graph holds one process's trained weights."""
-    graph, alone = small_gpt(), small_gpt()
-    strategy, executor = strategy_of(graph)
-    single = Optimizer(adam(0.01), alone.parameters)
-    reference = ReferenceExecutor(alone).train(True)
-    for step in range(3):
-        feeds = batch(6, seed=100 + step)
-        strategy.step(executor.inference_and_backprop(feeds)[1])
-        single.step(reference.inference_and_backprop(feeds)[1])
-    strategy.finish()
-    for name, value in alone.parameters.items():
-        np.testing.assert_allclose(graph.initializers[name], value, rtol=0, atol=1e-9,
-                                   err_msg=f"rank {comm.rank}: {name}")
+    """3 steps of Adam, then of clipped Adam, through ``strategy_of(graph, transform) ->
+    (strategy, its executor)``; after ``finish`` every rank's whole graph holds one process's
+    trained weights."""
+    for transform in (lambda: adam(0.01), clipped_adam):
+        graph, alone = small_gpt(), small_gpt()
+        strategy, executor = strategy_of(graph, transform())
+        single = Optimizer(transform(), alone.parameters)
+        reference = ReferenceExecutor(alone).train(True)
+        for step in range(3):
+            feeds = batch(6, seed=100 + step)
+            strategy.step(executor.inference_and_backprop(feeds)[1])
+            single.step(reference.inference_and_backprop(feeds)[1])
+        strategy.finish()
+        for name, value in alone.parameters.items():
+            np.testing.assert_allclose(graph.initializers[name], value, rtol=0, atol=1e-9,
+                                       err_msg=f"rank {comm.rank}: {name} ({transform.__name__})")
 
 
 def check_tensor_parallel_adam_steps_match(comm: Communicator) -> None:
     """Each rank's Adam on its shards, then the shards gathered: one process's weights."""
-    def make(graph: Graph) -> tuple:
+    def make(graph: Graph, transform: GradientTransformation) -> tuple:
         part = partitioned(graph, comm)
-        return Partitioned(Optimizer(adam(0.01), part.local_graph.parameters), part), part
+        return Partitioned(Optimizer(transform, part.local_graph.parameters), part), part
 
     _adam_steps_match(comm, make)
 
@@ -174,24 +183,24 @@ def check_pipelined_gpt_matches_single_process(comm: Communicator) -> None:
 
 
 def check_pipelined_adam_steps_keep_the_tied_copies_equal(comm: Communicator) -> None:
-    """Clipped Adam (not elementwise: each stage clips by its own norm, so the first stage's
-    copy of a tied weight is broadcast after each update): after 3 steps every stage's copy
-    of ``wte`` is the same, and without clipping the weights are one process's."""
+    """Clipped Adam (not elementwise: the clip's norm is summed over the stages, ``wte``
+    counted once, and the first stage's copy of a tied weight is broadcast after each
+    update): after 3 steps every stage's copy of ``wte`` is the same, and with or without
+    clipping the weights are one process's."""
     graph = small_gpt()
     pipe = pipelined(graph, comm)
-    transform = chain(clip_by_global_norm(1e-3), adam(0.01))
-    strategy = Pipeline(Optimizer(transform, pipe.stage_graph.parameters), pipe)
+    strategy = Pipeline(Optimizer(clipped_adam(), pipe.stage_graph.parameters), pipe)
     for step in range(3):
         strategy.step(pipe.inference_and_backprop(batch(6, seed=100 + step))[1])
     copies = comm.allgather(np.ascontiguousarray(graph.initializers["wte"]).ravel()[None])
     for other in copies[1:]:
         np.testing.assert_array_equal(other, copies[0])
 
-    def make_unclipped(graph: Graph) -> tuple:
+    def make(graph: Graph, transform: GradientTransformation) -> tuple:
         pipe = pipelined(graph, comm)
-        return Pipeline(Optimizer(adam(0.01), pipe.stage_graph.parameters), pipe), pipe
+        return Pipeline(Optimizer(transform, pipe.stage_graph.parameters), pipe), pipe
 
-    _adam_steps_match(comm, make_unclipped)
+    _adam_steps_match(comm, make)
 
 
 def check_planned_tensor_parallel_gpt_matches_single_process(comm: Communicator) -> None:
@@ -247,10 +256,10 @@ def check_sequence_parallel_gpt_matches_single_process(comm: Communicator) -> No
 def check_sequence_parallel_adam_steps_match(comm: Communicator) -> None:
     """Adam through the strategy under sequence parallelism: every rank updates the
     replicated parameters with the summed gradients, so the gathered model is one
-    process's."""
-    def make(graph: Graph) -> tuple:
+    process's (clipped too: the replicated parameters counted once in the norm)."""
+    def make(graph: Graph, transform: GradientTransformation) -> tuple:
         part = partitioned(graph, comm, sequence=True)
-        return Partitioned(Optimizer(adam(0.01), part.local_graph.parameters), part), part
+        return Partitioned(Optimizer(transform, part.local_graph.parameters), part), part
 
     _adam_steps_match(comm, make)
 
