@@ -45,6 +45,7 @@ from meta.lv3.parameter_server.shard_server import (
     VERDICT,
     Roster,
     StalenessLog,
+    say_if_rule_is_split,
 )
 from meta.lv1.partition import Partition
 from meta.lv3.strategy import Strategy
@@ -214,6 +215,9 @@ class HybridServer(Strategy):
         """Per worker: status, steps, pushes and silence."""
         index = grid.server_ranks.index(world.rank)
         lo = layout.shards[index][0]
+        say_if_rule_is_split("hybrid_downpour", rule,
+                             sum(len(layout.pieces(i)) for i in range(len(layout.shards))),
+                             index == 0)
         served = []
         for stage, a, b in layout.pieces(index):
             piece = Piece(stage, self.flat_params.buffer[lo + a:lo + b], rule)

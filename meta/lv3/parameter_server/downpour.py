@@ -82,6 +82,7 @@ from meta.lv3.parameter_server.shard_server import (
     Roster,
     ShardServer,
     StalenessLog,
+    say_if_rule_is_split,
 )
 from meta.lv3.strategy import Strategy
 from meta.lv3.workload import Workload
@@ -142,6 +143,8 @@ class Downpour(Strategy):
         """known to the workers (from_recipe): a loss's epoch"""
         self.bounds = shard_bounds(len(self.flat_params), max(self.n_servers, 1))
         """Each server's shard of the flat parameters, as (start, end) offsets."""
+        say_if_rule_is_split(self.name, server_rule or optimizer.transform, self.n_servers,
+                             comm.rank == 0)
         self.staleness = StalenessLog(len(self.workers))
         """The staleness of the pushes a server applied, and pushes per worker (merged over the
         servers for the report)."""

@@ -39,6 +39,7 @@ from meta.lv3.parameter_server.shard_server import (
     PUSH,
     ShardServer,
     StalenessLog,
+    say_if_rule_is_split,
 )
 from meta.lv3.strategy import Strategy
 
@@ -86,6 +87,7 @@ class HierarchicalParameterServer(Strategy):
         """The worker indices of this rank's team (empty on a server)."""
         self.bounds = shard_bounds(len(self.flat_params), max(n_servers, 1))
         """Each server's shard of the flat parameters, as (start, end) offsets."""
+        say_if_rule_is_split(self.name, optimizer.transform, n_servers, comm.rank == 0)
         self.staleness = StalenessLog(len(self.aggregators))
         """The staleness of the pushes a server applied, and pushes per aggregator."""
         self.global_bytes_received = 0.0

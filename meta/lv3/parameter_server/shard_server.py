@@ -17,12 +17,13 @@ what the servers know of each worker.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Sequence
 
 import numpy as np
 
-from meta.lv2.optimizers import Optimizer
+from meta.lv2.optimizers import GradientTransformation, Optimizer
 from meta.lv3.comm import tags
 from meta.lv3.comm.communicator import Communicator
 from meta.lv3.comm.polling import cancel_all, poll_all, poll_any_until
@@ -32,6 +33,19 @@ from meta.lv3.timeline import Timeline
 PUSH, FETCH, PARAMS, DONE, GO, EXIT, VERDICT = tags.SHARD_SERVER  # message tags
 RUNNING, FINISHED, LEFT, LOST, DIED = 0, 1, 2, 3, 4  # a worker's status (max wins)
 MAX_STALENESS = 64  # the histogram's last bin counts this and more
+
+
+def say_if_rule_is_split(strategy: str, rule: GradientTransformation, pieces: int,
+                         speaks: bool) -> None:
+    """One line on stderr (where ``speaks``) when ``pieces`` servers' slices each apply a rule
+    that is not elementwise (a clip by global norm, a trust ratio) to their own slice: the
+    asynchronous shards never meet, so its norm is the slice's, not the whole model's as on
+    one process. Never silently: the user learns it before training, and how to avoid it."""
+    if pieces > 1 and speaks and not rule.elementwise:
+        print(f"meta: {strategy}: the update rule is not elementwise (a clip by global norm?): "
+              f"each of the {pieces} server slices applies it to its own values alone, not to "
+              f"the whole model's as one process would; one server (and one stage) keeps it "
+              f"whole", file=sys.stderr, flush=True)
 
 
 class StalenessLog:

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meta.lv2.optimizers import Optimizer, sgd
+from meta.lv2.optimizers import Optimizer, chain, clip_by_global_norm, sgd
 from meta.lv3 import SingleProcessCommunicator, make_strategy, replica
 from meta.lv3.flat import shard_bounds
 from meta.lv3.parameter_server.downpour import Downpour
@@ -21,6 +21,7 @@ from meta.lv3.parameter_server.shard_server import (
     MAX_STALENESS,
     Roster,
     StalenessLog,
+    say_if_rule_is_split,
 )
 
 from . import distbelief_checks
@@ -131,3 +132,15 @@ def test_staleness_log_counts_and_text() -> None:
     assert "2-3" in log.format() and f">={MAX_STALENESS}" in log.format()
     with pytest.raises(AssertionError, match="negative staleness -1 from worker 1"):
         log.record(1, -1)
+
+
+def test_a_rule_split_over_server_slices_is_said_in_one_line(capsys) -> None:
+    """A clip by global norm on 2 server slices clips each by its own norm: said before
+    training, once, by the rank that speaks; an elementwise rule or one slice says nothing."""
+    clipped = chain(clip_by_global_norm(1.0), sgd(0.1))
+    say_if_rule_is_split("downpour", clipped, 2, speaks=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "downpour" in lines[0] and "2 server slices" in lines[0], lines
+    for rule, pieces, speaks in ((sgd(0.1), 2, True), (clipped, 1, True), (clipped, 2, False)):
+        say_if_rule_is_split("downpour", rule, pieces, speaks)
+    assert capsys.readouterr().err == ""
