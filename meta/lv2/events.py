@@ -214,21 +214,39 @@ class JSONLinesLog(_FileLog):
 
 
 class PlotMetrics(Event):
-    """Draws loss and accuracy curves per epoch as a PNG after every epoch."""
+    """Draws loss and accuracy curves per epoch as a PNG: after an epoch when ``every_s``
+    seconds have passed since the last drawing (the first epoch's always), and at the end
+    with every epoch, however training ended. Drawing costs ~0.15 s of CPU (0.4 s the first
+    time), which on short epochs was a third of a run: the file is a live view, refreshed
+    at most every ``every_s``, and complete at the end."""
 
-    def __init__(self, path: str | Path, title: str = "") -> None:
+    def __init__(self, path: str | Path, title: str = "", every_s: float = 10.0) -> None:
         self.path = Path(path)
         self.title = title
+        self.every_s = every_s
+        self.drawn_at = -float("inf")
+        """time.monotonic() of the last drawing"""
+        self.drawn_epochs = 0
+        """how many epochs the file shows"""
 
     def on_epoch_end(self, trainer: Trainer, metrics: Metrics) -> None:
-        import matplotlib
+        if time.monotonic() - self.drawn_at >= self.every_s:
+            self.draw(trainer.history)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def finalize(self, trainer: Trainer) -> None:
+        if len(trainer.history) > self.drawn_epochs:
+            self.draw(trainer.history)
 
-        history = trainer.history
+    def draw(self, history: list[Metrics]) -> None:
+        """The curves of ``history`` into ``path``, atomically (matplotlib's Agg canvas: no
+        pyplot, no display, no global figure state)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
         epochs = [m["epoch"] for m in history]
-        fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.5))
+        fig = Figure(figsize=(9, 3.5))
+        FigureCanvasAgg(fig)
+        loss_ax, acc_ax = fig.subplots(1, 2)
         for split, style in (("train", "-o"), ("test", "-s")):
             if f"{split}_loss" in history[-1]:
                 loss_ax.plot(epochs, [m[f"{split}_loss"] for m in history], style, label=split)
@@ -242,11 +260,9 @@ class PlotMetrics(Event):
         if self.title:
             fig.suptitle(self.title)
         fig.tight_layout()
-        try:
-            with atomic_write(self.path, "wb") as f:
-                fig.savefig(f, dpi=100, format=self.path.suffix[1:] or "png")
-        finally:
-            plt.close(fig)
+        with atomic_write(self.path, "wb") as f:
+            fig.savefig(f, dpi=100, format=self.path.suffix[1:] or "png")
+        self.drawn_at, self.drawn_epochs = time.monotonic(), len(history)
 
 
 # Events as recipes name them (``"events": [{"name": "early_stopping", "patience": 2}]``), or a

@@ -43,3 +43,16 @@ def test_logs_and_plot(tmp_path):
     assert lines[1]["test_accuracy"] == pytest.approx(trainer.history[1]["test_accuracy"])
     png = (tmp_path / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_plot_redraws_at_most_every_few_seconds_and_always_at_the_end(tmp_path):
+    """The first epoch is drawn at once (a live view), later ones only after ``every_s``, and
+    the file ends with every epoch however training ended (``finalize``)."""
+    plot = PlotMetrics(tmp_path / "curves.png", every_s=3600)
+    drawn = []
+    real_draw = plot.draw
+    plot.draw = lambda history: (drawn.append(len(history)), real_draw(history))
+    trainer = make_trainer([plot])
+    trainer.fit(3)
+    assert drawn == [1, 3] and plot.drawn_epochs == 3, drawn
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
