@@ -226,3 +226,62 @@ def test_batchnorm_with_a_residual_is_relu_of_bn_plus_r_and_hands_r_its_gradient
     assert np.all(np.abs(np.asarray(dx, np.float32) - dx2) <= 2 ** -7 * np.abs(dx2) + 1e-5)
     np.testing.assert_allclose(ds, ds2, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(db, db2, rtol=1e-5, atol=1e-5)
+
+
+def conv_weight_gradient(x, dy, kernel, strides, pads) -> np.ndarray:
+    """dW of a convolution (no groups, no dilation) in float64, from NCHW arrays."""
+    x, dy = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    (kh, kw), (sh, sw), (ph, pw) = kernel, strides, pads
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh, ow = dy.shape[2:]
+    dw = np.zeros((dy.shape[1], x.shape[1], kh, kw))
+    for i in range(kh):
+        for j in range(kw):
+            window = xp[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw]
+            dw[:, :, i, j] = np.einsum("nchw,nohw->oc", window, dy)
+    return dw
+
+
+@pytest.mark.parametrize("image,kernel,stride,pad", [
+    (4, (3, 3), 1, 1),  # ResNet-18's last stage (CIFAR size): 4x4 outputs
+    (8, (3, 3), 2, 1),  # its stride-2 entry
+    (8, (1, 1), 2, 0),  # its shortcut
+    (5, (3, 2), 1, 0),  # a kernel neither 3x3 nor 1x1, windows clipped by no padding
+])
+def test_small_output_weight_gradient_is_im2col_and_a_product(native, monkeypatch, image,
+                                                              kernel, stride, pad):
+    """A bf16 convolution with at most 16 output positions computes dW as im2col + one
+    matrix product (``gemm_dw``), written straight into the plain gradient: it equals the
+    float64 gradient of the same bf16 operands to float32 accumulation, and the direct
+    kernel's (``META_CONV_GEMM_DW=0``); float32 operands fall back to the direct kernel."""
+    rt = runtime.module()
+    rng = np.random.default_rng(1)
+    n, ci, co = 3, 24, 40
+    x = bf16(rng.standard_normal((n, ci, image, image)))
+    w = rng.standard_normal((co, ci, *kernel)).astype(np.float32)
+    args = ([n, ci, image, image], [co, ci, *kernel], False, [stride] * 2, [pad] * 2, [pad] * 2,
+            [1, 1], 1, [], True, False, True, "nhwc", True)
+    k = rt.Conv(*args)
+    monkeypatch.setenv("META_CONV_GEMM_DW", "0")
+    direct = rt.Conv(*args)
+    assert k.gemm_dw and not direct.gemm_dw and "im2col + matmul" in k.info
+    oh, ow = k.dst_dims[2:]
+    dy = bf16(rng.standard_normal((n, co, oh, ow)))
+    xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    dyh = np.ascontiguousarray(dy.transpose(0, 2, 3, 1))
+
+    def dw_of(kernel_, xa, dya):
+        size = kernel_.dw_workspace_bytes()
+        work = np.full(-(-size // 4), np.nan, np.float32) if size else None
+        dw = np.full(w.shape, np.nan, np.float32)
+        for s in kernel_.backward_weights(xa, dya, dw, None, work):
+            s.run()
+        return dw
+
+    want = conv_weight_gradient(x, dy, kernel, (stride, stride), (pad, pad))
+    ours, theirs = dw_of(k, xh, dyh), dw_of(direct, xh, dyh)
+    assert relative(ours, want) < 1e-6
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # float32 operands: the direct kernel converts them; the same gradient
+    f32 = dw_of(k, xh.astype(np.float32), dyh.astype(np.float32))
+    np.testing.assert_array_equal(f32, theirs)

@@ -198,7 +198,9 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             tb = pb.grad_target(b) if ctx.needs(b) else None
             dw = tw[0] if tw else pb.temp(w)
             db = (tb[0] if tb else pb.temp(b)) if b else ""
-            size = k.weights_bytes("diff_weights")
+            # the direct kernel's gradient in its layout, or the bf16 columns of the small
+            # outputs' im2col + product (``k.gemm_dw``, cpp/plan/conv.cpp)
+            size = k.dw_workspace_bytes()
             dwk = pb.output(pb.fresh(f"{w}@diff_layout"), (-(-size // 4),)) if size else ""
             pb.step("conv backward weights", [x16, g], [dw, db, dwk],
                     lambda a: list(k.backward_weights(a(x16), a(g), a(dw),
