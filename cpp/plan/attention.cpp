@@ -3,7 +3,10 @@
 // the fused attention node (meta/lv1/plan/lowering/attention.py). oneDNN's softmax needs the
 // scale and the mask as two more passes over the scores and spends most of its time in exp;
 // under a causal mask (query i sees keys 0..i) half of each row is a known 0, so these loops
-// only touch the keys a query sees and write the zeros, which halves the exps.
+// only touch the keys a query sees and write the zeros, which halves the exps. In a bf16 plan
+// each also writes its output's bf16 copy (the products after it read that): rounded once per
+// row while it is in cache, into the plan's arena, instead of each product converting its
+// block into the process-wide staging buffer (1 MiB resident at the GPT's sequence 256).
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -172,6 +175,21 @@ struct Rows {
   std::int64_t heads, queries, keys;
 };
 
+// The bf16 copy of one row of k (a bf16 plan's products read the probabilities and their
+// gradient in bf16): rounded to nearest even, as oneDNN's reorder rounds; a loop of bit
+// operations the compiler vectorises.
+inline void row_to_bf16(const float* y, Half* y16, int k) {
+  for (int j = 0; j < k; ++j) y16[j] = to_bf16(y[j]);
+}
+
+// The bf16 array of n elements a kernel also writes, or null when none is given.
+Half* bf16_copy(const std::optional<py::array>& a, std::int64_t n, const char* what) {
+  if (!a) return nullptr;
+  if (a->itemsize() != 2)
+    throw std::invalid_argument(std::string("meta._plan: ") + what + " is not bf16");
+  return static_cast<Half*>(address(*a, n * 2, what));
+}
+
 Rows rows_of(const Dims& dims) {
   if (dims.size() != 3 || dims[0] < 1 || dims[1] < 1 || dims[2] < 1)
     throw std::invalid_argument("meta._plan.attention_softmax: dims must be (heads, queries, "
@@ -186,7 +204,8 @@ inline int seen(bool causal, std::int64_t i, const Rows& r) {
 }
 
 StepPtr attention_softmax(const Dims& dims, float scale, std::optional<py::array> mask,
-                          bool causal, const py::array& x, const py::array& y) {
+                          bool causal, const py::array& x, const py::array& y,
+                          std::optional<py::array> y16) {
   const Rows r = rows_of(dims);
   if (causal && r.queries > r.keys)
     throw std::invalid_argument("meta._plan.attention_softmax: causal needs queries <= keys");
@@ -196,6 +215,7 @@ StepPtr attention_softmax(const Dims& dims, float scale, std::optional<py::array
   const float* pm = mask ? static_cast<const float*>(
                                address(*mask, r.queries * r.keys * 4, "attention mask"))
                          : nullptr;
+  Half* p16 = bf16_copy(y16, n, "attention probabilities' bf16 copy");
   return std::make_shared<LambdaStep>("attention softmax", [=] {
     const std::int64_t rows = r.heads * r.queries;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
@@ -204,19 +224,19 @@ StepPtr attention_softmax(const Dims& dims, float scale, std::optional<py::array
       const float* m = pm ? pm + i * r.keys : nullptr;
       const std::int64_t at = row * r.keys;
 #if defined(__x86_64__)
-      if (kAvx2) {
+      if (kAvx2)
         softmax_row_avx2(px + at, m, py_ + at, seen(causal, i, r), int(r.keys), scale);
-        continue;
-      }
+      else
 #endif
-      softmax_row_scalar(px + at, m, py_ + at, seen(causal, i, r), int(r.keys), scale);
+        softmax_row_scalar(px + at, m, py_ + at, seen(causal, i, r), int(r.keys), scale);
+      if (p16) row_to_bf16(py_ + at, p16 + at, int(r.keys));
     }
   });
 }
 
 StepPtr attention_softmax_backward(const Dims& dims, float scale, bool causal,
                                    const py::array& p, const py::array& dp,
-                                   const py::array& dx) {
+                                   const py::array& dx, std::optional<py::array> dx16) {
   const Rows r = rows_of(dims);
   if (causal && r.queries > r.keys)
     throw std::invalid_argument("meta._plan.attention_softmax_backward: causal needs "
@@ -225,20 +245,21 @@ StepPtr attention_softmax_backward(const Dims& dims, float scale, bool causal,
   const float* pp = static_cast<const float*>(address(p, n * 4, "attention probabilities"));
   const float* pdp = static_cast<const float*>(address(dp, n * 4, "attention dprobabilities"));
   float* pdx = static_cast<float*>(address(dx, n * 4, "attention dscores"));
+  Half* d16 = bf16_copy(dx16, n, "attention dscores' bf16 copy");
   return std::make_shared<LambdaStep>("attention softmax backward", [=] {
     const std::int64_t rows = r.heads * r.queries;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
     for (std::int64_t row = 0; row < rows; ++row) {
       const std::int64_t i = row % r.queries, at = row * r.keys;
 #if defined(__x86_64__)
-      if (kAvx2) {
+      if (kAvx2)
         softmax_backward_row_avx2(pp + at, pdp + at, pdx + at, seen(causal, i, r),
                                   int(r.keys), scale);
-        continue;
-      }
+      else
 #endif
-      softmax_backward_row_scalar(pp + at, pdp + at, pdx + at, seen(causal, i, r),
-                                  int(r.keys), scale);
+        softmax_backward_row_scalar(pp + at, pdp + at, pdx + at, seen(causal, i, r),
+                                    int(r.keys), scale);
+      if (d16) row_to_bf16(pdx + at, d16 + at, int(r.keys));
     }
   });
 }
@@ -248,11 +269,15 @@ StepPtr attention_softmax_backward(const Dims& dims, float scale, bool causal,
 void bind_attention(py::module_& m) {
   m.def("attention_softmax", &attention_softmax, py::arg("dims"), py::arg("scale"),
         py::arg("mask"), py::arg("causal"), py::arg("x"), py::arg("y"),
+        py::arg("y16") = py::none(),
         "y = softmax(x * scale + mask) over the last axis of (heads, queries, keys); causal: "
-        "query i sees keys up to keys - queries + i only, the rest of its row is 0.");
+        "query i sees keys up to keys - queries + i only, the rest of its row is 0. y16: "
+        "also y's bf16 copy there (a bf16 plan's products read it).");
   m.def("attention_softmax_backward", &attention_softmax_backward, py::arg("dims"),
         py::arg("scale"), py::arg("causal"), py::arg("p"), py::arg("dp"), py::arg("dx"),
-        "dx = scale * p * (dp - sum(p * dp)) over the keys each query sees, 0 beyond.");
+        py::arg("dx16") = py::none(),
+        "dx = scale * p * (dp - sum(p * dp)) over the keys each query sees, 0 beyond; dx16: "
+        "also dx's bf16 copy there.");
 }
 
 }  // namespace meta::plan

@@ -92,3 +92,27 @@ def test_the_attention_backward_reads_its_dy_as_one_bf16_copy_of_the_plan(native
     f32 = plan_of("f32")
     step = next(s for s in f32.order if s.name == "attention backward")
     assert f32.values[step.reads[0]].dtype == np.float32
+
+
+def test_the_attention_products_read_bf16_probabilities_from_the_arena(native, monkeypatch):
+    """No product of a bf16 plan converts a float32 operand itself (into the process-wide
+    staging buffer, resident for the process: 1 MiB at the GPT's sequence 256): the
+    attention's softmax and its backward write their output's bf16 copy into the arena, which
+    P . V, P^T . dY and dS's products read."""
+    from meta import _plan
+    real, converts = _plan.matmul, []
+
+    def spy(*args, **kwargs):
+        a, b, bf16 = args[4], args[5], kwargs.get("bf16", args[12] if len(args) > 12 else False)
+        halves = [x.dtype == precision.BF16 for x in (a, b)]
+        if (bf16 or any(halves)) and not all(halves):
+            converts.append((a.shape, b.shape))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_plan, "matmul", spy)
+    plan = plan_of("bf16")
+    assert not converts
+    for name in ("attention", "attention backward"):
+        step = next(s for s in plan.order if s.name == name)
+        assert any(plan.values[n].dtype == precision.BF16 and n in plan.offsets
+                   for n in step.writes), name

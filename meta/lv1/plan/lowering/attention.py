@@ -33,7 +33,7 @@ from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.lowering.views import drop_transpose, transposed_source
 from meta.lv1.plan.memory import Value
-from meta.lv1.plan.precision import bf16_operands
+from meta.lv1.plan.precision import BF16, bf16_operands
 
 SCRATCH_BYTES = 1 << 21  # scores of this many bytes at most per chunk of heads
 ENABLED = True  # False: the chain lowers node by node (to measure what the fusion saves)
@@ -203,6 +203,11 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         mask_name = pb.fresh(f"{node.name}.mask")
         pb.values[mask_name] = Value(mask_name, (t_q, t_k), F32, storage="owned", array=mask)
     scores = pb.output(pb.fresh(f"{node.name}.scores"), (chunk, t_q, t_k))
+    # a bf16 plan: the softmax (and its backward) also writes its output's bf16 copy, which
+    # the products read (the softmax itself float32, as autocast's is)
+    low16 = (lambda what: pb.output(pb.fresh(f"{node.name}.{what}@bf16"), (chunk, t_q, t_k),
+                                    BF16)) if low else (lambda what: "")
+    scores16 = low16("scores")
     # (first G, end G, first head, end head) of each chunk
     if chunk >= n_h:
         spans = [(g, min(g + chunk // n_h, n_g), 0, n_h) for g in range(0, n_g, chunk // n_h)]
@@ -225,34 +230,43 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
     def dims(span, *rest: int) -> list[int]:
         return [span[1] - span[0], span[3] - span[2], *rest]
 
-    def probabilities(x, s, span) -> list:
-        """Steps writing softmax(A . B * scale + mask) of one chunk's heads into ``s``."""
+    def flat(s, c: int) -> list:
+        """``s`` as the kernels' (heads, queries, keys) argument, or no argument when None."""
+        return [] if s is None else [s.reshape(c, t_q, t_k)]
+
+    def probabilities(x, s, s16, span) -> list:
+        """Steps writing softmax(A . B * scale + mask) of one chunk's heads into ``s`` (and
+        its bf16 copy into ``s16``, unless None)."""
         c = (span[1] - span[0]) * (span[3] - span[2])
         return [rt.matmul(dims(span, t_q, d), dims(span, d, t_k), False, False,
                           view(x(reads[a_in]), a_in, (t_q, d), span),
                           view(x(reads[b_in]), b_in, (d, t_k), span), None, s, "", 0.0, 0.0,
                           False, low),
                 rt.attention_softmax([c, t_q, t_k], scale, x(mask_name) if mask_name else None,
-                                     causal, s.reshape(c, t_q, t_k), s.reshape(c, t_q, t_k))]
+                                     causal, *flat(s, c), *flat(s, c), *flat(s16, c))]
 
-    def scratch(x, name: str, span) -> np.ndarray:
+    def scratch(x, name: str, span) -> np.ndarray | None:
+        if not name:
+            return None
         return x(name)[:(span[1] - span[0]) * (span[3] - span[2])].reshape(
             dims(span, t_q, t_k))
 
     def forward(x) -> list:
         steps = []
         for span in spans:
-            s = scratch(x, scores, span)
-            steps += probabilities(x, s, span)
+            s, s16 = scratch(x, scores, span), scratch(x, scores16, span)
+            steps += probabilities(x, s, s16, span)
+            p = s if s16 is None else s16
             vv = view(x(reads[v_in]), v_in, (t_k, dv), span)
             yy = view(x(y), y, (t_q, dv), span)
             for r0, r1, k in blocks:
                 steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, k, dv), False, False,
-                                       s[:, :, r0:r1, :k], vv[:, :, :k], None,
+                                       p[:, :, r0:r1, :k], vv[:, :, :k], None,
                                        yy[:, :, r0:r1], "", 0.0, 0.0, False, low))
         return steps
 
-    pb.step("attention", [*reads.values(), mask_name, scores], [scores, y], forward)
+    pb.step("attention", [*reads.values(), mask_name, scores, scores16],
+            [scores, scores16, y], forward)
     kind = "onednn bf16" if low else "onednn"
     if not any(ctx.needs(x) for x in (a, b, v)):
         return Lowered(node, None, kind)
@@ -268,6 +282,9 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
         perms[g] = perms[y]
         ps = pb.output(pb.fresh(f"{node.name}.probabilities"), (chunk, t_q, t_k))
         ds = pb.output(pb.fresh(f"{node.name}.dscores"), (chunk, t_q, t_k))
+        # a bf16 plan: the probabilities' bf16 copy, which dV's products read, then the
+        # scores' gradient's, which dA's and dB's read (one buffer: P's copy is read first)
+        low16b = low16("backward")
         targets = {x: pb.grad_target(x_in, can_accumulate=True) if ctx.needs(x) else None
                    for x, x_in in ((a, a_in), (b, b_in), (v, v_in))}
         for x, x_in in ((a, a_in), (b, b_in), (v, v_in)):
@@ -278,18 +295,20 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
             steps = []
             for span in spans:
                 s, dsc = scratch(x, ps, span), scratch(x, ds, span)
+                s16 = scratch(x, low16b, span)
+                p = s if s16 is None else s16  # what the products read: P, then dS
                 c = (span[1] - span[0]) * (span[3] - span[2])
                 gy = view(x(g), g, (t_q, dv), span)
                 qa = view(x(reads[a_in]), a_in, (t_q, d), span)
                 kb = view(x(reads[b_in]), b_in, (d, t_k), span)
                 vv = view(x(reads[v_in]), v_in, (t_k, dv), span)
-                steps += probabilities(x, s, span)
+                steps += probabilities(x, s, s16, span)
                 if targets[v] is not None:  # dV = P^T . dY
                     dest, add = targets[v]
                     dvv = view(x(dest), dest, (t_k, dv), span)
                     for n, (r0, r1, k) in enumerate(blocks):
                         steps.append(rt.matmul(dims(span, r1 - r0, k), dims(span, r1 - r0, dv),
-                                               True, False, s[:, :, r0:r1, :k], gy[:, :, r0:r1],
+                                               True, False, p[:, :, r0:r1, :k], gy[:, :, r0:r1],
                                                None, dvv[:, :, :k], "", 0.0, 0.0,
                                                add or n > 0, low))
                 if targets[a] is None and targets[b] is None:
@@ -299,7 +318,8 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                                        vv, None, dsc, "", 0.0, 0.0, False, low))
                 steps.append(rt.attention_softmax_backward(
                     [c, t_q, t_k], scale, causal, s.reshape(c, t_q, t_k),
-                    dsc.reshape(c, t_q, t_k), dsc.reshape(c, t_q, t_k)))
+                    dsc.reshape(c, t_q, t_k), dsc.reshape(c, t_q, t_k), *flat(s16, c)))
+                dsc = dsc if s16 is None else s16  # dS (its bf16 copy, over P's)
                 if targets[a] is not None:  # dA = dS . B^T
                     dest, add = targets[a]
                     steps.append(rt.matmul(dims(span, t_q, t_k), dims(span, d, t_k), False, True,
@@ -324,8 +344,8 @@ def attention(ctx: Context, node: Node) -> Lowered | None:
                                                0.0, 0.0, add or n > 0, low))
             return steps
 
-        inputs = [g, *reads.values(), mask_name, ps, ds]
-        writes = [ps, ds]
+        inputs = [g, *reads.values(), mask_name, ps, ds, low16b]
+        writes = [ps, ds, low16b]
         for target in targets.values():
             if target is not None:
                 inputs += [target[0]] if target[1] else []
