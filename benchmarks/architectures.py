@@ -38,6 +38,7 @@ torch.compile; inference >= 1.0x onnxruntime at batch 1 and 32.
     python benchmarks/architectures.py                                  # all, about 15 min
     python benchmarks/architectures.py --models gpt2,vit --repeats 3
     python benchmarks/architectures.py --json docs/results/architectures.json
+    python benchmarks/architectures.py --inference-only --models mobilenetv3 --batches 1
 """
 
 from __future__ import annotations
@@ -343,6 +344,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--inference-only", action="store_true",
+                        help="time inference only (no training step, no torch.compile)")
+    parser.add_argument("--batches", default=",".join(map(str, INFERENCE_BATCHES)),
+                        help="comma-separated inference batch sizes (default: 1,32)")
     args = parser.parse_args()
     if torch is None:
         print("benchmarks/architectures.py needs torch (pip install torch==2.13.0 onnxscript)",
@@ -360,31 +365,50 @@ def main() -> int:
     print_environment(env)
     print(f"1 thread; SGD lr {LR} momentum {MOMENTUM}; {args.warmup} warm-up steps, "
           f"{args.repeats} blocks of {args.steps} training steps per variant")
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        print(f"--batches {args.batches!r}: comma-separated integers", file=sys.stderr)
+        return 2
     folder = Path(tempfile.mkdtemp())
     results = {}
     for name in names:
         start = time.perf_counter()
-        train = training(fx, name, folder, args)
-        infer = [inference(fx, name, folder, b, args) for b in INFERENCE_BATCHES]
-        results[name] = {"train": train, "inference": infer}
-        first = ", ".join(f"{k} {v:.5f}" for k, v in train["first_loss"].items())
-        print(f"{name}: {train['parameters'] / 1e6:.2f} M parameters, batch {train['batch']}, "
-              f"export {train['export']}; first loss {first}; Python {train['python_share']:.1%};"
-              f" inference max |meta - ORT| "
-              f"{max(i['max_abs_difference'] for i in infer):.2g}; meta's step: "
-              + ", ".join(f"{k} {v:.1%}" for k, v in train["step_split"].items())
-              + (f" (eager / meta at most {train['eager_bound']:.2f} were all but products "
-                 "and convolutions free)"
-                 if train["eager_bound"] else "")
-              + "; load average "
-              f"{os.getloadavg()[0]:.2f}, other processes {train['other_processes_cores']:.2f} "
-              f"cores; {time.perf_counter() - start:.0f} s", flush=True)
+        train = None if args.inference_only else training(fx, name, folder, args)
+        infer = [inference(fx, name, folder, b, args) for b in batches]
+        if train is None:
+            results[name] = {"inference": infer}
+            print(f"{name}: " + "; ".join(
+                f"batch {i['batch']} ORT/meta {i['ort_over_meta']['ratio']:.2f} "
+                f"[{i['ort_over_meta']['low']:.2f}, {i['ort_over_meta']['high']:.2f}] (cpu "
+                f"{i['ort_over_meta_cpu']['ratio']:.2f}), meta "
+                f"{i['ms_per_call']['meta planned']:.3f} ms, ORT "
+                f"{i['ms_per_call']['onnxruntime']:.3f} ms, max |meta - ORT| "
+                f"{i['max_abs_difference']:.2g}, load {i['load_average']:.2f}, other "
+                f"processes {i['other_processes_cores']:.2f} cores" for i in infer), flush=True)
+        else:
+            results[name] = {"train": train, "inference": infer}
+            first = ", ".join(f"{k} {v:.5f}" for k, v in train["first_loss"].items())
+            print(f"{name}: {train['parameters'] / 1e6:.2f} M parameters, batch "
+                  f"{train['batch']}, export {train['export']}; first loss {first}; Python "
+                  f"{train['python_share']:.1%};"
+                  f" inference max |meta - ORT| "
+                  f"{max(i['max_abs_difference'] for i in infer):.2g}; meta's step: "
+                  + ", ".join(f"{k} {v:.1%}" for k, v in train["step_split"].items())
+                  + (f" (eager / meta at most {train['eager_bound']:.2f} were all but products "
+                     "and convolutions free)"
+                     if train["eager_bound"] else "")
+                  + "; load average "
+                  f"{os.getloadavg()[0]:.2f}, other processes "
+                  f"{train['other_processes_cores']:.2f} cores; "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
         if args.json:  # after each model: a long run cut short keeps what it measured
             write_text(args.json, json.dumps({"environment": env, "args": {
                 k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "inputs": {n: repr(fx.BENCH[n][1]) for n in results},
                 "load_average_end": os.getloadavg(), "results": results}, indent=1) + "\n")
-    table(results)
+    if not args.inference_only:
+        table(results)
     if args.json:
         print(f"wrote {args.json}")
     return 0

@@ -7,6 +7,7 @@ namespace meta::plan {
 void bind_scan(py::module_& m);
 void bind_scatter(py::module_& m);
 void bind_mask(py::module_& m);
+void bind_gemv(py::module_& m);  // gemv.cpp: batch-1 Linear layers
 }  // namespace meta::plan
 
 PYBIND11_MODULE(_plan, m) {
@@ -27,6 +28,7 @@ PYBIND11_MODULE(_plan, m) {
   bind_scan(m);
   bind_scatter(m);
   bind_mask(m);
+  bind_gemv(m);
   m.attr("onednn_version") = [] {
     const auto* v = dnnl::version();
     return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +

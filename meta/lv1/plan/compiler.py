@@ -344,6 +344,7 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     """3. Lower: rewrites (patterns), what needs a gradient, then each live node into steps
     (``kernels.lower``); returns the builder, the lowering context and the fetched values."""
     from meta.lv1.plan import kernels, patterns
+    from meta.lv1.plan.lowering import gemv
 
     backends = tuple(backends)
     originals = {n.name: n for n in live}
@@ -390,7 +391,8 @@ def lower_phase(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
             placement[node.name] = placement.get(node.name, "fused")
             continue
         pb.current = node
-        lowered = kernels.lower(context, node)
+        # a batch-1 Linear (Gemm) taking no gradient: one pass over its weight (lowering.gemv)
+        lowered = gemv.lower(context, node) or kernels.lower(context, node)
         pb.lowered.append(lowered)
         for name in context.fused_into.pop(node.name, []):
             placement[name] = f"fused into {node.name}"

@@ -283,11 +283,74 @@ class PlannedExecutor(ReferenceExecutor):
     # -- the executor's interface ---------------------------------------------------------------
     def inference(self, feeds: Tensors, outputs: Iterable[str] | None = None) -> Tensors:
         names = list(outputs) if outputs is not None else [t.name for t in self.graph.outputs]
+        fast = self._repeat(feeds, names)
+        if fast is not None:
+            return fast
         plan, feeds, _ = self._plan(feeds, names, None, ())
         if plan is None:
+            self._last_inference = None
             return super().inference(feeds, names)
         self._forward_plan(plan, feeds, backward=False)
+        self._remember(plan, feeds, names)
         return {n: plan.array(plan.fetch[n]).copy() for n in names}
+
+    _last_inference: tuple | None = None
+
+    def _graph_stamp(self) -> tuple:
+        """What moves when the graph's arrays or roles may have changed: its version, the
+        number of its arrays, its role overrides (the object and its size)."""
+        g = self.graph
+        return (g.version, len(g.initializers), id(g.role_overrides), len(g.role_overrides),
+                self.training, self.rt.max_threads())
+
+    def _remember(self, plan: Plan, feeds: Tensors, names: list[str]) -> None:
+        """The inference just run, for ``_repeat``: its plan (prepared), its feeds' names,
+        shapes and dtypes, its outputs and the graph's stamp (not with ``profile``, whose
+        records the full path keeps)."""
+        if not plan.prepared or self.profile or any(type(v) is not np.ndarray
+                                                    for v in feeds.values()):
+            self._last_inference = None
+            return
+        inputs = tuple((k, v.shape, v.dtype) for k, v in feeds.items() if k in plan.inputs)
+        if len(inputs) != len(feeds):
+            self._last_inference = None
+            return
+        fetched = tuple((n, plan.fetch[n]) for n in names)
+        # the graph's arrays by identity (``Plan.stale``'s test, in one pass): the plan holds
+        # those it points into, so none of their ids can be reused while it lives
+        ids = tuple(map(id, self.graph.initializers.values()))
+        self._last_inference = (plan, inputs, tuple(names), fetched, self._graph_stamp(), ids)
+
+    def _repeat(self, feeds: Tensors, names: list[str]) -> Tensors | None:
+        """The same request as the last inference (same feeds' names, shapes and dtypes,
+        same outputs, the graph's arrays and roles unchanged): run its plan without the key,
+        the checks and the lookups ``_plan`` makes, which cost 10-25 us of a batch-1 call
+        (MobileNetV3's is 0.25 ms). None when anything differs: the full path then."""
+        last = self._last_inference
+        if last is None or self.profile:
+            return None
+        plan, inputs, outputs, fetched, stamp, ids = last
+        if len(feeds) != len(inputs) or tuple(names) != outputs \
+                or self._graph_stamp() != stamp \
+                or tuple(map(id, self.graph.initializers.values())) != ids:
+            return None
+        for name, shape, dtype in inputs:
+            value = feeds.get(name)
+            if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+                return None
+        # the plan's arrays looked up each call: a shared arena that grows rebinds them
+        arrays = plan.inputs
+        for name, _, _ in inputs:
+            np.copyto(arrays[name], feeds[name], casting="same_kind")
+        plan.arena.generation += 1  # what an earlier forward in this arena saved is gone
+        if not plan.prepared:  # another plan's backward moved the weights
+            self._run(plan, "prepare")
+            plan.prepared = True
+        self._last, self.unplanned = plan, None
+        self.peak_intermediate_bytes = plan.arena_bytes
+        plan.programs["forward"].run()
+        values = plan.values
+        return {n: values[v].array.copy() for n, v in fetched}
 
     def _backprop(self, feeds: Tensors, loss: str, outputs: Iterable[str] | None,
                   seed: float = 1.0, wrt: Sequence[str] = (), hook: GradientHook | None = None):
