@@ -3,8 +3,10 @@ most 0.65x float32's). The float32 values a bf16 plan keeps only as their bf16 h
 no bytes (storage "none", no array); the MLP's first product writes its output in bf16 only
 and Gelu reads it there, as autocast does; a bf16 plan's backward products compute the
 weight's gradient before the input's, so the layer's saved bf16 input is free before the
-input's gradient is written; and the arena packs values of equal size by lifetime when that
-is smaller than by birth."""
+input's gradient is written; the arena packs values of equal size by lifetime when that is
+smaller than by birth; the attention's products read bf16 copies of P and dS in the arena
+(no product converts an operand into the resident staging buffer); and the LayerNorm and
+Gelu backwards write over what only they read."""
 
 from __future__ import annotations
 
@@ -116,3 +118,19 @@ def test_the_attention_products_read_bf16_probabilities_from_the_arena(native, m
         step = next(s for s in plan.order if s.name == name)
         assert any(plan.values[n].dtype == precision.BF16 and n in plan.offsets
                    for n in step.writes), name
+
+
+def test_layernorm_and_gelu_backwards_write_over_what_only_they_read(native):
+    """The last LayerNorm's backward writes d(x) over its dy (oneDNN computes it in place),
+    and a bf16 plan's Gelu backward writes dx = dy * gelu'(x) over gelu'(x): no third
+    activation-sized buffer alive in either step (each was where the bf16 GPT step's arena
+    peaked at sequence 256)."""
+    for mode in ("f32", "bf16"):
+        plan = plan_of(mode)
+        step = next(s for s in plan.order if s.node == "ln_f" and s.phase == "backward")
+        dy, dx = step.reads[1], step.writes[0]
+        assert memory.root(plan.values, dx) == dy, (mode, dx, dy)
+    gelu = next(s for s in plan.order if s.node == "h0.mlp.gelu" and s.phase == "backward")
+    derivative = gelu.reads[1]
+    assert "derivative" in derivative and plan.values[derivative].dtype == precision.BF16
+    assert memory.root(plan.values, gelu.writes[0]) == derivative

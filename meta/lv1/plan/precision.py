@@ -35,6 +35,17 @@ Like autocast, the plan keeps tensors in bf16 between the ops that read bf16:
   input (ratio 0, or not training: PyTorch's encoder layers export one after their
   activation), between a bf16 output and the products reading it keeps it bf16: the view's
   readers take a bf16 view of the holder, and its gradient stays the bf16 holder it aliases.
+* **The attention's probabilities** (``lowering.attention``): the softmax and its backward
+  compute in float32 and also write their output's bf16 copy into the arena, which the
+  products after them read (P . V, P^T . dY, dS . K, dS^T . Q): as PyTorch's CPU
+  scaled-dot-product attention under autocast keeps P and dS in float32 and multiplies
+  their bf16 copies. No product converts a float32 operand itself, so the process-wide
+  staging buffer of those conversions is never allocated (1 MiB resident at the GPT's
+  sequence 256).
+* **Written over what only they read**: a bf16 Gelu's backward writes dx over gelu'(x)
+  (``lowering.eltwise``), a LayerNorm's backward d(x) over its dy (``lowering.norm``, in
+  float32 plans too): the element-wise products and oneDNN's layer normalization backward
+  compute in place.
 * **No bytes for what is never written**: the float32 value a bf16 holder stands for is
   declared for its shape and gradient only (storage "none", ``memory.Value``): no arena
   space, no array (in the GPT at sequence 256 the shared buffer of such values held 8 MiB

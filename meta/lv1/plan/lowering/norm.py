@@ -272,6 +272,19 @@ def affine(ctx: Context, node: Node, op, layout: str) -> Lowered:
     return Lowered(node, None, "onednn")
 
 
+def in_place(pb: PlanBuilder, dy: str, dx: str) -> None:
+    """Let LayerNorm's backward write d(x) over its dy (oneDNN's layer normalization backward
+    computes in place, diff_src = diff_dst): dy is the gradient of the LayerNorm's output,
+    which only this step reads, and d(x) a gradient or temporary just made for this step. No
+    second activation-sized gradient is then alive here: the last LayerNorm's backward was
+    where the bf16 GPT step's arena peaked (its dy and d(x), 2 MiB each at sequence 256)."""
+    v, d = pb.values[dy], pb.values[dx]
+    if v.storage == "arena" and d.storage == "arena" and v.layout == d.layout == "plain" \
+            and v.dtype == d.dtype == F32 and v.nbytes == d.nbytes \
+            and not any(w.storage == "view" and w.base == dx for w in pb.values.values()):
+        pb.view(dx, dy, d.shape)
+
+
 def layernorm(ctx: Context, node: Node, op) -> Lowered | None:
     pb = ctx.pb
     x, scale = node.inputs[0], node.inputs[1]
@@ -302,6 +315,7 @@ def layernorm(ctx: Context, node: Node, op) -> Lowered | None:
         if g is None:
             return
         dx, ds, db = norm_gradients(pb, ctx, x, xin, scale, bias)
+        in_place(pb, g, dx)
         pb.step("LayerNormalization backward", [xin, g, scale, bias], [dx, ds, db],
                 lambda a: [k.backward(a(xin), a(g), a(scale), a(bias) if bias else None, a(dx),
                                       a(ds) if ds else None,
