@@ -36,15 +36,19 @@ namespace {
 using PostOp = std::tuple<std::string, std::string, float, float>;  // kind, name, alpha, beta
 
 // Output positions per image up to which a bf16 weight gradient is im2col + one matrix
-// product (see the top); measured on AMX (direct kernel and its reorder / unfolding and
-// product, 1 thread): 4x4 4.2 / 0.83 ms, 8x8 1.4 / 1.6 ms, 16x16 and up the direct kernel
-// is faster still. META_CONV_GEMM_DW=N moves the bound to N positions, 0 keeps the direct
-// kernel everywhere (to compare the two).
-constexpr std::int64_t GEMM_DW_MAX_POSITIONS = 16;
+// product (see the top), for a stride of 1 and for a larger one (oneDNN's direct kernel is
+// slower still over strided windows); measured on AMX in ResNet-18's step (direct kernel and
+// its reorder / unfolding and product, 1 thread): 4x4 outputs 4.2 / 0.83 ms, 8x8 1.6 / 1.6,
+// 16x16 and up the direct kernel is faster; stride 2, 8x8 outputs 1.1 / 0.74 ms.
+// META_CONV_GEMM_DW=N[,M] moves the bounds (M: strided, N when not given), 0 keeps the
+// direct kernel everywhere (to compare the two).
+constexpr std::int64_t GEMM_DW_MAX_POSITIONS = 16, GEMM_DW_MAX_POSITIONS_STRIDED = 64;
 
-std::int64_t gemm_dw_max_positions() {
+std::int64_t gemm_dw_max_positions(bool strided) {
   const char* v = std::getenv("META_CONV_GEMM_DW");
-  return v && *v ? std::atoll(v) : GEMM_DW_MAX_POSITIONS;
+  if (!v || !*v) return strided ? GEMM_DW_MAX_POSITIONS_STRIDED : GEMM_DW_MAX_POSITIONS;
+  const char* comma = std::strchr(v, ',');
+  return std::atoll(strided && comma ? comma + 1 : v);
 }
 
 struct ConvKernel {
@@ -154,7 +158,8 @@ struct ConvKernel {
   // implementation must be a real one (never oneDNN's reference loops).
   void plan_gemm_dw() {
     const std::int64_t positions = dst_dims[2] * dst_dims[3];
-    if (!bf16 || has_bias || group != 1 || positions > gemm_dw_max_positions() ||
+    const bool strided = strides[0] > 1 || strides[1] > 1;
+    if (!bf16 || has_bias || group != 1 || positions > gemm_dw_max_positions(strided) ||
         dilations[0] != 1 || dilations[1] != 1 || layout_of(src_lp) != "nhwc" ||
         layout_of(dst_lp) != "nhwc")
       return;

@@ -246,14 +246,16 @@ def conv_weight_gradient(x, dy, kernel, strides, pads) -> np.ndarray:
     (4, (3, 3), 1, 1),  # ResNet-18's last stage (CIFAR size): 4x4 outputs
     (8, (3, 3), 2, 1),  # its stride-2 entry
     (8, (1, 1), 2, 0),  # its shortcut
+    (16, (3, 3), 2, 1),  # the stride-2 entry of the stage before: 8x8 outputs, strided
     (5, (3, 2), 1, 0),  # a kernel neither 3x3 nor 1x1, windows clipped by no padding
 ])
 def test_small_output_weight_gradient_is_im2col_and_a_product(native, monkeypatch, image,
                                                               kernel, stride, pad):
-    """A bf16 convolution with at most 16 output positions computes dW as im2col + one
-    matrix product (``gemm_dw``), written straight into the plain gradient: it equals the
-    float64 gradient of the same bf16 operands to float32 accumulation, and the direct
-    kernel's (``META_CONV_GEMM_DW=0``); float32 operands fall back to the direct kernel."""
+    """A bf16 convolution with at most 16 output positions (64 when strided) computes dW as
+    im2col + one matrix product (``gemm_dw``), written straight into the plain gradient: it
+    equals the float64 gradient of the same bf16 operands to float32 accumulation, and the
+    direct kernel's (``META_CONV_GEMM_DW=0``); float32 operands fall back to the direct
+    kernel."""
     rt = runtime.module()
     rng = np.random.default_rng(1)
     n, ci, co = 3, 24, 40
@@ -285,3 +287,15 @@ def test_small_output_weight_gradient_is_im2col_and_a_product(native, monkeypatc
     # float32 operands: the direct kernel converts them; the same gradient
     f32 = dw_of(k, xh.astype(np.float32), dyh.astype(np.float32))
     np.testing.assert_array_equal(f32, theirs)
+
+
+def test_weight_gradient_over_larger_outputs_keeps_the_direct_kernel(native):
+    """Over 16 output positions at stride 1 (8x8) the direct kernel is as fast as the product
+    (cpp/plan/conv.cpp): no im2col; nor in a float32 plan."""
+    rt = runtime.module()
+    args = ([2, 16, 8, 8], [16, 16, 3, 3], False, [1, 1], [1, 1], [1, 1], [1, 1], 1, [], True,
+            True, True, "nhwc")
+    assert not rt.Conv(*args, True).gemm_dw
+    small = list(args)
+    small[0] = [2, 16, 4, 4]
+    assert rt.Conv(*small, True).gemm_dw and not rt.Conv(*small, False).gemm_dw
