@@ -296,37 +296,35 @@ StepPtr backward_data(const ConvPtr& k, const py::array& dy, const py::array& w,
 // kernel window's KH*KW elements (zero where the window covers padding), the plain weights'
 // (IC, KH, KW) order, so that dY^T x columns is the plain gradient.
 void unfold(const ConvKernel& k, const Half* x, Half* cols) {
-  const std::int64_t n_img = k.src_dims[0], ic = k.src_dims[1], ih = k.src_dims[2],
-                     iw = k.src_dims[3], kh = k.w_dims[2], kw = k.w_dims[3],
-                     oh = k.dst_dims[2], ow = k.dst_dims[3], taps = kh * kw;
+  const std::int64_t ic = k.src_dims[1], ih = k.src_dims[2], iw = k.src_dims[3],
+                     kw = k.w_dims[3], oh = k.dst_dims[2], ow = k.dst_dims[3],
+                     taps = k.w_dims[2] * kw, rows = k.cols_rows, width = k.cols_width;
   const std::vector<Half> zeros(std::size_t(ic), Half(0));  // a window over padding reads these
-  std::vector<const Half*> from(static_cast<std::size_t>(taps));
-  Half* d = cols;  // written in order: rows of (channel, tap)
-  for (std::int64_t n = 0; n < n_img; ++n)
-    for (std::int64_t y = 0; y < oh; ++y)
-      for (std::int64_t xo = 0; xo < ow; ++xo) {
-        for (std::int64_t t = 0; t < taps; ++t) {
-          const std::int64_t iy = y * k.strides[0] - k.pads_begin[0] + t / kw,
-                             ix = xo * k.strides[1] - k.pads_begin[1] + t % kw;
-          from[std::size_t(t)] = iy < 0 || iy >= ih || ix < 0 || ix >= iw
-                                     ? zeros.data()
-                                     : x + ((n * ih + iy) * iw + ix) * ic;
-        }
-        if (taps == 1) {
-          std::memcpy(d, from[0], std::size_t(ic) * sizeof(Half));
-          d += ic;
-        } else if (taps == 9) {  // 3x3, ResNet's: the taps' loop unrolled
-          const Half *f0 = from[0], *f1 = from[1], *f2 = from[2], *f3 = from[3], *f4 = from[4],
-                     *f5 = from[5], *f6 = from[6], *f7 = from[7], *f8 = from[8];
-          for (std::int64_t c = 0; c < ic; ++c, d += 9) {
-            d[0] = f0[c], d[1] = f1[c], d[2] = f2[c], d[3] = f3[c], d[4] = f4[c];
-            d[5] = f5[c], d[6] = f6[c], d[7] = f7[c], d[8] = f8[c];
-          }
-        } else {
-          for (std::int64_t c = 0; c < ic; ++c)
-            for (std::int64_t t = 0; t < taps; ++t) *d++ = from[std::size_t(t)][c];
-        }
+#pragma omp parallel for schedule(static) if (rows * width > (1 << 18))
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t n = r / (oh * ow), y = r / ow % oh, xo = r % ow;
+    std::vector<const Half*> from(static_cast<std::size_t>(taps));  // the taps' input pixels
+    for (std::int64_t t = 0; t < taps; ++t) {
+      const std::int64_t iy = y * k.strides[0] - k.pads_begin[0] + t / kw,
+                         ix = xo * k.strides[1] - k.pads_begin[1] + t % kw;
+      const bool pad = iy < 0 || iy >= ih || ix < 0 || ix >= iw;
+      from[std::size_t(t)] = pad ? zeros.data() : x + ((n * ih + iy) * iw + ix) * ic;
+    }
+    Half* d = cols + r * width;  // (channel, tap) order
+    if (taps == 1) {
+      std::memcpy(d, from[0], std::size_t(ic) * sizeof(Half));
+    } else if (taps == 9) {  // 3x3, ResNet's: the taps' loop unrolled
+      const Half *f0 = from[0], *f1 = from[1], *f2 = from[2], *f3 = from[3], *f4 = from[4],
+                 *f5 = from[5], *f6 = from[6], *f7 = from[7], *f8 = from[8];
+      for (std::int64_t c = 0; c < ic; ++c, d += 9) {
+        d[0] = f0[c], d[1] = f1[c], d[2] = f2[c], d[3] = f3[c], d[4] = f4[c];
+        d[5] = f5[c], d[6] = f6[c], d[7] = f7[c], d[8] = f8[c];
       }
+    } else {
+      for (std::int64_t c = 0; c < ic; ++c)
+        for (std::int64_t t = 0; t < taps; ++t) *d++ = from[std::size_t(t)][c];
+    }
+  }
 }
 
 // dW = dY^T x im2col(x) into the plain float32 `dw` (gemm_dw, both operands held in bf16).
