@@ -10,6 +10,10 @@
 
 #include "plan.hpp"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace meta::plan {
 
 namespace {
@@ -378,16 +382,71 @@ META_CLONES void gelu_forward_derivative_chunk(const float* x, float* y, float* 
   }
 }
 
+#if defined(__GNUC__) && defined(__x86_64__)
+// to_bf16 and from_bf16 sixteen lanes at a time, written out: the compiler's vectorisation of
+// the element loops ran at a fifth of this (a bf16 Gelu forward, 2^18 elements at 1 thread:
+// 0.24 ms against float32's 0.14, most of it the two roundings). The same bits as to_bf16:
+// round to nearest even by the same integer sum, a NaN kept quiet.
+#define META_AVX512F __attribute__((target("avx512f")))
+META_AVX512F void to_bf16_avx512(const float* x, std::uint16_t* y, std::int64_t n) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                quiet = _mm512_set1_epi32(0x40);
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i v = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+    const __m512i high = _mm512_srli_epi32(v, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(v, bias), _mm512_and_si512(high, one)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, magnitude), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(r));
+  }
+  for (; i < n; ++i) y[i] = to_bf16(x[i]);
+}
+
+META_AVX512F void from_bf16_avx512(const std::uint16_t* x, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    _mm512_storeu_si512(y + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  for (; i < n; ++i) y[i] = from_bf16(x[i]);
+}
+
+bool has_avx512f() {
+  __builtin_cpu_init();  // this may run before the library's own constructors
+  return __builtin_cpu_supports("avx512f");
+}
+const bool kAvx512f = has_avx512f();
+#else
+const bool kAvx512f = false;
+#endif
+
 // float32 -> bf16 over n elements.
-META_CLONES void to_bf16_chunk(const float* x, std::uint16_t* y, std::int64_t n) {
+META_CLONES void to_bf16_loop(const float* x, std::uint16_t* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
 }
 
+void to_bf16_chunk(const float* x, std::uint16_t* y, std::int64_t n) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  if (kAvx512f) return to_bf16_avx512(x, y, n);
+#endif
+  to_bf16_loop(x, y, n);
+}
+
 // bf16 -> float32 over n elements (exact).
-META_CLONES void from_bf16_chunk(const std::uint16_t* x, float* y, std::int64_t n) {
+META_CLONES void from_bf16_loop(const std::uint16_t* x, float* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = from_bf16(x[i]);
+}
+
+void from_bf16_chunk(const std::uint16_t* x, float* y, std::int64_t n) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  if (kAvx512f) return from_bf16_avx512(x, y, n);
+#endif
+  from_bf16_loop(x, y, n);
 }
 
 // The same in bf16 (mixed precision): y and d computed by the float32 loop in blocks on the

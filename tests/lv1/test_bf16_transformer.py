@@ -113,3 +113,29 @@ def test_a_step_reading_a_view_of_a_bf16_only_value_is_refused(native):
     ctx = type("Ctx", (), {"pb": Pb, "objects": {}})()
     with pytest.raises(AssertionError, match="reads 'dropout'"):
         precision.check_unwritten(ctx)
+
+
+def test_the_bf16_gelu_rounds_as_the_float32_one_then_to_nearest_even():
+    """The bf16 Gelu forward (its 16-lane roundings) writes y and gelu'(x) as the float32
+    kernel's values rounded to nearest even, element for element, the tail past the last 16
+    included; a NaN stays a NaN, infinities stay themselves."""
+    from meta import _plan
+    n = 16 * 5 + 7
+    x = (np.random.default_rng(1).standard_normal(n) * 4).astype(np.float32)
+    x[:4] = [np.inf, -np.inf, np.nan, 0.0]
+    y, d = np.empty_like(x), np.empty_like(x)
+    y16, d16 = np.empty(n, precision.BF16), np.empty(n, precision.BF16)
+    _plan.gelu(n, x, None, y, False, d).run()
+    _plan.gelu(n, x, None, y16, False, d16).run()
+    for half, full in ((y16, y), (d16, d)):
+        finite = ~np.isnan(full)
+        assert np.array_equal(half[finite].view(np.uint16),
+                              full[finite].astype(precision.BF16).view(np.uint16))
+        assert np.isnan(half[~finite].astype(np.float32)).all()
+    # a bf16 input: the same values as its float32 widening gives
+    x16 = x.astype(precision.BF16)
+    _plan.gelu(n, x16, None, y16, False, d16).run()
+    _plan.gelu(n, x16.astype(np.float32), None, y, False, d).run()
+    finite = ~np.isnan(y)
+    assert np.array_equal(y16[finite].view(np.uint16),
+                          y[finite].astype(precision.BF16).view(np.uint16))
