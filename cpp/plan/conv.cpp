@@ -253,6 +253,19 @@ StepPtr reorder_weights(const ConvPtr& k, const std::string& which, const py::ar
                  "conv weights -> " + which + " layout");
 }
 
+// The weights in `source`'s layout (its buffer `from`) into `buf` in `which` layout: a bf16
+// plan's backward-data weights from the forward's bf16 copy, the same bits (a permutation)
+// for half the bytes read (256x256x3x3 on AMX: 0.27 -> 0.11 ms).
+StepPtr reorder_weights_from(const ConvPtr& k, const std::string& source, const py::array& from,
+                             const std::string& which, const py::array& buf) {
+  const memory::desc in = k->weights_md(source), out = k->weights_md(which);
+  if (in == k->w_plain || out == k->w_plain)
+    throw std::invalid_argument("meta._plan.Conv: " + source + " or " + which +
+                                " weights are the plain array (no buffer)");
+  return reorder(bind(in, from, "conv weight buffer"), bind(out, buf, "conv weight buffer"),
+                 "conv weights " + source + " -> " + which + " layout");
+}
+
 StepPtr forward(const ConvPtr& k, const py::array& x, const py::array& w,
                 std::optional<py::array> b, const py::array& y,
                 const std::vector<py::array>& post_args, std::optional<py::array> wbuf) {
@@ -402,6 +415,8 @@ void bind_conv(py::module_& m) {
       .def("dw_workspace_bytes", &ConvKernel::dw_workspace_bytes)
       .def("weights_bytes", &ConvKernel::weights_bytes, py::arg("which"))
       .def("reorder_weights", &reorder_weights, py::arg("which"), py::arg("w"), py::arg("buf"))
+      .def("reorder_weights_from", &reorder_weights_from, py::arg("source"), py::arg("src"),
+           py::arg("which"), py::arg("buf"))
       .def("forward", &forward, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("y"),
            py::arg("post_args") = std::vector<py::array>{}, py::arg("wbuf") = py::none())
       .def("backward_data", &backward_data, py::arg("dy"), py::arg("w"), py::arg("dx"),

@@ -299,3 +299,30 @@ def test_weight_gradient_over_larger_outputs_keeps_the_direct_kernel(native):
     small = list(args)
     small[0] = [2, 16, 4, 4]
     assert rt.Conv(*small, True).gemm_dw and not rt.Conv(*small, False).gemm_dw
+
+
+def test_backward_data_weights_are_reordered_from_the_forward_bf16_copy(native):
+    """A bf16 plan's backward-data weights are reordered from the forward's bf16 copy, not
+    from the float32 weights again (half the bytes read): the same bits, as the kernel
+    reorders them; a float32 plan reorders from the weights."""
+    rt = runtime.module()
+    w = np.random.default_rng(2).standard_normal((64, 32, 3, 3)).astype(np.float32)
+    k = rt.Conv([4, 32, 4, 4], [64, 32, 3, 3], False, [1, 1], [1, 1], [1, 1], [1, 1], 1, [],
+                True, True, True, "nhwc", True)
+    assert k.weights_bytes("forward") and k.weights_bytes("backward_data")
+
+    def buf(which):
+        return np.full(-(-k.weights_bytes(which) // 4), np.nan, np.float32)
+    wf, wb, wb2 = buf("forward"), buf("backward_data"), buf("backward_data")
+    k.reorder_weights("forward", w, wf).run()
+    k.reorder_weights("backward_data", w, wb).run()
+    k.reorder_weights_from("forward", wf, "backward_data", wb2).run()
+    np.testing.assert_array_equal(wb2.view(np.uint32), wb.view(np.uint32))
+
+    for mode in ("bf16", "f32"):
+        _, ex, _, _ = train_step(mode)
+        plan = ex._last
+        steps = [s for s in plan.order if s.name == "conv weights -> backward_data layout"]
+        assert steps
+        from_forward = ["@forward#" in s.reads[0] for s in steps]
+        assert all(from_forward) if mode == "bf16" else not any(from_forward), mode

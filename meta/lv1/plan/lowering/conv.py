@@ -189,7 +189,8 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
             g = bf16_activation(ctx, g, "backward")
         if need_dx:
             dest, _ = pb.grad_target(xin)
-            wb = weights_in_layout(ctx, k, "backward_data", w, "backward")
+            wb = weights_in_layout(ctx, k, "backward_data", w, "backward",
+                                   wf if ctx.bf16 else "")
             pb.step("conv backward data", [g, w, wb], [dest],
                     lambda a: [k.backward_data(a(g), a(w), a(dest), a(wb) if wb else None)],
                     "backward")
@@ -209,11 +210,16 @@ def conv(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, kind)
 
 
-def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str) -> str:
+def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str,
+                      forward_copy: str = "") -> str:
     """The buffer holding ``w`` in kernel ``k``'s ``which`` layout ("" when ``w`` already is
     that layout). Training: an arena value, filled by a reorder just before its use, so it
     lives only that long (the weights change every step). Inference: an array of the plan's,
-    filled by the prepare program, which runs again only when the weights change."""
+    filled by the prepare program, which runs again only when the weights change.
+
+    ``forward_copy``: the forward's buffer of ``w`` (a bf16 plan's backward data), reordered
+    from instead of the float32 ``w``: the same bf16 bits, half the bytes read (the forward's
+    copy then lives until the backward)."""
     size = k.weights_bytes(which)
     if not size:
         return ""
@@ -222,8 +228,13 @@ def weights_in_layout(ctx: Context, k, which: str, w: str, phase: str) -> str:
     if not ctx.backprop:
         pb.values[buf].storage = "owned"
         phase = "prepare"
-    pb.step(f"conv weights -> {which} layout", [w], [buf],
-            lambda a: [k.reorder_weights(which, a(w), a(buf))], phase)
+    if forward_copy:
+        pb.step(f"conv weights -> {which} layout", [forward_copy], [buf],
+                lambda a: [k.reorder_weights_from("forward", a(forward_copy), which, a(buf))],
+                phase)
+    else:
+        pb.step(f"conv weights -> {which} layout", [w], [buf],
+                lambda a: [k.reorder_weights(which, a(w), a(buf))], phase)
     return buf
 
 
