@@ -13,8 +13,8 @@ sees a whole entry or none. An entry that is missing, truncated, unreadable or w
 disagrees is rebuilt, never used: the cache can make a load faster but never different; a
 folder that is not this user's own, or that others may write to, is not used at all. An
 entry's name is derived from what it was built from (the caller's key), so a changed source is
-a new entry; the older entries of the same stem are then removed. Where the folder cannot be
-written (read-only, full), the arrays are built in memory, as without a cache.
+a new entry; the same stem's older entries but the latest are then removed. Where the folder
+cannot be written (read-only, full), the arrays are built in memory, as without a cache.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def cached_arrays(folder: Path, stem: str, key: str,
             return hit
         arrays = build()
         try:
-            _prune(folder, stem)
+            _prune(folder, stem, name)
             _write(folder, name, stem, arrays)
         except OSError:
             pass  # cannot be written: this process has its arrays all the same
@@ -129,11 +129,28 @@ def _replace(folder: Path, stem: str, filename: str, write: Callable) -> None:
         raise
 
 
-def _prune(folder: Path, stem: str) -> None:
-    """Remove the stem's older entries and the temporary files of writers that died (under the
-    stem's lock no writer of it is alive). A process still mapping a removed file keeps it."""
-    entry = re.compile(rf"{re.escape(stem)}-[0-9a-f]{{20}}\.")
+def _prune(folder: Path, stem: str, name: str) -> None:
+    """Before entry ``name`` of ``stem`` is written (over any damaged one of that name): remove
+    the stem's other entries but the most recently written one, and the temporary files of
+    writers that died (under the stem's lock no writer of it is alive). One other entry stays
+    so that two sources of the same name used in turn (the real MNIST, and a test's tiny files
+    named MNIST) do not remove each other's at every switch; any more are a changed source's
+    stale ones. A process still mapping a removed file keeps it."""
+    entry = re.compile(rf"({re.escape(stem)}-[0-9a-f]{{20}})\.")
+    entries: dict[str, list[Path]] = {}
     for path in folder.iterdir():
-        if entry.match(path.name) or (path.name.startswith(f".{stem}-")
-                                      and path.name.endswith(".part")):
+        if match := entry.match(path.name):
+            entries.setdefault(match[1], []).append(path)
+        elif path.name.startswith(f".{stem}-") and path.name.endswith(".part"):
+            path.unlink(missing_ok=True)
+
+    def written(other: str) -> float:
+        try:
+            return (folder / f"{other}.json").stat().st_mtime
+        except OSError:  # no manifest: an incomplete entry, the first to go
+            return float("-inf")
+
+    entries.pop(name, None)
+    for older in sorted(entries, key=written)[:-1]:
+        for path in entries[older]:
             path.unlink(missing_ok=True)
