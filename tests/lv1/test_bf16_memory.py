@@ -65,6 +65,15 @@ def test_bf16_products_compute_the_weights_gradient_first(native):
         == "h0.mlp.proj.weight@grad"
 
 
+def test_the_arena_packs_the_longest_lived_first_when_smaller():
+    # largest first: c, d at 0; a (alive with c) above c; b (alive with d and a) above a
+    sizes = {"a": 64, "b": 64, "c": 128, "d": 128}
+    spans = {"a": (2, 4), "b": (1, 2), "c": (3, 4), "d": (0, 1)}
+    offsets, total = memory.assign_offsets(sizes, spans)
+    assert total == 192  # longest-lived first: a at 0, c above it, d at 0, b above d
+    assert offsets == {"a": 0, "c": 64, "d": 0, "b": 128}
+
+
 def test_the_arena_packs_equal_sizes_by_lifetime_when_smaller():
     # by birth: b, c, then a over b's bytes; d (alive with c and a) finds no gap below c
     sizes = {"a": 128, "b": 128, "c": 128, "d": 64}

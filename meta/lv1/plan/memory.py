@@ -74,13 +74,18 @@ def lifetimes(steps: list, values: dict[str, Value], keep: set[str]) -> dict[str
 def assign_offsets(sizes: dict[str, int], spans: dict[str, tuple[int, int]]
                    ) -> tuple[dict[str, int], int]:
     """Offsets in one arena such that values alive at the same time never overlap; returns the
-    offsets and the arena's size. Greedy: largest first, each at the lowest free offset; of
-    equal sizes the earlier-born first, or the longer-lived first, whichever arena is
-    smaller (the first where equal). Many values of one size (a transformer's per-layer
+    offsets and the arena's size. Greedy, each value at the lowest free offset, in three
+    orders, the smallest arena kept (the first where equal): largest first, of equal sizes
+    the earlier-born first, or the longer-lived first; or longest-lived first, of equal
+    lifetimes the larger first. Many values of one size (a transformer's per-layer
     activations) packed by birth left holes the long-lived ones then could not reuse: the
-    bf16 GPT step's arena at sequence 256 was 45.8 MiB for 43.8 MiB ever alive at once."""
+    bf16 GPT step's arena at sequence 256 was 45.8 MiB for 43.8 MiB ever alive at once.
+    With its bf16 values of three sizes (the MLP's 4 MiB, the residual stream's 2 MiB, the
+    attention's 1 MiB), the long-lived ones (the saved activations) placed first, below
+    the short-lived gradients, gave 42.3 MiB for 41.9 alive, where largest-first gave 42.8."""
     orders = (lambda n: (-sizes[n], spans[n][0], n),
-              lambda n: (-sizes[n], spans[n][0] - spans[n][1], n))
+              lambda n: (-sizes[n], spans[n][0] - spans[n][1], n),
+              lambda n: (spans[n][0] - spans[n][1], -sizes[n], n))
     best: tuple[dict[str, int], int] | None = None
     for key in orders:
         offsets, total = _first_fit(sizes, spans, sorted(sizes, key=key))
