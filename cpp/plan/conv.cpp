@@ -39,7 +39,10 @@ using PostOp = std::tuple<std::string, std::string, float, float>;  // kind, nam
 // product (see the top), for a stride of 1 and for a larger one (oneDNN's direct kernel is
 // slower still over strided windows); measured on AMX in ResNet-18's step (direct kernel and
 // its reorder / unfolding and product, 1 thread): 4x4 outputs 4.2 / 0.83 ms, 8x8 1.6 / 1.6,
-// 16x16 and up the direct kernel is faster; stride 2, 8x8 outputs 1.1 / 0.74 ms.
+// 16x16 and up the direct kernel is faster; stride 2, 8x8 outputs 1.1 / 0.74 ms. Without
+// AMX (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, as on a Zen 4: jit_bf16 kernels) the product is
+// as fast or faster on the same shapes (4x4: 6.6 / 6.4 ms, stride 2 to 4x4: 4.5 / 3.1) and
+// slower from 8x8 at stride 1 (5.8 / 6.7), so the same bounds hold there.
 // META_CONV_GEMM_DW=N[,M] moves the bounds (M: strided, N when not given), 0 keeps the
 // direct kernel everywhere (to compare the two).
 constexpr std::int64_t GEMM_DW_MAX_POSITIONS = 16, GEMM_DW_MAX_POSITIONS_STRIDED = 64;
