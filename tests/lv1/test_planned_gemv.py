@@ -1,6 +1,7 @@
 """Batch-1 inference (issue 41): a Gemm of 1 to 4 rows by a (N, K) weight and a 1x1 Conv of one
 pixel run on ``cpp/plan/gemv.cpp`` (one pass over the weight) with the activation after them
-fused, where no gradient flows; more rows, or a training step, keep oneDNN's matmul. And a
+fused, where no gradient flows; more rows in inference run on oneDNN's matmul by the weight
+packed once (``PackedGemm``), and a training step keeps oneDNN's matmul as it was. And a
 repeated inference call skips the plan lookup (``PlannedExecutor._repeat``) yet sees every
 change the full path sees: new values, other shapes, replaced or touched weights, the mode."""
 
@@ -79,15 +80,30 @@ def test_a_batch_1_head_runs_on_gemv_with_its_activation(act):
     assert fused == (act != "Sigmoid")
 
 
-def test_more_rows_and_training_keep_onednn():
+def test_more_rows_run_on_a_packed_weight_packed_again_when_it_changes():
     graph, feeds = head(8)
     ex = PlannedExecutor(graph).eval()
-    ex.inference(feeds, ["fc2"])
-    assert "gemv" not in steps(ex) and "matmul" in steps(ex)
+    ref = ReferenceExecutor(graph).eval()
+
+    def same():
+        np.testing.assert_allclose(ex.inference(feeds, ["fc2"])["fc2"],
+                                   ref.inference(feeds, ["fc2"])["fc2"], rtol=1e-5, atol=1e-5)
+    same()
+    assert "gemv" not in steps(ex) and steps(ex).count("matmul packed") == 2
+    assert steps(ex).count("gemm weights -> packed") == 2
+    assert ex.placement()["act"] == "fused into fc1"
+    graph.initializers["w1"][...] *= -1  # written in place, then said: packed again
+    graph.touch()
+    same()
+    graph.parameters["w2"] = graph.initializers["w2"] + 1  # replaced through the graph's API
+    same()
+
+
+def test_training_keeps_onednn():
     graph, feeds = head(1)
     ex = PlannedExecutor(graph).train()
     _, grads = ex.inference_and_backprop(feeds, loss="loss")
-    assert "gemv" not in steps(ex)
+    assert "gemv" not in steps(ex) and "matmul packed" not in steps(ex)
     _, want = ReferenceExecutor(graph).train().inference_and_backprop(feeds, loss="loss")
     for name in ("w1", "b1", "w2"):
         np.testing.assert_allclose(grads[name], want[name], rtol=1e-5, atol=1e-5)
