@@ -13,6 +13,7 @@ from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered, PlanBuilder
 from meta.lv1.plan.context import F32, Context, py_step
 from meta.lv1.plan.lowering.embedding import embedding, gather_by_constant
+from meta.lv1.plan.memory import Value
 
 
 def dropout_is_identity(ctx: Context, node: Node, op) -> bool:
@@ -115,6 +116,29 @@ def drop_transpose(ctx: Context, into: Node, found: tuple[str, int]) -> str:
     return source
 
 
+def channels_last_view(ctx: Context, x: str, out: str, perm: list[int]) -> str | None:
+    """A Transpose between NCHW and NHWC that moves no byte, as a view (returns its placement,
+    "view"; None where it does not apply): an NCHW value held channels-last ("nhwc") is the
+    plain NHWC tensor perm (0, 2, 3, 1) asks for, and a plain NHWC value is the NCHW tensor
+    perm (0, 3, 1, 2) asks for, held channels-last. ConvNeXt's blocks permute around their
+    LayerNorm and MLP both ways: each was a reorder to plain and a transpose (50 us a block at
+    batch 1). Inference only (no gradient through it), on arena values."""
+    pb = ctx.pb
+    v = pb.value(x)
+    if ctx.needs(x) or len(v.shape) != 4 or v.storage != "arena" or v.dtype != F32:
+        return None
+    if v.layout == "nhwc" and perm == [0, 2, 3, 1]:
+        layout = "plain"
+    elif v.layout == "plain" and perm == [0, 3, 1, 2]:
+        layout = "nhwc"
+    else:
+        return None
+    shape = tuple(ctx.shape(out))
+    nbytes = pb.rt.layout_bytes(list(shape), layout) if layout != "plain" else 0
+    pb.values[out] = Value(out, shape, v.dtype, layout, "view", x, 0, nbytes=nbytes)
+    return "view"
+
+
 def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     pb = ctx.pb
     x, out = node.inputs[0], node.outputs[0]
@@ -122,6 +146,9 @@ def transpose(ctx: Context, node: Node, op) -> Lowered | None:
     if not ctx.float32(x, out) or not shape:
         return None
     perm = transpose_perm(op, len(shape))
+    free = channels_last_view(ctx, x, out, perm)
+    if free is not None:
+        return Lowered(node, None, free)
     xin = pb.require_layout(x, "plain")
     y = pb.output(out, ctx.shape(out))
     pb.step("Transpose", [xin], [y], lambda a: [pb.rt.transpose(list(shape), perm, a(xin),
