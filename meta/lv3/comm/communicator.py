@@ -15,6 +15,7 @@ one without importing mpi4py unless an MPI launcher started this process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -412,6 +413,24 @@ FOLLOW_S = 5.0  # under ULFM, how long a rank waits for another's abort to end t
 _LIVE: weakref.WeakSet[MPICommunicator] = weakref.WeakSet()
 
 
+@contextlib.contextmanager
+def _error_of_status(MPI: Any, statuses: list[Any]) -> Any:  # noqa: N803 - the module's name
+    """Raise the error of the request that failed rather than ``ERR_IN_STATUS``: a test or
+    wait on several requests reports only that one of them failed, and whether it failed
+    because a peer died, or because a rank that saw the death revoked the communicator, is
+    in that request's status (this rank may know of no death itself: it talks to neither)."""
+    try:
+        yield
+    except MPI.Exception as err:
+        if err.Get_error_class() != MPI.ERR_IN_STATUS:
+            raise
+        codes = [s.Get_error() for s in statuses]
+        first = next((c for c in codes if c not in (MPI.SUCCESS, MPI.ERR_PENDING)), None)
+        if first is None:
+            raise
+        raise MPI.Exception(first) from err
+
+
 class MPICommunicator(Communicator):
     """Wraps an mpi4py communicator (``MPI.COMM_WORLD`` by default).
 
@@ -513,7 +532,9 @@ class MPICommunicator(Communicator):
         request.Wait()
 
     def waitall(self, requests: list[Any]) -> None:
-        self._MPI.Request.Waitall(requests)
+        statuses = [self._MPI.Status() for _ in requests]
+        with _error_of_status(self._MPI, statuses):
+            self._MPI.Request.Waitall(requests, statuses)
 
     def test(self, request: Any) -> bool:
         return bool(request.Test())
@@ -525,7 +546,9 @@ class MPICommunicator(Communicator):
         return index, self._status.Get_tag()
 
     def testall(self, requests: list[Any]) -> bool:
-        return bool(self._MPI.Request.Testall(requests))
+        statuses = [self._MPI.Status() for _ in requests]
+        with _error_of_status(self._MPI, statuses):
+            return bool(self._MPI.Request.Testall(requests, statuses))
 
     def testany(self, requests: list[Any]) -> tuple[int, int] | None:
         status = self._MPI.Status()  # not self._status: pipeline stages test from threads
@@ -537,7 +560,9 @@ class MPICommunicator(Communicator):
         return index, status.Get_tag()
 
     def testsome(self, requests: list[Any]) -> list[int]:
-        return list(self._MPI.Request.Testsome(requests) or ())  # None: none is active
+        statuses = [self._MPI.Status() for _ in requests]
+        with _error_of_status(self._MPI, statuses):  # None: none is active
+            return list(self._MPI.Request.Testsome(requests, statuses) or ())
 
     def cancel(self, request: Any) -> None:
         request.Cancel()
