@@ -1,0 +1,72 @@
+"""Inference acceptance (issue 41): in an inference plan, a MatMul by a 2-D weight the graph
+holds (an exporter's Linear without bias, a tied head's transposed embedding) reads it packed
+once by the prepare program (``lowering.matmul.packed_product``), packed again when the weight
+changes, with the ReLU after it fused even without a bias; a training step keeps the plain
+product and its gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meta.lv1 import GraphBuilder, PlannedExecutor, ReferenceExecutor
+from meta.lv1.plan import runtime
+
+pytestmark = pytest.mark.skipif(not runtime.available(), reason="meta._plan is not built")
+
+
+def encoder_mlp():
+    """x (N, 6, 16) -> MatMul w1 (16, 32) -> Relu -> MatMul Transpose(e (12, 32)) + b: a
+    T5-style MLP without bias into a tied head, and a loss (the sum)."""
+    rng = np.random.default_rng(3)
+    g = GraphBuilder("mlp", 17)
+    x = g.input("x", np.float32, ("N", 6, 16))
+    w1 = g.initializer("w1", rng.standard_normal((16, 32)).astype(np.float32))
+    e = g.initializer("e", rng.standard_normal((12, 32)).astype(np.float32))
+    b = g.initializer("b", rng.standard_normal(12).astype(np.float32))
+    h = g.node("Relu", [g.node("MatMul", [x, w1], name="wi")], name="act")
+    et = g.node("Transpose", [e], name="et", perm=[1, 0])
+    g.node("Add", [g.node("MatMul", [h, et], name="head"), b], name="y")
+    g.node("ReduceSum", ["y"], name="loss", keepdims=0)
+    g.output("y", np.float32, ("N", 6, 12))
+    g.output("loss", np.float32, ())
+    return g.build(), {"x": rng.standard_normal((2, 6, 16)).astype(np.float32)}
+
+
+def numpy_mlp(graph, x):
+    w1, e, b = (graph.initializers[n].astype(np.float64) for n in ("w1", "e", "b"))
+    return np.maximum(x @ w1, 0) @ e.T + b
+
+
+def steps(ex: PlannedExecutor) -> list[str]:
+    return [s.name for s in ex._last.order]
+
+
+def test_inference_reads_packed_weights_packed_again_when_they_change():
+    graph, feeds = encoder_mlp()
+    ex = PlannedExecutor(graph).eval()
+
+    def same():
+        np.testing.assert_allclose(ex.inference(feeds, ["y"])["y"],
+                                   numpy_mlp(graph, feeds["x"]), rtol=1e-5, atol=1e-5)
+    same()
+    assert steps(ex).count("matmul packed") == 2
+    assert steps(ex).count("matmul weights -> packed") == 2
+    place = ex.placement()
+    assert place["act"] == "fused into wi" and place["y"] == "fused into head"
+    assert place["et"] == "fused into head"  # read transposed by the packing, not copied
+    graph.initializers["w1"][...] *= -1  # written in place, then said: packed again
+    graph.touch()
+    same()
+    graph.parameters["e"] = graph.initializers["e"] + 1  # replaced through the graph's API
+    same()
+
+
+def test_training_keeps_the_plain_product_and_its_gradients():
+    graph, feeds = encoder_mlp()
+    ex = PlannedExecutor(graph).train()
+    _, grads = ex.inference_and_backprop(feeds, loss="loss")
+    assert "matmul packed" not in steps(ex) and "matmul" in steps(ex)
+    _, want = ReferenceExecutor(graph).train().inference_and_backprop(feeds, loss="loss")
+    for name in ("w1", "e", "b"):
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-5, atol=1e-5)
