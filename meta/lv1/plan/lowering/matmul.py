@@ -228,7 +228,14 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
             if act is not None:
                 ctx.absorb(node, act[0])
                 last = act[0].outputs[0]
-        packed_product(ctx, a_in, b_in, trans_b, bias, act[1] if act else None,
+        residual = ""
+        add = ctx.single_consumer(last, ("Add",), first=False)
+        if add is not None:
+            residual = residual_operand(ctx, add, last)
+            if residual:
+                ctx.absorb(node, add)
+                last = add.outputs[0]
+        packed_product(ctx, a_in, b_in, trans_b, bias, act[1] if act else None, residual,
                        pb.output(last, so), rows, a_dims[1], n_out)
         return Lowered(node, None, "onednn")
     y = pb.output(last, so)
@@ -255,11 +262,25 @@ def matmul(ctx: Context, node: Node, op) -> Lowered | None:
     return Lowered(node, backward, kind)
 
 
+def residual_operand(ctx: Context, add: Node, y: str) -> str:
+    """The value ``add`` adds to the product's output ``y`` when the product can add it as it
+    writes (a transformer's residual x + o(h)): of ``y``'s shape, float32, plain, made before
+    the product; "" otherwise."""
+    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+        return ""
+    r = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+    pb = ctx.pb
+    if r not in pb.values or not ctx.float32(r) or ctx.shape(r) != ctx.shape(y) \
+            or ctx.shape(add.outputs[0]) != ctx.shape(y) or pb.value(r).layout != "plain":
+        return ""
+    return r
+
+
 def packs_weight(ctx: Context, b: str) -> bool:
     """Whether a product reads its 2-D weight ``b`` packed once (``packed_product``): in a
     float32 plan taking no gradient, ``b`` the graph's own array as it lies (a parameter or
     initializer: the prepare program, run again when the graph's version moves, repacks it)."""
-    if ctx.bf16 or ctx.backprop or not hasattr(ctx.rt, "PackedGemm"):
+    if ctx.bf16 or ctx.backprop or not hasattr(ctx.rt, "PackedMatmul"):
         return False
     v = ctx.pb.value(b)
     return v.storage == "external" and v.layout == "plain" and len(v.shape) == 2 \
@@ -267,16 +288,18 @@ def packs_weight(ctx: Context, b: str) -> bool:
 
 
 def packed_product(ctx: Context, x: str, w: str, trans_w: bool, bias: str,
-                   post: Eltwise | None, y: str, m: int, k: int, n: int) -> None:
-    """y = post(x . op(w) + bias) over ``m`` rows, ``w`` packed into oneDNN's own layout by a
-    prepare step into a buffer the plan owns, kept between calls."""
+                   post: Eltwise | None, residual: str, y: str, m: int, k: int, n: int) -> None:
+    """y = residual + post(x . op(w) + bias) over ``m`` rows (matmul.cpp ``PackedMatmul``),
+    ``w`` packed into oneDNN's own layout by a prepare step into a buffer the plan owns, kept
+    between calls."""
     pb = ctx.pb
-    kernel = pb.rt.PackedGemm(m, k, n, trans_w, bool(bias), post.name if post else "",
-                              post.alpha if post else 0.0, post.beta if post else 0.0)
+    kernel = pb.rt.PackedMatmul(m, k, n, trans_w, bool(bias), bool(residual),
+                                post.name if post else "", post.alpha if post else 0.0,
+                                post.beta if post else 0.0)
     buf = pb.output(pb.fresh(f"{w}@packed"), (-(-kernel.weights_bytes() // 4),))
     pb.values[buf].storage = "owned"  # the plan's own, kept between calls
     pb.step("matmul weights -> packed", [w], [buf],
             lambda arr: [kernel.pack(arr(w), arr(buf))], "prepare")
-    pb.step("matmul packed", [x, buf, bias], [y],
+    pb.step("matmul packed", [x, buf, bias, residual], [y],
             lambda arr: [kernel.forward(arr(x), arr(buf), arr(bias) if bias else None,
-                                        arr(y))])
+                                        arr(residual) if residual else None, arr(y))])
