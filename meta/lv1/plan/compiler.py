@@ -51,7 +51,7 @@ import numpy as np
 
 from meta.lv1.gradient_hook import GradientHook
 from meta.lv1.graph import Graph, GraphError, Node, canonical_domain, make_operator
-from meta.lv1.plan import overlap
+from meta.lv1.plan import hoist, overlap
 from meta.lv1.plan.builder import PlanBuilder, PlannedStep
 from meta.lv1.plan.context import Traced
 from meta.lv1.plan.memory import (
@@ -233,6 +233,8 @@ def compile_plan(graph: Graph, feeds: dict[str, np.ndarray], outputs: list[str],
     check_unwritten(context)  # a bf16-only value read as float32 would be garbage
     seed_names = seed if isinstance(seed, dict) else {}
     pb.steps = overlap.schedule(pb.steps, values)  # compute between collectives' start, wait
+    # an inference plan computes what depends only on the graph's arrays once (plan/hoist.py)
+    hoist.hoist(pb, values, set(fetch.values()), loss is not None or seeded, placement)
     arena = arena if arena is not None else Arena()
     order, cuts, hook_names, arena_bytes, owned_bytes, offsets = memory_phase(
         graph, feeds, pb, values, gradients, fetch, hook, list(seed_names.values()), arena,
