@@ -92,3 +92,37 @@ def test_a_residual_made_after_the_product_is_added_by_its_own_step():
     np.testing.assert_allclose(got, xs @ graph.initializers["w"] + 1 / (1 + np.exp(-xs)),
                                rtol=1e-5, atol=1e-5)
     assert "matmul packed" in steps(ex) and ex.placement()["y"] != "fused into mm"
+
+
+def split_heads():
+    """Q = Transpose(x (N, 5, 2, 4), (0, 2, 1, 3)) . K = Transpose(z, (0, 2, 3, 1)): an
+    attention's scores with no softmax after them (nothing fuses the attention), and a loss."""
+    rng = np.random.default_rng(6)
+    g = GraphBuilder("heads", 17)
+    x = g.input("x", np.float32, ("N", 5, 2, 4))
+    z = g.input("z", np.float32, ("N", 5, 2, 4))
+    q = g.node("Transpose", [x], name="q", perm=[0, 2, 1, 3])
+    k = g.node("Transpose", [z], name="k", perm=[0, 2, 3, 1])
+    g.node("MatMul", [q, k], name="scores")
+    g.node("ReduceSum", ["scores"], name="loss", keepdims=0)
+    g.output("scores", np.float32, ("N", 2, 5, 5))
+    g.output("loss", np.float32, ())
+    feeds = {n: rng.standard_normal((3, 5, 2, 4)).astype(np.float32) for n in ("x", "z")}
+    return g.build(), feeds
+
+
+def test_inference_reads_split_heads_through_strides():
+    graph, feeds = split_heads()
+    ex = PlannedExecutor(graph).eval()
+    got = ex.inference(feeds, ["scores"])["scores"]
+    want = feeds["x"].transpose(0, 2, 1, 3) @ feeds["z"].transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert "Transpose" not in steps(ex)
+    assert ex.placement()["q"] == ex.placement()["k"] == "fused into scores"
+    train = PlannedExecutor(graph).train()  # a training step keeps its copies
+    _, grads = train.inference_and_backprop(feeds, loss="loss", wrt=["x", "z"])
+    assert steps(train).count("Transpose") == 2
+    _, ref = ReferenceExecutor(graph).train().inference_and_backprop(feeds, loss="loss",
+                                                                     wrt=["x", "z"])
+    for name in ("x", "z"):
+        np.testing.assert_allclose(grads[name], ref[name], rtol=1e-5, atol=1e-5)
