@@ -225,6 +225,67 @@ void column_sum_loop(std::int64_t rows, std::int64_t cols, const T* px, float* p
   }
 }
 
+// Rows a partial column sum adds up (ColumnSum): a bias gradient's 1024 x 128 is 8 parts.
+constexpr std::int64_t kSumRows = 128;
+
+// y[j] (+)= sum_i x[i, j] over many rows: partial sums of kSumRows rows each (parts and
+// column blocks on the plan's threads), then the parts added in order. A bias gradient has
+// few columns (128: one block), so the column blocks alone left the second thread idle
+// (the transformer's ten bias gradients: 0.175 ms at 1 thread, 0.178 at 2). The parts are
+// fixed by the shape, so the sum is the same at any thread count.
+template <typename T>
+struct ColumnSum {
+  std::int64_t rows, cols;
+  const T* x;
+  float* y;
+  bool accumulate;
+  std::shared_ptr<std::vector<float>> parts;  // (parts, cols), the step's own
+
+  void operator()() const {
+    constexpr std::int64_t kBlock = 256;
+    const std::int64_t count = (rows + kSumRows - 1) / kSumRows;
+    const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
+    float* part = parts->data();
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+      for (std::int64_t t = 0; t < count * blocks; ++t) {
+        const std::int64_t p = t / blocks, j0 = t % blocks * kBlock;
+        const std::int64_t j1 = std::min(cols, j0 + kBlock), i1 = std::min(rows, (p + 1) * kSumRows);
+        float acc[kBlock] = {};
+        for (std::int64_t i = p * kSumRows; i < i1; ++i) {
+          const T* row = x + i * cols;
+#pragma omp simd
+          for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] += widen(row[j]);
+        }
+        std::memcpy(part + p * cols + j0, acc, std::size_t(j1 - j0) * 4);
+      }
+#pragma omp for schedule(static)
+      for (std::int64_t j = 0; j < cols; ++j) {
+        float total = accumulate ? y[j] : 0.f;
+        for (std::int64_t p = 0; p < count; ++p) total += part[p * cols + j];
+        y[j] = total;
+      }
+    }
+  }
+};
+
+// A column sum's loop: in parts (ColumnSum) when there are rows for several and enough
+// elements to share, else one pass over the column blocks.
+template <typename T>
+StepPtr column_sum_of(const char* name, std::int64_t rows, std::int64_t cols, const T* px,
+                      float* py_, bool accumulate) {
+  if (rows >= 4 * kSumRows && rows * cols >= (1 << 16)) {
+    auto parts = std::make_shared<std::vector<float>>(
+        std::size_t((rows + kSumRows - 1) / kSumRows * cols));
+    return std::make_shared<LambdaStep>(name,
+                                        ColumnSum<T>{rows, cols, px, py_, accumulate, parts});
+  }
+  return std::make_shared<LambdaStep>(name, [=] {
+    column_sum_loop(rows, cols, px, py_, accumulate);
+  });
+}
+
 // y[j] (+)= sum_i x[i, j] for x (rows, cols): a bias's gradient, or a per-channel one of a
 // channels-last tensor (rows = N*H*W). oneDNN's reduction ran 1.2 ms on (128, 512) here; this
 // loop runs 10 us.
@@ -233,14 +294,10 @@ StepPtr column_sum(std::int64_t rows, std::int64_t cols, const py::array& x, con
   float* py_ = static_cast<float*>(address(y, cols * 4, "sum output"));
   if (x.itemsize() == 2) {  // a gradient kept in bf16 (mixed precision): summed in float32
     const auto* px = static_cast<const std::uint16_t*>(address(x, rows * cols * 2, "sum input"));
-    return std::make_shared<LambdaStep>("column sum bf16", [=] {
-      column_sum_loop(rows, cols, px, py_, accumulate);
-    });
+    return column_sum_of("column sum bf16", rows, cols, px, py_, accumulate);
   }
   const float* px = static_cast<const float*>(address(x, rows * cols * 4, "sum input"));
-  return std::make_shared<LambdaStep>("column sum", [=] {
-    column_sum_loop(rows, cols, px, py_, accumulate);
-  });
+  return column_sum_of("column sum", rows, cols, px, py_, accumulate);
 }
 
 // y[c] = sum over n and the plane of x (N, C, plane): a per-channel gradient of a plain tensor.
@@ -614,6 +671,67 @@ StepPtr multiply(std::int64_t n, const py::array& a, const py::array& b, const p
 }
 
 }  // namespace
+
+// y[i] = to_bf16(x[i]) over n elements, sixteen lanes at a time where the CPU has AVX-512
+// (the same bits): attention.cpp's rows of probabilities and their gradient.
+void round_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) { to_bf16_chunk(x, y, n); }
+
+// y = x between float32 and bf16 (tensor.cpp's convert): the sixteen-lane roundings above in
+// chunks of 16 Ki elements on the plan's threads. oneDNN's reorder ran a (1024, 128) gradient's
+// copy in 10.5 us at 1 thread and 10.3 at 2 (the transformer's 34 conversions a step: 0.42 ms
+// at 1 thread, 0.27 at 2). Element by element, so the same bits at any thread count.
+#if defined(__GNUC__) && defined(__x86_64__)
+// float32 -> bf16 by the CPU's own conversion (vcvtneps2bf16, as oneDNN's reorder on this
+// CPU: round to nearest even, denormal inputs as zero), where it has one: a third fewer
+// cycles than the integer rounding, which made the conversions slower than oneDNN's at 1 thread.
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) void to_bf16_native(
+    const float* x, std::uint16_t* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+    _mm256_mask_storeu_epi16(y + i, m, h);
+  }
+}
+
+bool has_avx512bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+const bool kAvx512bf16 = has_avx512bf16();
+#else
+const bool kAvx512bf16 = false;
+inline void to_bf16_native(const float*, std::uint16_t*, std::int64_t) {}
+#endif
+
+StepPtr convert_loop(const py::array& x, const py::array& y, std::int64_t n, bool to_half) {
+  constexpr std::int64_t kChunk = 1 << 14;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (to_half) {
+    const auto* px = static_cast<const float*>(address(x, n * 4, "convert source"));
+    auto* py_ = static_cast<std::uint16_t*>(address(y, n * 2, "convert destination"));
+    return std::make_shared<LambdaStep>("to bf16", [=] {
+#pragma omp parallel for schedule(static) if (chunks > 1)
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t len = std::min(kChunk, n - c * kChunk);
+        if (kAvx512bf16)
+          to_bf16_native(px + c * kChunk, py_ + c * kChunk, len);
+        else
+          to_bf16_chunk(px + c * kChunk, py_ + c * kChunk, len);
+      }
+    });
+  }
+  const auto* px = static_cast<const std::uint16_t*>(address(x, n * 2, "convert source"));
+  auto* py_ = static_cast<float*>(address(y, n * 4, "convert destination"));
+  return std::make_shared<LambdaStep>("to float32", [=] {
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (std::int64_t c = 0; c < chunks; ++c)
+      from_bf16_chunk(px + c * kChunk, py_ + c * kChunk, std::min(kChunk, n - c * kChunk));
+  });
+}
 
 dnnl::algorithm eltwise_algorithm(const std::string& name, bool use_dst) {
   const auto& e = find(name);

@@ -3,6 +3,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+
+#include <immintrin.h>
 #include <stdexcept>
 
 #include "plan.hpp"
@@ -211,6 +214,98 @@ StepPtr reorder_step(const Dims& dims, const std::string& from, const std::strin
                         pd.scratchpad_desc());
 }
 
+// Elements a copy loop runs on one thread: below this a fork/join of the plan's two threads
+// costs more than the half of the copy it saves (~1 us against 16 KiB).
+constexpr std::int64_t kParallelFloats = 1 << 14;
+
+// A Transpose as the plan's own loop where it moves runs of at least 16 contiguous elements
+// (the attention's head splits and merges, (T, B, E) <-> (B, T, E)): one memcpy per output
+// row, the rows in a static split on the plan's threads, each thread stepping its source
+// offset along (no division per row). oneDNN's reorder between strided views ran these on
+// one thread whatever the plan's count (the transformer's Transposes: 1.0 ms a step at 1
+// thread, 0.76 at 2). Pure copies: the same bytes at any thread count.
+// n floats (n a multiple of 16) from x to y, sixteen lanes at a time: glibc's memcpy of a
+// 128- or 512-byte row cost twice oneDNN's reorder per byte here.
+__attribute__((target("avx512f"))) inline void copy_floats_avx512(const float* x, float* y,
+                                                                 std::int64_t n) {
+  for (std::int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(y + i, _mm512_loadu_ps(x + i));
+}
+
+bool cpu_has_avx512f() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+const bool kRowsAvx512 = cpu_has_avx512f();
+
+struct TransposeRows {
+  static constexpr std::size_t kMaxDims = 8;
+  Dims dims;     // output dims but the last, merged where the source runs on
+  Dims strides;  // the source stride (elements) of each
+  std::int64_t run = 0;  // elements a row (the last output dim, contiguous in the source)
+  const float* x = nullptr;
+  float* y = nullptr;
+
+  void copy(std::int64_t r0, std::int64_t r1) const {  // output rows [r0, r1)
+    const std::size_t n = dims.size();
+    std::int64_t index[kMaxDims], off = 0, r = r0;
+    for (int d = int(n) - 1; d >= 0; --d) {
+      index[d] = r % dims[d];
+      off += index[d] * strides[d];
+      r /= dims[d];
+    }
+    const std::size_t bytes = std::size_t(run) * 4;
+    const bool lanes = kRowsAvx512 && run % 16 == 0;
+    for (std::int64_t row = r0; row < r1; ++row) {
+      if (lanes)
+        copy_floats_avx512(x + off, y + row * run, run);
+      else
+        std::memcpy(y + row * run, x + off, bytes);
+      for (int d = int(n) - 1; d >= 0; --d) {  // the next row's source offset
+        off += strides[d];
+        if (++index[d] < dims[d]) break;
+        off -= dims[d] * strides[d];
+        index[d] = 0;
+      }
+    }
+  }
+
+  void operator()() const {
+    std::int64_t count = 1;
+    for (const auto d : dims) count *= d;
+    if (count * run <= kParallelFloats) return copy(0, count);
+#pragma omp parallel
+    {
+      const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      copy(count * t / threads, count * (t + 1) / threads);
+    }
+  }
+};
+
+// The rows loop for this transpose (output dims, source strides), or none where oneDNN's
+// reorder takes it: the last output dim strided in the source (K^T: oneDNN's vector
+// transposes beat a scalar loop), runs under 16 elements, a plain copy.
+std::optional<TransposeRows> transpose_rows(const Dims& out_dims, const Dims& src_strides) {
+  Dims dims, strides;
+  for (std::size_t i = 0; i < out_dims.size(); ++i) {
+    if (out_dims[i] == 1) continue;
+    if (!dims.empty() && strides.back() == src_strides[i] * out_dims[i]) {
+      dims.back() *= out_dims[i];  // the source runs on: one dim
+      strides.back() = src_strides[i];
+    } else {
+      dims.push_back(out_dims[i]);
+      strides.push_back(src_strides[i]);
+    }
+  }
+  if (dims.size() < 2 || dims.size() > TransposeRows::kMaxDims + 1 || strides.back() != 1 ||
+      dims.back() < 16)
+    return std::nullopt;
+  TransposeRows t;
+  t.run = dims.back();
+  t.dims.assign(dims.begin(), dims.end() - 1);
+  t.strides.assign(strides.begin(), strides.end() - 1);
+  return t;
+}
+
 StepPtr transpose_step(const Dims& in_dims, const Dims& perm, const py::array& x,
                        const py::array& y) {
   const std::size_t n = in_dims.size();
@@ -224,10 +319,18 @@ StepPtr transpose_step(const Dims& in_dims, const Dims& perm, const py::array& x
     src_strides[i] = in_strides[perm[i]];
   }
   const memory::desc src = strided_md(out_dims, src_strides), dst = make_md(out_dims, "plain");
+  void* px = address(x, dst.get_size(), "transpose source");
+  void* py_ = address(y, dst.get_size(), "transpose output");
+  // at one thread oneDNN's reorder is as fast (a plan is built for its thread count)
+  if (auto rows = transpose_rows(out_dims, src_strides); rows && omp_get_max_threads() > 1) {
+    rows->x = static_cast<const float*>(px);
+    rows->y = static_cast<float*>(py_);
+    return std::make_shared<LambdaStep>("transpose rows", *rows);
+  }
   auto pd = dnnl::reorder::primitive_desc(engine(), src, engine(), dst, scratch_attr());
-  memory msrc(src, engine(), address(x, dst.get_size(), "transpose source"));
   return primitive_step("transpose", dnnl::reorder(pd),
-                        {{DNNL_ARG_FROM, msrc}, {DNNL_ARG_TO, bind(dst, y, "transpose output")}},
+                        {{DNNL_ARG_FROM, memory(src, engine(), px)},
+                         {DNNL_ARG_TO, memory(dst, engine(), py_)}},
                         pd.scratchpad_desc());
 }
 
@@ -240,19 +343,33 @@ StepPtr copy_step(const py::array& x, const py::array& y, std::int64_t n, bool a
       // chunks with an inner simd loop: GCC 12 left a combined "parallel for simd" in a
       // lambda scalar (1.05 ms on 2^20 floats at 1 thread; numpy's += 0.16)
       constexpr std::int64_t kChunk = 1 << 14;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
+#pragma omp parallel for schedule(static) if (n > kParallelFloats)
       for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
         const std::int64_t i1 = std::min(n, (c + 1) * kChunk);
 #pragma omp simd
         for (std::int64_t i = c * kChunk; i < i1; ++i) py_[i] += px[i];
       }
     });
-  return std::make_shared<LambdaStep>("copy", [=] { std::memcpy(py_, px, n * 4); });
+  // in chunks on the plan's threads: a backward's copy reads what the other thread wrote
+  // (a residual Add's gradient: 11 us at 1 thread, 25 at 2 as one memcpy)
+  return std::make_shared<LambdaStep>("copy", [=] {
+    constexpr std::int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > kParallelFloats)
+    for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+      const std::int64_t i0 = c * kChunk;
+      std::memcpy(py_ + i0, px + i0, std::size_t(std::min(kChunk, n - i0)) * 4);
+    }
+  });
 }
 
 StepPtr fill_step(const py::array& y, std::int64_t n, float value) {
   float* py_ = static_cast<float*>(address(y, n * 4, "fill destination"));
-  return std::make_shared<LambdaStep>("fill", [=] { std::fill(py_, py_ + n, value); });
+  return std::make_shared<LambdaStep>("fill", [=] {
+    constexpr std::int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > kParallelFloats)
+    for (std::int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c)
+      std::fill(py_ + c * kChunk, py_ + std::min(n, (c + 1) * kChunk), value);
+  });
 }
 
 }  // namespace

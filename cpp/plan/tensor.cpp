@@ -8,6 +8,8 @@
 
 namespace meta::plan {
 
+StepPtr convert_loop(const py::array& x, const py::array& y, std::int64_t n, bool to_half);
+
 namespace {
 
 dnnl::softmax_forward::primitive_desc softmax_pd(const memory::desc& md, int axis, bool log) {
@@ -98,6 +100,7 @@ StepPtr convert(const py::array& x, const py::array& y, std::int64_t n) {
                                 " is neither float32 nor bf16");
   };
   const dt from = type(x, "source"), to = type(y, "destination");
+  if (from != to) return convert_loop(x, y, n, to == dt::bf16);  // eltwise.cpp
   const memory::desc src({n}, from, tag::a), dst({n}, to, tag::a);
   auto pd = dnnl::reorder::primitive_desc(engine(), src, engine(), dst, scratch_attr());
   return primitive_step(to == dt::bf16 ? "to bf16" : "to float32", dnnl::reorder(pd),
