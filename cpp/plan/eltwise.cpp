@@ -476,8 +476,41 @@ bool has_avx512f() {
   return __builtin_cpu_supports("avx512f");
 }
 const bool kAvx512f = has_avx512f();
+
+// The same bits by the CPU's own conversion where it has one (vcvtneps2bf16: round to nearest
+// even, a NaN made quiet as to_bf16 does) at a third fewer cycles: a bf16 Gelu's two roundings
+// and the attention's bf16 rows. It reads a denormal input as 0, so those lanes (rare: a
+// probability or gradient below 2^-126) take the integer rounding.
+META_AVX512F __attribute__((target("avx512bf16,avx512vl,avx512bw"))) void to_bf16_avx512bf16(
+    const float* x, std::uint16_t* y, std::int64_t n) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x7fffff),
+                one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_loadu_ps(x + i);
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
+    const __m512i v = _mm512_castps_si512(f);
+    const __mmask16 denormal = _mm512_testn_epi32_mask(v, exponent) &
+                               _mm512_test_epi32_mask(v, mantissa);
+    if (denormal) {
+      const __m512i r = _mm512_srli_epi32(
+          _mm512_add_epi32(_mm512_add_epi32(v, bias),
+                           _mm512_and_si512(_mm512_srli_epi32(v, 16), one)), 16);
+      h = _mm256_mask_mov_epi16(h, denormal, _mm512_cvtepi32_epi16(r));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), h);
+  }
+  for (; i < n; ++i) y[i] = to_bf16(x[i]);
+}
+
+bool has_avx512bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+const bool kAvx512bf16 = has_avx512bf16();
 #else
 const bool kAvx512f = false;
+const bool kAvx512bf16 = false;
 #endif
 
 // float32 -> bf16 over n elements.
@@ -488,6 +521,7 @@ META_CLONES void to_bf16_loop(const float* x, std::uint16_t* y, std::int64_t n) 
 
 void to_bf16_chunk(const float* x, std::uint16_t* y, std::int64_t n) {
 #if defined(__GNUC__) && defined(__x86_64__)
+  if (kAvx512bf16) return to_bf16_avx512bf16(x, y, n);
   if (kAvx512f) return to_bf16_avx512(x, y, n);
 #endif
   to_bf16_loop(x, y, n);
@@ -676,37 +710,10 @@ StepPtr multiply(std::int64_t n, const py::array& a, const py::array& b, const p
 // (the same bits): attention.cpp's rows of probabilities and their gradient.
 void round_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) { to_bf16_chunk(x, y, n); }
 
-// y = x between float32 and bf16 (tensor.cpp's convert): the sixteen-lane roundings above in
-// chunks of 16 Ki elements on the plan's threads. oneDNN's reorder ran a (1024, 128) gradient's
+// y = x between float32 and bf16 (tensor.cpp's convert): the sixteen-lane roundings above (the
+// same bits as to_bf16) in chunks of 16 Ki elements on the plan's threads. oneDNN's reorder ran a (1024, 128) gradient's
 // copy in 10.5 us at 1 thread and 10.3 at 2 (the transformer's 34 conversions a step: 0.42 ms
 // at 1 thread, 0.27 at 2). Element by element, so the same bits at any thread count.
-#if defined(__GNUC__) && defined(__x86_64__)
-// float32 -> bf16 by the CPU's own conversion (vcvtneps2bf16, as oneDNN's reorder on this
-// CPU: round to nearest even, denormal inputs as zero), where it has one: a third fewer
-// cycles than the integer rounding, which made the conversions slower than oneDNN's at 1 thread.
-__attribute__((target("avx512f,avx512bf16,avx512vl"))) void to_bf16_native(
-    const float* x, std::uint16_t* y, std::int64_t n) {
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
-                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
-  if (i < n) {
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
-    _mm256_mask_storeu_epi16(y + i, m, h);
-  }
-}
-
-bool has_avx512bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-}
-const bool kAvx512bf16 = has_avx512bf16();
-#else
-const bool kAvx512bf16 = false;
-inline void to_bf16_native(const float*, std::uint16_t*, std::int64_t) {}
-#endif
-
 StepPtr convert_loop(const py::array& x, const py::array& y, std::int64_t n, bool to_half) {
   constexpr std::int64_t kChunk = 1 << 14;
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -715,13 +722,8 @@ StepPtr convert_loop(const py::array& x, const py::array& y, std::int64_t n, boo
     auto* py_ = static_cast<std::uint16_t*>(address(y, n * 2, "convert destination"));
     return std::make_shared<LambdaStep>("to bf16", [=] {
 #pragma omp parallel for schedule(static) if (chunks > 1)
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        const std::int64_t len = std::min(kChunk, n - c * kChunk);
-        if (kAvx512bf16)
-          to_bf16_native(px + c * kChunk, py_ + c * kChunk, len);
-        else
-          to_bf16_chunk(px + c * kChunk, py_ + c * kChunk, len);
-      }
+      for (std::int64_t c = 0; c < chunks; ++c)
+        to_bf16_chunk(px + c * kChunk, py_ + c * kChunk, std::min(kChunk, n - c * kChunk));
     });
   }
   const auto* px = static_cast<const std::uint16_t*>(address(x, n * 2, "convert source"));

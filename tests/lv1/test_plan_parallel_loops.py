@@ -111,3 +111,20 @@ def test_column_sum_is_the_same_bits_at_any_thread_count(dtype, rows, cols, add)
     for y in results:
         np.testing.assert_array_equal(y, results[0])
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_conversion_rounds_every_bit_pattern_as_to_bf16():
+    """Random float32 bit patterns, denormals (which the CPU's own conversion reads as 0: those
+    lanes take the integer rounding), NaNs and values rounding to infinity: plan.hpp's
+    to_bf16, bit for bit."""
+    rt = runtime.module()
+    bits = np.random.default_rng(4).integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    bits[:500] &= 0x807FFFFF  # denormals of either sign
+    bits[500:600] = 0x7F800001 + np.arange(100, dtype=np.uint32)  # signalling and quiet NaNs
+    bits[600:700] = 0x7F7FFFFF - np.arange(100, dtype=np.uint32)  # the largest: some to inf
+    half = np.zeros(bits.size, ml_dtypes.bfloat16)
+    rt.convert(bits.view(np.float32), half, bits.size).run()
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    expected = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+    np.testing.assert_array_equal(half.view(np.uint16), expected)
