@@ -202,56 +202,6 @@ StepPtr gemv(std::int64_t m, std::int64_t k, std::int64_t n, const py::array& x,
   return std::make_shared<LambdaStep>("gemv", [a] { run_gemv(a); });
 }
 
-// More rows: oneDNN's matmul with its weights packed once into the layout it chooses
-// (format any), as onnxruntime pre-packs a Gemm's constant B; a plain or transposed weight is
-// packed again by brgemm on every call (MobileNetV3's head at batch 32, 32 x 576 x 1024:
-// 310 us, packed 220). `pack` is the inference plan's prepare step, `forward` the product.
-struct PackedGemm {
-  PackedGemm(std::int64_t m, std::int64_t k, std::int64_t n, bool trans_b, bool bias,
-             const std::string& post, float alpha, float beta)
-      : k(k), n(n), trans_b(trans_b) {
-    dnnl::primitive_attr attr = scratch_attr();
-    if (!post.empty()) {
-      dnnl::post_ops po;
-      po.append_eltwise(eltwise_algorithm(post, false), alpha, beta);
-      attr.set_post_ops(po);
-    }
-    const memory::desc src = make_md({m, k}, "plain"), dst = make_md({m, n}, "plain"),
-                       wei({k, n}, dt::f32, memory::format_tag::any);
-    pd = bias ? dnnl::matmul::primitive_desc(engine(), src, wei, make_md({1, n}, "plain"), dst,
-                                             attr)
-              : dnnl::matmul::primitive_desc(engine(), src, wei, dst, attr);
-  }
-  // the weight as the graph holds it: (K, N), or (N, K) read transposed through strides
-  memory::desc source() const {
-    return trans_b ? strided_md({k, n}, {1, k}) : make_md({k, n}, "plain");
-  }
-  std::size_t weights_bytes() const { return pd.weights_desc().get_size(); }
-  StepPtr pack(const py::array& w, const py::array& packed) const {
-    const memory::desc from = source(), to = pd.weights_desc();
-    auto rd = dnnl::reorder::primitive_desc(engine(), from, engine(), to, scratch_attr());
-    return primitive_step("gemm weights -> packed", dnnl::reorder(rd),
-                          {{DNNL_ARG_FROM, bind(from, w, "packed gemm weight")},
-                           {DNNL_ARG_TO, bind(to, packed, "packed gemm buffer")}},
-                          rd.scratchpad_desc());
-  }
-  StepPtr forward(const py::array& x, const py::array& packed, std::optional<py::array> bias,
-                  const py::array& y) const {
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, bind(pd.src_desc(), x, "packed gemm x")},
-        {DNNL_ARG_WEIGHTS, bind(pd.weights_desc(), packed, "packed gemm buffer")},
-        {DNNL_ARG_DST, bind(pd.dst_desc(), y, "packed gemm output")}};
-    if (bias) args[DNNL_ARG_BIAS] = bind(make_md({1, n}, "plain"), *bias, "packed gemm bias");
-    else if (pd.bias_desc().get_size())
-      throw std::invalid_argument("meta._plan.PackedGemm: made with a bias, given none");
-    return primitive_step("matmul packed", dnnl::matmul(pd), std::move(args),
-                          pd.scratchpad_desc());
-  }
-  std::int64_t k, n;
-  bool trans_b;
-  dnnl::matmul::primitive_desc pd;
-};
-
 }  // namespace
 
 void bind_gemv(py::module_& m) {
@@ -261,16 +211,6 @@ void bind_gemv(py::module_& m) {
         "y = act(x . w^T + bias) for 1 to 4 rows of x (M, K) and a weight w (N, K): one pass "
         "over the weight (inference plans' batch-1 Linear layers).");
   m.attr("gemv_max_rows") = kMaxRows;
-  py::class_<PackedGemm, std::shared_ptr<PackedGemm>>(
-      m, "PackedGemm", "A Gemm by a constant weight, packed once (inference plans).")
-      .def(py::init<std::int64_t, std::int64_t, std::int64_t, bool, bool, std::string, float,
-                    float>(),
-           py::arg("m"), py::arg("k"), py::arg("n"), py::arg("trans_b"), py::arg("bias"),
-           py::arg("post") = "", py::arg("alpha") = 0.f, py::arg("beta") = 0.f)
-      .def("weights_bytes", &PackedGemm::weights_bytes)
-      .def("pack", &PackedGemm::pack, py::arg("w"), py::arg("packed"))
-      .def("forward", &PackedGemm::forward, py::arg("x"), py::arg("packed"), py::arg("bias"),
-           py::arg("y"));
 }
 
 }  // namespace meta::plan

@@ -137,8 +137,11 @@ StepPtr matmul(const Dims& a_dims, const Dims& b_dims, bool trans_a, bool trans_
                                     pd.scratchpad_desc(), std::move(in));
 }
 
-// y = residual + post(x . op(w) + bias) over m rows; `pack` is the plan's prepare step
-// (w as the graph holds it: (K, N), or (N, K) read transposed), `forward` the product.
+// y = residual + post(x . op(w) + bias) over m rows by a weight packed once into the layout
+// oneDNN's matmul chooses (format any), as onnxruntime pre-packs a constant B: read plain or
+// transposed, brgemm packs it again on every call (MobileNetV3's head at batch 32, 32 x 576 x
+// 1024: 310 us, packed 220). `pack` is the plan's prepare step (w as the graph holds it: (K,
+// N), or (N, K) read transposed), `forward` the product. Inference plans' MatMuls and Gemms.
 struct PackedMatmul {
   PackedMatmul(std::int64_t m, std::int64_t k, std::int64_t n, bool trans_w, bool bias,
                bool residual, const std::string& post, float alpha, float beta)

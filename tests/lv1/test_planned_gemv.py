@@ -1,9 +1,9 @@
 """Batch-1 inference (issue 41): a Gemm of 1 to 4 rows by a (N, K) weight and a 1x1 Conv of one
 pixel run on ``cpp/plan/gemv.cpp`` (one pass over the weight) with the activation after them
 fused, where no gradient flows; more rows in inference run on oneDNN's matmul by the weight
-packed once (``PackedGemm``), and a training step keeps oneDNN's matmul as it was. And a
-repeated inference call skips the plan lookup (``PlannedExecutor._repeat``) yet sees every
-change the full path sees: new values, other shapes, replaced or touched weights, the mode."""
+packed once (matmul.cpp's ``PackedMatmul``), and a training step keeps oneDNN's matmul as it
+was. And a repeated inference call skips the plan lookup (``PlannedExecutor._repeat``) yet sees
+every change the full path sees: new values, other shapes, replaced or touched weights, the mode."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_more_rows_run_on_a_packed_weight_packed_again_when_it_changes():
                                    ref.inference(feeds, ["fc2"])["fc2"], rtol=1e-5, atol=1e-5)
     same()
     assert "gemv" not in steps(ex) and steps(ex).count("matmul packed") == 2
-    assert steps(ex).count("gemm weights -> packed") == 2
+    assert steps(ex).count("matmul weights -> packed") == 2
     assert ex.placement()["act"] == "fused into fc1"
     graph.initializers["w1"][...] *= -1  # written in place, then said: packed again
     graph.touch()

@@ -16,9 +16,9 @@ left to ``lowering.matmul.gemm`` and ``lowering.conv.conv``.
 
 A Gemm of more rows by a weight the graph holds (an initializer), in an inference plan, runs
 on oneDNN's matmul with the weight packed once into the layout it chooses by the plan's prepare
-program (``PackedGemm``; again when the weights change), as onnxruntime pre-packs: read plain
-or transposed, brgemm packs it again on every call (MobileNetV3's head at batch 32: 310 us,
-packed 220).
+program (matmul.cpp's ``PackedMatmul``, as the inference MatMuls; again when the weights
+change), as onnxruntime pre-packs: read plain or transposed, brgemm packs it again on every
+call (MobileNetV3's head at batch 32: 310 us, packed 220).
 
 The planned compiler asks ``lower`` before ``kernels.lower`` (``compiler.lower_phase``).
 """
@@ -31,7 +31,7 @@ from meta.lv1.graph import Node
 from meta.lv1.plan.builder import Lowered
 from meta.lv1.plan.context import F32, Context
 from meta.lv1.plan.lowering.eltwise import fused_activation
-from meta.lv1.plan.lowering.matmul import gemm_shapes_ok
+from meta.lv1.plan.lowering.matmul import gemm_shapes_ok, packed_product, packs_weight
 
 MAX_ROWS = 4  # cpp/plan/gemv.cpp's kMaxRows
 POST = ("relu", "hardsigmoid", "hardswish", "clip")  # the activations the kernel applies
@@ -76,19 +76,17 @@ def _one_pixel_conv(ctx: Context, node: Node) -> bool:
 
 def takes_packed(ctx: Context, node: Node) -> bool:
     """Whether ``packed`` runs this node: an inference plan's float32 Gemm (alpha 1, beta 1,
-    A not transposed) of more than ``MAX_ROWS`` rows by a 2-D graph array."""
-    if node.op_type != "Gemm" or ctx.bf16 or ctx.backprop or len(node.outputs) != 1:
+    A not transposed) of more than ``MAX_ROWS`` rows by a 2-D graph array (``packs_weight``)."""
+    if node.op_type != "Gemm" or len(node.outputs) != 1:
         return False
     op = ctx.ops[node.name]
-    b = node.inputs[1]
     return gemm_shapes_ok(ctx, node, op) and not bool(op.transA) \
-        and ctx.shape(node.inputs[0])[0] > MAX_ROWS \
-        and ctx.pb.value(b).storage == "external" and ctx.pb.value(b).layout == "plain"
+        and ctx.shape(node.inputs[0])[0] > MAX_ROWS and packs_weight(ctx, node.inputs[1])
 
 
 def packed(ctx: Context, node: Node) -> Lowered:
-    """The node as oneDNN's matmul by its weight packed in the prepare program."""
-    pb = ctx.pb
+    """The node as oneDNN's matmul by its weight packed in the prepare program
+    (``lowering.matmul.packed_product``, which the inference MatMuls use too)."""
     op = ctx.ops[node.name]
     a, b = node.inputs[0], node.inputs[1]
     c = node.inputs[2] if len(node.inputs) > 2 else ""
@@ -100,17 +98,9 @@ def packed(ctx: Context, node: Node) -> Lowered:
     if act is not None:
         ctx.absorb(node, act[0])
         last = act[0].outputs[0]
-    post, alpha, beta = (act[1].name, act[1].alpha, act[1].beta) if act else ("", 0.0, 0.0)
-    kernel = pb.rt.PackedGemm(m, k, n, bool(op.transB), bool(c), post, alpha, beta)
-    size = kernel.weights_bytes()
-    buf = pb.output(pb.fresh(f"{b}@packed"), (-(-size // 4),))
-    pb.values[buf].storage = "owned"  # the plan's own, kept between calls
-    pb.step("gemm weights -> packed", [b], [buf], lambda arr: [kernel.pack(arr(b), arr(buf))],
-            "prepare")
-    x = pb.require_layout(a, "plain")
-    y = pb.output(last, (m, n))
-    pb.step("matmul packed", [x, buf, c], [y],
-            lambda arr: [kernel.forward(arr(x), arr(buf), arr(c) if c else None, arr(y))])
+    x = ctx.pb.require_layout(a, "plain")
+    packed_product(ctx, x, b, bool(op.transB), c, act[1] if act else None, "",
+                   ctx.pb.output(last, (m, n)), m, k, n)
     return Lowered(node, None, "onednn")
 
 
@@ -118,8 +108,7 @@ def lower(ctx: Context, node: Node) -> Lowered | None:
     """The node as one ``gemv`` step, or oneDNN's matmul by its packed weight (``packed``),
     or None where neither takes it."""
     if not takes(ctx, node):
-        return packed(ctx, node) if takes_packed(ctx, node) \
-            and hasattr(ctx.rt, "PackedGemm") else None
+        return packed(ctx, node) if takes_packed(ctx, node) else None
     pb = ctx.pb
     a, b = node.inputs[0], node.inputs[1]
     c = node.inputs[2] if len(node.inputs) > 2 else ""

@@ -8,7 +8,7 @@ the output written in bf16 when only bf16 products read it (``precision.keeps_bf
 In an inference plan (float32, no gradient), a MatMul by a 2-D weight the graph holds (an
 exporter's Linear without bias: MatMul by a (K, N) initializer, or a tied head's Transpose of
 an embedding) reads that weight packed once by the plan's prepare program into the layout
-oneDNN's matmul chooses (gemv.cpp ``PackedGemm``), packed again when the weights change, as
+oneDNN's matmul chooses (matmul.cpp ``PackedMatmul``), packed again when the weights change, as
 onnxruntime pre-packs a constant B: read plain, brgemm packs it again on every call (T5's MLP,
 128 x 256 x 1024 at 1 thread: 389 -> 340 us). An activation after it is applied by the product
 with or without a bias (T5's ReLU was its own step: 20 us at batch 1)."""
